@@ -1,0 +1,33 @@
+//! # van-core: the contracts every part of vans is built on
+//!
+//! Nothing here does network I/O. The crate holds:
+//!
+//! - [`message`]: [`Message`], [`Meta`], [`Control`], [`Node`], roles, commands, data types and
+//!   ps-lite's node-id numbering ([`node_ids`]);
+//! - [`wire`]: the versioned frame format, byte by byte, with zero-copy encode and decode;
+//! - [`van`]: the [`Van`] trait, the [`Inbox`] vans deliver into, [`VanKind`] and [`VanError`];
+//! - [`rendezvous`]: the [`Rendezvous`] trait and TensorFlow's key format;
+//! - [`config`]: [`Config`], parsed once from `DMLC_*`/`PS_*` environment or built in code;
+//! - [`inproc`]: an in-process van (channels, no sockets) for tests, simulation and
+//!   single-process embedding;
+//! - [`testkit`] (feature `testkit`): the conformance suite every van runs;
+//! - [`error`]: [`Error`], the umbrella every crate's error converts into.
+
+pub mod config;
+pub mod error;
+pub mod inproc;
+pub mod message;
+pub mod rendezvous;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+pub mod van;
+pub mod wire;
+
+pub use config::{Config, ConfigError};
+pub use error::Error;
+pub use message::{
+    node_ids, Command, Control, DataType, Endpoint, Message, Meta, Node, NodeId, Role,
+};
+pub use rendezvous::{ParsedKey, Rendezvous, RendezvousError};
+pub use van::{inbox, Event, Inbox, InboxSender, PeerLost, Van, VanError, VanKind};
+pub use wire::{Limits, WireError};

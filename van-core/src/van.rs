@@ -1,0 +1,409 @@
+//! The `Van` trait every transport implements, the inbox it delivers into, and its errors.
+//!
+//! A van moves framed [`Message`]s between nodes and does nothing else: membership,
+//! barriers, heartbeats and retries belong to the `ps` crate. The surface is ps-lite's —
+//! bind, connect, send, receive, stop — shaped for batching:
+//!
+//! - sending takes a message (or a batch) and returns once it is queued for its peer; a van
+//!   drains its per-peer queue in batches (many frames per system call);
+//! - receiving goes through an [`Inbox`] that the caller creates and hands to
+//!   [`Van::bind`]; vans deliver *batches* of messages (one channel hop per batch), and
+//!   several vans can share one inbox so a node reads all its traffic from one place.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use crate::message::{Endpoint, Message, Node, NodeId};
+use crate::wire::WireError;
+
+/// The transports vans knows about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum VanKind {
+    /// Channels inside one process (`van_core::inproc`).
+    InProcess,
+    /// TCP on tokio (`van-tcp`).
+    Tcp,
+    /// io_uring sockets (`van-uring`).
+    Uring,
+    /// RDMA verbs (`van-rdma`).
+    Rdma,
+    /// Shared memory between processes on one host (`van-ipc`).
+    Ipc,
+}
+
+impl VanKind {
+    /// Every kind, in wire order.
+    pub const ALL: [VanKind; 5] = [
+        VanKind::InProcess,
+        VanKind::Tcp,
+        VanKind::Uring,
+        VanKind::Rdma,
+        VanKind::Ipc,
+    ];
+
+    /// The name used in configuration and logs (`inproc`, `tcp`, `uring`, `rdma`, `ipc`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VanKind::InProcess => "inproc",
+            VanKind::Tcp => "tcp",
+            VanKind::Uring => "uring",
+            VanKind::Rdma => "rdma",
+            VanKind::Ipc => "ipc",
+        }
+    }
+
+    /// The Cargo feature of `ps`/`rendezvous` that compiles this van in.
+    pub fn feature(self) -> &'static str {
+        match self {
+            VanKind::InProcess => "(always compiled)",
+            other => other.as_str(),
+        }
+    }
+
+    pub(crate) fn to_wire(self) -> u8 {
+        match self {
+            VanKind::InProcess => 0,
+            VanKind::Tcp => 1,
+            VanKind::Uring => 2,
+            VanKind::Rdma => 3,
+            VanKind::Ipc => 4,
+        }
+    }
+
+    pub(crate) fn from_wire(code: u8) -> Option<VanKind> {
+        Self::ALL.get(usize::from(code)).copied()
+    }
+}
+
+impl std::fmt::Display for VanKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for VanKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<VanKind, String> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|k| k.as_str()).collect();
+                format!("unknown van `{s}` (expected one of {})", names.join(", "))
+            })
+    }
+}
+
+/// What can go wrong in a van. Every variant says what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum VanError {
+    /// The message has no recipient.
+    #[error("message has no recipient; set meta.recipient to a node id")]
+    NoRecipient,
+    /// No connection to this peer: `connect` was never called for it, or it was dropped.
+    #[error("no connection to node {peer}; connect to it first (it may have left the cluster)")]
+    UnknownPeer {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// The connection to this peer broke or the peer stopped.
+    #[error("connection to node {peer} is gone: {reason}")]
+    PeerGone {
+        /// The peer.
+        peer: NodeId,
+        /// Why, as far as the van knows.
+        reason: String,
+    },
+    /// The node to connect to has no id or no address this van can use.
+    #[error("cannot connect to {node}: {reason}")]
+    BadNode {
+        /// The node, as displayed.
+        node: String,
+        /// What is missing.
+        reason: String,
+    },
+    /// Binding the listening endpoint failed.
+    #[error("{kind} van cannot bind {address}: {source}")]
+    Bind {
+        /// The van.
+        kind: VanKind,
+        /// The address asked for.
+        address: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Connecting to a peer failed.
+    #[error("{kind} van cannot connect to node {peer} at {address}: {source}")]
+    Connect {
+        /// The van.
+        kind: VanKind,
+        /// The peer.
+        peer: NodeId,
+        /// The address tried.
+        address: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The van was asked to do something before `bind`.
+    #[error("{0} van is not bound; call bind first")]
+    NotBound(VanKind),
+    /// `bind` was called twice.
+    #[error("{0} van is already bound")]
+    AlreadyBound(VanKind),
+    /// The van has been stopped.
+    #[error("{0} van is stopped")]
+    Stopped(VanKind),
+    /// A message could not be encoded (too large for the limits).
+    #[error("cannot encode message: {0}")]
+    Wire(#[from] WireError),
+    /// This van cannot serve the request; a router may try the next van.
+    #[error("{kind} van cannot serve this: {reason}")]
+    Unsupported {
+        /// The van.
+        kind: VanKind,
+        /// Why.
+        reason: String,
+    },
+    /// A van that was not compiled into this build.
+    #[error("the {kind} van is not compiled in; rebuild with the Cargo feature `{}`", kind.feature())]
+    NotCompiled {
+        /// The van.
+        kind: VanKind,
+    },
+    /// Any other I/O error.
+    #[error("{kind} van I/O error: {source}")]
+    Io {
+        /// The van.
+        kind: VanKind,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What a van delivers into an [`Inbox`].
+#[derive(Debug)]
+pub enum Event {
+    /// A message from a peer.
+    Message(Message),
+    /// A connection ended: the peer stopped, the network broke, or the peer sent a bad
+    /// frame. Messages to that peer fail until it is connected again.
+    PeerLost(PeerLost),
+}
+
+/// Details of a lost connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerLost {
+    /// The peer, if it had identified itself (by sending a message with a sender).
+    pub peer: Option<NodeId>,
+    /// The van the connection belonged to.
+    pub kind: VanKind,
+    /// Why the connection ended.
+    pub reason: String,
+}
+
+/// Default bound of an inbox, in batches.
+pub const DEFAULT_INBOX_BATCHES: usize = 1024;
+
+/// Creates an inbox holding at most `capacity` undelivered batches (at least 1).
+///
+/// A full inbox pushes back on the vans, which stop reading their sockets, which pushes back
+/// on the senders: memory stays bounded when a node cannot keep up.
+pub fn inbox(capacity: usize) -> (InboxSender, Inbox) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    (
+        InboxSender { tx },
+        Inbox {
+            rx,
+            pending: Vec::new().into_iter(),
+        },
+    )
+}
+
+/// The delivering side of an [`Inbox`], given to [`Van::bind`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct InboxSender {
+    tx: mpsc::Sender<Vec<Event>>,
+}
+
+impl InboxSender {
+    /// Delivers a batch, waiting while the inbox is full. Fails when the inbox is gone.
+    pub async fn deliver(&self, batch: Vec<Event>) -> Result<(), InboxClosed> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.tx.send(batch).await.map_err(|_| InboxClosed)
+    }
+
+    /// A handle that does not keep the inbox open (see [`WeakInboxSender`]).
+    pub fn downgrade(&self) -> WeakInboxSender {
+        WeakInboxSender {
+            tx: self.tx.downgrade(),
+        }
+    }
+}
+
+/// A handle to an inbox that does not keep it open: once every [`InboxSender`] is dropped the
+/// inbox ends, and [`WeakInboxSender::upgrade`] fails. The in-process van uses it for routes
+/// to peers, so a stopped peer's inbox ends even while others still know its address.
+#[derive(Debug, Clone)]
+pub struct WeakInboxSender {
+    tx: mpsc::WeakSender<Vec<Event>>,
+}
+
+impl WeakInboxSender {
+    /// A strong handle, if the inbox is still open.
+    pub fn upgrade(&self) -> Option<InboxSender> {
+        self.tx.upgrade().map(|tx| InboxSender { tx })
+    }
+}
+
+/// The inbox was dropped: its node is shutting down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the inbox is closed")]
+pub struct InboxClosed;
+
+/// Where a node receives everything its vans deliver.
+///
+/// The inbox ends (`recv` returns `None`) when every van delivering into it has stopped and
+/// everything delivered has been read.
+#[derive(Debug)]
+pub struct Inbox {
+    rx: mpsc::Receiver<Vec<Event>>,
+    pending: std::vec::IntoIter<Event>,
+}
+
+impl Inbox {
+    /// The next event, or `None` once the inbox has ended.
+    pub async fn recv(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.pending.next() {
+                return Some(event);
+            }
+            self.pending = self.rx.recv().await?.into_iter();
+        }
+    }
+
+    /// Moves every event that is ready (at least one, waiting for it) into `out`; returns
+    /// how many, 0 once the inbox has ended. One wake-up for many messages.
+    pub async fn recv_batch(&mut self, out: &mut Vec<Event>) -> usize {
+        let before = out.len();
+        out.extend(self.pending.by_ref());
+        if out.len() == before {
+            match self.rx.recv().await {
+                Some(batch) => out.extend(batch),
+                None => return 0,
+            }
+        }
+        while let Ok(batch) = self.rx.try_recv() {
+            out.extend(batch);
+        }
+        out.len() - before
+    }
+
+    /// The next message, skipping nothing: a [`PeerLost`] event is returned as an error.
+    /// `Ok(None)` once the inbox has ended.
+    pub async fn recv_message(&mut self) -> Result<Option<Message>, PeerLost> {
+        match self.recv().await {
+            Some(Event::Message(msg)) => Ok(Some(msg)),
+            Some(Event::PeerLost(lost)) => Err(lost),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A transport: moves framed messages between nodes.
+///
+/// Implementations run the conformance suite of [`testkit`](crate::testkit) (feature
+/// `testkit`), which pins down the contract:
+///
+/// - messages from one van to one peer arrive in the order they were sent, none lost or
+///   duplicated while both ends run;
+/// - `send` to a peer that was never connected fails with [`VanError::UnknownPeer`]; to a
+///   peer that stopped or whose connection broke, sends fail within a bounded time;
+/// - after [`stop`](Van::stop), messages queued before it have been flushed, every call
+///   fails with [`VanError::Stopped`], and the inbox ends once drained.
+///
+/// Connections are explicit: a node connects to every peer it sends to (as in ps-lite,
+/// where each node connects to the nodes of the table). A van may reuse a connection the peer
+/// opened, but callers must not rely on that.
+#[async_trait]
+pub trait Van: Send + Sync {
+    /// Which transport this is.
+    fn kind(&self) -> VanKind;
+
+    /// Listens at `host:port` (port 0: an ephemeral port) and delivers everything received
+    /// into `inbox`. Returns the endpoint peers should connect to, with the real port.
+    async fn bind(&self, host: &str, port: u16, inbox: InboxSender) -> Result<Endpoint, VanError>;
+
+    /// Opens (or reuses) the connection to `node`, which must have an id and an address for
+    /// this van (its endpoint of this kind, else `host:port`).
+    async fn connect(&self, node: &Node) -> Result<(), VanError>;
+
+    /// Queues `msg` for its recipient (`meta.recipient`). Returns once queued; waits while
+    /// that peer's queue is full.
+    async fn send(&self, msg: Message) -> Result<(), VanError>;
+
+    /// Queues many messages; a van may hand them to its writers in one step. Stops at the
+    /// first error, returning it; earlier messages stay queued.
+    async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), VanError> {
+        for msg in msgs {
+            self.send(msg).await?;
+        }
+        Ok(())
+    }
+
+    /// Flushes what is queued (bounded by a timeout), closes every connection and the
+    /// listener, and lets the inbox end. Idempotent.
+    async fn stop(&self) -> Result<(), VanError>;
+}
+
+#[async_trait]
+impl<V: Van + ?Sized> Van for Arc<V> {
+    fn kind(&self) -> VanKind {
+        (**self).kind()
+    }
+    async fn bind(&self, host: &str, port: u16, inbox: InboxSender) -> Result<Endpoint, VanError> {
+        (**self).bind(host, port, inbox).await
+    }
+    async fn connect(&self, node: &Node) -> Result<(), VanError> {
+        (**self).connect(node).await
+    }
+    async fn send(&self, msg: Message) -> Result<(), VanError> {
+        (**self).send(msg).await
+    }
+    async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), VanError> {
+        (**self).send_batch(msgs).await
+    }
+    async fn stop(&self) -> Result<(), VanError> {
+        (**self).stop().await
+    }
+}
+
+/// The recipient of `msg`, or [`VanError::NoRecipient`].
+pub fn recipient_of(msg: &Message) -> Result<NodeId, VanError> {
+    msg.meta.recipient.ok_or(VanError::NoRecipient)
+}
+
+/// The address to reach `node` with a van of `kind`, and its id.
+///
+/// Uses the node's endpoint of that kind, else `host:port`.
+pub fn address_for(node: &Node, kind: VanKind) -> Result<(NodeId, String), VanError> {
+    let bad = |reason: &str| VanError::BadNode {
+        node: node.to_string(),
+        reason: reason.to_owned(),
+    };
+    let id = node.id.ok_or_else(|| bad("the node has no id yet"))?;
+    if let Some(endpoint) = node.endpoint(kind) {
+        return Ok((id, endpoint.address.clone()));
+    }
+    if node.host.is_empty() || node.port == 0 {
+        return Err(bad(&format!("no {kind} endpoint and no host:port")));
+    }
+    Ok((id, Endpoint::stream(kind, &node.host, node.port).address))
+}
