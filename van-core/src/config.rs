@@ -1,10 +1,1041 @@
-//! Placeholder, replaced by the real configuration module.
+//! [`Config`]: everything a node reads from its environment, parsed once into typed fields.
+//!
+//! Variable names follow ps-lite and BytePS (`DMLC_*`, `PS_*`) so existing launch scripts run
+//! unchanged; knobs of our own are `VANS_*`. [`VARIABLES`] lists every variable with its
+//! default and effect; the README table and diagnostics print that list.
+//!
+//! Rules, the same for the environment and the [`ConfigBuilder`]:
+//!
+//! - Values are trimmed; an empty value counts as unset (so `DMLC_ROLE= ./app` is a
+//!   single-process run, not an error).
+//! - When `DMLC_ROLE` is set, `DMLC_NUM_WORKER`, `DMLC_NUM_SERVER`, `DMLC_PS_ROOT_URI` and
+//!   `DMLC_PS_ROOT_PORT` are required, as in ps-lite. Without a role (single process, tests)
+//!   they default to 1 worker, 1 server, `127.0.0.1` and no root port.
+//! - A value that does not parse, and settings that contradict each other, are a
+//!   [`ConfigError`] naming the variable(s), the value and what was expected. Nothing is
+//!   silently clamped.
+//! - Variables vans does not know (other `DMLC_*`, `BYTEPS_*`, …) are ignored.
+//!
+//! Nothing else in vans reads the environment: the vans and the cluster take a `Config`.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use van_core::config::{Config, RdmaMode};
+//! use van_core::Role;
+//!
+//! // Tests pass variables explicitly; a real node calls `Config::from_env()`.
+//! let config = Config::from_vars([
+//!     ("DMLC_ROLE", "worker"),
+//!     ("DMLC_NUM_WORKER", "2"),
+//!     ("DMLC_NUM_SERVER", "1"),
+//!     ("DMLC_PS_ROOT_URI", "10.0.0.2"),
+//!     ("DMLC_PS_ROOT_PORT", "8123"),
+//!     ("DMLC_ENABLE_RDMA", "1"),
+//!     ("PS_HEARTBEAT_INTERVAL", "5"),
+//! ])?;
+//! assert_eq!(config.role, Some(Role::Worker));
+//! assert_eq!(config.enable_rdma, RdmaMode::Ibverbs);
+//! assert_eq!(config.heartbeat_interval, Some(Duration::from_secs(5)));
+//!
+//! // Errors name the variable and say what was expected.
+//! let err = Config::from_vars([("DMLC_ENABLE_RDMA", "yes")]).unwrap_err();
+//! assert!(err.to_string().contains("DMLC_ENABLE_RDMA"));
+//!
+//! // In code: the same validation.
+//! let config = Config::builder().num_workers(4).verbose(1).build()?;
+//! assert_eq!(config.num_workers, 4);
+//! # Ok::<(), van_core::ConfigError>(())
+//! ```
 
-/// Configuration.
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::time::Duration;
+
+use crate::message::Role;
+use crate::van::VanKind;
+use crate::wire::Limits;
+
+/// Default bound on opening one connection (`VANS_CONNECT_TIMEOUT_MS`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on joining the cluster (`VANS_BOOTSTRAP_TIMEOUT_SECS`).
+pub const DEFAULT_BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest `DMLC_NUM_WORKER` / `DMLC_NUM_SERVER`: keeps every ps-lite node id
+/// (`8 + 2 × rank`, an `i32`) far from overflow.
+pub const MAX_NODES_PER_ROLE: u32 = 1 << 20;
+
+/// One environment variable vans reads: the rows of the README table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvVar {
+    /// The variable's name.
+    pub name: &'static str,
+    /// Its value when unset, as a person would write it.
+    pub default: &'static str,
+    /// What it does and what it accepts.
+    pub effect: &'static str,
+}
+
+/// Every variable [`Config::from_env`] reads, in the order it checks them.
+pub const VARIABLES: &[EnvVar] = &[
+    EnvVar {
+        name: "DMLC_ROLE",
+        default: "unset",
+        effect: "`scheduler`, `server` or `worker` (any case); unset: single process, no cluster",
+    },
+    EnvVar {
+        name: "DMLC_NUM_WORKER",
+        default: "1 (required when DMLC_ROLE is set)",
+        effect: "number of worker processes; at least 1 when DMLC_ROLE=worker",
+    },
+    EnvVar {
+        name: "DMLC_NUM_SERVER",
+        default: "1 (required when DMLC_ROLE is set)",
+        effect: "number of server processes; at least 1 when DMLC_ROLE is worker or server",
+    },
+    EnvVar {
+        name: "DMLC_PS_ROOT_URI",
+        default: "127.0.0.1 (required when DMLC_ROLE is set)",
+        effect: "host or IP address of the scheduler",
+    },
+    EnvVar {
+        name: "DMLC_PS_ROOT_PORT",
+        default: "unset (required when DMLC_ROLE is set)",
+        effect: "port of the scheduler, 1..=65535",
+    },
+    EnvVar {
+        name: "DMLC_INTERFACE",
+        default: "unset",
+        effect: "network interface whose address this node announces (e.g. `eth5`); \
+                 ignored when DMLC_NODE_HOST is set",
+    },
+    EnvVar {
+        name: "DMLC_NODE_HOST",
+        default: "unset",
+        effect: "host or IP address this node announces; wins over DMLC_INTERFACE",
+    },
+    EnvVar {
+        name: "DMLC_PORT",
+        default: "0",
+        effect: "port this node listens on; 0: an ephemeral port",
+    },
+    EnvVar {
+        name: "PORT",
+        default: "0",
+        effect: "ps-lite's legacy name for DMLC_PORT; ignored when DMLC_PORT is set",
+    },
+    EnvVar {
+        name: "DMLC_ENABLE_RDMA",
+        default: "0",
+        effect: "`1`, `true` or `ibverbs`: the RDMA van for remote peers; `0` or `false`: \
+                 the stream van",
+    },
+    EnvVar {
+        name: "PS_VERBOSE",
+        default: "0",
+        effect: "logging: 0 quiet, 1 connection setup, 2 every message",
+    },
+    EnvVar {
+        name: "PS_HEARTBEAT_INTERVAL",
+        default: "0 (off)",
+        effect: "seconds between heartbeats a node sends to the scheduler; 0: none",
+    },
+    EnvVar {
+        name: "PS_HEARTBEAT_TIMEOUT",
+        default: "0 (off)",
+        effect: "seconds of silence after which the scheduler declares a node dead; 0: never; \
+                 must exceed PS_HEARTBEAT_INTERVAL when both are set",
+    },
+    EnvVar {
+        name: "VANS_STREAM_VAN",
+        default: "tcp",
+        effect: "van for remote peers without RDMA: `tcp`, `uring`, or `inproc` \
+                 (single process)",
+    },
+    EnvVar {
+        name: "VANS_MAX_FRAME_BYTES",
+        default: "1073741824 (1 GiB)",
+        effect: "largest frame sent or accepted, header included; at least 1",
+    },
+    EnvVar {
+        name: "VANS_MAX_SEGMENTS",
+        default: "1024",
+        effect: "largest number of data segments in one message; at least 1",
+    },
+    EnvVar {
+        name: "VANS_MAX_META_BYTES",
+        default: "4194304 (4 MiB)",
+        effect: "largest encoded meta (node tables included); at least 1",
+    },
+    EnvVar {
+        name: "VANS_CONNECT_TIMEOUT_MS",
+        default: "10000 (10 s)",
+        effect: "milliseconds allowed to open one connection; at least 1",
+    },
+    EnvVar {
+        name: "VANS_BOOTSTRAP_TIMEOUT_SECS",
+        default: "120",
+        effect: "seconds allowed to register with the scheduler and receive the node table; \
+                 at least 1",
+    },
+];
+
+/// Whether remote peers are reached over RDMA (`DMLC_ENABLE_RDMA`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RdmaMode {
+    /// Remote peers use the stream van (`DMLC_ENABLE_RDMA=0`, `false` or unset).
+    #[default]
+    Off,
+    /// Remote peers use the RDMA verbs van (`DMLC_ENABLE_RDMA=1`, `true` or `ibverbs`).
+    Ibverbs,
+}
+
+impl RdmaMode {
+    /// Whether RDMA is requested.
+    pub fn is_enabled(self) -> bool {
+        self == RdmaMode::Ibverbs
+    }
+}
+
+/// A configuration that cannot be used. Every message names the variable(s) to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A variable that ps-lite requires for a cluster node is unset: set it on every node.
+    #[error("{var} is not set; it is required when DMLC_ROLE is set (export it on every node)")]
+    Missing {
+        /// The variable.
+        var: &'static str,
+    },
+    /// A value does not parse or is out of range: fix the value.
+    #[error("invalid value {value:?} for {var}: expected {expected}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// The value found (non-UTF-8 bytes shown as U+FFFD).
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// Values that are each valid but cannot hold together: change one of them.
+    #[error("{} contradict each other: {reason}", .vars.join(" and "))]
+    Contradiction {
+        /// The variables involved.
+        vars: &'static [&'static str],
+        /// Why, and what to change.
+        reason: &'static str,
+    },
+}
+
+/// The configuration of one node, built once by [`Config::from_env`], [`Config::from_vars`]
+/// or [`Config::builder`], and valid by construction (fields are public for reading; after
+/// changing one, [`Config::validate`] checks it again).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `DMLC_ROLE`: this node's role; `None` for a single-process run.
+    pub role: Option<Role>,
+    /// `DMLC_NUM_WORKER`: number of workers in the cluster.
+    pub num_workers: u32,
+    /// `DMLC_NUM_SERVER`: number of servers in the cluster.
+    pub num_servers: u32,
+    /// `DMLC_PS_ROOT_URI`: host of the scheduler.
+    pub root_uri: String,
+    /// `DMLC_PS_ROOT_PORT`: port of the scheduler; 0 only without a role (no scheduler).
+    pub root_port: u16,
+    /// `DMLC_INTERFACE`: interface whose address to announce, when `node_host` is unset.
+    pub interface: Option<String>,
+    /// `DMLC_NODE_HOST`: address to announce; wins over `interface`.
+    pub node_host: Option<String>,
+    /// `DMLC_PORT` (or legacy `PORT`): port to listen on; 0: ephemeral.
+    pub port: u16,
+    /// `DMLC_ENABLE_RDMA`: whether remote peers use RDMA.
+    pub enable_rdma: RdmaMode,
+    /// `PS_VERBOSE`: 0, 1 or 2.
+    pub verbose: u8,
+    /// `PS_HEARTBEAT_INTERVAL`: how often to send heartbeats; `None`: never.
+    pub heartbeat_interval: Option<Duration>,
+    /// `PS_HEARTBEAT_TIMEOUT`: silence after which a node is dead; `None`: never.
+    pub heartbeat_timeout: Option<Duration>,
+    /// `VANS_STREAM_VAN`: the van for remote peers when RDMA is off (`Tcp`, `Uring` or
+    /// `InProcess`).
+    pub stream_van: VanKind,
+    /// `VANS_MAX_FRAME_BYTES`, `VANS_MAX_SEGMENTS`, `VANS_MAX_META_BYTES`: wire limits.
+    pub limits: Limits,
+    /// `VANS_CONNECT_TIMEOUT_MS`: bound on opening one connection.
+    pub connect_timeout: Duration,
+    /// `VANS_BOOTSTRAP_TIMEOUT_SECS`: bound on joining the cluster.
+    pub bootstrap_timeout: Duration,
+}
+
+impl Default for Config {
+    /// A single-process configuration: no role, 1 worker, 1 server, scheduler host
+    /// `127.0.0.1`, ephemeral port, TCP, no RDMA, no heartbeats, default limits and timeouts.
+    fn default() -> Config {
+        Config {
+            role: None,
+            num_workers: 1,
+            num_servers: 1,
+            root_uri: "127.0.0.1".to_owned(),
+            root_port: 0,
+            interface: None,
+            node_host: None,
+            port: 0,
+            enable_rdma: RdmaMode::Off,
+            verbose: 0,
+            heartbeat_interval: None,
+            heartbeat_timeout: None,
+            stream_van: VanKind::Tcp,
+            limits: Limits::default(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            bootstrap_timeout: DEFAULT_BOOTSTRAP_TIMEOUT,
+        }
+    }
+}
+
+const PORT_EXPECTED: &str = "a port number in 0..=65535 (0: ephemeral)";
+const POSITIVE_EXPECTED: &str = "a whole number of at least 1";
+const SECONDS_EXPECTED: &str = "a whole number of seconds (0: off)";
+const STREAM_VAN_EXPECTED: &str = "`tcp`, `uring` or `inproc` (RDMA is chosen with \
+     DMLC_ENABLE_RDMA=1; IPC is chosen per same-host peer, not here)";
+
+impl Config {
+    /// Reads the process environment (see [`VARIABLES`]).
+    ///
+    /// A variable of [`VARIABLES`] whose value is not UTF-8 is [`ConfigError::Invalid`].
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_os_vars(std::env::vars_os())
+    }
+
+    /// Parses variables given as name–value pairs, exactly as [`Config::from_env`] would;
+    /// tests use it so they never touch the process environment. Later pairs override
+    /// earlier ones with the same name; unknown names are ignored.
+    pub fn from_vars<I, K, V>(vars: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut map = HashMap::new();
+        for (name, value) in vars {
+            if let Some(known) = known_name(name.as_ref()) {
+                map.insert(known, value.as_ref().trim().to_owned());
+            }
+        }
+        map.retain(|_, value| !value.is_empty());
+        Vars { map }.parse()
+    }
+
+    /// A builder starting from [`Config::default`].
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder::default()
+    }
+
+    /// The address this node announces (`DMLC_NODE_HOST`), if set; otherwise the caller
+    /// resolves [`Config::interface`] or picks an address itself.
+    pub fn host(&self) -> Option<&str> {
+        self.node_host.as_deref()
+    }
+
+    /// Checks ranges and contradictions; [`ConfigBuilder::build`] and the parsers call it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |var, value: &dyn ToString, expected| ConfigError::Invalid {
+            var,
+            value: value.to_string(),
+            expected,
+        };
+        let contradiction = |vars, reason| Err(ConfigError::Contradiction { vars, reason });
+        if self.role.is_some() {
+            if self.root_uri.trim().is_empty() {
+                return Err(ConfigError::Missing {
+                    var: "DMLC_PS_ROOT_URI",
+                });
+            }
+            if self.root_port == 0 {
+                return Err(invalid(
+                    "DMLC_PS_ROOT_PORT",
+                    &0,
+                    "the scheduler's port, 1..=65535",
+                ));
+            }
+        }
+        for (var, count) in [
+            ("DMLC_NUM_WORKER", self.num_workers),
+            ("DMLC_NUM_SERVER", self.num_servers),
+        ] {
+            if count > MAX_NODES_PER_ROLE {
+                return Err(invalid(var, &count, "at most 1048576 (MAX_NODES_PER_ROLE)"));
+            }
+        }
+        if self.verbose > 2 {
+            return Err(invalid("PS_VERBOSE", &self.verbose, "0, 1 or 2"));
+        }
+        if !matches!(
+            self.stream_van,
+            VanKind::Tcp | VanKind::Uring | VanKind::InProcess
+        ) {
+            return Err(invalid(
+                "VANS_STREAM_VAN",
+                &self.stream_van,
+                STREAM_VAN_EXPECTED,
+            ));
+        }
+        let limits = &self.limits;
+        for (var, value) in [
+            ("VANS_MAX_FRAME_BYTES", limits.max_frame),
+            ("VANS_MAX_SEGMENTS", u64::from(limits.max_segments)),
+            ("VANS_MAX_META_BYTES", u64::from(limits.max_meta)),
+            ("VANS_CONNECT_TIMEOUT_MS", millis(self.connect_timeout)),
+            (
+                "VANS_BOOTSTRAP_TIMEOUT_SECS",
+                self.bootstrap_timeout.as_secs(),
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(var, &0, POSITIVE_EXPECTED));
+            }
+        }
+        match self.role {
+            Some(Role::Worker | Role::Server) if self.num_servers == 0 => {
+                return contradiction(
+                    &["DMLC_ROLE", "DMLC_NUM_SERVER"],
+                    "workers and servers need at least one server; set DMLC_NUM_SERVER to \
+                     the number of server processes",
+                );
+            }
+            Some(Role::Worker) if self.num_workers == 0 => {
+                return contradiction(
+                    &["DMLC_ROLE", "DMLC_NUM_WORKER"],
+                    "a worker is counted in DMLC_NUM_WORKER, which must be at least 1",
+                );
+            }
+            _ => {}
+        }
+        if let (Some(interval), Some(timeout)) = (self.heartbeat_interval, self.heartbeat_timeout) {
+            if timeout <= interval {
+                return contradiction(
+                    &["PS_HEARTBEAT_TIMEOUT", "PS_HEARTBEAT_INTERVAL"],
+                    "the timeout must be longer than the interval, or every node is declared \
+                     dead between two heartbeats; a few intervals is usual",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn from_os_vars(
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Config, ConfigError> {
+        let mut pairs = Vec::new();
+        for (name, value) in vars {
+            // A name that is not UTF-8 is not one of ours.
+            let Some(name) = name.to_str().and_then(known_name) else {
+                continue;
+            };
+            match value.into_string() {
+                Ok(value) => pairs.push((name, value)),
+                Err(value) => {
+                    return Err(ConfigError::Invalid {
+                        var: name,
+                        value: value.to_string_lossy().into_owned(),
+                        expected: "valid UTF-8",
+                    })
+                }
+            }
+        }
+        Config::from_vars(pairs)
+    }
+}
+
+/// Chainable setters for every [`Config`] field; [`build`](ConfigBuilder::build) applies the
+/// same validation as the environment parser, and its errors name the matching variables.
 #[derive(Debug, Clone, Default)]
-pub struct Config {}
+pub struct ConfigBuilder {
+    config: Config,
+}
 
-/// Configuration error.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("config")]
-pub struct ConfigError;
+impl ConfigBuilder {
+    /// Sets the role (`DMLC_ROLE`); a cluster node then needs a root port.
+    pub fn role(mut self, role: Role) -> Self {
+        self.config.role = Some(role);
+        self
+    }
+    /// Sets the number of workers (`DMLC_NUM_WORKER`).
+    pub fn num_workers(mut self, n: u32) -> Self {
+        self.config.num_workers = n;
+        self
+    }
+    /// Sets the number of servers (`DMLC_NUM_SERVER`).
+    pub fn num_servers(mut self, n: u32) -> Self {
+        self.config.num_servers = n;
+        self
+    }
+    /// Sets the scheduler's host (`DMLC_PS_ROOT_URI`).
+    pub fn root_uri(mut self, uri: impl Into<String>) -> Self {
+        self.config.root_uri = uri.into();
+        self
+    }
+    /// Sets the scheduler's port (`DMLC_PS_ROOT_PORT`).
+    pub fn root_port(mut self, port: u16) -> Self {
+        self.config.root_port = port;
+        self
+    }
+    /// Sets the interface to announce (`DMLC_INTERFACE`); empty: unset.
+    pub fn interface(mut self, interface: impl Into<String>) -> Self {
+        self.config.interface = non_empty(interface.into());
+        self
+    }
+    /// Sets the address to announce (`DMLC_NODE_HOST`); empty: unset.
+    pub fn node_host(mut self, host: impl Into<String>) -> Self {
+        self.config.node_host = non_empty(host.into());
+        self
+    }
+    /// Sets the port to listen on (`DMLC_PORT`); 0: ephemeral.
+    pub fn port(mut self, port: u16) -> Self {
+        self.config.port = port;
+        self
+    }
+    /// Sets whether remote peers use RDMA (`DMLC_ENABLE_RDMA`).
+    pub fn enable_rdma(mut self, mode: RdmaMode) -> Self {
+        self.config.enable_rdma = mode;
+        self
+    }
+    /// Sets the log verbosity (`PS_VERBOSE`, 0..=2).
+    pub fn verbose(mut self, level: u8) -> Self {
+        self.config.verbose = level;
+        self
+    }
+    /// Sets the heartbeat interval (`PS_HEARTBEAT_INTERVAL`); zero: off.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.config.heartbeat_interval = non_zero(interval);
+        self
+    }
+    /// Sets the heartbeat timeout (`PS_HEARTBEAT_TIMEOUT`); zero: off.
+    pub fn heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        self.config.heartbeat_timeout = non_zero(timeout);
+        self
+    }
+    /// Sets the stream van (`VANS_STREAM_VAN`): `Tcp`, `Uring` or `InProcess`.
+    pub fn stream_van(mut self, kind: VanKind) -> Self {
+        self.config.stream_van = kind;
+        self
+    }
+    /// Sets the wire limits (`VANS_MAX_*`); each must be at least 1.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.config.limits = limits;
+        self
+    }
+    /// Sets the connect timeout (`VANS_CONNECT_TIMEOUT_MS`); at least 1 ms.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+    /// Sets the bootstrap timeout (`VANS_BOOTSTRAP_TIMEOUT_SECS`); at least 1 s.
+    pub fn bootstrap_timeout(mut self, timeout: Duration) -> Self {
+        self.config.bootstrap_timeout = timeout;
+        self
+    }
+    /// The configuration, or the first problem found (see [`Config::validate`]).
+    pub fn build(self) -> Result<Config, ConfigError> {
+        self.config.validate()?;
+        Ok(self.config)
+    }
+}
+
+/// The variables given, restricted to known names with non-empty, trimmed values.
+struct Vars {
+    map: HashMap<&'static str, String>,
+}
+
+impl Vars {
+    fn get(&self, var: &'static str) -> Option<&str> {
+        debug_assert!(known_name(var).is_some(), "{var} is missing from VARIABLES");
+        self.map.get(var).map(String::as_str)
+    }
+
+    fn invalid(&self, var: &'static str, expected: &'static str) -> ConfigError {
+        ConfigError::Invalid {
+            var,
+            value: self.get(var).unwrap_or_default().to_owned(),
+            expected,
+        }
+    }
+
+    fn number<T: std::str::FromStr>(
+        &self,
+        var: &'static str,
+        expected: &'static str,
+    ) -> Result<Option<T>, ConfigError> {
+        self.get(var)
+            .map(|value| value.parse().map_err(|_| self.invalid(var, expected)))
+            .transpose()
+    }
+
+    fn positive(&self, var: &'static str) -> Result<Option<u64>, ConfigError> {
+        match self.number::<u64>(var, POSITIVE_EXPECTED)? {
+            Some(0) => Err(self.invalid(var, POSITIVE_EXPECTED)),
+            other => Ok(other),
+        }
+    }
+
+    fn parse(&self) -> Result<Config, ConfigError> {
+        let mut c = Config {
+            role: self.role()?,
+            ..Config::default()
+        };
+        let required = |var| match (c.role, self.get(var)) {
+            (Some(_), None) => Err(ConfigError::Missing { var }),
+            _ => Ok(()),
+        };
+        for var in [
+            "DMLC_NUM_WORKER",
+            "DMLC_NUM_SERVER",
+            "DMLC_PS_ROOT_URI",
+            "DMLC_PS_ROOT_PORT",
+        ] {
+            required(var)?;
+        }
+        let count = "a whole number of processes";
+        if let Some(n) = self.number("DMLC_NUM_WORKER", count)? {
+            c.num_workers = n;
+        }
+        if let Some(n) = self.number("DMLC_NUM_SERVER", count)? {
+            c.num_servers = n;
+        }
+        if let Some(uri) = self.get("DMLC_PS_ROOT_URI") {
+            c.root_uri = uri.to_owned();
+        }
+        let root_expected = "the scheduler's port, 1..=65535";
+        match self.number::<u16>("DMLC_PS_ROOT_PORT", root_expected)? {
+            Some(0) => return Err(self.invalid("DMLC_PS_ROOT_PORT", root_expected)),
+            Some(port) => c.root_port = port,
+            None => {}
+        }
+        c.interface = self.get("DMLC_INTERFACE").map(str::to_owned);
+        c.node_host = self.get("DMLC_NODE_HOST").map(str::to_owned);
+        // DMLC_PORT wins; the legacy PORT is not even parsed when DMLC_PORT is set.
+        let port_var = match self.get("DMLC_PORT") {
+            Some(_) => "DMLC_PORT",
+            None => "PORT",
+        };
+        if let Some(port) = self.number(port_var, PORT_EXPECTED)? {
+            c.port = port;
+        }
+        c.enable_rdma = self.rdma()?;
+        if let Some(level) = self.get("PS_VERBOSE") {
+            c.verbose = match level {
+                "0" => 0,
+                "1" => 1,
+                "2" => 2,
+                _ => return Err(self.invalid("PS_VERBOSE", "0, 1 or 2")),
+            };
+        }
+        let seconds = |var| -> Result<_, ConfigError> {
+            Ok(self
+                .number(var, SECONDS_EXPECTED)?
+                .and_then(|s| non_zero(Duration::from_secs(s))))
+        };
+        c.heartbeat_interval = seconds("PS_HEARTBEAT_INTERVAL")?;
+        c.heartbeat_timeout = seconds("PS_HEARTBEAT_TIMEOUT")?;
+        if let Some(name) = self.get("VANS_STREAM_VAN") {
+            c.stream_van = name
+                .parse()
+                .map_err(|_| self.invalid("VANS_STREAM_VAN", STREAM_VAN_EXPECTED))?;
+        }
+        if let Some(n) = self.positive("VANS_MAX_FRAME_BYTES")? {
+            c.limits.max_frame = n;
+        }
+        let u32_expected = "a whole number from 1 to 4294967295";
+        if let Some(n) = self.number::<u32>("VANS_MAX_SEGMENTS", u32_expected)? {
+            c.limits.max_segments = n;
+        }
+        if let Some(n) = self.number::<u32>("VANS_MAX_META_BYTES", u32_expected)? {
+            c.limits.max_meta = n;
+        }
+        if let Some(ms) = self.positive("VANS_CONNECT_TIMEOUT_MS")? {
+            c.connect_timeout = Duration::from_millis(ms);
+        }
+        if let Some(s) = self.positive("VANS_BOOTSTRAP_TIMEOUT_SECS")? {
+            c.bootstrap_timeout = Duration::from_secs(s);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn role(&self) -> Result<Option<Role>, ConfigError> {
+        let Some(value) = self.get("DMLC_ROLE") else {
+            return Ok(None);
+        };
+        [Role::Scheduler, Role::Server, Role::Worker]
+            .into_iter()
+            .find(|role| role.as_str().eq_ignore_ascii_case(value))
+            .map(Some)
+            .ok_or_else(|| self.invalid("DMLC_ROLE", "`scheduler`, `server` or `worker`"))
+    }
+
+    fn rdma(&self) -> Result<RdmaMode, ConfigError> {
+        let Some(value) = self.get("DMLC_ENABLE_RDMA") else {
+            return Ok(RdmaMode::Off);
+        };
+        match value.to_ascii_lowercase().as_str() {
+            "0" | "false" => Ok(RdmaMode::Off),
+            "1" | "true" | "ibverbs" => Ok(RdmaMode::Ibverbs),
+            _ => Err(self.invalid(
+                "DMLC_ENABLE_RDMA",
+                "`0`, `false` (off) or `1`, `true`, `ibverbs` (RDMA verbs)",
+            )),
+        }
+    }
+}
+
+/// The `'static` name of a variable vans reads, or `None`.
+fn known_name(name: &str) -> Option<&'static str> {
+    VARIABLES.iter().find(|v| v.name == name).map(|v| v.name)
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.trim().is_empty()).then_some(s)
+}
+
+fn non_zero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PS_LITE_WORKER: [(&str, &str); 7] = [
+        ("DMLC_ENABLE_RDMA", "1"),
+        ("DMLC_NUM_WORKER", "2"),
+        ("DMLC_NUM_SERVER", "2"),
+        ("DMLC_PS_ROOT_URI", "10.0.0.2"),
+        ("DMLC_PS_ROOT_PORT", "8123"),
+        ("DMLC_INTERFACE", "eth5"),
+        ("DMLC_ROLE", "worker"),
+    ];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        PS_LITE_WORKER.iter().chain(extra).copied().collect()
+    }
+
+    fn err(vars: &[(&str, &str)]) -> String {
+        Config::from_vars(vars.iter().copied())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn empty_environment_is_the_default() {
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(Config::from_vars(none).unwrap(), Config::default());
+        assert_eq!(Config::builder().build().unwrap(), Config::default());
+        let c = Config::default();
+        assert_eq!((c.role, c.num_workers, c.num_servers), (None, 1, 1));
+        assert_eq!(
+            (c.root_uri.as_str(), c.port, c.stream_van),
+            ("127.0.0.1", 0, VanKind::Tcp)
+        );
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.bootstrap_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn documented_defaults_match_default_config() {
+        // Every default that is a value parses to `Config::default()`.
+        let vars: Vec<_> = VARIABLES
+            .iter()
+            .filter(|v| !v.default.starts_with("unset"))
+            .map(|v| (v.name, v.default.split(' ').next().unwrap()))
+            .collect();
+        assert_eq!(Config::from_vars(vars).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn every_listed_variable_is_read() {
+        let free_text = ["DMLC_PS_ROOT_URI", "DMLC_INTERFACE", "DMLC_NODE_HOST"];
+        for var in VARIABLES.iter().map(|v| v.name) {
+            if free_text.contains(&var) {
+                let c = Config::from_vars([(var, "x")]).unwrap();
+                assert!([
+                    c.root_uri,
+                    c.interface.unwrap_or_default(),
+                    c.node_host.unwrap_or_default()
+                ]
+                .contains(&"x".to_owned()));
+            } else {
+                let message = err(&[(var, "bogus")]);
+                assert!(
+                    message.contains(var) && message.contains("bogus"),
+                    "{message}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn full_ps_lite_environment() {
+        let c = Config::from_vars(with(&[
+            ("DMLC_NODE_HOST", "10.0.0.7"),
+            ("DMLC_PORT", "9000"),
+            ("PS_VERBOSE", "2"),
+            ("PS_HEARTBEAT_INTERVAL", "5"),
+            ("PS_HEARTBEAT_TIMEOUT", "30"),
+            ("VANS_STREAM_VAN", "URING"),
+            ("VANS_MAX_FRAME_BYTES", "4096"),
+            ("VANS_MAX_SEGMENTS", "8"),
+            ("VANS_MAX_META_BYTES", "1024"),
+            ("VANS_CONNECT_TIMEOUT_MS", "250"),
+            ("VANS_BOOTSTRAP_TIMEOUT_SECS", "30"),
+            ("BYTEPS_LOCAL_SIZE", "8"),
+        ]))
+        .unwrap();
+        let expected = Config::builder()
+            .role(Role::Worker)
+            .num_workers(2)
+            .num_servers(2)
+            .root_uri("10.0.0.2")
+            .root_port(8123)
+            .interface("eth5")
+            .node_host("10.0.0.7")
+            .port(9000)
+            .enable_rdma(RdmaMode::Ibverbs)
+            .verbose(2)
+            .heartbeat_interval(Duration::from_secs(5))
+            .heartbeat_timeout(Duration::from_secs(30))
+            .stream_van(VanKind::Uring)
+            .limits(Limits {
+                max_frame: 4096,
+                max_segments: 8,
+                max_meta: 1024,
+            })
+            .connect_timeout(Duration::from_millis(250))
+            .bootstrap_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        assert_eq!(c, expected);
+        assert_eq!(c.host(), Some("10.0.0.7"));
+    }
+
+    #[test]
+    fn role_is_case_insensitive_and_empty_is_unset() {
+        for (value, role) in [("Scheduler", Role::Scheduler), (" SERVER ", Role::Server)] {
+            let c = Config::from_vars(with(&[("DMLC_ROLE", value)])).unwrap();
+            assert_eq!(c.role, Some(role));
+        }
+        let c = Config::from_vars([("DMLC_ROLE", ""), ("DMLC_PORT", "  ")]).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn later_pairs_override_earlier_ones() {
+        let c = Config::from_vars(with(&[("DMLC_NUM_WORKER", "5")])).unwrap();
+        assert_eq!(c.num_workers, 5);
+    }
+
+    #[test]
+    fn a_role_requires_the_cluster_variables() {
+        for var in [
+            "DMLC_NUM_WORKER",
+            "DMLC_NUM_SERVER",
+            "DMLC_PS_ROOT_URI",
+            "DMLC_PS_ROOT_PORT",
+        ] {
+            let vars: Vec<_> = PS_LITE_WORKER
+                .into_iter()
+                .filter(|(n, _)| *n != var)
+                .collect();
+            let e = Config::from_vars(vars).unwrap_err();
+            assert_eq!(e, ConfigError::Missing { var });
+            assert!(e.to_string().contains(var));
+        }
+    }
+
+    #[test]
+    fn invalid_values_name_variable_value_and_expectation() {
+        let cases = [
+            ("DMLC_ROLE", "master", "scheduler"),
+            ("DMLC_NUM_WORKER", "-1", "whole number"),
+            ("DMLC_PS_ROOT_PORT", "0", "1..=65535"),
+            ("DMLC_PS_ROOT_PORT", "70000", "1..=65535"),
+            ("DMLC_PORT", "http", "0..=65535"),
+            ("PS_VERBOSE", "3", "0, 1 or 2"),
+            ("PS_HEARTBEAT_INTERVAL", "1.5", "seconds"),
+            ("VANS_MAX_FRAME_BYTES", "0", "at least 1"),
+            ("VANS_MAX_SEGMENTS", "0", "at least 1"),
+            ("VANS_MAX_META_BYTES", "0", "at least 1"),
+            ("VANS_CONNECT_TIMEOUT_MS", "0", "at least 1"),
+            ("VANS_BOOTSTRAP_TIMEOUT_SECS", "0", "at least 1"),
+            ("DMLC_NUM_SERVER", "2000000", "MAX_NODES_PER_ROLE"),
+        ];
+        for (var, value, expected) in cases {
+            let e = Config::from_vars(with(&[(var, value)])).unwrap_err();
+            assert!(
+                matches!(e, ConfigError::Invalid { var: v, .. } if v == var),
+                "{e:?}"
+            );
+            let message = e.to_string();
+            for part in [var, value, expected] {
+                assert!(message.contains(part), "{message:?} lacks {part:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn rdma_and_ipc_are_not_stream_vans() {
+        for value in ["rdma", "ipc"] {
+            let message = err(&[("VANS_STREAM_VAN", value)]);
+            assert!(message.contains("VANS_STREAM_VAN") && message.contains("DMLC_ENABLE_RDMA"));
+        }
+        let c = Config::from_vars([("VANS_STREAM_VAN", "inproc")]).unwrap();
+        assert_eq!(c.stream_van, VanKind::InProcess);
+    }
+
+    #[test]
+    fn enable_rdma_variants() {
+        for (value, mode) in [
+            ("0", RdmaMode::Off),
+            ("false", RdmaMode::Off),
+            ("FALSE", RdmaMode::Off),
+            ("1", RdmaMode::Ibverbs),
+            ("true", RdmaMode::Ibverbs),
+            ("ibverbs", RdmaMode::Ibverbs),
+            ("IBVerbs", RdmaMode::Ibverbs),
+        ] {
+            let c = Config::from_vars([("DMLC_ENABLE_RDMA", value)]).unwrap();
+            assert_eq!(c.enable_rdma, mode, "{value}");
+        }
+        assert!(RdmaMode::Ibverbs.is_enabled() && !RdmaMode::Off.is_enabled());
+        for value in ["2", "yes", "ucx"] {
+            let message = err(&[("DMLC_ENABLE_RDMA", value)]);
+            assert!(message.contains("DMLC_ENABLE_RDMA") && message.contains("ibverbs"));
+        }
+    }
+
+    #[test]
+    fn dmlc_port_wins_over_legacy_port() {
+        let port = |vars: &[(&str, &str)]| Config::from_vars(vars.iter().copied()).unwrap().port;
+        assert_eq!(port(&[("PORT", "7000")]), 7000);
+        assert_eq!(port(&[("PORT", "7000"), ("DMLC_PORT", "7001")]), 7001);
+        // The legacy name is not parsed when DMLC_PORT is set.
+        assert_eq!(port(&[("PORT", "web"), ("DMLC_PORT", "7001")]), 7001);
+        assert!(err(&[("PORT", "web")]).contains("PORT"));
+        assert!(err(&[("PORT", "7000"), ("DMLC_PORT", "x")]).contains("DMLC_PORT"));
+    }
+
+    #[test]
+    fn contradictions_name_both_variables() {
+        type Pairs = &'static [(&'static str, &'static str)];
+        let cases: [(Pairs, [&str; 2]); 4] = [
+            (
+                &[("DMLC_NUM_SERVER", "0")],
+                ["DMLC_ROLE", "DMLC_NUM_SERVER"],
+            ),
+            (
+                &[("DMLC_ROLE", "server"), ("DMLC_NUM_SERVER", "0")],
+                ["DMLC_ROLE", "DMLC_NUM_SERVER"],
+            ),
+            (
+                &[("DMLC_NUM_WORKER", "0")],
+                ["DMLC_ROLE", "DMLC_NUM_WORKER"],
+            ),
+            (
+                &[
+                    ("PS_HEARTBEAT_INTERVAL", "10"),
+                    ("PS_HEARTBEAT_TIMEOUT", "10"),
+                ],
+                ["PS_HEARTBEAT_TIMEOUT", "PS_HEARTBEAT_INTERVAL"],
+            ),
+        ];
+        for (extra, vars) in cases {
+            let e = Config::from_vars(with(extra)).unwrap_err();
+            assert!(matches!(e, ConfigError::Contradiction { .. }), "{e:?}");
+            let message = e.to_string();
+            assert!(vars.iter().all(|v| message.contains(v)), "{message}");
+        }
+        // A scheduler may count zero servers; a server may count zero workers.
+        Config::from_vars(with(&[
+            ("DMLC_ROLE", "scheduler"),
+            ("DMLC_NUM_SERVER", "0"),
+        ]))
+        .unwrap();
+        Config::from_vars(with(&[("DMLC_ROLE", "server"), ("DMLC_NUM_WORKER", "0")])).unwrap();
+        // Heartbeats: 0 is off; a timeout alone (the scheduler's side) is fine.
+        let c = Config::from_vars(with(&[
+            ("PS_HEARTBEAT_INTERVAL", "0"),
+            ("PS_HEARTBEAT_TIMEOUT", "3"),
+        ]))
+        .unwrap();
+        assert_eq!(c.heartbeat_interval, None);
+        assert_eq!(c.heartbeat_timeout, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn builder_applies_the_same_validation() {
+        let e = Config::builder().role(Role::Worker).build().unwrap_err();
+        assert!(e.to_string().contains("DMLC_PS_ROOT_PORT"), "{e}");
+        let node = || Config::builder().role(Role::Worker).root_port(8123);
+        node().build().unwrap();
+        let cases = [
+            (node().num_servers(0).build(), "DMLC_NUM_SERVER"),
+            (node().num_workers(0).build(), "DMLC_NUM_WORKER"),
+            (node().root_uri(" ").build(), "DMLC_PS_ROOT_URI"),
+            (node().verbose(3).build(), "PS_VERBOSE"),
+            (node().stream_van(VanKind::Rdma).build(), "VANS_STREAM_VAN"),
+            (node().stream_van(VanKind::Ipc).build(), "VANS_STREAM_VAN"),
+            (
+                node()
+                    .limits(Limits {
+                        max_segments: 0,
+                        ..Limits::default()
+                    })
+                    .build(),
+                "VANS_MAX_SEGMENTS",
+            ),
+            (
+                node().connect_timeout(Duration::ZERO).build(),
+                "VANS_CONNECT_TIMEOUT_MS",
+            ),
+            (
+                node().bootstrap_timeout(Duration::ZERO).build(),
+                "VANS_BOOTSTRAP_TIMEOUT_SECS",
+            ),
+            (
+                node()
+                    .heartbeat_interval(Duration::from_secs(5))
+                    .heartbeat_timeout(Duration::from_secs(2))
+                    .build(),
+                "PS_HEARTBEAT_INTERVAL",
+            ),
+        ];
+        for (result, var) in cases {
+            let message = result.unwrap_err().to_string();
+            assert!(message.contains(var), "{message:?} lacks {var}");
+        }
+        // Zero heartbeats are off, empty hosts unset, as in the environment.
+        let c = node()
+            .heartbeat_interval(Duration::ZERO)
+            .node_host("")
+            .interface("")
+            .build()
+            .unwrap();
+        assert_eq!(
+            (c.heartbeat_interval, c.node_host, c.interface),
+            (None, None, None)
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_value_is_invalid() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = OsString::from_vec(vec![b'e', b't', 0xff]);
+        let e = Config::from_os_vars([("DMLC_INTERFACE".into(), bad.clone())]).unwrap_err();
+        assert!(e.to_string().contains("DMLC_INTERFACE") && e.to_string().contains("UTF-8"));
+        // Variables vans does not read may hold anything.
+        Config::from_os_vars([("OTHER".into(), bad)]).unwrap();
+    }
+}
