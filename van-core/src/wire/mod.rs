@@ -215,7 +215,8 @@ pub struct FrameHeader {
 
 /// Rounds up to a multiple of [`ALIGN`]; `None` on overflow.
 fn pad8(len: u64) -> Option<u64> {
-    len.checked_add(ALIGN as u64 - 1).map(|l| l & !(ALIGN as u64 - 1))
+    len.checked_add(ALIGN as u64 - 1)
+        .map(|l| l & !(ALIGN as u64 - 1))
 }
 
 fn le_u16(b: &[u8], at: usize) -> u16 {
@@ -305,7 +306,7 @@ impl FrameHeader {
     /// Offset of the segment-length table.
     fn table_offset(&self) -> u64 {
         // meta_len ≤ u32::MAX, so this cannot overflow a u64.
-        HEADER_LEN as u64 + (u64::from(self.meta_len) + 7) / 8 * 8
+        HEADER_LEN as u64 + u64::from(self.meta_len).div_ceil(8) * 8
     }
 
     /// Offset of the first segment.
@@ -434,7 +435,9 @@ pub fn decode(frame: Bytes, limits: &Limits) -> Result<Message, WireError> {
     let mut data = Vec::with_capacity(count);
     for i in 0..count {
         let len = le_u64(&frame, table + 8 * i);
-        let end = offset.checked_add(len).filter(|end| *end <= header.frame_len);
+        let end = offset
+            .checked_add(len)
+            .filter(|end| *end <= header.frame_len);
         let Some(end) = end else {
             return Err(WireError::LengthMismatch {
                 declared: header.frame_len,
