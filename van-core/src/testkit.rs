@@ -83,7 +83,11 @@ pub async fn start<V: Van + 'static>(make: &impl Fn() -> V, id: NodeId) -> Peer<
 
 /// Connects `from` to `to`, failing the check on error.
 pub async fn connect<V: Van>(from: &Peer<V>, to: &Peer<V>) {
-    within(from.van.connect(&to.node), &format!("connect to {}", to.node)).await;
+    within(
+        from.van.connect(&to.node),
+        &format!("connect to {}", to.node),
+    )
+    .await;
 }
 
 /// Sends `msg`, failing the check on error or if the send waits longer than [`WAIT`].

@@ -1,0 +1,268 @@
+//! `van-bench`: the vans side by side with a raw TCP socket, measured in one run.
+//!
+//! Three workloads, each through a plain tokio `TcpStream` (length-prefixed frames, one
+//! `write_all` per message: the reference), the TCP van and the in-process van:
+//!
+//! - `rtt 8 B`: one 8-byte request, wait for the 8-byte echo, repeat (µs per round trip);
+//! - `8 B x64`: 8-byte requests with 64 in flight, each echoed (operations per second);
+//! - `4 MiB x4`: 4 MiB requests with 4 in flight, each acknowledged with 8 bytes (GB/s).
+//!
+//! Usage: `van-bench [--quick] [--json]`. Absolute figures on a shared machine are noise;
+//! the ratio columns compare runs made seconds apart on the same machine.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use examples::{ratio, Table};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use van_core::inproc::{Hub, InProcessVan};
+use van_core::{inbox, Event, Inbox, Message, Node, Role, Van};
+use van_tcp::TcpVan;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One workload: payload size, requests in flight, total requests, reply size.
+#[derive(Clone, Copy)]
+struct Workload {
+    name: &'static str,
+    size: usize,
+    window: usize,
+    count: usize,
+    reply: usize,
+}
+
+impl Workload {
+    /// The figure the table shows: µs per op for window 1, ops/s for small, GB/s for large.
+    fn figure(&self, elapsed: Duration) -> f64 {
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        if self.window == 1 {
+            secs * 1e6 / self.count as f64
+        } else if self.size < 4096 {
+            self.count as f64 / secs
+        } else {
+            (self.size * self.count) as f64 / secs / 1e9
+        }
+    }
+
+    fn unit(&self) -> &'static str {
+        if self.window == 1 {
+            "µs/op"
+        } else if self.size < 4096 {
+            "ops/s"
+        } else {
+            "GB/s"
+        }
+    }
+}
+
+fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let json = args.iter().any(|a| a == "--json");
+    if let Some(bad) = args.iter().find(|a| *a != "--quick" && *a != "--json") {
+        return Err(
+            format!("unknown argument `{bad}`; usage: van-bench [--quick] [--json]").into(),
+        );
+    }
+    let scale = if quick { 10 } else { 1 };
+    let workloads = [
+        Workload {
+            name: "rtt 8 B",
+            size: 8,
+            window: 1,
+            count: 20_000 / scale,
+            reply: 8,
+        },
+        Workload {
+            name: "8 B x64 in flight",
+            size: 8,
+            window: 64,
+            count: 400_000 / scale,
+            reply: 8,
+        },
+        Workload {
+            name: "4 MiB x4 in flight",
+            size: 4 << 20,
+            window: 4,
+            count: 400 / scale,
+            reply: 8,
+        },
+    ];
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut table = Table::new(&[
+        "workload",
+        "unit",
+        "raw socket",
+        "tcp van",
+        "inproc van",
+        "tcp van / raw",
+    ]);
+    runtime.block_on(async {
+        for w in workloads {
+            eprintln!("running {} ({} requests) ...", w.name, w.count);
+            let raw = w.figure(raw_socket(w).await?);
+            let tcp = w.figure(van_pair(w, TcpVan::default).await?);
+            let hub = Hub::new();
+            let inproc = w.figure(van_pair(w, || InProcessVan::new(&hub)).await?);
+            // Lower is better for latency; express the ratio as "how many times better".
+            let speedup = if w.window == 1 {
+                ratio(raw, tcp)
+            } else {
+                ratio(tcp, raw)
+            };
+            table.row(vec![
+                w.name.to_owned(),
+                w.unit().to_owned(),
+                format!("{raw:.3}"),
+                format!("{tcp:.3}"),
+                format!("{inproc:.3}"),
+                format!("{speedup:.2}x"),
+            ]);
+        }
+        Ok::<_, BoxError>(())
+    })?;
+    if json {
+        println!("{}", table.to_json());
+    } else {
+        println!("{table}");
+        println!("(\"tcp van / raw\" > 1 means the van is better; the raw socket writes each message with its own system call)");
+    }
+    Ok(())
+}
+
+/// Two vans made by `make`, one echoing, the other driving the workload.
+async fn van_pair<V: Van + 'static>(
+    w: Workload,
+    make: impl Fn() -> V,
+) -> Result<Duration, BoxError> {
+    let (client, mut client_inbox, client_node) = start(make(), 9).await?;
+    let (server, server_inbox, server_node) = start(make(), 8).await?;
+    client.connect(&server_node).await?;
+    server.connect(&client_node).await?;
+    let echo = tokio::spawn(echo(server.clone(), server_inbox, w.reply));
+
+    let payload = Bytes::from(vec![7u8; w.size]);
+    let started = Instant::now();
+    let (mut sent, mut done) = (0, 0);
+    while done < w.count {
+        let mut batch = Vec::new();
+        while sent < w.count && sent - done < w.window {
+            let mut msg = Message::to(8, vec![payload.clone()]);
+            msg.meta.sender = Some(9);
+            msg.meta.request = true;
+            batch.push(msg);
+            sent += 1;
+        }
+        if !batch.is_empty() {
+            client.send_batch(batch).await?;
+        }
+        let mut events = Vec::new();
+        if client_inbox.recv_batch(&mut events).await == 0 {
+            return Err("client inbox ended".into());
+        }
+        for event in events {
+            match event {
+                Event::Message(_) => done += 1,
+                Event::PeerLost(lost) => return Err(format!("peer lost: {lost:?}").into()),
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    client.stop().await?;
+    server.stop().await?;
+    echo.await??;
+    Ok(elapsed)
+}
+
+async fn start<V: Van + 'static>(van: V, id: i32) -> Result<(Arc<V>, Inbox, Node), BoxError> {
+    let van = Arc::new(van);
+    let (tx, rx) = inbox(1024);
+    let endpoint = van.bind("127.0.0.1", 0, tx).await?;
+    let mut node = Node::new(Role::Worker, "127.0.0.1", 0).with_id(id);
+    node.endpoints.push(endpoint);
+    Ok((van, rx, node))
+}
+
+/// Answers every request with `reply` bytes, in batches, until the inbox ends.
+async fn echo<V: Van>(van: Arc<V>, mut inbox: Inbox, reply: usize) -> Result<(), BoxError> {
+    let answer = Bytes::from(vec![1u8; reply]);
+    let mut events = Vec::new();
+    while inbox.recv_batch(&mut events).await > 0 {
+        let mut replies = Vec::with_capacity(events.len());
+        for event in events.drain(..) {
+            if let Event::Message(msg) = event {
+                let mut out = Message::to(msg.meta.sender.unwrap_or(9), vec![answer.clone()]);
+                out.meta.sender = Some(8);
+                out.meta.request_id = msg.meta.request_id;
+                replies.push(out);
+            }
+        }
+        if van.send_batch(replies).await.is_err() {
+            // The client stopped first; the run is over.
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The reference: length-prefixed frames on a plain tokio socket, one write per message.
+async fn raw_socket(w: Workload) -> Result<Duration, BoxError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await?;
+        socket.set_nodelay(true)?;
+        let (read, mut write) = socket.into_split();
+        let mut read = BufReader::with_capacity(256 * 1024, read);
+        let mut frame = vec![0u8; w.size];
+        let mut answer = (w.reply as u64).to_le_bytes().to_vec();
+        answer.resize(8 + w.reply, 1);
+        for _ in 0..w.count {
+            let len = read.read_u64_le().await? as usize;
+            frame.resize(len, 0);
+            read.read_exact(&mut frame).await?;
+            write.write_all(&answer).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let socket = TcpStream::connect(address).await?;
+    socket.set_nodelay(true)?;
+    let (read, mut write) = socket.into_split();
+    let window = Arc::new(Semaphore::new(w.window));
+    let reader_window = window.clone();
+    let reader = tokio::spawn(async move {
+        let mut read = BufReader::with_capacity(256 * 1024, read);
+        let mut reply = vec![0u8; w.reply];
+        for _ in 0..w.count {
+            let len = read.read_u64_le().await? as usize;
+            reply.resize(len, 0);
+            read.read_exact(&mut reply).await?;
+            reader_window.add_permits(1);
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let payload = vec![7u8; w.size];
+    let header = (w.size as u64).to_le_bytes();
+    let started = Instant::now();
+    for _ in 0..w.count {
+        window.acquire().await?.forget();
+        if w.size <= 4096 {
+            let mut frame = header.to_vec();
+            frame.extend_from_slice(&payload);
+            write.write_all(&frame).await?;
+        } else {
+            write.write_all(&header).await?;
+            write.write_all(&payload).await?;
+        }
+    }
+    reader.await??;
+    let elapsed = started.elapsed();
+    server.await??;
+    Ok(elapsed)
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what the test command needs and is missing: cargo tools (from crates.io) and, once a
+# feature needs them, Debian packages. Safe to run again; does nothing when all is present.
+set -euo pipefail
+
+# Debian packages the all-features build needs (none yet: the RDMA van will add
+# cmake, libclang-dev and libibverbs-dev here).
+APT_PACKAGES=()
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+for component in rustfmt clippy; do
+    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        echo "setup: the Rust component '$component' is missing; install it with: rustup component add $component" >&2
+        exit 1
+    fi
+done
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "setup: installing cargo-fuzz from crates.io"
+    cargo install cargo-fuzz --locked --quiet
+fi
