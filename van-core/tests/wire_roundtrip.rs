@@ -41,7 +41,7 @@ fn frame_of(msg: &Message, limits: &Limits) -> Bytes {
 /// The encoded meta of `meta`, alone.
 fn meta_bytes(meta: &Meta) -> Vec<u8> {
     let mut out = BytesMut::new();
-    encode_meta(meta, &mut out);
+    encode_meta(meta, &mut out).unwrap();
     out.to_vec()
 }
 
@@ -847,8 +847,8 @@ fn invalid_utf8() {
 }
 
 #[test]
-fn node_id_i32_max_is_the_wire_none() {
-    // Documented: ps-lite's kEmpty. `Some(i32::MAX)` cannot be told from `None`.
+fn unrepresentable_fields_are_encode_errors_not_silent_changes() {
+    // i32::MAX is ps-lite's kEmpty on the wire: `Some(i32::MAX)` would decode as `None`.
     let msg = Message {
         meta: Meta {
             sender: Some(i32::MAX),
@@ -856,6 +856,26 @@ fn node_id_i32_max_is_the_wire_none() {
         },
         data: Vec::new(),
     };
-    let decoded = decode_default(frame_of(&msg, &Limits::default())).unwrap();
-    assert_eq!(decoded.meta.sender, None);
+    assert!(matches!(
+        encode(&msg, &Limits::default()),
+        Err(WireError::Unencodable {
+            field: "sender",
+            ..
+        })
+    ));
+    // A host name longer than its u16 length prefix would be truncated.
+    let mut node = Node::new(Role::Worker, "h".repeat(70_000), 1);
+    node.id = Some(9);
+    let msg = Message {
+        meta: Meta {
+            control: Some(Control {
+                nodes: vec![node],
+                ..Control::default()
+            }),
+            ..Meta::default()
+        },
+        data: Vec::new(),
+    };
+    let err = encode(&msg, &Limits::default()).unwrap_err();
+    assert!(err.to_string().contains("node host"), "{err}");
 }

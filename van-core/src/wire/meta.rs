@@ -20,8 +20,15 @@ const KNOWN_FLAGS: u8 = FLAG_REQUEST | FLAG_PUSH | FLAG_PULL | FLAG_SIMPLE_APP |
 /// bound a node count by the bytes present before allocating.
 const MIN_NODE_LEN: usize = 1 + 4 + 2 + 2 + 2 + 1 + 2;
 
-fn node_id_to_wire(id: Option<NodeId>) -> i32 {
-    id.unwrap_or(NO_NODE)
+fn node_id_to_wire(id: Option<NodeId>, field: &'static str) -> Result<i32, WireError> {
+    match id {
+        Some(NO_NODE) => Err(WireError::Unencodable {
+            field,
+            reason: "node id i32::MAX is reserved on the wire for \"no node\"",
+        }),
+        Some(id) => Ok(id),
+        None => Ok(NO_NODE),
+    }
 }
 
 fn node_id_from_wire(raw: i32) -> Option<NodeId> {
@@ -30,15 +37,16 @@ fn node_id_from_wire(raw: i32) -> Option<NodeId> {
 
 /// Appends the encoding of `meta` to `out`.
 ///
-/// Strings longer than `u16::MAX` bytes (host names, addresses) are truncated at a character
-/// boundary; they cannot occur in valid configurations.
-pub fn encode_meta(meta: &Meta, out: &mut BytesMut) {
+/// Fails, rather than change the message, when a field cannot be represented: a node id of
+/// `i32::MAX` (the wire's "no node"), a string over 65,535 bytes, more than 65,535 endpoints,
+/// or a body or list over `u32::MAX`. On error `out` may hold a partial encoding.
+pub fn encode_meta(meta: &Meta, out: &mut BytesMut) -> Result<(), WireError> {
     out.put_i32_le(meta.head);
     out.put_i32_le(meta.app_id);
     out.put_i32_le(meta.customer_id);
     out.put_i32_le(meta.request_id);
-    out.put_i32_le(node_id_to_wire(meta.sender));
-    out.put_i32_le(node_id_to_wire(meta.recipient));
+    out.put_i32_le(node_id_to_wire(meta.sender, "sender")?);
+    out.put_i32_le(node_id_to_wire(meta.recipient, "recipient")?);
     let mut flags = 0;
     for (set, bit) in [
         (meta.request, FLAG_REQUEST),
@@ -57,9 +65,9 @@ pub fn encode_meta(meta: &Meta, out: &mut BytesMut) {
     out.put_u64_le(meta.addr);
     out.put_u64_le(meta.val_len);
     out.put_i32_le(meta.option);
-    out.put_u32_le(meta.body.len() as u32);
+    out.put_u32_le(len_u32(meta.body.len(), "body")?);
     out.put_slice(&meta.body);
-    out.put_u32_le(meta.data_types.len() as u32);
+    out.put_u32_le(len_u32(meta.data_types.len(), "data types")?);
     for t in &meta.data_types {
         out.put_u8(t.to_wire());
     }
@@ -67,35 +75,47 @@ pub fn encode_meta(meta: &Meta, out: &mut BytesMut) {
         out.put_u8(control.cmd.to_wire());
         out.put_i32_le(control.barrier_group);
         out.put_u64_le(control.msg_sig);
-        out.put_u32_le(control.nodes.len() as u32);
+        out.put_u32_le(len_u32(control.nodes.len(), "node count")?);
         for node in &control.nodes {
-            encode_node(node, out);
+            encode_node(node, out)?;
         }
     }
+    Ok(())
 }
 
-fn put_short_str(out: &mut BytesMut, s: &str) {
-    let mut end = s.len().min(usize::from(u16::MAX));
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    out.put_u16_le(end as u16);
-    out.put_slice(&s.as_bytes()[..end]);
+fn len_u32(len: usize, field: &'static str) -> Result<u32, WireError> {
+    u32::try_from(len).map_err(|_| WireError::Unencodable {
+        field,
+        reason: "longer than u32::MAX",
+    })
 }
 
-fn encode_node(node: &Node, out: &mut BytesMut) {
+fn len_u16(len: usize, field: &'static str) -> Result<u16, WireError> {
+    u16::try_from(len).map_err(|_| WireError::Unencodable {
+        field,
+        reason: "longer than 65,535",
+    })
+}
+
+fn put_short_str(out: &mut BytesMut, s: &str, field: &'static str) -> Result<(), WireError> {
+    out.put_u16_le(len_u16(s.len(), field)?);
+    out.put_slice(s.as_bytes());
+    Ok(())
+}
+
+fn encode_node(node: &Node, out: &mut BytesMut) -> Result<(), WireError> {
     out.put_u8(node.role.to_wire());
-    out.put_i32_le(node_id_to_wire(node.id));
-    put_short_str(out, &node.host);
+    out.put_i32_le(node_id_to_wire(node.id, "node id")?);
+    put_short_str(out, &node.host, "node host")?;
     out.put_u16_le(node.port);
-    put_short_str(out, &node.host_identity);
+    put_short_str(out, &node.host_identity, "node host identity")?;
     out.put_u8(u8::from(node.is_recovery));
-    let endpoints = &node.endpoints[..node.endpoints.len().min(usize::from(u16::MAX))];
-    out.put_u16_le(endpoints.len() as u16);
-    for endpoint in endpoints {
+    out.put_u16_le(len_u16(node.endpoints.len(), "endpoint count")?);
+    for endpoint in &node.endpoints {
         out.put_u8(endpoint.kind.to_wire());
-        put_short_str(out, &endpoint.address);
+        put_short_str(out, &endpoint.address, "endpoint address")?;
     }
+    Ok(())
 }
 
 /// A bounds-checked cursor over the meta bytes.

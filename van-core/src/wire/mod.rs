@@ -53,6 +53,7 @@
 //! (u16 length + UTF-8), port u16, host identity (u16 length + UTF-8), is_recovery u8 (0/1),
 //! then u16 endpoint count and per endpoint a van kind u8 (0 in-process, 1 tcp, 2 uring,
 //! 3 rdma, 4 ipc) and an address (u16 length + UTF-8). The meta must be consumed exactly.
+//! Padding bytes are written as zeros and ignored when decoding.
 //!
 //! # Guarantees
 //!
@@ -200,6 +201,14 @@ pub enum WireError {
         /// The field.
         field: &'static str,
     },
+    /// A message field cannot be represented on the wire (encoding only).
+    #[error("cannot encode {field}: {reason}")]
+    Unencodable {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
 }
 
 /// The parsed fixed header of a frame.
@@ -346,7 +355,7 @@ pub fn encode_into(
     arena.clear();
     arena.reserve(HEADER_LEN + 256 + 8 * count);
     arena.put_bytes(0, HEADER_LEN);
-    encode_meta(&msg.meta, arena);
+    encode_meta(&msg.meta, arena)?;
     let meta_len = arena.len() - HEADER_LEN;
     if meta_len as u64 > u64::from(limits.max_meta) {
         return Err(WireError::MetaTooLarge {
