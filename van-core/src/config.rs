@@ -18,6 +18,22 @@
 //!
 //! Nothing else in vans reads the environment: the vans and the cluster take a `Config`.
 //!
+//! # TensorFlow deployments: `TF_CONFIG` and `.endpoint_map`
+//!
+//! - When `TF_CONFIG` is set (by the Kubeflow TFJob operator or any TensorFlow launcher), it
+//!   supplies `DMLC_ROLE`, `DMLC_NUM_WORKER`, `DMLC_NUM_SERVER`, `DMLC_PS_ROOT_URI`,
+//!   `DMLC_PS_ROOT_PORT`, `DMLC_NODE_HOST` and `DMLC_ENABLE_RDMA` as described in
+//!   [`crate::tf_config`]. **Explicit `DMLC_*` variables override `TF_CONFIG`**: it is only
+//!   consulted for those that are unset (and `DMLC_NODE_HOST` is not derived when
+//!   `DMLC_INTERFACE` is set). The process of `chief:0` (or `worker:0` without a chief)
+//!   gets [`Config::hosts_scheduler`]: it runs the scheduler on the root address in addition
+//!   to its own role, unless `DMLC_PS_ROOT_URI` or `DMLC_PS_ROOT_PORT` is set explicitly
+//!   (which points at a scheduler run elsewhere) or `DMLC_ROLE=scheduler`.
+//! - [`Config::endpoint_map`] is read from the file named by `VANS_ENDPOINT_MAP`; without
+//!   it, [`Config::from_env`] (not [`Config::from_vars`]) reads `./.endpoint_map` when that
+//!   file exists, as the TensorFlow Seastar and StarServer deployments do. A missing or
+//!   invalid file is an error naming the variable (or the default path) and the line.
+//!
 //! # Example
 //!
 //! ```
@@ -51,9 +67,12 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::path::Path;
 use std::time::Duration;
 
+use crate::endpoint_map::{EndpointMap, EndpointMapError};
 use crate::message::Role;
+use crate::tf_config::{TfConfig, TfConfigError};
 use crate::van::VanKind;
 use crate::wire::Limits;
 
@@ -64,6 +83,9 @@ pub const DEFAULT_BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest `DMLC_NUM_WORKER` / `DMLC_NUM_SERVER`: keeps every ps-lite node id
 /// (`8 + 2 × rank`, an `i32`) far from overflow.
 pub const MAX_NODES_PER_ROLE: u32 = 1 << 20;
+/// The endpoint map [`Config::from_env`] reads from the current directory when
+/// `VANS_ENDPOINT_MAP` is unset and the file exists.
+pub const DEFAULT_ENDPOINT_MAP: &str = ".endpoint_map";
 
 /// One environment variable vans reads: the rows of the README table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +100,18 @@ pub struct EnvVar {
 
 /// Every variable [`Config::from_env`] reads, in the order it checks them.
 pub const VARIABLES: &[EnvVar] = &[
+    EnvVar {
+        name: "TF_CONFIG",
+        default: "unset",
+        effect: "TensorFlow cluster JSON (Kubeflow TFJob); supplies each of DMLC_ROLE (`ps`: \
+                 server; `chief` (or `master`), `worker`: worker; `evaluator`: error), \
+                 DMLC_NUM_WORKER (chief + worker tasks), DMLC_NUM_SERVER (ps tasks), DMLC_PS_ROOT_URI and \
+                 DMLC_PS_ROOT_PORT (the address of chief:0, else worker:0, whose process also \
+                 hosts the scheduler), DMLC_NODE_HOST (this task's host) and DMLC_ENABLE_RDMA \
+                 (`rpc_layer` containing `verbs` or `rdma`: 1; `grpc`, `grpc+seastar`, \
+                 `grpc+mpi`, `star_server`, unset: 0) that is not set explicitly; explicit \
+                 DMLC_* variables win",
+    },
     EnvVar {
         name: "DMLC_ROLE",
         default: "unset",
@@ -178,6 +212,13 @@ pub const VARIABLES: &[EnvVar] = &[
         effect: "seconds allowed to register with the scheduler and receive the node table; \
                  at least 1",
     },
+    EnvVar {
+        name: "VANS_ENDPOINT_MAP",
+        default: "unset (`./.endpoint_map` when that file exists)",
+        effect: "file mapping control addresses to data addresses, one \
+                 `host:port=host:port` per line, `#` comments, as in the TensorFlow \
+                 Seastar and StarServer deployments; a missing or invalid file is an error",
+    },
 ];
 
 /// Whether remote peers are reached over RDMA (`DMLC_ENABLE_RDMA`).
@@ -224,6 +265,25 @@ pub enum ConfigError {
         /// Why, and what to change.
         reason: &'static str,
     },
+    /// `TF_CONFIG` does not parse, or cannot supply a variable that is not set explicitly:
+    /// fix it, or set that `DMLC_*` variable.
+    #[error("{error}; TF_CONFIG={value}")]
+    TfConfig {
+        /// The value of `TF_CONFIG` (cut after 1000 characters).
+        value: String,
+        /// What is wrong.
+        error: Box<TfConfigError>,
+    },
+    /// The endpoint map cannot be read or parsed: fix the file or `VANS_ENDPOINT_MAP`.
+    #[error("endpoint map {path} ({origin}): {error}")]
+    EndpointMap {
+        /// Where the path came from: `VANS_ENDPOINT_MAP` or the current directory.
+        origin: &'static str,
+        /// The file.
+        path: String,
+        /// What is wrong.
+        error: Box<EndpointMapError>,
+    },
 }
 
 /// The configuration of one node, built once by [`Config::from_env`], [`Config::from_vars`]
@@ -264,11 +324,19 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// `VANS_BOOTSTRAP_TIMEOUT_SECS`: bound on joining the cluster.
     pub bootstrap_timeout: Duration,
+    /// From `TF_CONFIG`: this process also runs the scheduler, listening on `root_port`, in
+    /// addition to its own role (`chief:0`, or `worker:0` without a chief). False unless
+    /// `TF_CONFIG` says so or the builder sets it; requires a worker or server role.
+    pub hosts_scheduler: bool,
+    /// `VANS_ENDPOINT_MAP` (or `./.endpoint_map` with [`Config::from_env`]): control address
+    /// → data address, as in the TensorFlow Seastar and StarServer deployments.
+    pub endpoint_map: Option<EndpointMap>,
 }
 
 impl Default for Config {
     /// A single-process configuration: no role, 1 worker, 1 server, scheduler host
-    /// `127.0.0.1`, ephemeral port, TCP, no RDMA, no heartbeats, default limits and timeouts.
+    /// `127.0.0.1`, ephemeral port, TCP, no RDMA, no heartbeats, default limits and timeouts,
+    /// no hosted scheduler, no endpoint map.
     fn default() -> Config {
         Config {
             role: None,
@@ -287,6 +355,8 @@ impl Default for Config {
             limits: Limits::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             bootstrap_timeout: DEFAULT_BOOTSTRAP_TIMEOUT,
+            hosts_scheduler: false,
+            endpoint_map: None,
         }
     }
 }
@@ -298,16 +368,22 @@ const STREAM_VAN_EXPECTED: &str = "`tcp`, `uring` or `inproc` (RDMA is chosen wi
      DMLC_ENABLE_RDMA=1; IPC is chosen per same-host peer, not here)";
 
 impl Config {
-    /// Reads the process environment (see [`VARIABLES`]).
+    /// Reads the process environment (see [`VARIABLES`]), and `./.endpoint_map` when
+    /// `VANS_ENDPOINT_MAP` is unset and that file exists.
     ///
     /// A variable of [`VARIABLES`] whose value is not UTF-8 is [`ConfigError::Invalid`].
     pub fn from_env() -> Result<Config, ConfigError> {
-        Config::from_os_vars(std::env::vars_os())
+        let mut config = Config::from_os_vars(std::env::vars_os())?;
+        if config.endpoint_map.is_none() {
+            config.endpoint_map = default_endpoint_map(Path::new(DEFAULT_ENDPOINT_MAP))?;
+        }
+        Ok(config)
     }
 
     /// Parses variables given as name–value pairs, exactly as [`Config::from_env`] would;
     /// tests use it so they never touch the process environment. Later pairs override
-    /// earlier ones with the same name; unknown names are ignored.
+    /// earlier ones with the same name; unknown names are ignored. The file system is only
+    /// read for `VANS_ENDPOINT_MAP` (no `./.endpoint_map` lookup).
     pub fn from_vars<I, K, V>(vars: I) -> Result<Config, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,
@@ -321,7 +397,9 @@ impl Config {
             }
         }
         map.retain(|_, value| !value.is_empty());
-        Vars { map }.parse()
+        let mut vars = Vars { map };
+        let hosts_scheduler = vars.apply_tf_config()?;
+        vars.parse(hosts_scheduler)
     }
 
     /// A builder starting from [`Config::default`].
@@ -415,6 +493,22 @@ impl Config {
                     &["PS_HEARTBEAT_TIMEOUT", "PS_HEARTBEAT_INTERVAL"],
                     "the timeout must be longer than the interval, or every node is declared \
                      dead between two heartbeats; a few intervals is usual",
+                );
+            }
+        }
+        if self.hosts_scheduler {
+            if !matches!(self.role, Some(Role::Worker | Role::Server)) {
+                return contradiction(
+                    &["DMLC_ROLE", "TF_CONFIG"],
+                    "only a worker or server process can host the scheduler in addition to \
+                     its own role (TF_CONFIG's chief:0, or worker:0 without a chief)",
+                );
+            }
+            if self.port == self.root_port {
+                return contradiction(
+                    &["DMLC_PORT", "DMLC_PS_ROOT_PORT"],
+                    "this process hosts the scheduler on DMLC_PS_ROOT_PORT, so its own role \
+                     must listen on another port (0: ephemeral)",
                 );
             }
         }
@@ -533,6 +627,17 @@ impl ConfigBuilder {
         self.config.bootstrap_timeout = timeout;
         self
     }
+    /// Sets whether this process also runs the scheduler on the root port (as `TF_CONFIG`'s
+    /// `chief:0` does); needs a worker or server role and a port other than the root port.
+    pub fn hosts_scheduler(mut self, hosts: bool) -> Self {
+        self.config.hosts_scheduler = hosts;
+        self
+    }
+    /// Sets the endpoint map (`VANS_ENDPOINT_MAP`).
+    pub fn endpoint_map(mut self, map: EndpointMap) -> Self {
+        self.config.endpoint_map = Some(map);
+        self
+    }
     /// The configuration, or the first problem found (see [`Config::validate`]).
     pub fn build(self) -> Result<Config, ConfigError> {
         self.config.validate()?;
@@ -576,11 +681,39 @@ impl Vars {
         }
     }
 
-    fn parse(&self) -> Result<Config, ConfigError> {
+    /// Fills the `DMLC_*` variables that `TF_CONFIG` stands for and that are not set
+    /// explicitly; returns whether `TF_CONFIG` makes this process host the scheduler.
+    fn apply_tf_config(&mut self) -> Result<bool, ConfigError> {
+        let Some(json) = self.get("TF_CONFIG") else {
+            return Ok(false);
+        };
+        let wrap = |error| ConfigError::TfConfig {
+            value: json.chars().take(1000).collect(),
+            error: Box::new(error),
+        };
+        let tf = TfConfig::parse(json).map_err(wrap)?;
+        let derived = tf
+            .dmlc_vars_except(|var| self.map.contains_key(var))
+            .map_err(wrap)?;
+        // An explicit root address points at a scheduler run elsewhere.
+        let hosts = tf.hosts_scheduler()
+            && self.get("DMLC_PS_ROOT_URI").is_none()
+            && self.get("DMLC_PS_ROOT_PORT").is_none();
+        for (var, value) in derived {
+            if let Some(var) = known_name(var) {
+                self.map.insert(var, value);
+            }
+        }
+        Ok(hosts)
+    }
+
+    fn parse(&self, hosts_scheduler: bool) -> Result<Config, ConfigError> {
         let mut c = Config {
             role: self.role()?,
             ..Config::default()
         };
+        // `DMLC_ROLE=scheduler` with the chief's TF_CONFIG: the process is the scheduler.
+        c.hosts_scheduler = hosts_scheduler && matches!(c.role, Some(Role::Worker | Role::Server));
         let required = |var| match (c.role, self.get(var)) {
             (Some(_), None) => Err(ConfigError::Missing { var }),
             _ => Ok(()),
@@ -656,6 +789,15 @@ impl Vars {
         if let Some(s) = self.positive("VANS_BOOTSTRAP_TIMEOUT_SECS")? {
             c.bootstrap_timeout = Duration::from_secs(s);
         }
+        if let Some(path) = self.get("VANS_ENDPOINT_MAP") {
+            let map =
+                EndpointMap::load(Path::new(path)).map_err(|error| ConfigError::EndpointMap {
+                    origin: "from VANS_ENDPOINT_MAP",
+                    path: path.to_owned(),
+                    error: Box::new(error),
+                })?;
+            c.endpoint_map = Some(map);
+        }
         c.validate()?;
         Ok(c)
     }
@@ -684,6 +826,21 @@ impl Vars {
             )),
         }
     }
+}
+
+/// The endpoint map at `path` if that file exists (`./.endpoint_map` for
+/// [`Config::from_env`]).
+fn default_endpoint_map(path: &Path) -> Result<Option<EndpointMap>, ConfigError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    EndpointMap::load(path)
+        .map(Some)
+        .map_err(|error| ConfigError::EndpointMap {
+            origin: "found in the current directory; set VANS_ENDPOINT_MAP to use another file",
+            path: path.display().to_string(),
+            error: Box::new(error),
+        })
 }
 
 /// The `'static` name of a variable vans reads, or `None`.
@@ -1037,5 +1194,207 @@ mod tests {
         assert!(e.to_string().contains("DMLC_INTERFACE") && e.to_string().contains("UTF-8"));
         // Variables vans does not read may hold anything.
         Config::from_os_vars([("OTHER".into(), bad)]).unwrap();
+    }
+
+    const TF_CLUSTER: &str = r#""cluster": {"chief": ["chief-0.ns:2222"],
+        "worker": ["worker-0.ns:2222", "worker-1.ns:2222"], "ps": ["ps-0.ns:2222"],
+        "evaluator": ["eval-0.ns:2222"]}"#;
+
+    fn tf_config(task_type: &str, index: u32, rest: &str) -> String {
+        format!(r#"{{{TF_CLUSTER}, "task": {{"type": "{task_type}", "index": {index}}}{rest}}}"#)
+    }
+
+    fn from_tf(json: &str, extra: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut vars = vec![("TF_CONFIG", json)];
+        vars.extend_from_slice(extra);
+        Config::from_vars(vars)
+    }
+
+    #[test]
+    fn tf_config_supplies_the_cluster_variables() {
+        let c = from_tf(
+            &tf_config("worker", 1, r#", "rpc_layer": "grpc+verbs""#),
+            &[],
+        )
+        .unwrap();
+        let expected = Config::builder()
+            .role(Role::Worker)
+            .num_workers(3)
+            .num_servers(1)
+            .root_uri("chief-0.ns")
+            .root_port(2222)
+            .node_host("worker-1.ns")
+            .enable_rdma(RdmaMode::Ibverbs)
+            .build()
+            .unwrap();
+        assert_eq!(c, expected);
+        assert!(!c.hosts_scheduler);
+
+        let c = from_tf(&tf_config("ps", 0, r#", "environment": "cloud""#), &[]).unwrap();
+        assert_eq!(c.role, Some(Role::Server));
+        assert_eq!(c.node_host.as_deref(), Some("ps-0.ns"));
+        assert_eq!(c.enable_rdma, RdmaMode::Off);
+        assert!(!c.hosts_scheduler);
+
+        // The chief hosts the scheduler on its own cluster address.
+        let c = from_tf(&tf_config("chief", 0, ""), &[]).unwrap();
+        assert_eq!(c.role, Some(Role::Worker));
+        assert!(c.hosts_scheduler);
+        assert_eq!((c.root_uri.as_str(), c.root_port), ("chief-0.ns", 2222));
+        assert_eq!(c.host(), Some("chief-0.ns"));
+        assert_eq!(c.port, 0);
+        // An empty TF_CONFIG is unset.
+        assert_eq!(from_tf(" ", &[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn explicit_dmlc_variables_override_tf_config() {
+        let c = from_tf(
+            &tf_config("worker", 0, r#", "rpc_layer": "grpc+verbs""#),
+            &[
+                ("DMLC_NUM_SERVER", "4"),
+                ("DMLC_NODE_HOST", "10.1.1.1"),
+                ("DMLC_ENABLE_RDMA", "0"),
+                ("DMLC_ROLE", "server"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.role, Some(Role::Server));
+        assert_eq!((c.num_workers, c.num_servers), (3, 4));
+        assert_eq!(c.node_host.as_deref(), Some("10.1.1.1"));
+        assert_eq!(c.enable_rdma, RdmaMode::Off);
+        assert_eq!(c.root_uri, "chief-0.ns");
+
+        // An explicit root points at a scheduler elsewhere: the chief does not host one.
+        for root in [("DMLC_PS_ROOT_URI", "sched"), ("DMLC_PS_ROOT_PORT", "9000")] {
+            let c = from_tf(&tf_config("chief", 0, ""), &[root]).unwrap();
+            assert!(!c.hosts_scheduler, "{root:?}");
+        }
+        // A scheduler role does not host a second scheduler.
+        let c = from_tf(&tf_config("chief", 0, ""), &[("DMLC_ROLE", "scheduler")]).unwrap();
+        assert_eq!((c.role, c.hosts_scheduler), (Some(Role::Scheduler), false));
+        // DMLC_INTERFACE keeps TF_CONFIG from setting DMLC_NODE_HOST.
+        let c = from_tf(&tf_config("ps", 0, ""), &[("DMLC_INTERFACE", "eth0")]).unwrap();
+        assert_eq!((c.interface.as_deref(), c.host()), (Some("eth0"), None));
+        // Explicit variables are not even derived: an evaluator with a role joins, and an
+        // unknown rpc_layer is ignored when DMLC_ENABLE_RDMA is set.
+        let c = from_tf(
+            &tf_config("evaluator", 0, r#", "rpc_layer": "grpc+gdr""#),
+            &[("DMLC_ROLE", "worker"), ("DMLC_ENABLE_RDMA", "1")],
+        )
+        .unwrap();
+        assert_eq!(c.node_host.as_deref(), Some("eval-0.ns"));
+        assert_eq!(c.enable_rdma, RdmaMode::Ibverbs);
+        // The chief's own role cannot take the scheduler's port.
+        let e = from_tf(&tf_config("chief", 0, ""), &[("DMLC_PORT", "2222")]).unwrap_err();
+        assert!(matches!(e, ConfigError::Contradiction { .. }), "{e:?}");
+        from_tf(&tf_config("chief", 0, ""), &[("DMLC_PORT", "2223")]).unwrap();
+    }
+
+    #[test]
+    fn tf_config_errors_name_tf_config() {
+        let cases = [
+            ("{not json".to_owned(), "not a valid TF_CONFIG"),
+            (tf_config("evaluator", 0, ""), "evaluators"),
+            (tf_config("worker", 5, ""), "worker:5"),
+            (
+                tf_config("ps", 0, r#", "rpc_layer": "carrier-pigeon""#),
+                "grpc+seastar",
+            ),
+        ];
+        for (json, expected) in cases {
+            let e = from_tf(&json, &[]).unwrap_err();
+            assert!(matches!(e, ConfigError::TfConfig { .. }), "{e:?}");
+            let message = e.to_string();
+            assert!(
+                message.contains("TF_CONFIG") && message.contains(expected),
+                "{message}"
+            );
+        }
+    }
+
+    fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("vans-config-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(DEFAULT_ENDPOINT_MAP);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn endpoint_map_from_variable_and_default_file() {
+        let good = temp_file("good", "127.0.0.1:3333=127.0.0.1:5555\n");
+        let path = good.to_str().unwrap();
+        let c = Config::from_vars([("VANS_ENDPOINT_MAP", path)]).unwrap();
+        let map = c.endpoint_map.as_ref().unwrap();
+        assert_eq!(map.len(), 1);
+        assert_eq!(map.get("127.0.0.1", 3333).map(|d| d.port), Some(5555));
+        assert_eq!(
+            Config::builder().endpoint_map(map.clone()).build().unwrap(),
+            c
+        );
+        assert_eq!(default_endpoint_map(&good).unwrap().as_ref(), Some(map));
+        assert_eq!(
+            default_endpoint_map(&good.with_extension("missing")).unwrap(),
+            None
+        );
+
+        let bad = temp_file("bad", "# header\n127.0.0.1:3333=127.0.0.1\n");
+        let bad_path = bad.to_str().unwrap();
+        let message = Config::from_vars([("VANS_ENDPOINT_MAP", bad_path)])
+            .unwrap_err()
+            .to_string();
+        for part in ["VANS_ENDPOINT_MAP", bad_path, "line 2", "port is missing"] {
+            assert!(message.contains(part), "{message:?} lacks {part:?}");
+        }
+        let message = default_endpoint_map(&bad).unwrap_err().to_string();
+        assert!(message.contains("current directory") && message.contains("line 2"));
+
+        let missing = "/nonexistent/vans/.endpoint_map";
+        let e = Config::from_vars([("VANS_ENDPOINT_MAP", missing)]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::EndpointMap { error, .. }
+                if matches!(**error, EndpointMapError::Io { .. })),
+            "{e:?}"
+        );
+        let message = e.to_string();
+        assert!(message.contains("VANS_ENDPOINT_MAP") && message.contains(missing));
+        for file in [good, bad] {
+            std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+        }
+        // Without the variable, from_vars reads no file.
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(Config::from_vars(none).unwrap().endpoint_map, None);
+    }
+
+    #[test]
+    fn builder_hosts_scheduler_needs_a_role_and_its_own_port() {
+        assert!(!Config::default().hosts_scheduler);
+        let message = Config::builder()
+            .hosts_scheduler(true)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("DMLC_ROLE") && message.contains("TF_CONFIG"),
+            "{message}"
+        );
+        let node = || {
+            Config::builder()
+                .role(Role::Worker)
+                .root_port(8123)
+                .hosts_scheduler(true)
+        };
+        assert!(node().build().unwrap().hosts_scheduler);
+        let message = node().port(8123).build().unwrap_err().to_string();
+        assert!(message.contains("DMLC_PORT") && message.contains("DMLC_PS_ROOT_PORT"));
+        let message = Config::builder()
+            .role(Role::Scheduler)
+            .root_port(8123)
+            .hosts_scheduler(true)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("DMLC_ROLE"), "{message}");
     }
 }

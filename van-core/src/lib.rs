@@ -14,20 +14,24 @@
 //! - [`error`]: [`Error`], the umbrella every crate's error converts into.
 
 pub mod config;
+pub mod endpoint_map;
 pub mod error;
 pub mod inproc;
 pub mod message;
 pub mod rendezvous;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod tf_config;
 pub mod van;
 pub mod wire;
 
 pub use config::{Config, ConfigError};
+pub use endpoint_map::{EndpointMap, EndpointMapError, HostPort};
 pub use error::Error;
 pub use message::{
     node_ids, Command, Control, DataType, Endpoint, Message, Meta, Node, NodeId, Role,
 };
 pub use rendezvous::{ParsedKey, Rendezvous, RendezvousError};
+pub use tf_config::{TfConfig, TfConfigError};
 pub use van::{inbox, Event, Inbox, InboxSender, PeerLost, Van, VanError, VanKind};
 pub use wire::{Limits, WireError};
