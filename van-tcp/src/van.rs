@@ -97,12 +97,14 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts the reader and writer of a new connection and returns its link.
+    /// Starts the reader and writer of a new connection and returns its link. `peer` is the
+    /// node we dialed, or `None` for an accepted connection (learned from its first message).
     fn spawn_connection(
         self: &Arc<Self>,
         stream: TcpStream,
         remote: SocketAddr,
         inbox: InboxSender,
+        peer: Option<NodeId>,
     ) -> Link {
         if let Err(e) = stream.set_nodelay(true) {
             warn!(%remote, "cannot set TCP_NODELAY: {e}");
@@ -120,7 +122,7 @@ impl Shared {
         let shared = Arc::clone(self);
         let own_link = link.clone();
         let reader = tokio::spawn(async move {
-            let mut peer = None;
+            let mut peer = peer;
             let closed = read_loop(read_half, shared.options.limits, &inbox, |msg| {
                 if peer.is_none() {
                     if let Some(sender) = msg.meta.sender {
@@ -286,7 +288,7 @@ impl Van for TcpVan {
                 match listener.accept().await {
                     Ok((stream, remote)) => {
                         debug!(%remote, "accepted connection");
-                        shared.spawn_connection(stream, remote, accept_inbox.clone());
+                        shared.spawn_connection(stream, remote, accept_inbox.clone(), None);
                     }
                     Err(e) => {
                         // Out of descriptors or a connection reset before accept: keep serving.
@@ -341,7 +343,9 @@ impl Van for TcpVan {
         .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
         .map_err(connect_error)?;
         let remote = stream.peer_addr().map_err(connect_error)?;
-        let link = self.shared.spawn_connection(stream, remote, inbox);
+        let link = self
+            .shared
+            .spawn_connection(stream, remote, inbox, Some(peer));
         let mut state = self.shared.lock();
         if state.stopped {
             return Err(VanError::Stopped(VanKind::Tcp));
