@@ -1,6 +1,9 @@
 //! Shared pieces of the vans example and benchmark binaries.
 //!
 //! - `van-bench` (src/bin/van-bench.rs): the TCP and in-process vans beside a raw socket.
+//! - `ps-bench` (src/bin/ps-bench.rs): ps-lite's test_benchmark over the parameter server.
+
+pub mod raw;
 
 use std::fmt;
 

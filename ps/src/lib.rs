@@ -1,11 +1,27 @@
-//! # ps: a ps-lite style parameter server over vans (planned)
+//! # ps: a ps-lite style parameter server over vans
 //!
-//! The scheduler (registration, node ids, barriers, heartbeats, termination) as a state
-//! machine, a postoffice per node, `KvWorker` (push, pull, push-pull, wait by request id) and
-//! `KvServer` (request handler, sum aggregation, shared-nothing shards), key-range
-//! partitioning, and the per-peer van router. The message, node numbering and configuration
-//! it will use already live in `van-core`.
-//!
-//! Nothing is implemented yet; this crate exists so the workspace layout is fixed.
+//! - [`control`]: the scheduler as a state machine (registration, node ids, barriers,
+//!   heartbeats, failure notices, termination), with no I/O;
+//! - [`postoffice`]: one per node; joins the cluster, runs barriers and heartbeats, dispatches
+//!   messages to applications;
+//! - [`kv`]: [`KvWorker`] (push, pull, push-pull, wait by request id) and [`KvServer`]
+//!   (request handler, sum aggregation, shared-nothing shards);
+//! - [`range`]: key ranges and slicing of requests across servers;
+//! - [`values`]: typed views of values carried as bytes;
+//! - [`launcher`]: starts a scheduler, servers and workers as local processes;
+//! - [`router`]: which van carries each peer's traffic;
+//! - [`error`]: the crate's error type, [`PsError`].
 
+pub mod control;
+pub mod error;
+pub mod kv;
+pub mod launcher;
+pub mod postoffice;
+pub mod range;
+pub mod router;
+pub mod values;
+
+pub use error::{PsError, Result};
+pub use kv::{KvMeta, KvPairs, KvServer, KvWorker, RequestHandler, RequestId, SumHandler};
+pub use postoffice::{Postoffice, ALL_GROUPS};
 pub use van_core::{node_ids, Config, Message, Meta, Node, Role};

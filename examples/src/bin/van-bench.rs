@@ -14,49 +14,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use examples::raw::{raw_socket, Workload};
 use examples::{ratio, Table};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use van_core::inproc::{Hub, InProcessVan};
 use van_core::{inbox, Event, Inbox, Message, Node, Role, Van};
 use van_tcp::TcpVan;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// One workload: payload size, requests in flight, total requests, reply size.
-#[derive(Clone, Copy)]
-struct Workload {
-    name: &'static str,
-    size: usize,
-    window: usize,
-    count: usize,
-    reply: usize,
-}
-
-impl Workload {
-    /// The figure the table shows: µs per op for window 1, ops/s for small, GB/s for large.
-    fn figure(&self, elapsed: Duration) -> f64 {
-        let secs = elapsed.as_secs_f64().max(1e-9);
-        if self.window == 1 {
-            secs * 1e6 / self.count as f64
-        } else if self.size < 4096 {
-            self.count as f64 / secs
-        } else {
-            (self.size * self.count) as f64 / secs / 1e9
-        }
-    }
-
-    fn unit(&self) -> &'static str {
-        if self.window == 1 {
-            "µs/op"
-        } else if self.size < 4096 {
-            "ops/s"
-        } else {
-            "GB/s"
-        }
-    }
-}
 
 fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -209,60 +173,4 @@ async fn echo<V: Van>(van: Arc<V>, mut inbox: Inbox, reply: usize) -> Result<(),
         }
     }
     Ok(())
-}
-
-/// The reference: length-prefixed frames on a plain tokio socket, one write per message.
-async fn raw_socket(w: Workload) -> Result<Duration, BoxError> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        let (socket, _) = listener.accept().await?;
-        socket.set_nodelay(true)?;
-        let (read, mut write) = socket.into_split();
-        let mut read = BufReader::with_capacity(256 * 1024, read);
-        let mut frame = vec![0u8; w.size];
-        let mut answer = (w.reply as u64).to_le_bytes().to_vec();
-        answer.resize(8 + w.reply, 1);
-        for _ in 0..w.count {
-            let len = read.read_u64_le().await? as usize;
-            frame.resize(len, 0);
-            read.read_exact(&mut frame).await?;
-            write.write_all(&answer).await?;
-        }
-        Ok::<_, std::io::Error>(())
-    });
-    let socket = TcpStream::connect(address).await?;
-    socket.set_nodelay(true)?;
-    let (read, mut write) = socket.into_split();
-    let window = Arc::new(Semaphore::new(w.window));
-    let reader_window = window.clone();
-    let reader = tokio::spawn(async move {
-        let mut read = BufReader::with_capacity(256 * 1024, read);
-        let mut reply = vec![0u8; w.reply];
-        for _ in 0..w.count {
-            let len = read.read_u64_le().await? as usize;
-            reply.resize(len, 0);
-            read.read_exact(&mut reply).await?;
-            reader_window.add_permits(1);
-        }
-        Ok::<_, std::io::Error>(())
-    });
-    let payload = vec![7u8; w.size];
-    let header = (w.size as u64).to_le_bytes();
-    let started = Instant::now();
-    for _ in 0..w.count {
-        window.acquire().await?.forget();
-        if w.size <= 4096 {
-            let mut frame = header.to_vec();
-            frame.extend_from_slice(&payload);
-            write.write_all(&frame).await?;
-        } else {
-            write.write_all(&header).await?;
-            write.write_all(&payload).await?;
-        }
-    }
-    reader.await??;
-    let elapsed = started.elapsed();
-    server.await??;
-    Ok(elapsed)
 }

@@ -1,0 +1,449 @@
+//! `ps-bench`: ps-lite's `test_benchmark` over the vans parameter server.
+//!
+//! Run once per role with ps-lite's environment, exactly like ps-lite's tutorial:
+//!
+//! ```text
+//! DMLC_ROLE=scheduler DMLC_NUM_WORKER=1 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=8123 ps-bench
+//! DMLC_ROLE=server    ... ps-bench
+//! DMLC_ROLE=worker    ... ps-bench
+//! ```
+//!
+//! or with no `DMLC_ROLE`, when it launches a local cluster of itself (1 scheduler,
+//! `--servers` servers, `--workers` workers) through `ps::launcher`. With no arguments it
+//! runs a short benchmark (a few seconds) and every role exits 0.
+//!
+//! Every worker measures, for each mode × value size × in-flight window, one key per request
+//! (keys spread over all servers) as in ps-lite: goodput (GB/s of values), operations per
+//! second and p50/p99 latency, and worker rank 0 measures a raw TCP socket in the same run
+//! (ping-pong round trip and stream GB/s) for the ratios. `--mode check` instead verifies
+//! exact sums: every worker pushes known values, a barrier, then every worker pulls and
+//! compares with the expected total.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use examples::raw::{raw_socket, BoxError, Workload};
+use examples::Table;
+use ps::launcher::{launch, LaunchSpec};
+use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, Postoffice, Role};
+
+const USAGE: &str = "usage: ps-bench [options]
+  --mode M        push | pull | pushpull | all | check   (default all)
+  --sizes LIST    value bytes per request, comma-separated, multiples of 4 (default 8,65536,1048576)
+  --windows LIST  requests in flight, comma-separated (default 1,64)
+  --keys N        distinct keys, spread over the servers (default 16)
+  --seconds S     seconds per case (default 0.3)
+  --shards N      shards per server (default 1)
+  --servers N     servers when launching a local cluster (default 1)
+  --workers N     workers when launching a local cluster (default 1)
+  --no-raw        skip the raw-socket reference
+  --json          print JSON instead of a table
+Without DMLC_ROLE, ps-bench launches a local cluster of itself over TCP on 127.0.0.1.";
+
+#[derive(Debug, Clone)]
+struct Options {
+    modes: Vec<Mode>,
+    check: bool,
+    sizes: Vec<usize>,
+    windows: Vec<usize>,
+    keys: u64,
+    seconds: f64,
+    shards: usize,
+    servers: u32,
+    workers: u32,
+    raw: bool,
+    json: bool,
+    /// The arguments as given, passed on to the launched nodes.
+    args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Push,
+    Pull,
+    PushPull,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Push => "push",
+            Mode::Pull => "pull",
+            Mode::PushPull => "pushpull",
+        }
+    }
+}
+
+fn parse_list(value: &str, what: &str) -> Result<Vec<usize>, String> {
+    value
+        .split(',')
+        .map(|v| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{what}: `{v}` is not a positive whole number"))
+        })
+        .collect()
+}
+
+fn parse_args(args: Vec<String>) -> Result<Options, String> {
+    let mut o = Options {
+        modes: vec![Mode::Push, Mode::Pull, Mode::PushPull],
+        check: false,
+        sizes: vec![8, 65_536, 1 << 20],
+        windows: vec![1, 64],
+        keys: 16,
+        seconds: 0.3,
+        shards: 1,
+        servers: 1,
+        workers: 1,
+        raw: true,
+        json: false,
+        args: args.clone(),
+    };
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--mode" => {
+                o.modes = match value("--mode")?.as_str() {
+                    "push" => vec![Mode::Push],
+                    "pull" => vec![Mode::Pull],
+                    "pushpull" | "push-pull" => vec![Mode::PushPull],
+                    "all" => vec![Mode::Push, Mode::Pull, Mode::PushPull],
+                    "check" => {
+                        o.check = true;
+                        Vec::new()
+                    }
+                    other => return Err(format!("unknown mode `{other}`")),
+                }
+            }
+            "--sizes" => o.sizes = parse_list(&value("--sizes")?, "--sizes")?,
+            "--windows" => o.windows = parse_list(&value("--windows")?, "--windows")?,
+            "--keys" => o.keys = parse_list(&value("--keys")?, "--keys")?[0] as u64,
+            "--shards" => o.shards = parse_list(&value("--shards")?, "--shards")?[0],
+            "--servers" => o.servers = parse_list(&value("--servers")?, "--servers")?[0] as u32,
+            "--workers" => o.workers = parse_list(&value("--workers")?, "--workers")?[0] as u32,
+            "--seconds" => {
+                let v = value("--seconds")?;
+                o.seconds = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| *s > 0.0 && s.is_finite())
+                    .ok_or_else(|| format!("--seconds: `{v}` is not a positive number"))?;
+            }
+            "--no-raw" => o.raw = false,
+            "--json" => o.json = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    if let Some(bad) = o.sizes.iter().find(|s| *s % 4 != 0) {
+        return Err(format!(
+            "--sizes: {bad} is not a multiple of 4 (values are f32)"
+        ));
+    }
+    Ok(o)
+}
+
+fn main() {
+    let filter = match std::env::var("PS_VERBOSE").as_deref() {
+        Ok("2") => "debug",
+        Ok("1") => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let options = match parse_args(std::env::args().skip(1).collect()) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("ps-bench: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ps-bench: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run(options)) {
+        eprintln!("ps-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(options: Options) -> Result<(), BoxError> {
+    let config = Config::from_env()?;
+    let Some(role) = config.role else {
+        return launch_local(&options).await;
+    };
+    let po = Postoffice::start(config).await?;
+    match role {
+        Role::Scheduler => {}
+        Role::Server => {
+            let _server = KvServer::<f32>::with_sum(&po, 0, 0, options.shards).await?;
+            po.finalize().await?;
+            return Ok(());
+        }
+        Role::Worker => {
+            let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+            let result = if options.check {
+                check(&po, &worker, &options).await
+            } else {
+                benchmark(&po, &worker, &options).await
+            };
+            if let Err(e) = result {
+                po.stop().await;
+                return Err(e);
+            }
+        }
+    }
+    po.finalize().await?;
+    Ok(())
+}
+
+/// No `DMLC_ROLE`: run this program as a local cluster.
+async fn launch_local(options: &Options) -> Result<(), BoxError> {
+    let program = std::env::current_exe()?;
+    let mut spec = LaunchSpec::new(options.servers, options.workers, program);
+    spec.args = options.args.clone();
+    spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
+    let report = launch(&spec).await?;
+    eprintln!(
+        "ps-bench: {} nodes exited 0 in {:.1} s",
+        report.nodes.len(),
+        report.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The `i`-th of `n` keys, spread evenly over the key space (so over every server).
+fn key(i: u64, n: u64) -> u64 {
+    (u64::MAX / n.max(1)).saturating_mul(i)
+}
+
+/// Every worker pushes `rank + 1` times the key's index into each key; after a barrier every
+/// worker pulls and checks the exact total.
+async fn check(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Result<(), BoxError> {
+    let rank = po.my_rank() as f32;
+    let n = o.keys;
+    let keys: Vec<u64> = (0..n).map(|i| key(i, n)).collect();
+    let per_key = 4;
+    let vals: Vec<f32> = (0..n)
+        .flat_map(|i| (0..per_key).map(move |j| (rank + 1.0) * (i as f32 + 1.0) + j as f32))
+        .collect();
+    let id = worker.push(&keys, &vals, None, 0).await?;
+    worker.wait(id).await?;
+    po.barrier(node_ids::WORKER_GROUP).await?;
+    let id = worker.pull(&keys, 0).await?;
+    let pulled = worker.wait(id).await?;
+    let got = pulled.vals::<f32>()?;
+    let w = po.num_workers() as f32;
+    let workers_sum = w * (w + 1.0) / 2.0;
+    let expected: Vec<f32> = (0..n)
+        .flat_map(|i| (0..per_key).map(move |j| workers_sum * (i as f32 + 1.0) + w * j as f32))
+        .collect();
+    if pulled.keys()?.as_ref() != keys.as_slice() || got.as_ref() != expected.as_slice() {
+        return Err(format!(
+            "worker {}: wrong sums: expected {:?}, pulled {:?}",
+            po.my_rank(),
+            &expected[..expected.len().min(8)],
+            &got[..got.len().min(8)]
+        )
+        .into());
+    }
+    println!(
+        "worker {}: exact sums verified for {} keys from {} workers",
+        po.my_rank(),
+        n,
+        po.num_workers()
+    );
+    Ok(())
+}
+
+/// One measured case.
+struct CaseResult {
+    ops: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u32>,
+}
+
+async fn benchmark(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Result<(), BoxError> {
+    let rank = po.my_rank();
+    let n = o.keys;
+    let keys: Vec<u64> = (0..n).map(|i| key(i, n)).collect();
+    let mut table = Table::new(&[
+        "mode",
+        "size",
+        "in flight",
+        "ops/s",
+        "GB/s",
+        "p50 µs",
+        "p99 µs",
+    ]);
+    for size in &o.sizes {
+        // Each size has its own keys (a key's length is fixed by its first push), stored
+        // once before any case so that pulls return `size` bytes.
+        let keys: Vec<u64> = keys.iter().map(|k| k.wrapping_add(*size as u64)).collect();
+        for k in &keys {
+            let id = worker.push(&[*k], &vec![0f32; size / 4], None, 0).await?;
+            worker.wait(id).await?;
+        }
+        for mode in &o.modes {
+            for window in &o.windows {
+                eprintln!(
+                    "worker {rank}: {} {} B x{} in flight for {:.1} s ...",
+                    mode.name(),
+                    size,
+                    window,
+                    o.seconds
+                );
+                let r = run_case(worker, &keys, *mode, *size, *window, o.seconds).await?;
+                let secs = r.elapsed.as_secs_f64().max(1e-9);
+                let moved = match mode {
+                    Mode::PushPull => 2 * size,
+                    _ => *size,
+                } as f64;
+                let mut lat = r.latencies_us;
+                lat.sort_unstable();
+                let pct = |p: f64| {
+                    lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+                        .copied()
+                        .unwrap_or(0)
+                };
+                table.row(vec![
+                    mode.name().into(),
+                    size.to_string(),
+                    window.to_string(),
+                    format!("{:.0}", r.ops as f64 / secs),
+                    format!("{:.3}", r.ops as f64 * moved / secs / 1e9),
+                    pct(0.5).to_string(),
+                    pct(0.99).to_string(),
+                ]);
+            }
+        }
+    }
+    if o.json {
+        println!("{{\"worker\":{rank},\"results\":{}}}", table.to_json());
+    } else {
+        println!(
+            "worker {rank} ({} servers, {} workers):\n{table}",
+            po.num_servers(),
+            po.num_workers()
+        );
+    }
+    if rank == 0 && o.raw {
+        raw_reference(o).await?;
+    }
+    Ok(())
+}
+
+async fn run_case(
+    worker: &KvWorker<f32>,
+    keys: &[u64],
+    mode: Mode,
+    size: usize,
+    window: usize,
+    seconds: f64,
+) -> Result<CaseResult, BoxError> {
+    let vals = ps::values::to_bytes(&vec![1f32; size / 4]);
+    let key_bytes: Vec<Bytes> = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let mut in_flight = VecDeque::with_capacity(window);
+    let mut latencies = Vec::new();
+    let mut ops = 0u64;
+    let mut next = 0usize;
+    loop {
+        let running = Instant::now() < deadline;
+        if running && in_flight.len() < window {
+            let keys = key_bytes[next % key_bytes.len()].clone();
+            next += 1;
+            let pairs = KvPairs {
+                keys: keys.clone(),
+                vals: vals.clone(),
+                lens: None,
+            };
+            let id = match mode {
+                Mode::Push => worker.zpush(pairs, 0).await?,
+                Mode::Pull => worker.zpull(keys, 0).await?,
+                Mode::PushPull => worker.zpush_pull(pairs, 0).await?,
+            };
+            in_flight.push_back((id, Instant::now()));
+            continue;
+        }
+        let Some((id, sent)) = in_flight.pop_front() else {
+            break;
+        };
+        worker.wait(id).await?;
+        latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+        ops += 1;
+    }
+    Ok(CaseResult {
+        ops,
+        elapsed: started.elapsed(),
+        latencies_us: latencies,
+    })
+}
+
+/// The raw-socket figures the table is compared with, measured now.
+async fn raw_reference(o: &Options) -> Result<(), BoxError> {
+    let mut table = Table::new(&["raw tcp socket", "size", "in flight", "figure", "unit"]);
+    let mut cases = vec![Workload {
+        name: "ping-pong",
+        size: 8,
+        window: 1,
+        count: 5_000,
+        reply: 8,
+    }];
+    for size in &o.sizes {
+        if *size >= 4096 {
+            cases.push(Workload {
+                name: "stream",
+                size: *size,
+                window: 4,
+                count: (256 << 20) / size,
+                reply: 8,
+            });
+        }
+    }
+    cases.push(Workload {
+        name: "stream",
+        size: 8,
+        window: 64,
+        count: 100_000,
+        reply: 8,
+    });
+    for w in cases {
+        let figure = w.figure(raw_socket(w).await?);
+        table.row(vec![
+            w.name.into(),
+            w.size.to_string(),
+            w.window.to_string(),
+            format!("{figure:.3}"),
+            w.unit().into(),
+        ]);
+    }
+    if o.json {
+        println!("{{\"raw\":{}}}", table.to_json());
+    } else {
+        println!("reference, same run:\n{table}");
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! [`PsError`]: what can go wrong in the parameter server.
+
+use std::time::Duration;
+
+use van_core::{ConfigError, NodeId, VanError};
+
+/// An error of the parameter server. Every variant names the node or setting concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum PsError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A van failed.
+    #[error(transparent)]
+    Van(#[from] VanError),
+    /// The cluster did not form before the deadline.
+    #[error("cluster did not form within {waited:?}: {summary}")]
+    Bootstrap {
+        /// How long we waited.
+        waited: Duration,
+        /// Which roles and how many nodes joined, and which did not.
+        summary: String,
+    },
+    /// A node died or its connection broke; requests to it fail with this.
+    #[error("node {node} ({role}) failed: {reason}")]
+    NodeFailed {
+        /// The node.
+        node: NodeId,
+        /// Its role, as text (`server`, `worker`, `scheduler`).
+        role: String,
+        /// What was seen.
+        reason: String,
+    },
+    /// A barrier cannot complete because members died.
+    #[error("barrier of group {group} failed: nodes {dead:?} are dead")]
+    BarrierFailed {
+        /// The barrier group.
+        group: i32,
+        /// The dead members.
+        dead: Vec<NodeId>,
+    },
+    /// A request id that was never issued or was already waited for.
+    #[error("unknown request id {0} (never issued, or already waited for)")]
+    UnknownRequest(i32),
+    /// A peer sent something that does not follow the protocol.
+    #[error("protocol error from node {from:?}: {reason}")]
+    Protocol {
+        /// The sender, if known.
+        from: Option<NodeId>,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The node is shutting down or has shut down.
+    #[error("the postoffice is stopped")]
+    Stopped,
+    /// Invalid arguments to a call.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Results of the parameter server.
+pub type Result<T, E = PsError> = std::result::Result<T, E>;

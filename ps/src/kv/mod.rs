@@ -1,0 +1,168 @@
+//! Key-value applications: [`KvWorker`] pushes and pulls, [`KvServer`] answers.
+//!
+//! A KV message is ps-lite's: the meta carries `head` (the caller's `cmd`), `push`/`pull`,
+//! `request`, the request id, and the data segments are keys (`u64`), values (any
+//! [`Value`](crate::values::Value) type) and optionally per-key lengths (`i32`, in values).
+//! A response with a non-empty `meta.body` is an error reported by the server's handler.
+
+mod server;
+mod worker;
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use van_core::{DataType, Message, Meta, NodeId};
+
+use crate::error::PsError;
+use crate::values::{self, Value};
+
+pub use server::{KvServer, RequestHandler, SumHandler};
+pub use worker::{KvWorker, RequestId};
+
+/// Keys, values and optional per-key lengths, as bytes that travel without copies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvPairs {
+    /// Keys, little-endian `u64`, sorted ascending.
+    pub keys: Bytes,
+    /// Values, all keys' values back to back.
+    pub vals: Bytes,
+    /// Per-key value counts (`i32`), or `None` when every key has the same number of values.
+    pub lens: Option<Bytes>,
+}
+
+impl KvPairs {
+    /// Pairs from typed slices (one copy each).
+    pub fn from_slices<T: Value>(keys: &[u64], vals: &[T], lens: Option<&[i32]>) -> KvPairs {
+        KvPairs {
+            keys: values::to_bytes(keys),
+            vals: values::to_bytes(vals),
+            lens: lens.map(values::to_bytes),
+        }
+    }
+
+    /// The keys, borrowed when aligned.
+    pub fn keys(&self) -> Result<Cow<'_, [u64]>, PsError> {
+        values::view(&self.keys)
+    }
+
+    /// The values as `T`, borrowed when aligned.
+    pub fn vals<T: Value>(&self) -> Result<Cow<'_, [T]>, PsError> {
+        values::view(&self.vals)
+    }
+
+    /// The per-key lengths, if any.
+    pub fn lens(&self) -> Result<Option<Cow<'_, [i32]>>, PsError> {
+        self.lens.as_deref().map(values::view).transpose()
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.keys.len() / 8
+    }
+
+    /// Whether there are no keys.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Byte offset of each key's values in `vals` (`len() + 1` entries), checking that the
+    /// lengths add up. `elem` is the size of one value in bytes.
+    pub(crate) fn value_offsets(&self, elem: usize) -> Result<Vec<usize>, PsError> {
+        let n = self.len();
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0);
+        match self.lens()? {
+            Some(lens) => {
+                if lens.len() != n {
+                    return Err(PsError::InvalidArgument(format!(
+                        "{} lengths for {n} keys",
+                        lens.len()
+                    )));
+                }
+                let mut at = 0usize;
+                for len in lens.iter() {
+                    let len = usize::try_from(*len).map_err(|_| {
+                        PsError::InvalidArgument(format!("negative value length {len}"))
+                    })?;
+                    at = at.saturating_add(len.saturating_mul(elem));
+                    offsets.push(at);
+                }
+            }
+            None => {
+                let per_key = self.vals.len().checked_div(n).unwrap_or(0);
+                if n > 0 && (per_key * n != self.vals.len() || per_key % elem != 0) {
+                    return Err(PsError::InvalidArgument(format!(
+                        "{} value bytes do not divide evenly among {n} keys of {elem}-byte values",
+                        self.vals.len()
+                    )));
+                }
+                offsets.extend((1..=n).map(|i| i * per_key));
+            }
+        }
+        if offsets.last().copied().unwrap_or(0) != self.vals.len() {
+            return Err(PsError::InvalidArgument(format!(
+                "the lengths cover {} value bytes but {} were given",
+                offsets.last().copied().unwrap_or(0),
+                self.vals.len()
+            )));
+        }
+        Ok(offsets)
+    }
+}
+
+/// What a KV request or response says about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvMeta {
+    /// The caller's command (`head`).
+    pub cmd: i32,
+    /// A push.
+    pub push: bool,
+    /// A pull.
+    pub pull: bool,
+    /// The requesting node.
+    pub sender: NodeId,
+    /// The request id, echoed in the response.
+    pub request_id: i32,
+    /// The application id.
+    pub app_id: i32,
+    /// The customer id.
+    pub customer_id: i32,
+    /// The value type the request declared.
+    pub val_type: DataType,
+}
+
+/// Builds a KV message.
+pub(crate) fn kv_message(meta: Meta, pairs: &KvPairs, val_type: DataType) -> Message {
+    let mut meta = meta;
+    let mut data = vec![pairs.keys.clone(), pairs.vals.clone()];
+    meta.data_types = vec![DataType::U64, val_type];
+    if let Some(lens) = &pairs.lens {
+        data.push(lens.clone());
+        meta.data_types.push(DataType::I32);
+    }
+    Message { meta, data }
+}
+
+/// Splits a received KV message into its pairs (no copy).
+pub(crate) fn kv_pairs(msg: &Message) -> Result<KvPairs, PsError> {
+    let bad = |what: &str| PsError::Protocol {
+        from: msg.meta.sender,
+        reason: format!("KV message {what}"),
+    };
+    match msg.data.len() {
+        0 => Ok(KvPairs::default()),
+        2 | 3 => {
+            if msg.data[0].len() % 8 != 0 {
+                return Err(bad("keys are not whole u64s"));
+            }
+            Ok(KvPairs {
+                keys: msg.data[0].clone(),
+                vals: msg.data[1].clone(),
+                lens: msg.data.get(2).cloned(),
+            })
+        }
+        n => Err(bad(&format!(
+            "has {n} segments (expected keys, values[, lengths])"
+        ))),
+    }
+}

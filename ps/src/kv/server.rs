@@ -1,0 +1,398 @@
+//! [`KvServer`]: ps-lite's `KVServer`, with shared-nothing shards.
+//!
+//! The server's key range is cut into `shards` contiguous sub-ranges; each is owned by one
+//! task running its own [`RequestHandler`] (for [`SumHandler`], its own store), fed by a
+//! bounded queue. A request whose keys all fall in one shard (the common case, and always
+//! with one key per request) goes to that shard whole; a request spanning shards is split
+//! into zero-copy slices and the answers are joined before the response goes out. No lock is
+//! taken on the aggregation path.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+use tracing::warn;
+use van_core::{Message, Meta};
+
+use super::{kv_message, kv_pairs, KvMeta, KvPairs};
+use crate::error::{PsError, Result};
+use crate::postoffice::{Customer, Postoffice};
+use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
+use crate::values::{self, Value};
+
+/// Requests queued per shard before the server stops reading (back-pressure).
+const SHARD_QUEUE: usize = 4096;
+
+/// Answers the requests of one shard. Runs on that shard's task only: it owns its state and
+/// needs no locks.
+pub trait RequestHandler: Send + 'static {
+    /// Handles one request; the returned pairs are the response's data (empty for a push).
+    /// An `Err` is sent back to the worker, whose `wait` fails with it.
+    fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String>;
+}
+
+/// ps-lite's default handler: a push adds the values into the store (the first push of a key
+/// sets it); a pull returns the stored values with per-key lengths (empty for keys never
+/// pushed); a push-pull does both.
+#[derive(Debug)]
+pub struct SumHandler<T: Value> {
+    store: HashMap<u64, Vec<T>>,
+}
+
+impl<T: Value> Default for SumHandler<T> {
+    fn default() -> Self {
+        SumHandler {
+            store: HashMap::new(),
+        }
+    }
+}
+
+impl<T: Value> RequestHandler for SumHandler<T> {
+    fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String> {
+        // A pure pull carries no values, so its declared type does not matter.
+        let carries_values = meta.push || !meta.pull;
+        if carries_values && meta.val_type != T::DATA_TYPE {
+            return Err(format!(
+                "values of type {:?} sent to a server summing {:?}",
+                meta.val_type,
+                T::DATA_TYPE
+            ));
+        }
+        let keys = request.keys().map_err(|e| e.to_string())?;
+        if meta.push {
+            let offsets = request
+                .value_offsets(std::mem::size_of::<T>())
+                .map_err(|e| e.to_string())?;
+            let vals = request.vals::<T>().map_err(|e| e.to_string())?;
+            let elem = std::mem::size_of::<T>();
+            for (i, key) in keys.iter().enumerate() {
+                let value = &vals[offsets[i] / elem..offsets[i + 1] / elem];
+                match self.store.get_mut(key) {
+                    Some(acc) if acc.len() == value.len() => T::add_assign(acc, value),
+                    Some(acc) => {
+                        return Err(format!(
+                            "key {key}: pushed {} values onto {} stored",
+                            value.len(),
+                            acc.len()
+                        ))
+                    }
+                    None => {
+                        self.store.insert(*key, value.to_vec());
+                    }
+                }
+            }
+        }
+        if !meta.pull {
+            return Ok(KvPairs::default());
+        }
+        let mut vals = BytesMut::new();
+        let mut lens = Vec::with_capacity(keys.len());
+        for key in keys.iter() {
+            let value = self.store.get(key).map_or(&[][..], Vec::as_slice);
+            vals.extend_from_slice(bytemuck::cast_slice(value));
+            lens.push(i32::try_from(value.len()).unwrap_or(i32::MAX));
+        }
+        Ok(KvPairs {
+            keys: request.keys.clone(),
+            vals: vals.freeze(),
+            lens: Some(values::to_bytes(&lens)),
+        })
+    }
+}
+
+/// One request, or one shard's part of it, on its way to a shard.
+struct Job {
+    meta: KvMeta,
+    pairs: KvPairs,
+    reply: Reply,
+}
+
+enum Reply {
+    /// The whole request went to this shard: answer directly.
+    Direct,
+    /// One part of a split request.
+    Part(Arc<Gather>, usize),
+}
+
+/// What a handler answered for one part of a request.
+type PartResult = std::result::Result<KvPairs, String>;
+
+/// Collects the parts of a request that spans shards: how many are missing, and each part.
+struct Gather {
+    parts: Mutex<(usize, Vec<Option<PartResult>>)>,
+}
+
+/// Answers pushes and pulls for this node's key range.
+pub struct KvServer<T: Value> {
+    _inner: Arc<ServerInner>,
+    _values: PhantomData<fn() -> T>,
+}
+
+impl<T: Value> std::fmt::Debug for KvServer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvServer")
+            .field("shards", &self._inner.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct ServerInner {
+    ranges: Vec<KeyRange>,
+    shards: Vec<mpsc::Sender<Job>>,
+}
+
+impl<T: Value> KvServer<T> {
+    /// A server application whose `shards` shards each run a handler from `make(shard)`.
+    pub async fn new<H: RequestHandler>(
+        po: &Postoffice,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: impl Fn(usize) -> H,
+    ) -> Result<KvServer<T>> {
+        let my_range = server_key_ranges(po.num_servers().max(1) as usize)
+            .get(po.my_rank() as usize)
+            .copied()
+            .ok_or_else(|| PsError::InvalidArgument("this node is not a server".into()))?;
+        let ranges = my_range.split(shards.max(1));
+        let mut senders = Vec::with_capacity(ranges.len());
+        for shard in 0..ranges.len() {
+            let (tx, rx) = mpsc::channel(SHARD_QUEUE);
+            tokio::spawn(run_shard(po.clone(), make(shard), rx));
+            senders.push(tx);
+        }
+        let inner = Arc::new(ServerInner {
+            ranges,
+            shards: senders,
+        });
+        po.register_customer(app_id, customer_id, Arc::clone(&inner) as Arc<dyn Customer>)
+            .await?;
+        Ok(KvServer {
+            _inner: inner,
+            _values: PhantomData,
+        })
+    }
+
+    /// A server running ps-lite's default sum aggregation ([`SumHandler`]).
+    pub async fn with_sum(
+        po: &Postoffice,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+    ) -> Result<KvServer<T>> {
+        KvServer::new(po, app_id, customer_id, shards, |_| {
+            SumHandler::<T>::default()
+        })
+        .await
+    }
+}
+
+async fn run_shard<H: RequestHandler>(
+    po: Postoffice,
+    mut handler: H,
+    mut jobs: mpsc::Receiver<Job>,
+) {
+    while let Some(job) = jobs.recv().await {
+        let result = handler.handle(&job.meta, job.pairs);
+        let answer = match job.reply {
+            Reply::Direct => Some(result),
+            Reply::Part(gather, index) => gather.add(index, result),
+        };
+        if let Some(result) = answer {
+            respond(&po, &job.meta, result).await;
+        }
+    }
+}
+
+impl Gather {
+    /// Stores one part; returns the joined answer once the last part is in.
+    fn add(
+        &self,
+        index: usize,
+        part: std::result::Result<KvPairs, String>,
+    ) -> Option<std::result::Result<KvPairs, String>> {
+        let mut guard = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        let (remaining, parts) = &mut *guard;
+        if let Some(slot) = parts.get_mut(index) {
+            *slot = Some(part);
+        }
+        *remaining = remaining.saturating_sub(1);
+        if *remaining > 0 {
+            return None;
+        }
+        let mut keys = BytesMut::new();
+        let mut vals = BytesMut::new();
+        let mut lens = BytesMut::new();
+        let mut with_lens = false;
+        for part in parts.drain(..).flatten() {
+            let part = match part {
+                Ok(p) => p,
+                Err(e) => return Some(Err(e)),
+            };
+            keys.extend_from_slice(&part.keys);
+            vals.extend_from_slice(&part.vals);
+            if let Some(l) = &part.lens {
+                with_lens = true;
+                lens.extend_from_slice(l);
+            }
+        }
+        Some(Ok(KvPairs {
+            keys: keys.freeze(),
+            vals: vals.freeze(),
+            lens: with_lens.then(|| lens.freeze()),
+        }))
+    }
+}
+
+async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<KvPairs, String>) {
+    let mut meta = Meta {
+        head: request.cmd,
+        app_id: request.app_id,
+        customer_id: request.customer_id,
+        request_id: request.request_id,
+        sender: Some(po.my_id()),
+        recipient: Some(request.sender),
+        request: false,
+        push: request.push,
+        pull: request.pull,
+        ..Meta::default()
+    };
+    let msg = match result {
+        Ok(pairs) if pairs.keys.is_empty() && pairs.vals.is_empty() => Message {
+            meta,
+            data: Vec::new(),
+        },
+        Ok(pairs) => kv_message(meta, &pairs, request.val_type),
+        Err(reason) => {
+            meta.body = Bytes::from(if reason.is_empty() {
+                "handler failed".to_owned()
+            } else {
+                reason
+            });
+            Message {
+                meta,
+                data: Vec::new(),
+            }
+        }
+    };
+    if let Err(e) = po.router().send(msg).await {
+        warn!(
+            worker = request.sender,
+            "cannot answer request {}: {e}", request.request_id
+        );
+    }
+}
+
+#[async_trait]
+impl Customer for ServerInner {
+    async fn deliver(&self, msg: Message) {
+        let Some(sender) = msg.meta.sender else {
+            warn!("KV request without a sender; ignored");
+            return;
+        };
+        let meta = KvMeta {
+            cmd: msg.meta.head,
+            push: msg.meta.push,
+            pull: msg.meta.pull,
+            sender,
+            request_id: msg.meta.request_id,
+            app_id: msg.meta.app_id,
+            customer_id: msg.meta.customer_id,
+            val_type: msg
+                .meta
+                .data_types
+                .get(1)
+                .copied()
+                .unwrap_or(van_core::DataType::Other),
+        };
+        if !msg.meta.request {
+            warn!(from = sender, "a server received a response; ignored");
+            return;
+        }
+        let pairs = match kv_pairs(&msg) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!("bad request from {sender}: {e}");
+                return;
+            }
+        };
+        // Route by key: the whole request to one shard when it fits in one.
+        let slices = match pairs.keys() {
+            Ok(keys) => slice_sorted_keys(&keys, &self.ranges),
+            Err(_) => None,
+        };
+        let Some(slices) = slices else {
+            warn!(
+                "request {} from {sender}: keys not sorted u64s",
+                meta.request_id
+            );
+            return;
+        };
+        let touched: Vec<usize> = (0..slices.len())
+            .filter(|i| !slices[*i].is_empty())
+            .collect();
+        if touched.len() <= 1 {
+            let shard = touched.first().copied().unwrap_or(0);
+            self.submit(
+                shard,
+                Job {
+                    meta,
+                    pairs,
+                    reply: Reply::Direct,
+                },
+            )
+            .await;
+            return;
+        }
+        let offsets = if meta.push {
+            let elem = meta.val_type.size();
+            match pairs.value_offsets(elem) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    warn!("request {} from {sender}: {e}", meta.request_id);
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let gather = Arc::new(Gather {
+            parts: Mutex::new((touched.len(), vec![None; touched.len()])),
+        });
+        for (index, shard) in touched.into_iter().enumerate() {
+            let s = slices[shard].clone();
+            let part = KvPairs {
+                keys: pairs.keys.slice(s.start * 8..s.end * 8),
+                vals: offsets
+                    .as_ref()
+                    .map_or_else(Bytes::new, |o| pairs.vals.slice(o[s.start]..o[s.end])),
+                lens: pairs.lens.as_ref().map(|l| l.slice(s.start * 4..s.end * 4)),
+            };
+            let reply = Reply::Part(Arc::clone(&gather), index);
+            self.submit(
+                shard,
+                Job {
+                    meta,
+                    pairs: part,
+                    reply,
+                },
+            )
+            .await;
+        }
+    }
+
+    fn node_failed(&self, _node: van_core::NodeId, _error: &str) {}
+}
+
+impl ServerInner {
+    async fn submit(&self, shard: usize, job: Job) {
+        if let Some(queue) = self.shards.get(shard) {
+            if queue.send(job).await.is_err() {
+                warn!(shard, "shard stopped; request dropped");
+            }
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! [`KvWorker`]: ps-lite's `KVWorker`: push, pull, push-pull, by request id.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use tokio::sync::oneshot;
+use van_core::{node_ids, Message, Meta, NodeId};
+
+use super::{kv_message, kv_pairs, KvPairs};
+use crate::error::{PsError, Result};
+use crate::postoffice::{role_name, Customer, Postoffice};
+use crate::range::slice_sorted_keys;
+use crate::values::{self, Value};
+
+/// Identifies a request until it is waited for (ps-lite's timestamp).
+pub type RequestId = i32;
+
+/// Pushes and pulls values of type `T` to and from the servers.
+///
+/// Every call slices the (sorted) keys by server key range, sends one request per server
+/// involved, and returns a [`RequestId`] at once; [`wait`](Self::wait) (async) or
+/// [`wait_blocking`](Self::wait_blocking) returns the result: nothing for a push, the pulled
+/// pairs (keys in order, with per-key lengths) for a pull. Requests to a server that died
+/// or whose connection broke complete with [`PsError::NodeFailed`] naming it.
+pub struct KvWorker<T: Value> {
+    inner: Arc<WorkerInner>,
+    _values: PhantomData<fn() -> T>,
+}
+
+impl<T: Value> Clone for KvWorker<T> {
+    fn clone(&self) -> Self {
+        KvWorker {
+            inner: Arc::clone(&self.inner),
+            _values: PhantomData,
+        }
+    }
+}
+
+impl<T: Value> std::fmt::Debug for KvWorker<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvWorker")
+            .field("app_id", &self.inner.app_id)
+            .field("customer_id", &self.inner.customer_id)
+            .finish_non_exhaustive()
+    }
+}
+
+struct WorkerInner {
+    po: Postoffice,
+    app_id: i32,
+    customer_id: i32,
+    next_id: AtomicI32,
+    pending: Mutex<HashMap<RequestId, Pending>>,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Servers that have not answered yet.
+    outstanding: Vec<NodeId>,
+    /// Answers so far, by server id (server ids sort in key-range order).
+    parts: Vec<(NodeId, KvPairs)>,
+    result: Option<Result<KvPairs>>,
+    waiter: Option<oneshot::Sender<Result<KvPairs>>>,
+}
+
+impl Pending {
+    /// Completes the request: hands the result to the waiter, or keeps it for `wait`.
+    fn complete(&mut self, result: Result<KvPairs>) {
+        self.outstanding.clear();
+        match self.waiter.take() {
+            Some(waiter) => {
+                if let Err(unsent) = waiter.send(result) {
+                    self.result = Some(unsent);
+                }
+            }
+            None => self.result = Some(result),
+        }
+    }
+}
+
+fn lock(
+    pending: &Mutex<HashMap<RequestId, Pending>>,
+) -> MutexGuard<'_, HashMap<RequestId, Pending>> {
+    // Map operations only; a poisoned lock still holds consistent data.
+    pending.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which kind of request.
+#[derive(Clone, Copy)]
+enum Op {
+    Push,
+    Pull,
+    PushPull,
+}
+
+impl<T: Value> KvWorker<T> {
+    /// A worker application (`app_id`, `customer_id`) on this node.
+    pub async fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<KvWorker<T>> {
+        let inner = Arc::new(WorkerInner {
+            po: po.clone(),
+            app_id,
+            customer_id,
+            next_id: AtomicI32::new(0),
+            pending: Mutex::new(HashMap::new()),
+        });
+        po.register_customer(app_id, customer_id, Arc::clone(&inner) as Arc<dyn Customer>)
+            .await?;
+        Ok(KvWorker {
+            inner,
+            _values: PhantomData,
+        })
+    }
+
+    /// Pushes `vals` for sorted `keys` (with optional per-key `lens`), copying them once.
+    pub async fn push(
+        &self,
+        keys: &[u64],
+        vals: &[T],
+        lens: Option<&[i32]>,
+        cmd: i32,
+    ) -> Result<RequestId> {
+        self.zpush(KvPairs::from_slices(keys, vals, lens), cmd)
+            .await
+    }
+
+    /// Pushes pairs already in [`Bytes`] without copying them.
+    pub async fn zpush(&self, pairs: KvPairs, cmd: i32) -> Result<RequestId> {
+        self.request(Op::Push, pairs, cmd).await
+    }
+
+    /// Pulls the values of sorted `keys`.
+    pub async fn pull(&self, keys: &[u64], cmd: i32) -> Result<RequestId> {
+        self.zpull(values::to_bytes(keys), cmd).await
+    }
+
+    /// Pulls the values of sorted `keys` given as little-endian `u64` bytes, without copying.
+    pub async fn zpull(&self, keys: Bytes, cmd: i32) -> Result<RequestId> {
+        let pairs = KvPairs {
+            keys,
+            ..KvPairs::default()
+        };
+        self.request(Op::Pull, pairs, cmd).await
+    }
+
+    /// Pushes, then pulls the updated values, in one request per server.
+    pub async fn push_pull(
+        &self,
+        keys: &[u64],
+        vals: &[T],
+        lens: Option<&[i32]>,
+        cmd: i32,
+    ) -> Result<RequestId> {
+        self.zpush_pull(KvPairs::from_slices(keys, vals, lens), cmd)
+            .await
+    }
+
+    /// [`push_pull`](Self::push_pull) without copying.
+    pub async fn zpush_pull(&self, pairs: KvPairs, cmd: i32) -> Result<RequestId> {
+        self.request(Op::PushPull, pairs, cmd).await
+    }
+
+    /// Waits for a request: nothing for a push, the pulled pairs for a pull or push-pull.
+    pub async fn wait(&self, id: RequestId) -> Result<KvPairs> {
+        let rx = {
+            let mut pending = lock(&self.inner.pending);
+            let entry = pending.get_mut(&id).ok_or(PsError::UnknownRequest(id))?;
+            if let Some(result) = entry.result.take() {
+                pending.remove(&id);
+                return result;
+            }
+            if entry.waiter.is_some() {
+                return Err(PsError::InvalidArgument(format!(
+                    "request {id} is already being waited for"
+                )));
+            }
+            let (tx, rx) = oneshot::channel();
+            entry.waiter = Some(tx);
+            rx
+        };
+        let result = rx.await.unwrap_or(Err(PsError::Stopped));
+        lock(&self.inner.pending).remove(&id);
+        result
+    }
+
+    /// [`wait`](Self::wait) for threads outside the async runtime (ps-lite's `Wait`).
+    ///
+    /// Must not be called from inside a tokio runtime thread.
+    pub fn wait_blocking(&self, id: RequestId) -> Result<KvPairs> {
+        let handle = tokio::runtime::Handle::try_current();
+        if handle.is_ok() {
+            return Err(PsError::InvalidArgument(
+                "wait_blocking called on a runtime thread; use `wait(id).await`".into(),
+            ));
+        }
+        futures_lite_block_on(self.wait(id))
+    }
+
+    /// Number of requests issued and not yet waited for.
+    pub fn pending(&self) -> usize {
+        lock(&self.inner.pending).len()
+    }
+
+    async fn request(&self, op: Op, pairs: KvPairs, cmd: i32) -> Result<RequestId> {
+        let inner = &self.inner;
+        let po = &inner.po;
+        let keys = pairs.keys()?;
+        let ranges = po.server_key_ranges();
+        let slices = slice_sorted_keys(&keys, &ranges).ok_or_else(|| {
+            PsError::InvalidArgument("keys must be sorted in ascending order".into())
+        })?;
+        let offsets = match op {
+            Op::Pull => None,
+            Op::Push | Op::PushPull => Some(pairs.value_offsets(std::mem::size_of::<T>())?),
+        };
+        drop(keys);
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut msgs = Vec::new();
+        let mut servers = Vec::new();
+        for (rank, slice) in slices.into_iter().enumerate() {
+            if slice.is_empty() {
+                continue;
+            }
+            let server = node_ids::server_rank_to_id(rank as u32);
+            if let Some(e) = po.dead_error(server) {
+                return Err(e);
+            }
+            let part = slice_pairs(&pairs, slice, offsets.as_deref());
+            let meta = Meta {
+                head: cmd,
+                app_id: inner.app_id,
+                customer_id: inner.customer_id,
+                request_id: id,
+                sender: Some(po.my_id()),
+                recipient: Some(server),
+                request: true,
+                push: matches!(op, Op::Push | Op::PushPull),
+                pull: matches!(op, Op::Pull | Op::PushPull),
+                ..Meta::default()
+            };
+            msgs.push(kv_message(meta, &part, T::DATA_TYPE));
+            servers.push(server);
+        }
+        {
+            let mut pending = lock(&inner.pending);
+            let entry = pending.entry(id).or_default();
+            if servers.is_empty() {
+                entry.complete(Ok(KvPairs::default()));
+            } else {
+                entry.outstanding = servers;
+            }
+        }
+        if !msgs.is_empty() {
+            if let Err(e) = po.router().send_batch(msgs).await {
+                lock(&inner.pending).remove(&id);
+                return Err(e);
+            }
+        }
+        Ok(id)
+    }
+}
+
+/// The part of `pairs` at key indexes `slice` (zero-copy slices).
+fn slice_pairs(pairs: &KvPairs, slice: Range<usize>, offsets: Option<&[usize]>) -> KvPairs {
+    KvPairs {
+        keys: pairs.keys.slice(slice.start * 8..slice.end * 8),
+        vals: match offsets {
+            Some(o) => pairs.vals.slice(o[slice.start]..o[slice.end]),
+            None => Bytes::new(),
+        },
+        lens: pairs
+            .lens
+            .as_ref()
+            .map(|l| l.slice(slice.start * 4..slice.end * 4)),
+    }
+}
+
+/// Joins the answers of several servers, in key order.
+fn assemble(mut parts: Vec<(NodeId, KvPairs)>) -> KvPairs {
+    if parts.len() == 1 {
+        return parts.pop().map(|(_, p)| p).unwrap_or_default();
+    }
+    parts.sort_by_key(|(server, _)| *server);
+    let mut keys = BytesMut::new();
+    let mut vals = BytesMut::new();
+    let mut lens = BytesMut::new();
+    let with_lens = parts.iter().any(|(_, p)| p.lens.is_some());
+    for (_, part) in &parts {
+        keys.extend_from_slice(&part.keys);
+        vals.extend_from_slice(&part.vals);
+        if let Some(l) = &part.lens {
+            lens.extend_from_slice(l);
+        }
+    }
+    KvPairs {
+        keys: keys.freeze(),
+        vals: vals.freeze(),
+        lens: with_lens.then(|| lens.freeze()),
+    }
+}
+
+#[async_trait]
+impl Customer for WorkerInner {
+    async fn deliver(&self, msg: Message) {
+        if msg.meta.request {
+            tracing::warn!(from = ?msg.meta.sender, "a worker received a request; ignored");
+            return;
+        }
+        let Some(server) = msg.meta.sender else {
+            return;
+        };
+        let mut pending = lock(&self.pending);
+        let Some(entry) = pending.get_mut(&msg.meta.request_id) else {
+            tracing::warn!(
+                request = msg.meta.request_id,
+                "response to an unknown request"
+            );
+            return;
+        };
+        let Some(at) = entry.outstanding.iter().position(|s| *s == server) else {
+            tracing::warn!(request = msg.meta.request_id, server, "unexpected response");
+            return;
+        };
+        entry.outstanding.swap_remove(at);
+        if !msg.meta.body.is_empty() {
+            let reason = String::from_utf8_lossy(&msg.meta.body).into_owned();
+            entry.complete(Err(PsError::NodeFailed {
+                node: server,
+                role: role_name(server),
+                reason: format!("the server's handler failed: {reason}"),
+            }));
+            return;
+        }
+        match kv_pairs(&msg) {
+            Ok(pairs) => entry.parts.push((server, pairs)),
+            Err(e) => {
+                entry.complete(Err(e));
+                return;
+            }
+        }
+        if entry.outstanding.is_empty() {
+            let parts = std::mem::take(&mut entry.parts);
+            entry.complete(Ok(assemble(parts)));
+        }
+    }
+
+    fn node_failed(&self, node: NodeId, error: &str) {
+        let mut pending = lock(&self.pending);
+        for entry in pending.values_mut() {
+            if entry.outstanding.contains(&node) {
+                entry.complete(Err(PsError::NodeFailed {
+                    node,
+                    role: role_name(node),
+                    reason: error.to_owned(),
+                }));
+            }
+        }
+    }
+}
+
+/// Runs a future to completion on the current (non-runtime) thread.
+fn futures_lite_block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct ThreadWaker(std::thread::Thread);
+    impl Wake for ThreadWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}

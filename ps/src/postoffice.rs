@@ -1,0 +1,729 @@
+//! [`Postoffice`]: one per node. It joins the cluster, runs barriers, sends heartbeats,
+//! learns of failures and dispatches data messages to the node's applications (customers).
+//!
+//! On the scheduler it also drives the [`Scheduler`](crate::control::Scheduler) state
+//! machine: every control message the scheduler receives goes through
+//! `Scheduler::handle`, and the postoffice carries out what it returns.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+use van_core::{
+    inbox, node_ids, Command, Config, Control, Event, Inbox, Message, Meta, Node, NodeId, Role,
+    Van, VanKind,
+};
+
+use crate::control::{Output, Scheduler, SchedulerConfig};
+use crate::error::{PsError, Result};
+use crate::range::{server_key_ranges, KeyRange};
+use crate::router::Router;
+
+/// Barrier group of every node (scheduler, servers and workers).
+pub const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
+
+/// Batches a node's inbox holds before its vans push back.
+const INBOX_BATCHES: usize = 1024;
+/// Messages held for an application that has not registered yet, per application.
+const MAX_PARKED: usize = 65_536;
+/// How often a node retries reaching the scheduler while bootstrapping.
+const CONNECT_RETRY: Duration = Duration::from_millis(200);
+/// How long the scheduler waits, after the final barrier, for the others to say goodbye.
+const FINISH_GRACE: Duration = Duration::from_secs(10);
+
+/// An application on a node (a `KvWorker`, `KvServer` or `SimpleApp`) that receives the data
+/// messages addressed to its (app id, customer id).
+#[async_trait]
+pub(crate) trait Customer: Send + Sync {
+    /// A data message for this customer.
+    async fn deliver(&self, msg: Message);
+    /// `node` failed; fail whatever waits on it.
+    fn node_failed(&self, node: NodeId, error: &str);
+}
+
+/// A node's postoffice; cheap to clone (all clones are the same node).
+#[derive(Clone)]
+pub struct Postoffice {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Postoffice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Postoffice")
+            .field("role", &self.inner.role)
+            .field("id", &self.inner.my_id.get())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    config: Config,
+    role: Role,
+    router: Router,
+    /// This node as announced (id unset until the table arrives).
+    me: Node,
+    my_id: OnceLock<NodeId>,
+    /// The node table, scheduler first, then servers and workers by id.
+    table: OnceLock<Vec<Node>>,
+    ready: watch::Sender<bool>,
+    scheduler: Option<Mutex<Scheduler>>,
+    customers: Mutex<Customers>,
+    barriers: Mutex<HashMap<i32, oneshot::Sender<Result<()>>>>,
+    dead: Mutex<HashMap<NodeId, String>>,
+    /// Set once the final barrier has released: departures are no longer failures.
+    finishing: AtomicBool,
+    stopped: AtomicBool,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Customers {
+    registered: HashMap<(i32, i32), Arc<dyn Customer>>,
+    /// Messages that arrived before their application registered.
+    parked: HashMap<(i32, i32), Vec<Message>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section in this file is a few map operations with no await and no call
+    // out, so a poisoned lock still holds consistent data.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The address this node announces: `DMLC_NODE_HOST`, else loopback when the scheduler is on
+/// loopback (or `DMLC_INTERFACE=lo`).
+fn announced_host(config: &Config) -> Result<String> {
+    if let Some(host) = &config.node_host {
+        return Ok(host.clone());
+    }
+    let loopback = config.root_uri == "localhost"
+        || config
+            .root_uri
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match config.interface.as_deref() {
+        Some("lo") | None if loopback => Ok("127.0.0.1".into()),
+        Some(interface) => Err(PsError::InvalidArgument(format!(
+            "DMLC_INTERFACE={interface}: looking up an interface's address is not supported yet; \
+             set DMLC_NODE_HOST to the address this node should announce"
+        ))),
+        None => Err(PsError::InvalidArgument(format!(
+            "the scheduler ({}) is not on loopback: set DMLC_NODE_HOST to the address this node \
+             should announce",
+            config.root_uri
+        ))),
+    }
+}
+
+/// The machine's identity: boot id plus host name, so nodes can tell who shares memory.
+fn host_identity() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}/{}", boot.trim(), name.trim())
+}
+
+/// Creates the stream van the configuration asks for.
+fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
+    match config.stream_van {
+        #[cfg(feature = "tcp")]
+        VanKind::Tcp => Ok(Arc::new(van_tcp::TcpVan::new(
+            van_tcp::TcpOptions::from_config(config),
+        ))),
+        VanKind::InProcess => Err(PsError::InvalidArgument(
+            "VANS_STREAM_VAN=inproc needs a shared hub: use ps::local::LocalCluster".into(),
+        )),
+        kind => Err(van_core::VanError::NotCompiled { kind }.into()),
+    }
+}
+
+impl Postoffice {
+    /// Joins the cluster described by `config` with its stream van (TCP by default): binds,
+    /// registers with the scheduler (or, on the scheduler, waits for everyone), receives the
+    /// node table. Fails with [`PsError::Bootstrap`] after `config.bootstrap_timeout`.
+    pub async fn start(config: Config) -> Result<Postoffice> {
+        let van = stream_van(&config)?;
+        Postoffice::start_with_van(config, van).await
+    }
+
+    /// Like [`start`](Self::start), over a van the caller made (e.g. an in-process van).
+    pub async fn start_with_van(config: Config, van: Arc<dyn Van>) -> Result<Postoffice> {
+        let role = config.role.ok_or_else(|| {
+            PsError::InvalidArgument("DMLC_ROLE is not set: scheduler, server or worker".into())
+        })?;
+        let host = if role == Role::Scheduler {
+            config.root_uri.clone()
+        } else {
+            announced_host(&config)?
+        };
+        let port = if role == Role::Scheduler {
+            config.root_port
+        } else {
+            config.port
+        };
+        let router = Router::new(van);
+        let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
+        let endpoints = router.bind(&host, port, inbox_tx).await?;
+        let mut me = Node::new(role, host, endpoints.first().map_or(port, endpoint_port));
+        me.host_identity = host_identity();
+        me.endpoints = endpoints;
+        let scheduler = (role == Role::Scheduler).then(|| {
+            Mutex::new(Scheduler::new(
+                SchedulerConfig {
+                    num_workers: config.num_workers,
+                    num_servers: config.num_servers,
+                    heartbeat_timeout: config.heartbeat_timeout,
+                },
+                me.clone().with_id(node_ids::SCHEDULER),
+            ))
+        });
+        let (ready, _) = watch::channel(false);
+        let po = Postoffice {
+            inner: Arc::new(Inner {
+                config,
+                role,
+                router,
+                me,
+                my_id: OnceLock::new(),
+                table: OnceLock::new(),
+                ready,
+                scheduler,
+                customers: Mutex::new(Customers::default()),
+                barriers: Mutex::new(HashMap::new()),
+                dead: Mutex::new(HashMap::new()),
+                finishing: AtomicBool::new(false),
+                stopped: AtomicBool::new(false),
+                tasks: Mutex::new(Vec::new()),
+            }),
+        };
+        po.spawn(po.clone().dispatch(inbox));
+        let deadline = Instant::now() + po.inner.config.bootstrap_timeout;
+        let joined = tokio::time::timeout_at(deadline.into(), po.bootstrap()).await;
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                po.stop().await;
+                return Err(e);
+            }
+            Err(_) => {
+                let summary = po.bootstrap_summary();
+                po.stop().await;
+                return Err(PsError::Bootstrap {
+                    waited: po.inner.config.bootstrap_timeout,
+                    summary,
+                });
+            }
+        }
+        po.start_timers();
+        info!(
+            "{} joined as node {} ({} servers, {} workers)",
+            role,
+            po.my_id(),
+            po.num_servers(),
+            po.num_workers()
+        );
+        Ok(po)
+    }
+
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(task);
+        let mut tasks = lock(&self.inner.tasks);
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle);
+    }
+
+    fn scheduler_node(&self) -> Node {
+        let c = &self.inner.config;
+        Node::new(Role::Scheduler, c.root_uri.clone(), c.root_port).with_id(node_ids::SCHEDULER)
+    }
+
+    /// Registers with the scheduler and waits for the node table.
+    async fn bootstrap(&self) -> Result<()> {
+        let mut ready = self.inner.ready.subscribe();
+        if self.inner.role != Role::Scheduler {
+            let scheduler = self.scheduler_node();
+            let mut attempts = 0u32;
+            while let Err(e) = self.inner.router.connect(&scheduler).await {
+                attempts += 1;
+                if attempts == 1 || attempts % 25 == 0 {
+                    info!(
+                        "waiting for the scheduler at {}:{}: {e}",
+                        scheduler.host, scheduler.port
+                    );
+                }
+                tokio::time::sleep(CONNECT_RETRY).await;
+            }
+            let mut msg = control_message(node_ids::SCHEDULER, Command::AddNode, true);
+            if let Some(control) = &mut msg.meta.control {
+                control.nodes.push(self.inner.me.clone());
+            }
+            self.inner.router.send(msg).await?;
+        }
+        while !*ready.borrow_and_update() {
+            ready.changed().await.map_err(|_| PsError::Stopped)?;
+        }
+        Ok(())
+    }
+
+    /// What the bootstrap deadline error says.
+    fn bootstrap_summary(&self) -> String {
+        match &self.inner.scheduler {
+            Some(s) => lock(s).summary(),
+            None => format!(
+                "no node table from the scheduler at {}:{} ({} servers and {} workers expected); \
+                 is the scheduler running, and have all nodes started?",
+                self.inner.config.root_uri,
+                self.inner.config.root_port,
+                self.inner.config.num_servers,
+                self.inner.config.num_workers
+            ),
+        }
+    }
+
+    fn start_timers(&self) {
+        if self.inner.role != Role::Scheduler {
+            if let Some(interval) = self.inner.config.heartbeat_interval {
+                let po = self.clone();
+                self.spawn(async move {
+                    let mut ticker = tokio::time::interval(interval);
+                    loop {
+                        ticker.tick().await;
+                        let msg = control_message(node_ids::SCHEDULER, Command::Heartbeat, true);
+                        if po.send_control(msg).await.is_err() && po.is_stopped() {
+                            break;
+                        }
+                    }
+                });
+            }
+        } else if let Some(timeout) = self.inner.config.heartbeat_timeout {
+            let po = self.clone();
+            let period = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            self.spawn(async move {
+                let mut ticker = tokio::time::interval(period);
+                loop {
+                    ticker.tick().await;
+                    if po.inner.finishing.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let outputs = po.with_scheduler(|s| s.tick(Instant::now()));
+                    po.execute(outputs).await;
+                }
+            });
+        }
+    }
+
+    /// Receives everything the vans deliver and dispatches it.
+    async fn dispatch(self, mut inbox: Inbox) {
+        let mut events = Vec::new();
+        while inbox.recv_batch(&mut events).await > 0 {
+            for event in events.drain(..) {
+                match event {
+                    Event::Message(msg) if msg.meta.control.is_some() => {
+                        self.handle_control(msg).await
+                    }
+                    Event::Message(msg) => self.deliver_data(msg).await,
+                    Event::PeerLost(lost) => {
+                        if let Some(peer) = lost.peer {
+                            self.peer_lost(peer, &lost.reason).await;
+                        }
+                    }
+                }
+            }
+        }
+        debug!("postoffice inbox ended");
+    }
+
+    async fn deliver_data(&self, msg: Message) {
+        let key = (msg.meta.app_id, msg.meta.customer_id);
+        let customer = {
+            let mut customers = lock(&self.inner.customers);
+            match customers.registered.get(&key) {
+                Some(c) => Arc::clone(c),
+                None => {
+                    let parked = customers.parked.entry(key).or_default();
+                    if parked.len() < MAX_PARKED {
+                        parked.push(msg);
+                    } else {
+                        warn!(
+                            app = key.0,
+                            customer = key.1,
+                            "dropping a message for an application that never registered"
+                        );
+                    }
+                    return;
+                }
+            }
+        };
+        customer.deliver(msg).await;
+    }
+
+    /// Registers an application; messages that arrived for it earlier are delivered now.
+    pub(crate) async fn register_customer(
+        &self,
+        app_id: i32,
+        customer_id: i32,
+        customer: Arc<dyn Customer>,
+    ) -> Result<()> {
+        let parked = {
+            let mut customers = lock(&self.inner.customers);
+            if customers.registered.contains_key(&(app_id, customer_id)) {
+                return Err(PsError::InvalidArgument(format!(
+                    "app {app_id} customer {customer_id} is already registered on this node"
+                )));
+            }
+            customers
+                .registered
+                .insert((app_id, customer_id), Arc::clone(&customer));
+            customers
+                .parked
+                .remove(&(app_id, customer_id))
+                .unwrap_or_default()
+        };
+        for msg in parked {
+            customer.deliver(msg).await;
+        }
+        Ok(())
+    }
+
+    /// A control message arrived (or the scheduler sent one to itself).
+    async fn handle_control(&self, msg: Message) {
+        let Some(control) = msg.meta.control.as_ref() else {
+            return;
+        };
+        if msg.meta.request {
+            if self.inner.scheduler.is_none() {
+                warn!(
+                    "control request {:?} from {:?} reached a non-scheduler",
+                    control.cmd, msg.meta.sender
+                );
+                return;
+            }
+            let outputs = self.with_scheduler(|s| s.handle(Instant::now(), &msg));
+            self.execute(outputs).await;
+            if self.inner.role == Role::Scheduler && !*self.inner.ready.borrow() {
+                self.scheduler_check_ready();
+            }
+            return;
+        }
+        match control.cmd {
+            Command::AddNode => self.table_arrived(&msg),
+            Command::Barrier => {
+                let waiter = lock(&self.inner.barriers).remove(&control.barrier_group);
+                let result = if control.nodes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(PsError::BarrierFailed {
+                        group: control.barrier_group,
+                        dead: control.nodes.iter().filter_map(|n| n.id).collect(),
+                    })
+                };
+                if control.barrier_group == ALL_GROUPS && result.is_ok() {
+                    self.inner.finishing.store(true, Ordering::Release);
+                }
+                match waiter {
+                    Some(waiter) => {
+                        let _ = waiter.send(result);
+                    }
+                    None => warn!(
+                        group = control.barrier_group,
+                        "barrier release nobody waits for"
+                    ),
+                }
+            }
+            Command::NodeFailure => {
+                for node in &control.nodes {
+                    if let Some(id) = node.id {
+                        self.node_failed(id, "declared dead by the scheduler");
+                    }
+                }
+            }
+            other => debug!("ignoring control {other:?} from {:?}", msg.meta.sender),
+        }
+    }
+
+    fn with_scheduler<T: Default>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
+        match &self.inner.scheduler {
+            Some(s) => f(&mut lock(s)),
+            None => T::default(),
+        }
+    }
+
+    /// On the scheduler: once every node has registered, take the table.
+    fn scheduler_check_ready(&self) {
+        let table = self.with_scheduler(|s| s.is_ready().then(|| s.table().to_vec()));
+        if let Some(table) = table {
+            self.set_table(node_ids::SCHEDULER, table);
+        }
+    }
+
+    fn table_arrived(&self, msg: &Message) {
+        let (Some(control), Some(id)) = (&msg.meta.control, msg.meta.recipient) else {
+            return;
+        };
+        if self.inner.table.get().is_some() {
+            return;
+        }
+        self.set_table(id, control.nodes.clone());
+    }
+
+    fn set_table(&self, my_id: NodeId, table: Vec<Node>) {
+        self.inner.router.set_nodes(&table);
+        let _ = self.inner.my_id.set(my_id);
+        let _ = self.inner.table.set(table);
+        self.inner.ready.send_replace(true);
+    }
+
+    /// Carries out what the scheduler state machine asked for.
+    async fn execute(&self, outputs: Vec<Output>) {
+        for output in outputs {
+            match output {
+                Output::Connect(node) => {
+                    if let Err(e) = self.inner.router.connect(&node).await {
+                        warn!("scheduler cannot connect to {node}: {e}");
+                    }
+                }
+                Output::Send(msg) if msg.meta.recipient == Some(node_ids::SCHEDULER) => {
+                    // Replies to the scheduler's own requests: handled here, not sent.
+                    Box::pin(self.handle_control(msg)).await
+                }
+                Output::Send(msg) => {
+                    let to = msg.meta.recipient;
+                    if let Err(e) = self.inner.router.send(msg).await {
+                        warn!("scheduler cannot send to {to:?}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends a control request to the scheduler (or handles it here, on the scheduler).
+    async fn send_control(&self, mut msg: Message) -> Result<()> {
+        msg.meta.sender = self.inner.my_id.get().copied();
+        if self.inner.role == Role::Scheduler {
+            self.handle_control(msg).await;
+            Ok(())
+        } else {
+            self.inner.router.send(msg).await
+        }
+    }
+
+    async fn peer_lost(&self, peer: NodeId, reason: &str) {
+        self.inner.router.peer_lost(peer);
+        if self.inner.finishing.load(Ordering::Acquire) || self.is_stopped() {
+            return;
+        }
+        if self.inner.scheduler.is_some() {
+            let outputs = self.with_scheduler(|s| s.peer_lost(Instant::now(), peer, reason));
+            self.execute(outputs).await;
+        } else {
+            self.node_failed(peer, &format!("connection lost: {reason}"));
+        }
+    }
+
+    /// Records that `node` is dead and fails everything waiting on it.
+    fn node_failed(&self, node: NodeId, reason: &str) {
+        if self.inner.finishing.load(Ordering::Acquire) {
+            return;
+        }
+        let first = lock(&self.inner.dead)
+            .insert(node, reason.to_owned())
+            .is_none();
+        if !first {
+            return;
+        }
+        warn!(node, "node failed: {reason}");
+        self.inner.router.peer_lost(node);
+        if node == node_ids::SCHEDULER {
+            // Nobody is left to release barriers.
+            let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
+            for (group, waiter) in waiters {
+                let _ = waiter.send(Err(PsError::BarrierFailed {
+                    group,
+                    dead: vec![node_ids::SCHEDULER],
+                }));
+            }
+        }
+        let customers: Vec<_> = lock(&self.inner.customers)
+            .registered
+            .values()
+            .cloned()
+            .collect();
+        for customer in customers {
+            customer.node_failed(node, reason);
+        }
+    }
+
+    /// The error for a request to `node`, if it is known to be dead.
+    pub(crate) fn dead_error(&self, node: NodeId) -> Option<PsError> {
+        lock(&self.inner.dead)
+            .get(&node)
+            .map(|reason| PsError::NodeFailed {
+                node,
+                role: role_name(node),
+                reason: reason.clone(),
+            })
+    }
+
+    /// Waits until every node of `group` (a bitmask of [`node_ids`] groups; [`ALL_GROUPS`]
+    /// for everyone) has called `barrier` with the same group. Fails if a member dies.
+    pub async fn barrier(&self, group: i32) -> Result<()> {
+        if group <= 0 || group & !ALL_GROUPS != 0 {
+            return Err(PsError::InvalidArgument(format!(
+                "barrier group {group} is not a combination of 1 (scheduler), 2 (servers), 4 (workers)"
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut barriers = lock(&self.inner.barriers);
+            if barriers.contains_key(&group) {
+                return Err(PsError::InvalidArgument(format!(
+                    "a barrier on group {group} is already pending on this node"
+                )));
+            }
+            barriers.insert(group, tx);
+        }
+        if let Some(e) = self.dead_error(node_ids::SCHEDULER) {
+            lock(&self.inner.barriers).remove(&group);
+            return Err(e);
+        }
+        let mut msg = control_message(node_ids::SCHEDULER, Command::Barrier, true);
+        if let Some(control) = &mut msg.meta.control {
+            control.barrier_group = group;
+        }
+        if let Err(e) = self.send_control(msg).await {
+            lock(&self.inner.barriers).remove(&group);
+            return Err(e);
+        }
+        rx.await.map_err(|_| PsError::Stopped)?
+    }
+
+    /// Leaves the cluster in order: a barrier of every node, a goodbye to the scheduler, then
+    /// stop. The scheduler waits (bounded) for everyone's goodbye before it stops.
+    pub async fn finalize(&self) -> Result<()> {
+        let barrier = self.barrier(ALL_GROUPS).await;
+        self.inner.finishing.store(true, Ordering::Release);
+        let goodbye = control_message(node_ids::SCHEDULER, Command::Terminate, true);
+        if let Err(e) = self.send_control(goodbye).await {
+            debug!("goodbye to the scheduler not sent: {e}");
+        }
+        if self.inner.role == Role::Scheduler {
+            let deadline = Instant::now() + FINISH_GRACE;
+            while !self.with_scheduler(|s| s.is_finished()) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.stop().await;
+        barrier
+    }
+
+    /// Stops the vans and background tasks without a barrier (after a failure).
+    pub async fn stop(&self) {
+        if self.inner.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Err(e) = self.inner.router.stop().await {
+            warn!("stopping the vans: {e}");
+        }
+        let tasks: Vec<_> = lock(&self.inner.tasks).drain(..).collect();
+        for task in tasks {
+            task.abort();
+        }
+        let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
+        for (_, waiter) in waiters {
+            let _ = waiter.send(Err(PsError::Stopped));
+        }
+        let customers: Vec<_> = lock(&self.inner.customers)
+            .registered
+            .values()
+            .cloned()
+            .collect();
+        for customer in customers {
+            customer.node_failed(self.my_id(), "the local postoffice stopped");
+        }
+    }
+
+    /// Whether [`stop`](Self::stop) or [`finalize`](Self::finalize) ran.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.load(Ordering::Acquire)
+    }
+
+    /// This node's id.
+    pub fn my_id(&self) -> NodeId {
+        self.inner.my_id.get().copied().unwrap_or_default()
+    }
+
+    /// This node's rank within its role.
+    pub fn my_rank(&self) -> u32 {
+        node_ids::id_to_rank(self.my_id())
+    }
+
+    /// This node's role.
+    pub fn role(&self) -> Role {
+        self.inner.role
+    }
+
+    /// The configuration the node started with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Number of workers in the cluster.
+    pub fn num_workers(&self) -> u32 {
+        self.inner.config.num_workers
+    }
+
+    /// Number of servers in the cluster.
+    pub fn num_servers(&self) -> u32 {
+        self.inner.config.num_servers
+    }
+
+    /// The node table: scheduler, then servers and workers by id.
+    pub fn nodes(&self) -> &[Node] {
+        self.inner.table.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// The key range of each server, by rank.
+    pub fn server_key_ranges(&self) -> Vec<KeyRange> {
+        server_key_ranges(self.num_servers() as usize)
+    }
+
+    /// The van carrying traffic to `peer` (for "what am I using?").
+    pub fn van_for(&self, peer: NodeId) -> Option<VanKind> {
+        self.inner.router.van_for(peer)
+    }
+
+    /// The router, for applications to send through.
+    pub(crate) fn router(&self) -> &Router {
+        &self.inner.router
+    }
+}
+
+fn endpoint_port(endpoint: &van_core::Endpoint) -> u16 {
+    endpoint
+        .address
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `server`, `worker` or `scheduler`, for error messages.
+pub(crate) fn role_name(node: NodeId) -> String {
+    node_ids::role_of(node).map_or_else(|| "group".to_owned(), |r| r.to_string())
+}
+
+/// A control message to `recipient`.
+fn control_message(recipient: NodeId, cmd: Command, request: bool) -> Message {
+    Message {
+        meta: Meta {
+            recipient: Some(recipient),
+            request,
+            control: Some(Control::command(cmd)),
+            ..Meta::default()
+        },
+        data: Vec::new(),
+    }
+}
