@@ -24,8 +24,19 @@
 //! signal), when [`LaunchSpec::timeout`] passes, or when the launcher gets SIGINT or SIGTERM,
 //! the launcher stops every other node, SIGTERM first and SIGKILL after
 //! [`LaunchSpec::grace`], waits for all of them, and reports the first cause. A SIGINT or
-//! SIGTERM while nodes are being stopped skips the grace period. On Linux the nodes are also started with
-//! `PR_SET_PDEATHSIG = SIGKILL`, so they die even when the launcher itself is SIGKILLed.
+//! SIGTERM while nodes are being stopped skips the grace period.
+//!
+//! Which processes are stopped:
+//!
+//! - Each node leads its own process group, and the launcher signals the whole group, so a
+//!   node that is a shell script (`sh -c 'setup; ./ps-bench'`) goes with everything it
+//!   started. Whatever is still in a node's group when the node exits, even with code 0, is
+//!   SIGKILLed then. Processes that leave the group (`setsid`, daemons) are not followed.
+//! - Because the nodes are not in the terminal's foreground group, a Ctrl-C reaches only the
+//!   launcher, which stops the nodes in the order above.
+//! - On Linux each node is started with `PR_SET_PDEATHSIG = SIGKILL`, so the nodes die even
+//!   when the launcher itself is SIGKILLed; what they started survives in that case only.
+//!   Dropping the [`launch`] future SIGKILLs the nodes too.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -76,10 +87,6 @@ pub const MAX_LINE_BYTES: usize = 64 * 1024;
 /// After the last node exits, how long the launcher keeps printing output still in its pipes
 /// (a grandchild that inherited them could otherwise keep the launcher waiting forever).
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
-
-/// When every node died of SIGINT or SIGTERM before the launcher saw its own copy of a
-/// process-group signal, how long it waits for that copy (to report `Interrupted`).
-const SIGNAL_SETTLE: Duration = Duration::from_millis(200);
 
 /// Variables the launcher sets itself; [`LaunchSpec::env`] may not name them.
 const RESERVED_ENV: [(&str, &str); 6] = [
@@ -206,7 +213,11 @@ pub enum LaunchError {
     #[error("invalid launch spec: {0}")]
     InvalidSpec(String),
     /// A node could not be started (program missing or not executable, too many processes).
-    #[error("could not start {node} ({program}): {source}", node = NodeName(*.role, *.rank), program = .program.display())]
+    #[error(
+        "could not start {node} ({program}): {source}",
+        node = NodeName(*.role, *.rank),
+        program = .program.display()
+    )]
     Spawn {
         /// The node's role.
         role: Role,
@@ -231,7 +242,10 @@ pub enum LaunchError {
         status: String,
     },
     /// The job ran longer than [`LaunchSpec::timeout`].
-    #[error("the job ran longer than its {:.1} s timeout; all nodes were stopped", .0.as_secs_f64())]
+    #[error(
+        "the job ran longer than its {:.1} s timeout; all nodes were stopped",
+        .0.as_secs_f64()
+    )]
     Timeout(Duration),
     /// The launcher got SIGINT or SIGTERM (named here).
     #[error("interrupted by {0}; all nodes were stopped")]
@@ -282,6 +296,8 @@ struct Exited {
     index: usize,
     result: io::Result<ExitStatus>,
     stopped_by_launcher: bool,
+    /// Processes were left in the node's group after it exited, and were killed.
+    killed_leftovers: bool,
 }
 
 /// Starts the nodes of `spec`, prints their output, and waits for all of them; see the
@@ -289,8 +305,8 @@ struct Exited {
 ///
 /// The nodes are spawned from the thread that polls this future. Their Linux parent-death
 /// signal is tied to that thread, so poll it from a thread that outlives the job (the thread
-/// of `block_on`, a runtime worker), not from `spawn_blocking`. Dropping the future kills every
-/// node with SIGKILL.
+/// of `block_on`, a runtime worker), not from `spawn_blocking`. Dropping the future SIGKILLs
+/// every node.
 pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
     spec.validate()?;
     let port = match spec.root_port {
@@ -326,11 +342,6 @@ pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
             },
         }
     }
-    if signals.is_some() && job.may_await_signal() {
-        if let Ok(name) = tokio::time::timeout(SIGNAL_SETTLE, next_signal(&mut signals)).await {
-            job.on_signal(name);
-        }
-    }
     job.finish().await
 }
 
@@ -343,11 +354,9 @@ struct Job {
     remaining: usize,
     /// Why the job is being stopped; `None` while it runs normally.
     cause: Option<Cause>,
-    /// The last SIGINT or SIGTERM the launcher got.
-    got_signal: Option<&'static str>,
     stop: watch::Sender<StopLevel>,
     // JoinSets abort their tasks when dropped, so a dropped `launch` drops every `Child`,
-    // and `kill_on_drop` kills it.
+    // and `kill_on_drop` SIGKILLs it (the node only, not what it started).
     supervisors: JoinSet<()>,
     forwarders: JoinSet<()>,
 }
@@ -365,7 +374,6 @@ impl Job {
             exits: Vec::with_capacity(total),
             remaining: 0,
             cause: None,
-            got_signal: None,
             stop,
             supervisors: JoinSet::new(),
             forwarders: JoinSet::new(),
@@ -409,23 +417,23 @@ impl Job {
         if self.cause.is_some() {
             return;
         }
-        let remaining = self.remaining;
+        let remaining = plural_count(self.remaining, "node");
         match &cause {
-            Cause::Spawn(error) if remaining == 0 => say(format_args!("{error}")),
+            Cause::Spawn(error) if self.remaining == 0 => say(format_args!("{error}")),
             Cause::Spawn(error) => say(format_args!(
-                "{error}; stopping the {remaining} started nodes"
+                "{error}; stopping the {remaining} already started"
             )),
             Cause::Failed(exit) => say(format_args!(
-                "{} {}; stopping the other {remaining} nodes",
+                "{} {}; stopping the other {remaining}",
                 NodeName(exit.role, exit.rank),
                 describe(exit.status)
             )),
             Cause::Timeout(timeout) => say(format_args!(
-                "the job ran longer than its {:.1} s timeout; stopping {remaining} nodes",
+                "the job ran longer than its {:.1} s timeout; stopping {remaining}",
                 timeout.as_secs_f64()
             )),
             Cause::Signal(name) => say(format_args!(
-                "got {name}; stopping {remaining} nodes (again to kill them at once)"
+                "got {name}; stopping {remaining} (send it again to kill them at once)"
             )),
         }
         self.cause = Some(cause);
@@ -433,37 +441,15 @@ impl Job {
     }
 
     fn on_signal(&mut self, name: &'static str) {
-        let first = self.got_signal.replace(name).is_none();
-        match &self.cause {
-            None => self.stop(Cause::Signal(name)),
-            // A terminal's Ctrl-C reaches the nodes too (they share our process group), and
-            // one of them may have been seen dying of it first: that is this interruption.
-            Some(Cause::Failed(exit)) if first && died_of(exit.status, name) => {
-                say(format_args!(
-                    "got {name}; stopping {} nodes",
-                    self.remaining
-                ));
-                self.cause = Some(Cause::Signal(name));
-            }
-            Some(_) if *self.stop.borrow() < StopLevel::Kill => {
-                say(format_args!(
-                    "got {name} while stopping; killing {} nodes",
-                    self.remaining
-                ));
-                self.stop.send_replace(StopLevel::Kill);
-            }
-            Some(_) => {}
+        if self.cause.is_none() {
+            self.stop(Cause::Signal(name));
+        } else if *self.stop.borrow() < StopLevel::Kill {
+            let remaining = plural_count(self.remaining, "node");
+            say(format_args!(
+                "got {name} while stopping; killing {remaining} at once"
+            ));
+            self.stop.send_replace(StopLevel::Kill);
         }
-    }
-
-    /// Whether the first failure looks like a terminal's Ctrl-C (or a group SIGTERM) whose
-    /// signal to the launcher itself has not been seen yet.
-    fn may_await_signal(&self) -> bool {
-        let Some(Cause::Failed(exit)) = &self.cause else {
-            return false;
-        };
-        self.got_signal.is_none()
-            && (died_of(exit.status, "SIGINT") || died_of(exit.status, "SIGTERM"))
     }
 
     fn on_exit(&mut self, exited: Exited) -> Result<(), LaunchError> {
@@ -478,6 +464,13 @@ impl Job {
         })?;
         self.remaining -= 1;
         let stopped_by_launcher = exited.stopped_by_launcher;
+        // (When the launcher stopped the node, its group got the same signals already.)
+        if exited.killed_leftovers && !stopped_by_launcher {
+            let name = NodeName(role, rank);
+            say(format_args!(
+                "killed processes that {name} left running in its process group"
+            ));
+        }
         let exit = NodeExit {
             role,
             rank,
@@ -564,6 +557,9 @@ fn node_command(spec: &LaunchSpec, role: Role, rank: u32, port: u16) -> Command 
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group lets the launcher stop the node with everything it started,
+        // and keeps a terminal's Ctrl-C to the launcher, which then stops the nodes in order.
+        .process_group(0)
         .kill_on_drop(true);
     die_with_parent(&mut command);
     command
@@ -609,7 +605,8 @@ fn die_with_parent(command: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn die_with_parent(_command: &mut Command) {}
 
-/// Owns one node: reaps it, and stops it when asked (SIGTERM, SIGKILL after `grace`).
+/// Owns one node: reaps it, and stops it when asked (SIGTERM, SIGKILL after `grace`). Signals
+/// go to the node's process group, so what the node started goes with it.
 async fn supervise(
     mut child: Child,
     index: usize,
@@ -617,49 +614,67 @@ async fn supervise(
     mut stop: watch::Receiver<StopLevel>,
     exits: mpsc::Sender<Exited>,
 ) {
+    let group = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok());
     let (mut term_sent, mut kill_sent, mut launcher_gone) = (false, false, false);
     let mut kill_at = None;
     let result = loop {
         let level = *stop.borrow_and_update();
         if level >= StopLevel::Terminate && !term_sent {
             term_sent = true;
-            send_sigterm(&child);
+            signal_group(&child, libc::SIGTERM);
             kill_at = Some(Instant::now() + grace);
         }
         if (level == StopLevel::Kill || launcher_gone) && !kill_sent {
             kill_sent = true;
-            // Fails only if the child was already reaped, which `wait` below reports.
-            let _ = child.start_kill();
+            signal_group(&child, libc::SIGKILL);
         }
         tokio::select! {
             result = child.wait() => break result,
             changed = stop.changed(), if !launcher_gone => launcher_gone = changed.is_err(),
             _ = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !kill_sent => {
                 kill_sent = true;
-                let _ = child.start_kill();
+                signal_group(&child, libc::SIGKILL);
             }
         }
     };
+    let killed_leftovers = group.is_some_and(kill_leftovers);
+    let stopped_by_launcher = term_sent || kill_sent;
+    let exited = Exited {
+        index,
+        result,
+        stopped_by_launcher,
+        killed_leftovers,
+    };
     // The channel holds one slot per node, so this never waits.
-    let _ = exits
-        .send(Exited {
-            index,
-            result,
-            stopped_by_launcher: term_sent || kill_sent,
-        })
-        .await;
+    let _ = exits.send(exited).await;
 }
 
-fn send_sigterm(child: &Child) {
+/// Sends `signal` to the process group the node leads: the node and whatever it started
+/// that did not move to a group of its own.
+fn signal_group(child: &Child, signal: libc::c_int) {
     let Some(pid) = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok()) else {
         return;
     };
-    // SAFETY: kill(2) takes two integers and touches no memory of ours. `Child::id` is `Some`
-    // only until the child is reaped, and only `supervise` reaps it, so `pid` is still our
-    // child (perhaps a zombie) and cannot name a recycled process.
+    // SAFETY: kill(2) takes integers and touches no memory of ours. `Child::id` is `Some` only
+    // until the child is reaped, and only `supervise` reaps it, so `pid` is still our child
+    // (perhaps a zombie): neither it nor its process group `-pid` (it called setpgid(0, 0)
+    // before exec, and `spawn` returned after exec) can name another process.
     unsafe {
-        libc::kill(pid, libc::SIGTERM);
+        if libc::kill(-pid, signal) != 0 {
+            libc::kill(pid, signal);
+        }
     }
+}
+
+/// SIGKILLs what is left in process group `group` after its leader was reaped, and says
+/// whether anything was.
+fn kill_leftovers(group: libc::pid_t) -> bool {
+    // SAFETY: kill(2) takes integers and touches no memory of ours. While any process of the
+    // group lives, Linux does not give its id to a new process, so `-group` can only reach
+    // what our node left behind; an empty group fails with ESRCH. (Reaching a stranger would
+    // need the pid counter to wrap around to `group` in the microseconds since the reap and
+    // the new process to lead a group at once.)
+    unsafe { libc::kill(-group, libc::SIGKILL) == 0 }
 }
 
 /// Where a node's output line goes.
@@ -765,17 +780,6 @@ async fn next_signal(signals: &mut Option<Signals>) -> &'static str {
     }
 }
 
-/// Whether `status` is what signal `name` does to a process: death by it, or the shell
-/// convention 128 + its number.
-fn died_of(status: ExitStatus, name: &str) -> bool {
-    let number = match name {
-        "SIGINT" => libc::SIGINT,
-        "SIGTERM" => libc::SIGTERM,
-        _ => return false,
-    };
-    status.signal() == Some(number) || status.code() == Some(128 + number)
-}
-
 /// A port that was free on `uri` a moment ago: bind port 0, read the port, close.
 fn free_port(uri: &str) -> Result<u16, LaunchError> {
     let io_error = |source| LaunchError::Io {
@@ -836,6 +840,10 @@ fn signal_name(number: i32) -> Option<&'static str> {
 }
 
 fn plural(count: u32, noun: &str) -> String {
+    plural_count(count as usize, noun)
+}
+
+fn plural_count(count: usize, noun: &str) -> String {
     match count {
         1 => format!("1 {noun}"),
         _ => format!("{count} {noun}s"),
@@ -891,9 +899,6 @@ mod tests {
             status: describe(status_of("exit 3")),
         };
         assert_eq!(error.to_string(), "server 1 exited with code 3");
-        assert!(died_of(status_of("kill -INT $$"), "SIGINT"));
-        assert!(died_of(status_of("exit 130"), "SIGINT"));
-        assert!(!died_of(status_of("exit 3"), "SIGINT"));
     }
 
     #[test]

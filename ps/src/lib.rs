@@ -9,6 +9,7 @@
 //! - [`range`]: key ranges and slicing of requests across servers;
 //! - [`values`]: typed views of values carried as bytes;
 //! - [`launcher`]: starts a scheduler, servers and workers as local processes;
+//! - [`local`]: a whole cluster inside one process, over the in-process van;
 //! - [`router`]: which van carries each peer's traffic;
 //! - [`error`]: the crate's error type, [`PsError`].
 
@@ -16,6 +17,7 @@ pub mod control;
 pub mod error;
 pub mod kv;
 pub mod launcher;
+pub mod local;
 pub mod postoffice;
 pub mod range;
 pub mod router;

@@ -134,7 +134,9 @@ fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
             van_tcp::TcpOptions::from_config(config),
         ))),
         VanKind::InProcess => Err(PsError::InvalidArgument(
-            "VANS_STREAM_VAN=inproc needs a shared hub: use ps::local::LocalCluster".into(),
+            "VANS_STREAM_VAN=inproc needs a shared hub: run the cluster in one process with \
+             ps::local::LocalCluster"
+                .into(),
         )),
         kind => Err(van_core::VanError::NotCompiled { kind }.into()),
     }
@@ -243,7 +245,10 @@ impl Postoffice {
     /// Registers with the scheduler and waits for the node table.
     async fn bootstrap(&self) -> Result<()> {
         let mut ready = self.inner.ready.subscribe();
-        if self.inner.role != Role::Scheduler {
+        if self.inner.role == Role::Scheduler {
+            // An empty cluster is ready at once.
+            self.scheduler_check_ready();
+        } else {
             let scheduler = self.scheduler_node();
             let mut attempts = 0u32;
             while let Err(e) = self.inner.router.connect(&scheduler).await {
@@ -609,7 +614,7 @@ impl Postoffice {
         if let Err(e) = self.send_control(goodbye).await {
             debug!("goodbye to the scheduler not sent: {e}");
         }
-        if self.inner.role == Role::Scheduler {
+        if self.inner.role == Role::Scheduler && barrier.is_ok() {
             let deadline = Instant::now() + FINISH_GRACE;
             while !self.with_scheduler(|s| s.is_finished()) && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;

@@ -34,7 +34,8 @@ use async_trait::async_trait;
 
 use crate::message::{Endpoint, Message, Node, NodeId};
 use crate::van::{
-    address_for, recipient_of, Event, InboxSender, Van, VanError, VanKind, WeakInboxSender,
+    address_for, recipient_of, Event, InboxSender, PeerLost, Van, VanError, VanKind,
+    WeakInboxSender,
 };
 
 /// The in-process network: addresses of bound [`InProcessVan`]s. Cheap to clone.
@@ -45,10 +46,14 @@ pub struct Hub {
 
 #[derive(Debug, Default)]
 struct HubInner {
-    /// Last port handed out for `port = 0` binds, per host.
+    /// Last port handed out for `port = 0` binds, per host (the search for a free one starts
+    /// after it).
     last_port: HashMap<String, u16>,
     /// Bound addresses and how to reach them.
     bound: HashMap<String, WeakInboxSender>,
+    /// Per bound address, who connected to it: the id they know it by and their inbox, so
+    /// they hear of it when it stops (as a socket's peer sees the connection close).
+    watchers: HashMap<String, Vec<(NodeId, WeakInboxSender)>>,
 }
 
 impl Hub {
@@ -128,16 +133,26 @@ impl Van for InProcessVan {
         let port = if port != 0 {
             port
         } else {
-            let last = hub.last_port.entry(host.to_owned()).or_insert(0);
-            *last = last.checked_add(1).ok_or_else(|| VanError::Bind {
-                kind: VanKind::InProcess,
-                address: format!("{host}:0"),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::AddrNotAvailable,
-                    "no ephemeral in-process ports left on this host",
-                ),
-            })?;
-            *last
+            // The next port on this host that no live van holds (wrapping once around).
+            let start = hub.last_port.get(host).copied().unwrap_or(0);
+            let free = (1..=u16::MAX)
+                .map(|step| start.wrapping_add(step).max(1))
+                .find(|candidate| {
+                    let address = Endpoint::stream(VanKind::InProcess, host, *candidate).address;
+                    !hub.bound
+                        .get(&address)
+                        .is_some_and(|weak| weak.upgrade().is_some())
+                })
+                .ok_or_else(|| VanError::Bind {
+                    kind: VanKind::InProcess,
+                    address: format!("{host}:0"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AddrNotAvailable,
+                        "no ephemeral in-process ports left on this host",
+                    ),
+                })?;
+            hub.last_port.insert(host.to_owned(), free);
+            free
         };
         let endpoint = Endpoint::stream(VanKind::InProcess, host, port);
         let live = hub
@@ -173,6 +188,14 @@ impl Van for InProcessVan {
             });
         };
         state.routes.insert(peer, target);
+        if let Some((_, my_inbox)) = &state.bound {
+            self.hub
+                .lock()
+                .watchers
+                .entry(address)
+                .or_default()
+                .push((peer, my_inbox.downgrade()));
+        }
         Ok(())
     }
 
@@ -207,8 +230,25 @@ impl Van for InProcessVan {
         let mut state = self.lock();
         state.stopped = true;
         state.routes.clear();
-        if let Some((address, _inbox)) = state.bound.take() {
-            self.hub.lock().bound.remove(&address);
+        let Some((address, _inbox)) = state.bound.take() else {
+            return Ok(());
+        };
+        drop(state);
+        let watchers = {
+            let mut hub = self.hub.lock();
+            hub.bound.remove(&address);
+            hub.watchers.remove(&address).unwrap_or_default()
+        };
+        for (peer, watcher) in watchers {
+            if let Some(inbox) = watcher.upgrade() {
+                let lost = PeerLost {
+                    peer: Some(peer),
+                    kind: VanKind::InProcess,
+                    reason: "the peer's van stopped".into(),
+                };
+                // A full inbox must not hold up our stop: deliver in the background.
+                tokio::spawn(async move { inbox.deliver(vec![Event::PeerLost(lost)]).await });
+            }
         }
         Ok(())
     }

@@ -437,9 +437,10 @@ pub async fn unknown_peer<V: Van + 'static>(make: &impl Fn() -> V) {
     );
 }
 
-/// After a peer stops, sends to it fail within a bounded time, naming the peer.
+/// After a peer stops, sends to it fail within a bounded time, naming the peer, and the
+/// van reports the loss as a [`PeerLost`](crate::van::PeerLost) event with the peer's id.
 pub async fn vanished_peer<V: Van + 'static>(make: &impl Fn() -> V) {
-    let a = start(make, 9).await;
+    let mut a = start(make, 9).await;
     let b = start(make, 8).await;
     connect(&a, &b).await;
     within(b.van.stop(), "stop").await;
@@ -460,5 +461,13 @@ pub async fn vanished_peer<V: Van + 'static>(make: &impl Fn() -> V) {
         );
         seq += 1;
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    loop {
+        match tokio::time::timeout(WAIT, a.inbox.recv()).await {
+            Ok(Some(Event::PeerLost(lost))) if lost.peer == Some(8) => break,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("inbox ended before the lost peer was reported"),
+            Err(_) => panic!("the loss of peer 8 was not reported within {WAIT:?}"),
+        }
     }
 }

@@ -17,7 +17,8 @@
 //! second and p50/p99 latency, and worker rank 0 measures a raw TCP socket in the same run
 //! (ping-pong round trip and stream GB/s) for the ratios. `--mode check` instead verifies
 //! exact sums: every worker pushes known values, a barrier, then every worker pulls and
-//! compares with the expected total.
+//! compares with the expected total. `--mode barrier` has workers arrive at a barrier 300 ms
+//! apart and print when they arrived and left.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ use ps::launcher::{launch, LaunchSpec};
 use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, Postoffice, Role};
 
 const USAGE: &str = "usage: ps-bench [options]
-  --mode M        push | pull | pushpull | all | check   (default all)
+  --mode M        push | pull | pushpull | all | check | barrier   (default all)
   --sizes LIST    value bytes per request, comma-separated, multiples of 4 (default 8,65536,1048576)
   --windows LIST  requests in flight, comma-separated (default 1,64)
   --keys N        distinct keys, spread over the servers (default 16)
@@ -45,6 +46,7 @@ Without DMLC_ROLE, ps-bench launches a local cluster of itself over TCP on 127.0
 struct Options {
     modes: Vec<Mode>,
     check: bool,
+    barrier: bool,
     sizes: Vec<usize>,
     windows: Vec<usize>,
     keys: u64,
@@ -92,6 +94,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
     let mut o = Options {
         modes: vec![Mode::Push, Mode::Pull, Mode::PushPull],
         check: false,
+        barrier: false,
         sizes: vec![8, 65_536, 1 << 20],
         windows: vec![1, 64],
         keys: 16,
@@ -115,6 +118,10 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
                     "all" => vec![Mode::Push, Mode::Pull, Mode::PushPull],
                     "check" => {
                         o.check = true;
+                        Vec::new()
+                    }
+                    "barrier" => {
+                        o.barrier = true;
                         Vec::new()
                     }
                     other => return Err(format!("unknown mode `{other}`")),
@@ -205,6 +212,8 @@ async fn run(options: Options) -> Result<(), BoxError> {
             let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
             let result = if options.check {
                 check(&po, &worker, &options).await
+            } else if options.barrier {
+                barrier(&po).await
             } else {
                 benchmark(&po, &worker, &options).await
             };
@@ -274,6 +283,23 @@ async fn check(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Result<(
         n,
         po.num_workers()
     );
+    Ok(())
+}
+
+/// Milliseconds since the Unix epoch (comparable across processes on one machine).
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// Workers arrive at a barrier 300 ms apart and print when they arrived and left, so a test
+/// can check that nobody left before the last one arrived.
+async fn barrier(po: &Postoffice) -> Result<(), BoxError> {
+    tokio::time::sleep(Duration::from_millis(300 * u64::from(po.my_rank()))).await;
+    println!("barrier: worker {} arrived at {}", po.my_rank(), now_ms());
+    po.barrier(node_ids::WORKER_GROUP).await?;
+    println!("barrier: worker {} released at {}", po.my_rank(), now_ms());
     Ok(())
 }
 

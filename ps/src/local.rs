@@ -1,0 +1,155 @@
+//! A whole cluster inside one process, over the in-process van: for tests, demos and
+//! simulations. Each node is a task with its own [`Postoffice`]; nodes share a
+//! [`Hub`](van_core::inproc::Hub) instead of a network.
+//!
+//! ```
+//! use ps::local::LocalCluster;
+//! use ps::{KvServer, KvWorker, Role};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let results = LocalCluster::new(2, 3)
+//!     .run(|po| async move {
+//!         match po.role() {
+//!             Role::Server => {
+//!                 let _server = KvServer::<f32>::with_sum(&po, 0, 0, 1).await?;
+//!                 po.finalize().await?;
+//!                 Ok(None)
+//!             }
+//!             Role::Worker => {
+//!                 let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+//!                 let id = worker.push(&[1, u64::MAX], &[1.0, 2.0], None, 0).await?;
+//!                 worker.wait(id).await?;
+//!                 po.barrier(ps::node_ids::WORKER_GROUP).await?;
+//!                 let id = worker.pull(&[1, u64::MAX], 0).await?;
+//!                 let sums = worker.wait(id).await?.vals::<f32>()?.to_vec();
+//!                 po.finalize().await?;
+//!                 Ok(Some(sums))
+//!             }
+//!             Role::Scheduler => {
+//!                 po.finalize().await?;
+//!                 Ok(None)
+//!             }
+//!         }
+//!     })
+//!     .await?;
+//! for sums in results.into_iter().flatten() {
+//!     assert_eq!(sums, vec![3.0, 6.0]);
+//! }
+//! # Ok::<(), ps::PsError>(())
+//! # }).unwrap();
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use van_core::inproc::{Hub, InProcessVan};
+use van_core::{Config, Role, VanKind};
+
+use crate::error::{PsError, Result};
+use crate::postoffice::Postoffice;
+
+/// The scheduler's in-process address.
+const SCHEDULER_HOST: &str = "scheduler";
+const SCHEDULER_PORT: u16 = 1;
+
+/// A cluster of one scheduler, `num_servers` servers and `num_workers` workers in this process.
+#[derive(Debug, Clone)]
+pub struct LocalCluster {
+    num_servers: u32,
+    num_workers: u32,
+    heartbeat: Option<(Duration, Duration)>,
+    bootstrap_timeout: Duration,
+}
+
+impl LocalCluster {
+    /// A cluster description; nothing runs until [`run`](Self::run).
+    pub fn new(num_servers: u32, num_workers: u32) -> LocalCluster {
+        LocalCluster {
+            num_servers,
+            num_workers,
+            heartbeat: None,
+            bootstrap_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Turns heartbeats on: nodes report every `interval`, the scheduler declares a node dead
+    /// after `timeout` of silence.
+    pub fn heartbeats(mut self, interval: Duration, timeout: Duration) -> LocalCluster {
+        self.heartbeat = Some((interval, timeout));
+        self
+    }
+
+    /// How long nodes may take to form the cluster.
+    pub fn bootstrap_timeout(mut self, timeout: Duration) -> LocalCluster {
+        self.bootstrap_timeout = timeout;
+        self
+    }
+
+    fn config(&self, role: Role) -> Result<Config> {
+        let mut builder = Config::builder()
+            .role(role)
+            .num_servers(self.num_servers)
+            .num_workers(self.num_workers)
+            .root_uri(SCHEDULER_HOST)
+            .root_port(SCHEDULER_PORT)
+            .node_host(role.as_str())
+            .stream_van(VanKind::InProcess)
+            .bootstrap_timeout(self.bootstrap_timeout);
+        if let Some((interval, timeout)) = self.heartbeat {
+            builder = builder
+                .heartbeat_interval(interval)
+                .heartbeat_timeout(timeout);
+        }
+        Ok(builder.build()?)
+    }
+
+    /// Starts every node, runs `node(postoffice)` on each as its own task, and returns their
+    /// results: the scheduler's first, then the servers', then the workers' (in start order,
+    /// not rank order: ask the postoffice for ranks). The function decides when its node
+    /// finalizes. The first error of any node is returned after all nodes have ended.
+    pub async fn run<T, F, Fut>(&self, node: F) -> Result<Vec<T>>
+    where
+        T: Send + 'static,
+        F: Fn(Postoffice) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let hub = Hub::new();
+        let mut roles = vec![Role::Scheduler];
+        roles.extend(std::iter::repeat_n(Role::Server, self.num_servers as usize));
+        roles.extend(std::iter::repeat_n(Role::Worker, self.num_workers as usize));
+        let mut tasks = Vec::with_capacity(roles.len());
+        for role in roles {
+            let config = self.config(role)?;
+            let van = Arc::new(InProcessVan::new(&hub));
+            let node = node.clone();
+            tasks.push(tokio::spawn(async move {
+                let po = Postoffice::start_with_van(config, van).await?;
+                let result = node(po.clone()).await;
+                if result.is_err() {
+                    po.stop().await;
+                }
+                result
+            }));
+        }
+        let mut results = Vec::with_capacity(tasks.len());
+        let mut first_error = None;
+        for task in tasks {
+            match task.await {
+                Ok(Ok(value)) => results.push(value),
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(PsError::InvalidArgument(format!(
+                        "a node task panicked or was cancelled: {e}"
+                    )));
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(results),
+        }
+    }
+}

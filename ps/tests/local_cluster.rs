@@ -1,0 +1,214 @@
+//! Whole clusters in one process (in-process van): sums, barriers, failures, bootstrap.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ps::local::LocalCluster;
+use ps::{
+    node_ids, KvMeta, KvPairs, KvServer, KvWorker, Postoffice, PsError, RequestHandler, Role,
+};
+use tokio::sync::Notify;
+use van_core::inproc::{Hub, InProcessVan};
+use van_core::{Config, VanKind};
+
+/// Keys on both servers and on several shards of each: near 0, the middle, and the top.
+fn keys() -> Vec<u64> {
+    vec![
+        0,
+        1,
+        2,
+        u64::MAX / 3,
+        u64::MAX / 2 - 1,
+        u64::MAX / 2 + 1,
+        u64::MAX - 1,
+        u64::MAX,
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_read_back_exact_sums_with_lengths_across_servers_and_shards() {
+    let workers = 3u32;
+    let results = LocalCluster::new(2, workers)
+        .run(move |po| async move {
+            let mut pulled = None;
+            match po.role() {
+                Role::Server => {
+                    let _server = KvServer::<f64>::with_sum(&po, 0, 0, 3).await?;
+                    po.finalize().await?;
+                }
+                Role::Worker => {
+                    let worker = KvWorker::<f64>::new(&po, 0, 0).await?;
+                    let keys = keys();
+                    // Key i holds i + 1 values; worker r pushes (r + 1) * (i + 1) + j.
+                    let lens: Vec<i32> = (1..=keys.len() as i32).collect();
+                    let r = f64::from(po.my_rank());
+                    let vals: Vec<f64> = lens
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(i, n)| {
+                            (0..*n).map(move |j| (r + 1.0) * (i as f64 + 1.0) + f64::from(j))
+                        })
+                        .collect();
+                    let id = worker.push(&keys, &vals, Some(&lens), 0).await?;
+                    worker.wait(id).await?;
+                    po.barrier(node_ids::WORKER_GROUP).await?;
+                    let id = worker.pull(&keys, 0).await?;
+                    pulled = Some(worker.wait(id).await?);
+                    po.barrier(node_ids::WORKER_GROUP).await?;
+                    // push_pull returns the value after this push.
+                    let id = worker.push_pull(&keys[..1], &[1.0], Some(&[1]), 0).await?;
+                    let after = worker.wait(id).await?;
+                    assert!(after.vals::<f64>()?[0] >= 1.0 + 6.0);
+                    po.finalize().await?;
+                }
+                Role::Scheduler => po.finalize().await?,
+            }
+            Ok(pulled)
+        })
+        .await
+        .unwrap();
+    let w = f64::from(workers);
+    let rank_sum = w * (w + 1.0) / 2.0;
+    let pulled: Vec<KvPairs> = results.into_iter().flatten().collect();
+    assert_eq!(pulled.len(), workers as usize);
+    for pairs in pulled {
+        assert_eq!(pairs.keys().unwrap().as_ref(), keys().as_slice());
+        let lens = pairs.lens().unwrap().unwrap().to_vec();
+        assert_eq!(lens, (1..=keys().len() as i32).collect::<Vec<_>>());
+        let expected: Vec<f64> = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| (0..*n).map(move |j| rank_sum * (i as f64 + 1.0) + w * f64::from(j)))
+            .collect();
+        assert_eq!(pairs.vals::<f64>().unwrap().as_ref(), expected.as_slice());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_releases_only_when_every_member_arrived() {
+    let arrived = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&arrived);
+    let seen = LocalCluster::new(1, 4)
+        .run(move |po| {
+            let arrived = Arc::clone(&counter);
+            async move {
+                let mut seen = None;
+                if po.role() == Role::Worker {
+                    // Staggered arrivals: the last worker comes 300 ms after the first.
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(po.my_rank()))).await;
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    po.barrier(node_ids::WORKER_GROUP).await?;
+                    seen = Some(arrived.load(Ordering::SeqCst));
+                }
+                // Servers and the scheduler are not members of the worker group.
+                po.finalize().await?;
+                Ok(seen)
+            }
+        })
+        .await
+        .unwrap();
+    let seen: Vec<u32> = seen.into_iter().flatten().collect();
+    assert_eq!(seen, vec![4, 4, 4, 4], "a worker left the barrier early");
+}
+
+/// Delays its answer to `cmd` 7 and tells the node to die meanwhile.
+struct DyingHandler(Arc<Notify>);
+
+impl RequestHandler for DyingHandler {
+    fn handle(&mut self, meta: &KvMeta, _request: KvPairs) -> Result<KvPairs, String> {
+        if meta.cmd == 7 {
+            self.0.notify_one();
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(KvPairs::default())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_requests_to_a_dead_server_fail_with_its_name() {
+    let result = LocalCluster::new(1, 1)
+        .run(|po| async move {
+            match po.role() {
+                Role::Server => {
+                    let die = Arc::new(Notify::new());
+                    let signal = Arc::clone(&die);
+                    let make = move |_| DyingHandler(Arc::clone(&signal));
+                    let _server = KvServer::<f32>::new(&po, 0, 0, 1, make).await?;
+                    die.notified().await;
+                    po.stop().await; // the server dies with the request pending
+                    Ok(None)
+                }
+                Role::Worker => {
+                    let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+                    let id = worker.push(&[5], &[1.0], None, 7).await?;
+                    let outcome = tokio::time::timeout(Duration::from_secs(20), worker.wait(id))
+                        .await
+                        .expect("the pending request never completed");
+                    po.stop().await;
+                    Ok(Some(outcome.map(|_| ())))
+                }
+                Role::Scheduler => {
+                    // The scheduler sees the server go too; its finalize barrier then fails.
+                    let _ = tokio::time::timeout(Duration::from_secs(20), po.finalize()).await;
+                    Ok(None)
+                }
+            }
+        })
+        .await
+        .unwrap();
+    let outcome = result.into_iter().flatten().next().unwrap();
+    match outcome {
+        Err(PsError::NodeFailed { node, role, .. }) => {
+            assert_eq!(node, 8);
+            assert_eq!(role, "server");
+        }
+        other => panic!("expected the request to fail naming server 8, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_deadline_names_who_is_missing() {
+    let hub = Hub::new();
+    let config = |role| {
+        Config::builder()
+            .role(role)
+            .num_servers(1)
+            .num_workers(2)
+            .root_uri("scheduler")
+            .root_port(1)
+            .node_host(role.as_str())
+            .stream_van(VanKind::InProcess)
+            .bootstrap_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let scheduler =
+        Postoffice::start_with_van(config(Role::Scheduler), Arc::new(InProcessVan::new(&hub)));
+    let server =
+        Postoffice::start_with_van(config(Role::Server), Arc::new(InProcessVan::new(&hub)));
+    let worker =
+        Postoffice::start_with_van(config(Role::Worker), Arc::new(InProcessVan::new(&hub)));
+    let (scheduler, server, worker) = tokio::join!(scheduler, server, worker);
+    match scheduler {
+        Err(PsError::Bootstrap { summary, .. }) => {
+            assert!(summary.contains("1/1 server"), "{summary}");
+            assert!(summary.contains("1/2 worker"), "{summary}");
+            assert!(summary.contains("waiting for 1 worker"), "{summary}");
+        }
+        other => panic!("expected a bootstrap error, got {other:?}"),
+    }
+    for node in [server, worker] {
+        match node {
+            Err(PsError::Bootstrap { summary, .. }) => {
+                assert!(
+                    summary.contains("no node table from the scheduler"),
+                    "{summary}"
+                )
+            }
+            other => panic!("expected a bootstrap error, got {other:?}"),
+        }
+    }
+}
