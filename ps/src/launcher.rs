@@ -7,10 +7,12 @@
 //! | variable | value |
 //! | --- | --- |
 //! | `DMLC_ROLE` | `scheduler`, `server` or `worker` |
-//! | `DMLC_NUM_SERVER`, `DMLC_NUM_WORKER` | [`LaunchSpec::num_servers`], [`LaunchSpec::num_workers`] |
-//! | `DMLC_PS_ROOT_URI`, `DMLC_PS_ROOT_PORT` | [`LaunchSpec::root_uri`], the root port (a free one when 0) |
+//! | `DMLC_NUM_SERVER` | [`LaunchSpec::num_servers`] |
+//! | `DMLC_NUM_WORKER` | [`LaunchSpec::num_workers`] |
+//! | `DMLC_PS_ROOT_URI` | [`LaunchSpec::root_uri`] |
+//! | `DMLC_PS_ROOT_PORT` | [`LaunchSpec::root_port`], or a free port when that is 0 |
 //! | `DMLC_NODE_HOST` | `127.0.0.1`, only when the root URI is a loopback address or `localhost` |
-//! | `VANS_LAUNCH_RANK` | the node's rank within its role, from 0 (informational: ps assigns node ids) |
+//! | `VANS_LAUNCH_RANK` | the node's rank within its role, from 0 (informational only) |
 //!
 //! then [`LaunchSpec::env`] (which may override `DMLC_NODE_HOST` or add `PS_VERBOSE`,
 //! `DMLC_ENABLE_RDMA`, ...). The scheduler starts first, then the servers, then the workers.
@@ -22,7 +24,8 @@
 //!
 //! The job succeeds when every node exits with code 0. When a node fails (non-zero code or a
 //! signal), when [`LaunchSpec::timeout`] passes, or when the launcher gets SIGINT or SIGTERM,
-//! the launcher stops every other node, SIGTERM first and SIGKILL after
+//! the launcher stops every other node (after a node failed, only once the others have had
+//! [`SETTLE`] to exit by themselves and report what they saw), SIGTERM first and SIGKILL after
 //! [`LaunchSpec::grace`], waits for all of them, and reports the first cause. A SIGINT or
 //! SIGTERM while nodes are being stopped skips the grace period.
 //!
@@ -74,6 +77,10 @@ use van_core::Role;
 
 /// The root URI used when none is given.
 pub const DEFAULT_ROOT_URI: &str = "127.0.0.1";
+
+/// After a node fails, how long the others may run on before they are stopped: long enough
+/// to notice the failure themselves and say so.
+pub const SETTLE: Duration = Duration::from_secs(2);
 
 /// How long a node has between SIGTERM and SIGKILL when the launcher stops it.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(3);
@@ -336,6 +343,9 @@ pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
             {
                 job.stop(Cause::Timeout(deadline.map_or(Duration::ZERO, |(_, timeout)| timeout)));
             }
+            _ = sleep_until(job.settle_until.unwrap_or(job.start)), if job.settle_until.is_some() => {
+                job.settled();
+            }
             exited = exits.recv() => match exited {
                 Some(exited) => job.on_exit(exited)?,
                 None => break,
@@ -355,6 +365,8 @@ struct Job {
     /// Why the job is being stopped; `None` while it runs normally.
     cause: Option<Cause>,
     stop: watch::Sender<StopLevel>,
+    /// After a node failed: when the others get SIGTERM if they have not exited by then.
+    settle_until: Option<Instant>,
     // JoinSets abort their tasks when dropped, so a dropped `launch` drops every `Child`,
     // and `kill_on_drop` SIGKILLs it (the node only, not what it started).
     supervisors: JoinSet<()>,
@@ -374,6 +386,7 @@ impl Job {
             exits: Vec::with_capacity(total),
             remaining: 0,
             cause: None,
+            settle_until: None,
             stop,
             supervisors: JoinSet::new(),
             forwarders: JoinSet::new(),
@@ -424,9 +437,11 @@ impl Job {
                 "{error}; stopping the {remaining} already started"
             )),
             Cause::Failed(exit) => say(format_args!(
-                "{} {}; stopping the other {remaining}",
+                "{} {}; stopping the other {remaining} (after {:.1} s for them to report what \
+                 they saw)",
                 NodeName(exit.role, exit.rank),
-                describe(exit.status)
+                describe(exit.status),
+                SETTLE.as_secs_f64()
             )),
             Cause::Timeout(timeout) => say(format_args!(
                 "the job ran longer than its {:.1} s timeout; stopping {remaining}",
@@ -436,13 +451,29 @@ impl Job {
                 "got {name}; stopping {remaining} (send it again to kill them at once)"
             )),
         }
+        let settle = matches!(cause, Cause::Failed(_));
         self.cause = Some(cause);
+        if settle {
+            // Peers of a failed node usually fail on their own a moment later, naming it;
+            // stopping them at once would lose those messages.
+            self.settle_until = Some(Instant::now() + SETTLE);
+        } else {
+            self.stop.send_replace(StopLevel::Terminate);
+        }
+    }
+
+    /// The settle time after a failure is over: stop whoever is left.
+    fn settled(&mut self) {
+        self.settle_until = None;
         self.stop.send_replace(StopLevel::Terminate);
     }
 
     fn on_signal(&mut self, name: &'static str) {
         if self.cause.is_none() {
             self.stop(Cause::Signal(name));
+        } else if self.settle_until.is_some() {
+            say(format_args!("got {name}; stopping the nodes now"));
+            self.settled();
         } else if *self.stop.borrow() < StopLevel::Kill {
             let remaining = plural_count(self.remaining, "node");
             say(format_args!(
@@ -518,10 +549,11 @@ impl Job {
             return Ok(LaunchReport { nodes, elapsed });
         };
         if !nodes.is_empty() {
+            let count = nodes.len();
             let stopped = nodes.iter().filter(|node| node.stopped_by_launcher).count();
             say(format_args!(
-                "all {} started nodes have exited ({stopped} stopped by the launcher) after {secs:.1} s",
-                nodes.len()
+                "all {count} started nodes have exited ({stopped} stopped by the launcher) \
+                 after {secs:.1} s"
             ));
         }
         Err(match cause {
@@ -631,7 +663,9 @@ async fn supervise(
         tokio::select! {
             result = child.wait() => break result,
             changed = stop.changed(), if !launcher_gone => launcher_gone = changed.is_err(),
-            _ = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !kill_sent => {
+            _ = sleep_until(kill_at.unwrap_or_else(Instant::now)),
+                if kill_at.is_some() && !kill_sent =>
+            {
                 kill_sent = true;
                 signal_group(&child, libc::SIGKILL);
             }

@@ -96,11 +96,12 @@ impl Router {
         Ok(())
     }
 
-    /// Sends `msg` to its recipient, connecting first if needed.
+    /// Sends `msg` to its recipient, connecting first if needed. A broken connection is
+    /// reported as [`PsError::NodeFailed`] naming the peer.
     pub async fn send(&self, msg: Message) -> Result<(), PsError> {
         let peer = msg.meta.recipient.ok_or(VanError::NoRecipient)?;
         self.ensure_connected(peer).await?;
-        Ok(self.van.send(msg).await?)
+        self.van.send(msg).await.map_err(peer_error)
     }
 
     /// Sends many messages (to any recipients), connecting first where needed.
@@ -112,7 +113,7 @@ impl Router {
                 self.ensure_connected(peer).await?;
             }
         }
-        Ok(self.van.send_batch(msgs).await?)
+        self.van.send_batch(msgs).await.map_err(peer_error)
     }
 
     async fn ensure_connected(&self, peer: NodeId) -> Result<(), PsError> {
@@ -140,5 +141,17 @@ impl Router {
     /// Stops the van(s).
     pub async fn stop(&self) -> Result<(), PsError> {
         Ok(self.van.stop().await?)
+    }
+}
+
+/// A lost peer is a failed node, for the layers above.
+fn peer_error(error: VanError) -> PsError {
+    match error {
+        VanError::PeerGone { peer, reason } => PsError::NodeFailed {
+            node: peer,
+            role: crate::postoffice::role_name(peer),
+            reason: format!("connection lost: {reason}"),
+        },
+        other => other.into(),
     }
 }

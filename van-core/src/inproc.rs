@@ -139,9 +139,9 @@ impl Van for InProcessVan {
                 .map(|step| start.wrapping_add(step).max(1))
                 .find(|candidate| {
                     let address = Endpoint::stream(VanKind::InProcess, host, *candidate).address;
-                    !hub.bound
+                    hub.bound
                         .get(&address)
-                        .is_some_and(|weak| weak.upgrade().is_some())
+                        .is_none_or(|weak| weak.upgrade().is_none())
                 })
                 .ok_or_else(|| VanError::Bind {
                     kind: VanKind::InProcess,

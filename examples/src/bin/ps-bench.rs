@@ -167,6 +167,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let options = match parse_args(std::env::args().skip(1).collect()) {
         Ok(o) => o,

@@ -1,0 +1,314 @@
+//! Clusters of real processes on 127.0.0.1: `ps-bench` started by hand once per role (as in
+//! ps-lite's tutorial) and through `vans-launch`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
+const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
+/// Generous: these run on a loaded 2-core machine.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `ps-bench` for one role, configured only through ps-lite's environment.
+fn node(role: &str, port: u16, args: &[&str]) -> Command {
+    let mut cmd = Command::new(PS_BENCH);
+    cmd.args(args)
+        .env("DMLC_ROLE", role)
+        .env("DMLC_NUM_WORKER", "1")
+        .env("DMLC_NUM_SERVER", "1")
+        .env("DMLC_PS_ROOT_URI", "127.0.0.1")
+        .env("DMLC_PS_ROOT_PORT", port.to_string())
+        .env("DMLC_INTERFACE", "lo")
+        .env("DMLC_ENABLE_RDMA", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Waits for `child` with a deadline; kills it and fails the test when the deadline passes.
+fn wait_output(mut child: Child, what: &str) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} still running after {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn three_shells_form_a_cluster_and_exit_zero_even_with_the_worker_first() {
+    let port = free_port();
+    let args = [
+        "--sizes",
+        "8,4096",
+        "--windows",
+        "1,8",
+        "--seconds",
+        "0.1",
+        "--no-raw",
+    ];
+    // The worker starts first and must wait for the scheduler.
+    let worker = node("worker", port, &args).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let scheduler = node("scheduler", port, &args).spawn().unwrap();
+    let server = node("server", port, &args).spawn().unwrap();
+    let worker = wait_output(worker, "worker");
+    let server = wait_output(server, "server");
+    let scheduler = wait_output(scheduler, "scheduler");
+    for (name, out) in [
+        ("worker", &worker),
+        ("server", &server),
+        ("scheduler", &scheduler),
+    ] {
+        assert!(out.status.success(), "{name} failed: {}", text(out));
+    }
+    let table = String::from_utf8_lossy(&worker.stdout);
+    assert!(table.contains("worker 0 (1 servers, 1 workers)"), "{table}");
+    for mode in ["push", "pull", "pushpull"] {
+        assert!(
+            table.contains(&format!("| {mode}")),
+            "no {mode} row: {table}"
+        );
+    }
+}
+
+#[test]
+fn a_worker_without_scheduler_fails_at_the_bootstrap_deadline_with_a_clear_error() {
+    let port = free_port();
+    let started = Instant::now();
+    let worker = node("worker", port, &[])
+        .env("VANS_BOOTSTRAP_TIMEOUT_SECS", "2")
+        .spawn()
+        .unwrap();
+    let out = wait_output(worker, "lonely worker");
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cluster did not form within 2s"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
+}
+
+fn launch(servers: u32, workers: u32, env: &[&str], args: &[&str]) -> Command {
+    let mut cmd = Command::new(LAUNCH);
+    cmd.args(["-s", &servers.to_string(), "-w", &workers.to_string()]);
+    for e in env {
+        cmd.args(["--env", e]);
+    }
+    cmd.arg("--")
+        .arg(PS_BENCH)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+#[test]
+fn two_servers_three_workers_read_back_exact_sums() {
+    let child = launch(2, 3, &[], &["--mode", "check", "--keys", "64"])
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, "launcher");
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    for rank in 0..3 {
+        assert!(
+            all.contains(&format!(
+                "worker {rank}: exact sums verified for 64 keys from 3 workers"
+            )),
+            "worker {rank} did not verify: {all}"
+        );
+    }
+}
+
+#[test]
+fn no_worker_leaves_a_barrier_before_the_last_arrives() {
+    let child = launch(1, 3, &[], &["--mode", "barrier"]).spawn().unwrap();
+    let out = wait_output(child, "launcher");
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let times = |event: &str| -> Vec<u128> {
+        all.lines()
+            .filter(|l| l.contains(&format!(" {event} at ")))
+            .filter_map(|l| l.rsplit(' ').next()?.trim().parse().ok())
+            .collect()
+    };
+    let (arrived, released) = (times("arrived"), times("released"));
+    assert_eq!((arrived.len(), released.len()), (3, 3), "{all}");
+    let last_arrival = arrived.iter().max().unwrap();
+    assert!(
+        released.iter().all(|r| r >= last_arrival),
+        "a worker left before the last arrived: arrived {arrived:?}, released {released:?}"
+    );
+    // The arrivals really were spread out, so the check above means something.
+    assert!(arrived.iter().max().unwrap() - arrived.iter().min().unwrap() >= 500);
+}
+
+/// Children of `parent`, from /proc.
+fn children(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The command name may hold spaces; the parent pid is the 2nd field after ")".
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn role_of(pid: u32) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(b"DMLC_ROLE="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+#[test]
+fn killing_a_server_fails_the_workers_requests_by_name_and_the_launcher_cleans_up() {
+    let mut child = launch(
+        2,
+        2,
+        &["PS_HEARTBEAT_INTERVAL=1", "PS_HEARTBEAT_TIMEOUT=4"],
+        &[
+            "--mode",
+            "push",
+            "--sizes",
+            "4096",
+            "--windows",
+            "8",
+            "--seconds",
+            "60",
+            "--no-raw",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let launcher = child.id();
+    // Wait until both workers are pushing (their progress lines go to stderr).
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    let started = Instant::now();
+    let nodes = loop {
+        let nodes: Vec<(u32, String)> = children(launcher)
+            .into_iter()
+            .filter_map(|pid| Some((pid, role_of(pid)?)))
+            .collect();
+        if nodes.len() == 5 {
+            break nodes;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the cluster did not start: {nodes:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Give the workers time to get going, then kill a server without warning.
+    std::thread::sleep(Duration::from_secs(3));
+    let (server, _) = nodes.iter().find(|(_, role)| role == "server").unwrap();
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-KILL", &server.to_string()])
+        .status()
+        .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed.elapsed() < DEADLINE,
+            "the launcher did not exit after a server died"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let elapsed = killed.elapsed();
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let stderr = reader.join().unwrap();
+    let all = format!("{stdout}{stderr}");
+    assert!(
+        !status.success(),
+        "the launcher exited 0 after a server was killed: {all}"
+    );
+    // Within the heartbeat timeout (4 s) plus the launcher's grace for the others.
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}: {all}");
+    // The workers' pending requests failed naming the dead server.
+    assert!(
+        all.contains("(server) failed"),
+        "no worker reported the dead server by name: {all}"
+    );
+    // Nobody is left behind.
+    std::thread::sleep(Duration::from_millis(200));
+    for (pid, role) in &nodes {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(*pid),
+            "{role} {pid} is still running"
+        );
+    }
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
