@@ -120,8 +120,11 @@ struct DyingHandler(Arc<Notify>);
 impl RequestHandler for DyingHandler {
     fn handle(&mut self, meta: &KvMeta, _request: KvPairs) -> Result<KvPairs, String> {
         if meta.cmd == 7 {
-            self.0.notify_one();
-            std::thread::sleep(Duration::from_millis(300));
+            // Wake the node from another thread: a wake-up from this (blocked) runtime thread
+            // would sit in its local queue until the handler returns.
+            let die = Arc::clone(&self.0);
+            std::thread::spawn(move || die.notify_one());
+            std::thread::sleep(Duration::from_millis(500));
         }
         Ok(KvPairs::default())
     }

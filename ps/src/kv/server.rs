@@ -27,7 +27,8 @@ use crate::values::{self, Value};
 const SHARD_QUEUE: usize = 4096;
 
 /// Answers the requests of one shard. Runs on that shard's task only: it owns its state and
-/// needs no locks.
+/// needs no locks. It runs on an async runtime thread, so it must not block (no sleeping, no
+/// blocking I/O): a blocked handler stalls the tasks queued behind it on that thread.
 pub trait RequestHandler: Send + 'static {
     /// Handles one request; the returned pairs are the response's data (empty for a push).
     /// An `Err` is sent back to the worker, whose `wait` fails with it.
