@@ -312,3 +312,37 @@ fn is_zombie(pid: u32) -> bool {
         })
         .unwrap_or(true)
 }
+
+#[test]
+fn a_kubeflow_tf_config_job_runs_unchanged_with_the_chief_hosting_the_scheduler() {
+    let (chief, worker, ps) = (free_port(), free_port(), free_port());
+    let cluster = format!(
+        r#""cluster": {{"chief": ["127.0.0.1:{chief}"], "worker": ["127.0.0.1:{worker}"], "ps": ["127.0.0.1:{ps}"]}}"#
+    );
+    let task = |kind: &str| {
+        let tf_config = format!(
+            r#"{{{cluster}, "task": {{"type": "{kind}", "index": 0}}, "rpc_layer": "grpc"}}"#
+        );
+        Command::new(PS_BENCH)
+            .args(["--mode", "check", "--keys", "16"])
+            .env("TF_CONFIG", tf_config)
+            .env_remove("DMLC_ROLE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let nodes = [
+        ("ps", task("ps")),
+        ("worker", task("worker")),
+        ("chief", task("chief")),
+    ];
+    let mut verified = 0;
+    for (kind, child) in nodes {
+        let out = wait_output(child, kind);
+        assert!(out.status.success(), "{kind} failed: {}", text(&out));
+        verified +=
+            usize::from(text(&out).contains("exact sums verified for 16 keys from 2 workers"));
+    }
+    assert_eq!(verified, 2, "both the chief and the worker verify the sums");
+}

@@ -79,6 +79,8 @@ struct Inner {
     finishing: AtomicBool,
     stopped: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The scheduler this process hosts besides its own role (`TF_CONFIG` chief or worker 0).
+    hosted_scheduler: Mutex<Option<JoinHandle<Result<()>>>>,
 }
 
 #[derive(Default)]
@@ -166,7 +168,9 @@ impl Postoffice {
         } else {
             config.port
         };
-        let router = Router::new(van);
+        let hosted_scheduler =
+            (config.hosts_scheduler && role != Role::Scheduler).then(|| host_scheduler(&config));
+        let router = Router::new(van, config.endpoint_map.clone());
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         let endpoints = router.bind(&host, port, inbox_tx).await?;
         let mut me = Node::new(role, host, endpoints.first().map_or(port, endpoint_port));
@@ -199,6 +203,7 @@ impl Postoffice {
                 finishing: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
+                hosted_scheduler: Mutex::new(hosted_scheduler),
             }),
         };
         po.spawn(po.clone().dispatch(inbox));
@@ -621,6 +626,15 @@ impl Postoffice {
             }
         }
         self.stop().await;
+        let hosted = lock(&self.inner.hosted_scheduler).take();
+        if let Some(scheduler) = hosted {
+            match tokio::time::timeout(FINISH_GRACE * 2, scheduler).await {
+                Ok(Ok(Err(e))) => warn!("the scheduler hosted by this node failed: {e}"),
+                Ok(Err(e)) => warn!("the scheduler hosted by this node panicked: {e}"),
+                Ok(Ok(Ok(()))) => {}
+                Err(_) => warn!("the scheduler hosted by this node did not finish in time"),
+            }
+        }
         barrier
     }
 
@@ -631,6 +645,11 @@ impl Postoffice {
         }
         if let Err(e) = self.inner.router.stop().await {
             warn!("stopping the vans: {e}");
+        }
+        if !self.inner.finishing.load(Ordering::Acquire) {
+            if let Some(scheduler) = lock(&self.inner.hosted_scheduler).take() {
+                scheduler.abort();
+            }
         }
         let tasks: Vec<_> = lock(&self.inner.tasks).drain(..).collect();
         for task in tasks {
@@ -704,6 +723,21 @@ impl Postoffice {
     pub(crate) fn router(&self) -> &Router {
         &self.inner.router
     }
+}
+
+/// Runs the cluster's scheduler inside this process (TF_CONFIG's chief, or worker 0 when
+/// there is no chief): it joins like any scheduler and leaves after the final barrier.
+fn host_scheduler(config: &Config) -> JoinHandle<Result<()>> {
+    let config = Config {
+        role: Some(Role::Scheduler),
+        hosts_scheduler: false,
+        ..config.clone()
+    };
+    info!(
+        "this node also hosts the scheduler at {}:{}",
+        config.root_uri, config.root_port
+    );
+    tokio::spawn(async move { Box::pin(Postoffice::start(config)).await?.finalize().await })
 }
 
 fn endpoint_port(endpoint: &van_core::Endpoint) -> u16 {

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, info};
+use van_core::endpoint_map::EndpointMap;
 use van_core::{Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
 
 use crate::error::PsError;
@@ -16,6 +17,8 @@ use crate::error::PsError;
 /// Routes messages to peers over the right van, connecting on first use.
 pub struct Router {
     van: Arc<dyn Van>,
+    /// Control address → data address, from a `.endpoint_map` file.
+    endpoint_map: Option<EndpointMap>,
     state: Mutex<RouterState>,
 }
 
@@ -36,12 +39,34 @@ struct RouterState {
 }
 
 impl Router {
-    /// A router sending everything through `van`.
-    pub fn new(van: Arc<dyn Van>) -> Router {
+    /// A router sending everything through `van`. With an endpoint map (the `.endpoint_map`
+    /// of TensorFlow Seastar / StarServer deployments), a peer announced at a mapped control
+    /// address is reached at its data address instead.
+    pub fn new(van: Arc<dyn Van>, endpoint_map: Option<EndpointMap>) -> Router {
         Router {
             van,
+            endpoint_map,
             state: Mutex::new(RouterState::default()),
         }
+    }
+
+    /// `node` with its addresses rewritten by the endpoint map, if any maps them.
+    fn mapped(&self, node: &Node) -> Node {
+        let Some(map) = &self.endpoint_map else {
+            return node.clone();
+        };
+        let mut node = node.clone();
+        if let Some(data) = map.get(&node.host, node.port) {
+            info!("{node}: endpoint map sends its traffic to {data}");
+            node.host = data.host.clone();
+            node.port = data.port;
+        }
+        for endpoint in &mut node.endpoints {
+            if let Some(data) = map.lookup(&endpoint.address) {
+                endpoint.address = data.to_string();
+            }
+        }
+        node
     }
 
     fn lock(&self) -> MutexGuard<'_, RouterState> {
@@ -87,7 +112,7 @@ impl Router {
         let id = node.id.ok_or_else(|| {
             PsError::InvalidArgument(format!("cannot connect to {node}: it has no id"))
         })?;
-        self.van.connect(node).await?;
+        self.van.connect(&self.mapped(node)).await?;
         let mut state = self.lock();
         state.nodes.insert(id, node.clone());
         if state.connected.insert(id) {
@@ -153,5 +178,27 @@ fn peer_error(error: VanError) -> PsError {
             reason: format!("connection lost: {reason}"),
         },
         other => other.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use van_core::inproc::{Hub, InProcessVan};
+    use van_core::Role;
+
+    #[test]
+    fn the_endpoint_map_redirects_control_addresses_to_data_addresses() {
+        let map = EndpointMap::parse("10.0.0.1:2222=10.1.0.1:3333\n").unwrap();
+        let router = Router::new(Arc::new(InProcessVan::new(&Hub::new())), Some(map));
+        let mut node = Node::new(Role::Server, "10.0.0.1", 2222).with_id(8);
+        node.endpoints
+            .push(Endpoint::stream(VanKind::Tcp, "10.0.0.1", 2222));
+        let mapped = router.mapped(&node);
+        assert_eq!((mapped.host.as_str(), mapped.port), ("10.1.0.1", 3333));
+        assert_eq!(mapped.endpoints[0].address, "10.1.0.1:3333");
+        // Unmapped nodes are untouched.
+        let other = Node::new(Role::Worker, "10.0.0.2", 2222).with_id(9);
+        assert_eq!(router.mapped(&other), other);
     }
 }
