@@ -38,6 +38,7 @@ const USAGE: &str = "usage: ps-bench [options]
   --shards N      shards per server (default 1)
   --servers N     servers when launching a local cluster (default 1)
   --workers N     workers when launching a local cluster (default 1)
+  --threads N     runtime threads per node; 1 runs each node on one thread (default 1)
   --no-raw        skip the raw-socket reference
   --json          print JSON instead of a table
 Without DMLC_ROLE, ps-bench launches a local cluster of itself over TCP on 127.0.0.1.";
@@ -56,6 +57,7 @@ struct Options {
     workers: u32,
     raw: bool,
     json: bool,
+    threads: usize,
     /// The arguments as given, passed on to the launched nodes.
     args: Vec<String>,
 }
@@ -104,6 +106,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
         workers: 1,
         raw: true,
         json: false,
+        threads: 1,
         args: args.clone(),
     };
     let mut it = args.into_iter();
@@ -141,6 +144,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
                     .filter(|s| *s > 0.0 && s.is_finite())
                     .ok_or_else(|| format!("--seconds: `{v}` is not a positive number"))?;
             }
+            "--threads" => o.threads = parse_list(&value("--threads")?, "--threads")?[0],
             "--no-raw" => o.raw = false,
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
@@ -179,11 +183,16 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    // One thread per node by default: with several nodes per machine, extra runtime threads
+    // mostly add cross-thread wake-ups.
+    let mut builder = if options.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(options.threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ps-bench: cannot start the runtime: {e}");

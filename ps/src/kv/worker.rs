@@ -14,7 +14,7 @@ use van_core::{node_ids, Message, Meta, NodeId};
 use super::{kv_message, kv_pairs, KvPairs};
 use crate::error::{PsError, Result};
 use crate::postoffice::{role_name, Customer, Postoffice};
-use crate::range::slice_sorted_keys;
+use crate::range::{slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
 
 /// Identifies a request until it is waited for (ps-lite's timestamp).
@@ -52,6 +52,8 @@ impl<T: Value> std::fmt::Debug for KvWorker<T> {
 
 struct WorkerInner {
     po: Postoffice,
+    /// Key range of each server, by rank (fixed for the life of the cluster).
+    ranges: Vec<KeyRange>,
     app_id: i32,
     customer_id: i32,
     next_id: AtomicI32,
@@ -103,6 +105,7 @@ impl<T: Value> KvWorker<T> {
     pub async fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<KvWorker<T>> {
         let inner = Arc::new(WorkerInner {
             po: po.clone(),
+            ranges: po.server_key_ranges(),
             app_id,
             customer_id,
             next_id: AtomicI32::new(0),
@@ -209,8 +212,7 @@ impl<T: Value> KvWorker<T> {
         let inner = &self.inner;
         let po = &inner.po;
         let keys = pairs.keys()?;
-        let ranges = po.server_key_ranges();
-        let slices = slice_sorted_keys(&keys, &ranges).ok_or_else(|| {
+        let slices = slice_sorted_keys(&keys, &inner.ranges).ok_or_else(|| {
             PsError::InvalidArgument("keys must be sorted in ascending order".into())
         })?;
         let offsets = match op {
@@ -254,11 +256,17 @@ impl<T: Value> KvWorker<T> {
                 entry.outstanding = servers;
             }
         }
-        if !msgs.is_empty() {
-            if let Err(e) = po.router().send_batch(msgs).await {
-                lock(&inner.pending).remove(&id);
-                return Err(e);
-            }
+        let sent = match msgs.len() {
+            0 => Ok(()),
+            1 => match msgs.pop() {
+                Some(msg) => po.router().send(msg).await,
+                None => Ok(()),
+            },
+            _ => po.router().send_batch(msgs).await,
+        };
+        if let Err(e) = sent {
+            lock(&inner.pending).remove(&id);
+            return Err(e);
         }
         Ok(id)
     }
