@@ -10,6 +10,8 @@
 //! - [`values`]: typed views of values carried as bytes;
 //! - [`launcher`]: starts a scheduler, servers and workers as local processes;
 //! - [`local`]: a whole cluster inside one process, over the in-process van;
+//! - [`simple_app`]: ps-lite's `SimpleApp`, request/response of (head, body) for commands;
+//! - [`netif`]: the address of a network interface (`DMLC_INTERFACE`);
 //! - [`router`]: which van carries each peer's traffic;
 //! - [`error`]: the crate's error type, [`PsError`].
 
@@ -18,12 +20,15 @@ pub mod error;
 pub mod kv;
 pub mod launcher;
 pub mod local;
+pub mod netif;
 pub mod postoffice;
 pub mod range;
 pub mod router;
+pub mod simple_app;
 pub mod values;
 
 pub use error::{PsError, Result};
 pub use kv::{KvMeta, KvPairs, KvServer, KvWorker, RequestHandler, RequestId, SumHandler};
 pub use postoffice::{Postoffice, ALL_GROUPS};
+pub use simple_app::SimpleApp;
 pub use van_core::{node_ids, Config, Message, Meta, Node, Role};

@@ -96,8 +96,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The address this node announces: `DMLC_NODE_HOST`, else loopback when the scheduler is on
-/// loopback (or `DMLC_INTERFACE=lo`).
+/// The address this node announces: `DMLC_NODE_HOST`, else the IPv4 address of
+/// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback.
 fn announced_host(config: &Config) -> Result<String> {
     if let Some(host) = &config.node_host {
         return Ok(host.clone());
@@ -108,14 +108,13 @@ fn announced_host(config: &Config) -> Result<String> {
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
     match config.interface.as_deref() {
-        Some("lo") | None if loopback => Ok("127.0.0.1".into()),
-        Some(interface) => Err(PsError::InvalidArgument(format!(
-            "DMLC_INTERFACE={interface}: looking up an interface's address is not supported yet; \
-             set DMLC_NODE_HOST to the address this node should announce"
-        ))),
+        None if loopback => Ok("127.0.0.1".into()),
+        Some(interface) => crate::netif::interface_ipv4(interface)
+            .map(|ip| ip.to_string())
+            .map_err(|e| PsError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))),
         None => Err(PsError::InvalidArgument(format!(
-            "the scheduler ({}) is not on loopback: set DMLC_NODE_HOST to the address this node \
-             should announce",
+            "the scheduler ({}) is not on loopback: set DMLC_INTERFACE or DMLC_NODE_HOST to the \
+             address this node should announce",
             config.root_uri
         ))),
     }

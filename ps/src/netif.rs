@@ -1,0 +1,180 @@
+//! The IPv4 address of a network interface by name, for `DMLC_INTERFACE` (ps-lite and BytePS
+//! users set e.g. `DMLC_INTERFACE=eth0` to choose the network a node announces).
+//!
+//! ```
+//! let lo = ps::netif::interface_ipv4("lo")?;
+//! assert!(lo.is_loopback());
+//! # Ok::<(), ps::netif::InterfaceError>(())
+//! ```
+
+use std::ffi::CStr;
+use std::io;
+use std::net::Ipv4Addr;
+
+/// Why an interface's address could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum InterfaceError {
+    /// No interface has this name: pick one of `available` (or set `DMLC_NODE_HOST`).
+    #[error(
+        "no network interface named {name:?}; available: {}; set DMLC_INTERFACE to one of \
+         them, or DMLC_NODE_HOST to the address to announce",
+        available.join(", ")
+    )]
+    NotFound {
+        /// The name asked for.
+        name: String,
+        /// Every interface of this machine, in the order the system lists them.
+        available: Vec<String>,
+    },
+    /// The interface exists but has no IPv4 address (it is down, or IPv6 only).
+    #[error(
+        "network interface {name:?} has no IPv4 address; bring it up, choose another \
+         DMLC_INTERFACE, or set DMLC_NODE_HOST to the address to announce"
+    )]
+    NoIpv4 {
+        /// The interface.
+        name: String,
+    },
+    /// The system could not list its interfaces (`getifaddrs` failed).
+    #[error("cannot list the network interfaces: {0}")]
+    Os(#[from] io::Error),
+}
+
+/// The first IPv4 address of interface `name` (as ps-lite's `GetIP` picks it).
+pub fn interface_ipv4(name: &str) -> Result<Ipv4Addr, InterfaceError> {
+    let entries = IfAddrs::get()?.entries();
+    if let Some(ip) = entries
+        .iter()
+        .find_map(|(n, ip)| if n == name { *ip } else { None })
+    {
+        return Ok(ip);
+    }
+    if entries.iter().any(|(n, _)| n == name) {
+        return Err(InterfaceError::NoIpv4 { name: name.into() });
+    }
+    let mut available: Vec<String> = Vec::new();
+    for (n, _) in entries {
+        if !available.contains(&n) {
+            available.push(n);
+        }
+    }
+    Err(InterfaceError::NotFound {
+        name: name.into(),
+        available,
+    })
+}
+
+/// Every IPv4 address of every interface, as (interface name, address), in the order the
+/// system lists them; an interface with several addresses appears once per address.
+pub fn interfaces() -> Result<Vec<(String, Ipv4Addr)>, InterfaceError> {
+    let entries = IfAddrs::get()?.entries();
+    Ok(entries
+        .into_iter()
+        .filter_map(|(name, ip)| Some((name, ip?)))
+        .collect())
+}
+
+/// The list `getifaddrs` allocated. Owned: it is freed exactly once, when this drops, and
+/// nothing else frees or changes it meanwhile.
+struct IfAddrs {
+    head: *mut libc::ifaddrs,
+}
+
+impl IfAddrs {
+    fn get() -> io::Result<IfAddrs> {
+        let mut head = std::ptr::null_mut();
+        // SAFETY: `head` is a valid, writable `*mut ifaddrs` out-pointer. On success
+        // getifaddrs stores there a list (possibly null, when there are no interfaces) that
+        // we own and must free with freeifaddrs; on failure it returns -1 and we keep nothing.
+        if unsafe { libc::getifaddrs(&mut head) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(IfAddrs { head })
+    }
+
+    /// The name of every entry, with its address if that is IPv4. Copies everything out, so
+    /// nothing borrowed from the list outlives it.
+    fn entries(&self) -> Vec<(String, Option<Ipv4Addr>)> {
+        let mut entries = Vec::new();
+        let mut cursor = self.head.cast_const();
+        while !cursor.is_null() {
+            // SAFETY: `cursor` is non-null and is the head or an `ifa_next` of the list
+            // getifaddrs built: a properly aligned, initialized `ifaddrs` that stays allocated
+            // and unmodified while `self` lives (only `drop` frees it, and `&self` is held).
+            let entry = unsafe { &*cursor };
+            let name = if entry.ifa_name.is_null() {
+                String::new()
+            } else {
+                // SAFETY: non-null `ifa_name` points to a NUL-terminated string owned by the
+                // list, alive while `self` lives; it is copied out before the borrow ends.
+                unsafe { CStr::from_ptr(entry.ifa_name) }
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            entries.push((name, ipv4(entry.ifa_addr)));
+            cursor = entry.ifa_next.cast_const();
+        }
+        entries
+    }
+}
+
+/// The IPv4 address at `addr`, an `ifa_addr` of a live list (null for interfaces without an
+/// address).
+fn ipv4(addr: *const libc::sockaddr) -> Option<Ipv4Addr> {
+    if addr.is_null() {
+        return None;
+    }
+    // SAFETY: non-null `ifa_addr` points to a socket address of the list, alive and
+    // initialized; every socket address starts with the `sockaddr` header, so its family
+    // field is in bounds. `read_unaligned` and `addr_of!` make no alignment assumption and
+    // create no reference.
+    let family = unsafe { std::ptr::addr_of!((*addr).sa_family).read_unaligned() };
+    if i32::from(family) != libc::AF_INET {
+        return None;
+    }
+    // SAFETY: the family is AF_INET, so the object at `addr` is a whole `sockaddr_in`
+    // (that is what the family promises), valid for reads of its size; plain integer fields,
+    // so any bits are a valid value; read without assuming alignment.
+    let sin = unsafe { addr.cast::<libc::sockaddr_in>().read_unaligned() };
+    Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+}
+
+impl Drop for IfAddrs {
+    fn drop(&mut self) {
+        if !self.head.is_null() {
+            // SAFETY: `head` came from a successful getifaddrs, is freed only here, and drop
+            // runs once; no reference into the list outlives `entries`, which copies out.
+            unsafe { libc::freeifaddrs(self.head) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_127_0_0_1() {
+        assert_eq!(interface_ipv4("lo").ok(), Some(Ipv4Addr::LOCALHOST));
+        let all = interfaces().unwrap_or_default();
+        assert!(
+            all.contains(&("lo".to_owned(), Ipv4Addr::LOCALHOST)),
+            "{all:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_name_lists_the_available_interfaces() {
+        let error = interface_ipv4("no-such-if0").unwrap_err();
+        let text = error.to_string();
+        let InterfaceError::NotFound { name, available } = error else {
+            panic!("expected NotFound, got: {text}");
+        };
+        assert_eq!(name, "no-such-if0");
+        assert!(available.iter().any(|n| n == "lo"), "{available:?}");
+        assert!(
+            text.contains("no-such-if0") && text.contains("lo"),
+            "{text}"
+        );
+    }
+}
