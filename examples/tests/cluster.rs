@@ -346,3 +346,18 @@ fn a_kubeflow_tf_config_job_runs_unchanged_with_the_chief_hosting_the_scheduler(
     }
     assert_eq!(verified, 2, "both the chief and the worker verify the sums");
 }
+
+#[test]
+fn asking_for_rdma_in_a_build_without_it_is_a_clear_error_not_a_silent_fallback() {
+    let worker = node("worker", free_port(), &[])
+        .env("DMLC_ENABLE_RDMA", "1")
+        .spawn()
+        .unwrap();
+    let out = wait_output(worker, "rdma worker");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rdma van is not compiled in") && stderr.contains("feature `rdma`"),
+        "{stderr}"
+    );
+}

@@ -129,6 +129,13 @@ fn host_identity() -> String {
 
 /// Creates the stream van the configuration asks for.
 fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
+    if config.enable_rdma.is_enabled() {
+        // No silent fallback: the user asked for RDMA (ps-lite/BytePS `DMLC_ENABLE_RDMA`).
+        return Err(van_core::VanError::NotCompiled {
+            kind: VanKind::Rdma,
+        }
+        .into());
+    }
     match config.stream_van {
         #[cfg(feature = "tcp")]
         VanKind::Tcp => Ok(Arc::new(van_tcp::TcpVan::new(
