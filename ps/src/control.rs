@@ -164,8 +164,19 @@ impl Scheduler {
                     return Vec::new();
                 }
                 Some(peer) if peer.dead => {
-                    warn!(from, ?cmd, "ignoring a request from a dead node");
-                    return Vec::new();
+                    warn!(
+                        from,
+                        ?cmd,
+                        "request from a node declared dead; telling it so"
+                    );
+                    // It may have been declared dead wrongly (a stalled process): tell it,
+                    // so its waits end instead of hanging on a scheduler that ignores it.
+                    let control = Control {
+                        cmd: Command::NodeFailure,
+                        nodes: self.nodes(&[from]),
+                        ..Control::default()
+                    };
+                    return vec![reply(from, control, Echo::default())];
                 }
                 Some(peer) => {
                     peer.last_seen = peer.last_seen.max(now);
@@ -520,8 +531,10 @@ impl Scheduler {
                 nodes: self.nodes(&ids),
                 ..Control::default()
             };
+            // Live nodes, and (best effort) the dead themselves: one declared dead wrongly
+            // learns it and stops waiting.
             for node in &self.table {
-                let Some(id) = node.id.filter(|&id| self.is_live(id)) else {
+                let Some(id) = node.id.filter(|&id| self.is_live(id) || ids.contains(&id)) else {
                     continue;
                 };
                 out.push(reply(id, control.clone(), Echo::default()));
@@ -832,9 +845,11 @@ mod tests {
         }
         let notice = |to| (to, NodeFailure, 0, vec![10]);
         let failed = |to| (to, Barrier, 6, vec![10]);
+        // The dead node itself is told too (best effort), in table order.
         let want = [
             notice(1),
             notice(8),
+            notice(10),
             notice(9),
             notice(11),
             failed(8),
@@ -849,8 +864,11 @@ mod tests {
             barrier(&mut s, now, 11, 4).is_empty(),
             "group 4 has no dead member"
         );
-        // The dead stay dead, and are not declared again.
-        assert!(s.handle(now, &request(10, Heartbeat, 0)).is_empty());
+        // The dead stay dead, and are not declared again; a dead node that speaks is told.
+        assert_eq!(
+            sends(&s.handle(now, &request(10, Heartbeat, 0))),
+            [notice(10)]
+        );
         let later = sends(&s.tick(now + TIMEOUT));
         assert!(!later.is_empty() && later.iter().all(|(.., dead)| !dead.contains(&10)));
     }
@@ -865,14 +883,17 @@ mod tests {
         let notice = |to, dead| (to, NodeFailure, 0, vec![dead]);
         assert_eq!(
             sends(&s.tick(t0 + TIMEOUT + MS)),
-            [notice(1, 9), notice(8, 9)]
+            [notice(1, 9), notice(8, 9), notice(9, 9)]
         );
         assert!(
             s.tick(t0 + 2 * TIMEOUT - 2 * MS).is_empty(),
             "declared once"
         );
         assert_eq!(s.next_deadline(), Some(t0 + 2 * TIMEOUT - MS));
-        assert_eq!(sends(&s.tick(t0 + 2 * TIMEOUT - MS)), [notice(1, 8)]);
+        assert_eq!(
+            sends(&s.tick(t0 + 2 * TIMEOUT - MS)),
+            [notice(1, 8), notice(8, 8)]
+        );
         assert_eq!((s.dead(), s.next_deadline()), (vec![8, 9], None));
     }
 
@@ -900,7 +921,7 @@ mod tests {
         let notice = |to| (to, NodeFailure, 0, vec![11]);
         assert_eq!(
             sends(&s.peer_lost(t0, 11, "reset")),
-            [notice(1), notice(8), notice(9)]
+            [notice(1), notice(8), notice(9), notice(11)]
         );
         assert!(s.peer_lost(t0, 11, "again").is_empty(), "dead once");
         assert!(s.peer_lost(t0, 42, "unknown").is_empty());
@@ -908,7 +929,11 @@ mod tests {
         s.handle(t0, &request(9, Terminate, 0));
         assert!(s.peer_lost(t0, 9, "closed after terminate").is_empty());
         let later = sends(&s.tick(t0 + 2 * TIMEOUT));
-        assert_eq!(later, [(1, NodeFailure, 0, vec![8])], "9 is gone, not dead");
+        assert_eq!(
+            later,
+            [(1, NodeFailure, 0, vec![8]), (8, NodeFailure, 0, vec![8])],
+            "9 is gone, not dead"
+        );
         assert_eq!(s.dead(), [8, 11]);
     }
 

@@ -29,8 +29,10 @@ pub const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_
 
 /// Batches a node's inbox holds before its vans push back.
 const INBOX_BATCHES: usize = 1024;
-/// Messages held for an application that has not registered yet, per application.
+/// Messages held for applications that have not registered yet, in all.
 const MAX_PARKED: usize = 65_536;
+/// Payload bytes held for applications that have not registered yet, in all.
+const MAX_PARKED_BYTES: usize = 256 << 20;
 /// How often a node retries reaching the scheduler while bootstrapping.
 const CONNECT_RETRY: Duration = Duration::from_millis(200);
 /// How long the scheduler waits, after the final barrier, for the others to say goodbye.
@@ -86,8 +88,13 @@ struct Inner {
 #[derive(Default)]
 struct Customers {
     registered: HashMap<(i32, i32), Arc<dyn Customer>>,
-    /// Messages that arrived before their application registered.
+    /// Messages that arrived before their application registered (or while it was taking
+    /// over its backlog: new messages queue behind the backlog, so order is kept).
     parked: HashMap<(i32, i32), Vec<Message>>,
+    /// Applications still being handed their backlog.
+    draining: std::collections::HashSet<(i32, i32)>,
+    /// Payload bytes held in `parked`, across all applications.
+    parked_bytes: usize,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -357,16 +364,20 @@ impl Postoffice {
         let customer = {
             let mut customers = lock(&self.inner.customers);
             match customers.registered.get(&key) {
-                Some(c) => Arc::clone(c),
-                None => {
-                    let parked = customers.parked.entry(key).or_default();
-                    if parked.len() < MAX_PARKED {
-                        parked.push(msg);
+                Some(c) if !customers.draining.contains(&key) => Arc::clone(c),
+                _ => {
+                    let size = msg.data_len();
+                    let held: usize = customers.parked.values().map(Vec::len).sum();
+                    if held < MAX_PARKED && customers.parked_bytes + size <= MAX_PARKED_BYTES {
+                        customers.parked_bytes += size;
+                        customers.parked.entry(key).or_default().push(msg);
                     } else {
                         warn!(
                             app = key.0,
                             customer = key.1,
-                            "dropping a message for an application that never registered"
+                            from = ?msg.meta.sender,
+                            "dropping a message for an application that is not registered \
+                             (too many held already)"
                         );
                     }
                     return;
@@ -376,30 +387,40 @@ impl Postoffice {
         customer.deliver(msg).await;
     }
 
-    /// Registers an application; messages that arrived for it earlier are delivered now.
+    /// Registers an application; messages that arrived for it earlier are delivered first,
+    /// in order, before any that arrive from now on.
     pub(crate) async fn register_customer(
         &self,
         app_id: i32,
         customer_id: i32,
         customer: Arc<dyn Customer>,
     ) -> Result<()> {
-        let parked = {
+        let key = (app_id, customer_id);
+        {
             let mut customers = lock(&self.inner.customers);
-            if customers.registered.contains_key(&(app_id, customer_id)) {
+            if customers.registered.contains_key(&key) {
                 return Err(PsError::InvalidArgument(format!(
                     "app {app_id} customer {customer_id} is already registered on this node"
                 )));
             }
-            customers
-                .registered
-                .insert((app_id, customer_id), Arc::clone(&customer));
-            customers
-                .parked
-                .remove(&(app_id, customer_id))
-                .unwrap_or_default()
-        };
-        for msg in parked {
-            customer.deliver(msg).await;
+            customers.registered.insert(key, Arc::clone(&customer));
+            customers.draining.insert(key);
+        }
+        loop {
+            let backlog = {
+                let mut customers = lock(&self.inner.customers);
+                let backlog = customers.parked.remove(&key).unwrap_or_default();
+                if backlog.is_empty() {
+                    customers.draining.remove(&key);
+                    break;
+                }
+                let bytes: usize = backlog.iter().map(Message::data_len).sum();
+                customers.parked_bytes = customers.parked_bytes.saturating_sub(bytes);
+                backlog
+            };
+            for msg in backlog {
+                customer.deliver(msg).await;
+            }
         }
         Ok(())
     }
@@ -451,8 +472,17 @@ impl Postoffice {
             }
             Command::NodeFailure => {
                 for node in &control.nodes {
-                    if let Some(id) = node.id {
-                        self.node_failed(id, "declared dead by the scheduler");
+                    match node.id {
+                        Some(id) if id == self.my_id() => {
+                            // Declared dead wrongly (we stalled, or lost the scheduler for a
+                            // while): the cluster has moved on without us, so stop, which
+                            // ends every wait here.
+                            warn!("the scheduler declared this node dead; stopping");
+                            let po = self.clone();
+                            tokio::spawn(async move { po.stop().await });
+                        }
+                        Some(id) => self.node_failed(id, "declared dead by the scheduler"),
+                        None => {}
                     }
                 }
             }
@@ -591,6 +621,12 @@ impl Postoffice {
                 "barrier group {group} is not a combination of 1 (scheduler), 2 (servers), 4 (workers)"
             )));
         }
+        if group & node_ids::group_of(self.inner.role) == 0 {
+            return Err(PsError::InvalidArgument(format!(
+                "this {} is not a member of barrier group {group}; it would wait forever",
+                self.inner.role
+            )));
+        }
         let (tx, rx) = oneshot::channel();
         {
             let mut barriers = lock(&self.inner.barriers);
@@ -673,6 +709,13 @@ impl Postoffice {
         for customer in customers {
             customer.node_failed(self.my_id(), "the local postoffice stopped");
         }
+        // Applications hold the postoffice; dropping them here breaks that cycle, and their
+        // shard tasks end when their queues close.
+        let mut customers = lock(&self.inner.customers);
+        customers.registered.clear();
+        customers.parked.clear();
+        customers.draining.clear();
+        customers.parked_bytes = 0;
     }
 
     /// Whether [`stop`](Self::stop) or [`finalize`](Self::finalize) ran.

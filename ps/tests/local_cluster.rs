@@ -103,7 +103,15 @@ async fn a_barrier_releases_only_when_every_member_arrived() {
                     po.barrier(node_ids::WORKER_GROUP).await?;
                     seen = Some(arrived.load(Ordering::SeqCst));
                 }
-                // Servers and the scheduler are not members of the worker group.
+                // Servers and the scheduler are not members of the worker group: asking them to
+                // wait on it is refused at once instead of hanging.
+                if po.role() != Role::Worker {
+                    let refused = po.barrier(node_ids::WORKER_GROUP).await;
+                    assert!(
+                        matches!(refused, Err(PsError::InvalidArgument(_))),
+                        "{refused:?}"
+                    );
+                }
                 po.finalize().await?;
                 Ok(seen)
             }

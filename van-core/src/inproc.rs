@@ -189,12 +189,13 @@ impl Van for InProcessVan {
         };
         state.routes.insert(peer, target);
         if let Some((_, my_inbox)) = &state.bound {
-            self.hub
-                .lock()
-                .watchers
-                .entry(address)
-                .or_default()
-                .push((peer, my_inbox.downgrade()));
+            let mut hub = self.hub.lock();
+            let watchers = hub.watchers.entry(address).or_default();
+            // Reconnects must not pile up entries (nor duplicate lost-peer events); stopped
+            // watchers are dropped on the way.
+            watchers.retain(|(p, w)| *p != peer || !w.same_inbox(my_inbox));
+            watchers.retain(|(_, w)| w.upgrade().is_some());
+            watchers.push((peer, my_inbox.downgrade()));
         }
         Ok(())
     }

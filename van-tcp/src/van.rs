@@ -19,6 +19,13 @@ use van_core::{
 
 use crate::connection::{read_loop, write_loop, Closed, Frame};
 
+/// Idle time before the first keepalive probe.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// Time between keepalive probes.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered probes before the connection is declared dead.
+const KEEPALIVE_PROBES: u32 = 3;
+
 /// Tuning of a [`TcpVan`]. `Default` suits most jobs; [`TcpOptions::from_config`] takes the
 /// limits and timeouts of a [`Config`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,15 +106,27 @@ impl Shared {
 
     /// Starts the reader and writer of a new connection and returns its link. `peer` is the
     /// node we dialed, or `None` for an accepted connection (learned from its first message).
+    /// Returns `None` (closing the stream) when the van has stopped meanwhile.
     fn spawn_connection(
         self: &Arc<Self>,
         stream: TcpStream,
         remote: SocketAddr,
         inbox: InboxSender,
         peer: Option<NodeId>,
-    ) -> Link {
+    ) -> Option<Link> {
+        if self.lock().stopped {
+            return None;
+        }
         if let Err(e) = stream.set_nodelay(true) {
             warn!(%remote, "cannot set TCP_NODELAY: {e}");
+        }
+        // A peer whose host vanishes without a reset is noticed in ~25 s, not ~15 min.
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES);
+        if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+            warn!(%remote, "cannot enable TCP keepalive: {e}");
         }
         let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
         let (read_half, write_half) = stream.into_split();
@@ -116,7 +135,7 @@ impl Shared {
 
         let writer = tokio::spawn(async move {
             if let Err(e) = write_loop(frames, write_half).await {
-                debug!(%remote, "writer ended: {e}");
+                warn!(%remote, ?peer, "cannot write to the connection; queued frames are lost: {e}");
             }
         });
         let shared = Arc::clone(self);
@@ -138,11 +157,17 @@ impl Shared {
                 .await;
         });
         let mut state = self.lock();
+        if state.stopped {
+            // `stop` ran while we were spawning: it will not see these tasks.
+            reader.abort();
+            writer.abort();
+            return None;
+        }
         state.readers.retain(|task| !task.is_finished());
         state.writers.retain(|task| !task.is_finished());
         state.readers.push(reader);
         state.writers.push(writer);
-        link
+        Some(link)
     }
 
     /// A peer identified itself on a connection: reply over it unless we have a link already.
@@ -288,7 +313,7 @@ impl Van for TcpVan {
                 match listener.accept().await {
                     Ok((stream, remote)) => {
                         debug!(%remote, "accepted connection");
-                        shared.spawn_connection(stream, remote, accept_inbox.clone(), None);
+                        let _ = shared.spawn_connection(stream, remote, accept_inbox.clone(), None);
                     }
                     Err(e) => {
                         // Out of descriptors or a connection reset before accept: keep serving.
@@ -345,7 +370,8 @@ impl Van for TcpVan {
         let remote = stream.peer_addr().map_err(connect_error)?;
         let link = self
             .shared
-            .spawn_connection(stream, remote, inbox, Some(peer));
+            .spawn_connection(stream, remote, inbox, Some(peer))
+            .ok_or(VanError::Stopped(VanKind::Tcp))?;
         let mut state = self.shared.lock();
         if state.stopped {
             return Err(VanError::Stopped(VanKind::Tcp));

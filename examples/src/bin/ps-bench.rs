@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use examples::raw::{raw_socket, BoxError, Workload};
+use examples::raw::{echo_server, raw_socket_to, BoxError, Workload};
 use examples::Table;
 use ps::launcher::{launch, LaunchSpec};
 use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, Postoffice, Role};
@@ -173,7 +173,8 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let options = match parse_args(std::env::args().skip(1).collect()) {
+    let raw_echo = std::env::args().nth(1).as_deref() == Some(RAW_ECHO);
+    let options = match parse_args(std::env::args().skip(1).filter(|a| a != RAW_ECHO).collect()) {
         Ok(o) => o,
         Err(e) => {
             if !e.is_empty() {
@@ -199,7 +200,12 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(run(options)) {
+    let result = if raw_echo {
+        runtime.block_on(run_echo())
+    } else {
+        runtime.block_on(run(options))
+    };
+    if let Err(e) = result {
         eprintln!("ps-bench: {e}");
         std::process::exit(1);
     }
@@ -438,8 +444,55 @@ async fn run_case(
     })
 }
 
+/// This program, started as `ps-bench --raw-echo`: the far end of the raw reference, in its
+/// own single-threaded process like a server node.
+struct EchoProcess {
+    child: std::process::Child,
+    address: String,
+}
+
+impl EchoProcess {
+    fn spawn() -> Result<EchoProcess, BoxError> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .arg(RAW_ECHO)
+            .env_remove("DMLC_ROLE")
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            std::io::BufReader::new(stdout).read_line(&mut line)?;
+        }
+        let address = line.trim().to_owned();
+        if address.is_empty() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("the raw echo process did not report its address".into());
+        }
+        Ok(EchoProcess { child, address })
+    }
+}
+
+impl Drop for EchoProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The argument that turns ps-bench into the raw reference's echo process.
+const RAW_ECHO: &str = "--raw-echo";
+
+/// Runs the echo process: prints its address, then serves until killed.
+async fn run_echo() -> Result<(), BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("{}", listener.local_addr()?);
+    echo_server(listener).await
+}
+
 /// The raw-socket figures the table is compared with, measured now.
 async fn raw_reference(o: &Options) -> Result<(), BoxError> {
+    let echo = EchoProcess::spawn()?;
     let mut table = Table::new(&["raw tcp socket", "size", "in flight", "figure", "unit"]);
     let mut cases = vec![Workload {
         name: "ping-pong",
@@ -467,15 +520,7 @@ async fn raw_reference(o: &Options) -> Result<(), BoxError> {
         reply: 8,
     });
     for w in cases {
-        // Its own two-thread runtime, so its two ends can run on both cores like two nodes.
-        let elapsed = tokio::task::spawn_blocking(move || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?
-                .block_on(raw_socket(w))
-        })
-        .await??;
+        let elapsed = raw_socket_to(&echo.address, w).await?;
         let figure = w.figure(elapsed);
         table.row(vec![
             w.name.into(),

@@ -155,6 +155,11 @@ pub(crate) fn kv_pairs(msg: &Message) -> Result<KvPairs, PsError> {
             if msg.data[0].len() % 8 != 0 {
                 return Err(bad("keys are not whole u64s"));
             }
+            if let Some(lens) = msg.data.get(2) {
+                if lens.len() != msg.data[0].len() / 2 {
+                    return Err(bad("has lengths that do not match its keys one for one"));
+                }
+            }
             Ok(KvPairs {
                 keys: msg.data[0].clone(),
                 vals: msg.data[1].clone(),

@@ -141,6 +141,7 @@ impl<T: Value> std::fmt::Debug for KvServer<T> {
 }
 
 struct ServerInner {
+    po: Postoffice,
     ranges: Vec<KeyRange>,
     shards: Vec<mpsc::Sender<Job>>,
 }
@@ -166,6 +167,7 @@ impl<T: Value> KvServer<T> {
             senders.push(tx);
         }
         let inner = Arc::new(ServerInner {
+            po: po.clone(),
             ranges,
             shards: senders,
         });
@@ -197,7 +199,10 @@ async fn run_shard<H: RequestHandler>(
     mut jobs: mpsc::Receiver<Job>,
 ) {
     while let Some(job) = jobs.recv().await {
-        let result = handler.handle(&job.meta, job.pairs);
+        // A handler that panics answers this request with an error and keeps its shard.
+        let call = std::panic::AssertUnwindSafe(|| handler.handle(&job.meta, job.pairs));
+        let result = std::panic::catch_unwind(call)
+            .unwrap_or_else(|_| Err("the server's request handler panicked".to_owned()));
         let answer = match job.reply {
             Reply::Direct => Some(result),
             Reply::Part(gather, index) => gather.add(index, result),
@@ -313,50 +318,43 @@ impl Customer for ServerInner {
             warn!(from = sender, "a server received a response; ignored");
             return;
         }
-        let pairs = match kv_pairs(&msg) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!("bad request from {sender}: {e}");
-                return;
-            }
-        };
-        // Route by key: the whole request to one shard when it fits in one.
-        let slices = match pairs.keys() {
-            Ok(keys) => slice_sorted_keys(&keys, &self.ranges),
-            Err(_) => None,
-        };
-        let Some(slices) = slices else {
-            warn!(
-                "request {} from {sender}: keys not sorted u64s",
-                meta.request_id
-            );
-            return;
-        };
+        // A request that cannot be served is answered with the reason: the worker's `wait`
+        // must end, and the server keeps serving everyone else.
+        if let Err(reason) = self.route(meta, &msg).await {
+            warn!("request {} from {sender}: {reason}", meta.request_id);
+            respond(&self.po, &meta, Err(reason)).await;
+        }
+    }
+
+    fn node_failed(&self, _node: van_core::NodeId, _error: &str) {}
+}
+
+impl ServerInner {
+    /// Sends a request (or its parts) to the shard(s) owning its keys.
+    async fn route(&self, meta: KvMeta, msg: &Message) -> std::result::Result<(), String> {
+        let pairs = kv_pairs(msg).map_err(|e| e.to_string())?;
+        let keys = pairs.keys().map_err(|e| e.to_string())?;
+        let slices = slice_sorted_keys(&keys, &self.ranges)
+            .ok_or_else(|| "keys are not sorted in ascending order".to_owned())?;
+        drop(keys);
         let touched: Vec<usize> = (0..slices.len())
             .filter(|i| !slices[*i].is_empty())
             .collect();
         if touched.len() <= 1 {
             let shard = touched.first().copied().unwrap_or(0);
-            self.submit(
-                shard,
-                Job {
-                    meta,
-                    pairs,
-                    reply: Reply::Direct,
-                },
-            )
-            .await;
-            return;
+            let job = Job {
+                meta,
+                pairs,
+                reply: Reply::Direct,
+            };
+            return self.submit(shard, job).await;
         }
         let offsets = if meta.push {
-            let elem = meta.val_type.size();
-            match pairs.value_offsets(elem) {
-                Ok(o) => Some(o),
-                Err(e) => {
-                    warn!("request {} from {sender}: {e}", meta.request_id);
-                    return;
-                }
-            }
+            Some(
+                pairs
+                    .value_offsets(meta.val_type.size())
+                    .map_err(|e| e.to_string())?,
+            )
         } else {
             None
         };
@@ -370,30 +368,33 @@ impl Customer for ServerInner {
                 vals: offsets
                     .as_ref()
                     .map_or_else(Bytes::new, |o| pairs.vals.slice(o[s.start]..o[s.end])),
+                // `kv_pairs` checked that lengths, when present, cover every key.
                 lens: pairs.lens.as_ref().map(|l| l.slice(s.start * 4..s.end * 4)),
             };
             let reply = Reply::Part(Arc::clone(&gather), index);
-            self.submit(
-                shard,
-                Job {
-                    meta,
-                    pairs: part,
-                    reply,
-                },
-            )
-            .await;
-        }
-    }
-
-    fn node_failed(&self, _node: van_core::NodeId, _error: &str) {}
-}
-
-impl ServerInner {
-    async fn submit(&self, shard: usize, job: Job) {
-        if let Some(queue) = self.shards.get(shard) {
-            if queue.send(job).await.is_err() {
-                warn!(shard, "shard stopped; request dropped");
+            let job = Job {
+                meta,
+                pairs: part,
+                reply,
+            };
+            if let Err(reason) = self.submit(shard, job).await {
+                // Complete the gather so the parts already queued still answer once.
+                if let Some(answer) = gather.add(index, Err(reason)) {
+                    respond(&self.po, &meta, answer).await;
+                }
             }
         }
+        Ok(())
+    }
+
+    async fn submit(&self, shard: usize, job: Job) -> std::result::Result<(), String> {
+        let queue = self
+            .shards
+            .get(shard)
+            .ok_or_else(|| format!("no shard {shard}"))?;
+        queue
+            .send(job)
+            .await
+            .map_err(|_| format!("shard {shard} has stopped"))
     }
 }

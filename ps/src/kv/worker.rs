@@ -176,7 +176,8 @@ impl<T: Value> KvWorker<T> {
                 pending.remove(&id);
                 return result;
             }
-            if entry.waiter.is_some() {
+            // A waiter whose future was dropped (a timeout, a cancelled task) no longer counts.
+            if entry.waiter.as_ref().is_some_and(|w| !w.is_closed()) {
                 return Err(PsError::InvalidArgument(format!(
                     "request {id} is already being waited for"
                 )));
@@ -228,9 +229,6 @@ impl<T: Value> KvWorker<T> {
                 continue;
             }
             let server = node_ids::server_rank_to_id(rank as u32);
-            if let Some(e) = po.dead_error(server) {
-                return Err(e);
-            }
             let part = slice_pairs(&pairs, slice, offsets.as_deref());
             let meta = Meta {
                 head: cmd,
@@ -253,7 +251,15 @@ impl<T: Value> KvWorker<T> {
             if servers.is_empty() {
                 entry.complete(Ok(KvPairs::default()));
             } else {
-                entry.outstanding = servers;
+                entry.outstanding = servers.clone();
+            }
+        }
+        // Checked after the entry exists: a failure noticed from now on finds the entry, and
+        // one noticed before is in the dead list (it is recorded before entries are failed).
+        for server in servers {
+            if let Some(e) = po.dead_error(server) {
+                lock(&inner.pending).remove(&id);
+                return Err(e);
             }
         }
         let sent = match msgs.len() {
@@ -358,8 +364,12 @@ impl Customer for WorkerInner {
 
     fn node_failed(&self, node: NodeId, error: &str) {
         let mut pending = lock(&self.pending);
+        // Our own postoffice stopped: nothing will answer anything any more.
+        let everything = node == self.po.my_id() || self.po.is_stopped();
         for entry in pending.values_mut() {
-            if entry.outstanding.contains(&node) {
+            if everything && !entry.outstanding.is_empty() {
+                entry.complete(Err(PsError::Stopped));
+            } else if entry.outstanding.contains(&node) {
                 entry.complete(Err(PsError::NodeFailed {
                     node,
                     role: role_name(node),
