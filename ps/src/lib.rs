@@ -13,10 +13,12 @@
 //! - [`simple_app`]: ps-lite's `SimpleApp`, request/response of (head, body) for commands;
 //! - [`netif`]: the address of a network interface (`DMLC_INTERFACE`);
 //! - [`router`]: which van carries each peer's traffic;
+//! - [`hash`]: a fast hasher for integer keys;
 //! - [`error`]: the crate's error type, [`PsError`].
 
 pub mod control;
 pub mod error;
+pub mod hash;
 pub mod kv;
 pub mod launcher;
 pub mod local;

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -18,6 +19,16 @@ use van_core::{
 };
 
 use crate::connection::{read_loop, write_loop, Closed, Frame};
+
+thread_local! {
+    /// Where frame headers are encoded: each header is split off a shared chunk, so small
+    /// messages cost no allocation of their own (a chunk is freed when its last frame is).
+    static ARENA: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+}
+/// Size of an encoding chunk.
+const ARENA_CHUNK: usize = 64 * 1024;
+/// Below this much room, a fresh chunk is taken.
+const ARENA_REFILL: usize = 4 * 1024;
 
 /// Idle time before the first keepalive probe.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
@@ -273,7 +284,15 @@ impl TcpVan {
     }
 
     fn encode(&self, msg: &Message) -> Result<Frame, VanError> {
-        Ok(wire::encode(msg, &self.shared.options.limits)?)
+        let mut parts = Vec::with_capacity(1 + 2 * msg.data.len());
+        ARENA.with(|arena| {
+            let mut arena = arena.borrow_mut();
+            if arena.capacity() < ARENA_REFILL {
+                *arena = BytesMut::with_capacity(ARENA_CHUNK);
+            }
+            wire::encode_into(msg, &self.shared.options.limits, &mut arena, &mut parts)
+        })?;
+        Ok(parts)
     }
 }
 

@@ -27,7 +27,10 @@ use bytes::Bytes;
 use examples::raw::{echo_server, raw_socket_to, BoxError, Workload};
 use examples::Table;
 use ps::launcher::{launch, LaunchSpec};
+use ps::local::LocalCluster;
 use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, Postoffice, Role};
+use std::sync::Arc;
+use van_core::VanKind;
 
 const USAGE: &str = "usage: ps-bench [options]
   --mode M        push | pull | pushpull | all | check | barrier   (default all)
@@ -38,6 +41,7 @@ const USAGE: &str = "usage: ps-bench [options]
   --shards N      shards per server (default 1)
   --servers N     servers when launching a local cluster (default 1)
   --workers N     workers when launching a local cluster (default 1)
+  --van V         tcp (processes, the default) or inproc (one process, in-process van)
   --threads N     runtime threads per node; 1 runs each node on one thread (default 1)
   --no-raw        skip the raw-socket reference
   --json          print JSON instead of a table
@@ -58,6 +62,7 @@ struct Options {
     raw: bool,
     json: bool,
     threads: usize,
+    van: VanKind,
     /// The arguments as given, passed on to the launched nodes.
     args: Vec<String>,
 }
@@ -107,6 +112,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
         raw: true,
         json: false,
         threads: 1,
+        van: VanKind::Tcp,
         args: args.clone(),
     };
     let mut it = args.into_iter();
@@ -145,6 +151,18 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
                     .ok_or_else(|| format!("--seconds: `{v}` is not a positive number"))?;
             }
             "--threads" => o.threads = parse_list(&value("--threads")?, "--threads")?[0],
+            "--van" => {
+                o.van = match value("--van")?.as_str() {
+                    "tcp" => VanKind::Tcp,
+                    "inproc" => VanKind::InProcess,
+                    other => {
+                        return Err(format!(
+                            "--van: `{other}` is not available here (tcp or inproc; the other \
+                             vans are not built yet)"
+                        ))
+                    }
+                }
+            }
             "--no-raw" => o.raw = false,
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
@@ -213,11 +231,19 @@ fn main() {
 
 async fn run(options: Options) -> Result<(), BoxError> {
     let config = Config::from_env()?;
-    let Some(role) = config.role else {
-        return launch_local(&options).await;
-    };
+    if config.role.is_none() {
+        return match options.van {
+            VanKind::InProcess => run_in_process(&options).await,
+            _ => launch_local(&options).await,
+        };
+    }
     let po = Postoffice::start(config).await?;
-    match role {
+    node(po, &options).await
+}
+
+/// What every node does, whatever started it.
+async fn node(po: Postoffice, options: &Options) -> Result<(), BoxError> {
+    match po.role() {
         Role::Scheduler => {}
         Role::Server => {
             let _server = KvServer::<f32>::with_sum(&po, 0, 0, options.shards).await?;
@@ -227,11 +253,11 @@ async fn run(options: Options) -> Result<(), BoxError> {
         Role::Worker => {
             let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
             let result = if options.check {
-                check(&po, &worker, &options).await
+                check(&po, &worker, options).await
             } else if options.barrier {
                 barrier(&po).await
             } else {
-                benchmark(&po, &worker, &options).await
+                benchmark(&po, &worker, options).await
             };
             if let Err(e) = result {
                 po.stop().await;
@@ -240,6 +266,22 @@ async fn run(options: Options) -> Result<(), BoxError> {
         }
     }
     po.finalize().await?;
+    Ok(())
+}
+
+/// `--van inproc`: the whole cluster as tasks of this process, over the in-process van.
+async fn run_in_process(options: &Options) -> Result<(), BoxError> {
+    let options = Arc::new(options.clone());
+    LocalCluster::new(options.servers, options.workers)
+        .run(move |po| {
+            let options = Arc::clone(&options);
+            async move {
+                node(po, &options)
+                    .await
+                    .map_err(|e| ps::PsError::InvalidArgument(e.to_string()))
+            }
+        })
+        .await?;
     Ok(())
 }
 

@@ -7,7 +7,6 @@
 //! into zero-copy slices and the answers are joined before the response goes out. No lock is
 //! taken on the aggregation path.
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +18,7 @@ use van_core::{Message, Meta};
 
 use super::{kv_message, kv_pairs, KvMeta, KvPairs};
 use crate::error::{PsError, Result};
+use crate::hash::IntMap;
 use crate::postoffice::{Customer, Postoffice};
 use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
@@ -40,13 +40,13 @@ pub trait RequestHandler: Send + 'static {
 /// pushed); a push-pull does both.
 #[derive(Debug)]
 pub struct SumHandler<T: Value> {
-    store: HashMap<u64, Vec<T>>,
+    store: IntMap<u64, Vec<T>>,
 }
 
 impl<T: Value> Default for SumHandler<T> {
     fn default() -> Self {
         SumHandler {
-            store: HashMap::new(),
+            store: IntMap::default(),
         }
     }
 }

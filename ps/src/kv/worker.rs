@@ -1,6 +1,5 @@
 //! [`KvWorker`]: ps-lite's `KVWorker`: push, pull, push-pull, by request id.
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -13,6 +12,7 @@ use van_core::{node_ids, Message, Meta, NodeId};
 
 use super::{kv_message, kv_pairs, KvPairs};
 use crate::error::{PsError, Result};
+use crate::hash::IntMap;
 use crate::postoffice::{role_name, Customer, Postoffice};
 use crate::range::{slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
@@ -57,7 +57,7 @@ struct WorkerInner {
     app_id: i32,
     customer_id: i32,
     next_id: AtomicI32,
-    pending: Mutex<HashMap<RequestId, Pending>>,
+    pending: Mutex<IntMap<RequestId, Pending>>,
 }
 
 #[derive(Default)]
@@ -86,8 +86,8 @@ impl Pending {
 }
 
 fn lock(
-    pending: &Mutex<HashMap<RequestId, Pending>>,
-) -> MutexGuard<'_, HashMap<RequestId, Pending>> {
+    pending: &Mutex<IntMap<RequestId, Pending>>,
+) -> MutexGuard<'_, IntMap<RequestId, Pending>> {
     // Map operations only; a poisoned lock still holds consistent data.
     pending.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -109,7 +109,7 @@ impl<T: Value> KvWorker<T> {
             app_id,
             customer_id,
             next_id: AtomicI32::new(0),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(IntMap::default()),
         });
         po.register_customer(app_id, customer_id, Arc::clone(&inner) as Arc<dyn Customer>)
             .await?;
