@@ -38,6 +38,7 @@ const USAGE: &str = "usage: ps-bench [options]
   --windows LIST  requests in flight, comma-separated (default 1,64)
   --keys N        distinct keys, spread over the servers (default 16)
   --seconds S     seconds per case (default 0.3)
+  --iters N       requests per case instead of a duration
   --shards N      shards per server (default 1)
   --servers N     servers when launching a local cluster (default 1)
   --workers N     workers when launching a local cluster (default 1)
@@ -56,6 +57,7 @@ struct Options {
     windows: Vec<usize>,
     keys: u64,
     seconds: f64,
+    iters: Option<u64>,
     shards: usize,
     servers: u32,
     workers: u32,
@@ -106,6 +108,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
         windows: vec![1, 64],
         keys: 16,
         seconds: 0.3,
+        iters: None,
         shards: 1,
         servers: 1,
         workers: 1,
@@ -163,6 +166,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
                     }
                 }
             }
+            "--iters" => o.iters = Some(parse_list(&value("--iters")?, "--iters")?[0] as u64),
             "--no-raw" => o.raw = false,
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
@@ -391,14 +395,17 @@ async fn benchmark(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Resu
         }
         for mode in &o.modes {
             for window in &o.windows {
+                let length = match o.iters {
+                    Some(n) => format!("{n} requests"),
+                    None => format!("{:.1} s", o.seconds),
+                };
                 eprintln!(
-                    "worker {rank}: {} {} B x{} in flight for {:.1} s ...",
+                    "worker {rank}: {} {} B x{} in flight for {length} ...",
                     mode.name(),
                     size,
                     window,
-                    o.seconds
                 );
-                let r = run_case(worker, &keys, *mode, *size, *window, o.seconds).await?;
+                let r = run_case(worker, &keys, *mode, *size, *window, o).await?;
                 let secs = r.elapsed.as_secs_f64().max(1e-9);
                 let moved = match mode {
                     Mode::PushPull => 2 * size,
@@ -444,18 +451,21 @@ async fn run_case(
     mode: Mode,
     size: usize,
     window: usize,
-    seconds: f64,
+    o: &Options,
 ) -> Result<CaseResult, BoxError> {
     let vals = ps::values::to_bytes(&vec![1f32; size / 4]);
     let key_bytes: Vec<Bytes> = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
     let started = Instant::now();
     let mut in_flight = VecDeque::with_capacity(window);
     let mut latencies = Vec::new();
     let mut ops = 0u64;
     let mut next = 0usize;
     loop {
-        let running = Instant::now() < deadline;
+        let running = match o.iters {
+            Some(n) => (next as u64) < n,
+            None => Instant::now() < deadline,
+        };
         if running && in_flight.len() < window {
             let keys = key_bytes[next % key_bytes.len()].clone();
             next += 1;

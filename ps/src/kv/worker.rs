@@ -85,9 +85,7 @@ impl Pending {
     }
 }
 
-fn lock(
-    pending: &Mutex<IntMap<RequestId, Pending>>,
-) -> MutexGuard<'_, IntMap<RequestId, Pending>> {
+fn lock(pending: &Mutex<IntMap<RequestId, Pending>>) -> MutexGuard<'_, IntMap<RequestId, Pending>> {
     // Map operations only; a poisoned lock still holds consistent data.
     pending.lock().unwrap_or_else(|e| e.into_inner())
 }
