@@ -183,11 +183,12 @@ impl Postoffice {
         };
         let hosted_scheduler =
             (config.hosts_scheduler && role != Role::Scheduler).then(|| host_scheduler(&config));
-        let router = Router::new(van, config.endpoint_map.clone());
+        let mut me = Node::new(role, host.clone(), port);
+        me.host_identity = config.host_id.clone().unwrap_or_else(host_identity);
+        let router = Router::new(vec![van], &config, me.clone());
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         let endpoints = router.bind(&host, port, inbox_tx).await?;
-        let mut me = Node::new(role, host, endpoints.first().map_or(port, endpoint_port));
-        me.host_identity = host_identity();
+        me.port = endpoints.first().map_or(port, endpoint_port);
         me.endpoints = endpoints;
         let scheduler = (role == Role::Scheduler).then(|| {
             Mutex::new(Scheduler::new(

@@ -1,31 +1,35 @@
 //! The per-peer van router: which van carries traffic to each peer, with lazy connections.
 //!
-//! Today every peer is reached through the node's stream van (TCP, or the in-process van for
-//! single-process clusters); the shared-memory and RDMA vans will plug in here, chosen per
-//! peer by the selection policy. [`Router::van_for`] answers "what am I using for this peer?"
+//! A node binds every van it has (the stream van, and the shared-memory van when compiled in
+//! and enabled); for each peer, [`van_core::select::select_van`] picks one from what the node
+//! table says about both nodes. [`Router::van_for`] answers "what am I using for this peer?",
 //! and the choice is logged once per peer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::{debug, info};
-use van_core::endpoint_map::EndpointMap;
-use van_core::{Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
+use van_core::select::{select_van, Available};
+use van_core::{Config, Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
 
 use crate::error::PsError;
 
 /// Routes messages to peers over the right van, connecting on first use.
 pub struct Router {
-    van: Arc<dyn Van>,
-    /// Control address → data address, from a `.endpoint_map` file.
-    endpoint_map: Option<EndpointMap>,
+    /// Every van of this node; the first is the stream van.
+    vans: Vec<Arc<dyn Van>>,
+    available: Available,
+    config: Config,
+    /// This node (its role and host identity drive the selection).
+    me: Node,
     state: Mutex<RouterState>,
 }
 
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds: Vec<VanKind> = self.vans.iter().map(|v| v.kind()).collect();
         f.debug_struct("Router")
-            .field("van", &self.van.kind())
+            .field("vans", &kinds)
             .finish_non_exhaustive()
     }
 }
@@ -34,25 +38,37 @@ impl std::fmt::Debug for Router {
 struct RouterState {
     /// Every node we know an address for.
     nodes: HashMap<NodeId, Node>,
-    /// Peers with an open connection.
-    connected: HashSet<NodeId>,
+    /// The van chosen for each peer we have connected to.
+    connected: HashMap<NodeId, VanKind>,
 }
 
 impl Router {
-    /// A router sending everything through `van`. With an endpoint map (the `.endpoint_map`
-    /// of TensorFlow Seastar / StarServer deployments), a peer announced at a mapped control
-    /// address is reached at its data address instead.
-    pub fn new(van: Arc<dyn Van>, endpoint_map: Option<EndpointMap>) -> Router {
+    /// A router over `vans` (the stream van first) for the node `me`. The configuration gives
+    /// the selection switches and, with an endpoint map (the `.endpoint_map` of TensorFlow
+    /// Seastar / StarServer deployments), the data address of each mapped control address.
+    pub fn new(vans: Vec<Arc<dyn Van>>, config: &Config, me: Node) -> Router {
+        let mut available = Available::default();
+        for van in &vans {
+            match van.kind() {
+                VanKind::Tcp => available.tcp = true,
+                VanKind::Uring => available.uring = true,
+                VanKind::Rdma => available.rdma = true,
+                VanKind::Ipc => available.ipc = true,
+                VanKind::InProcess => available.inproc = true,
+            }
+        }
         Router {
-            van,
-            endpoint_map,
+            vans,
+            available,
+            config: config.clone(),
+            me,
             state: Mutex::new(RouterState::default()),
         }
     }
 
     /// `node` with its addresses rewritten by the endpoint map, if any maps them.
     fn mapped(&self, node: &Node) -> Node {
-        let Some(map) = &self.endpoint_map else {
+        let Some(map) = &self.config.endpoint_map else {
             return node.clone();
         };
         let mut node = node.clone();
@@ -74,19 +90,27 @@ impl Router {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The kind of the stream van.
-    pub fn stream_kind(&self) -> VanKind {
-        self.van.kind()
+    fn van(&self, kind: VanKind) -> Result<&Arc<dyn Van>, PsError> {
+        self.vans
+            .iter()
+            .find(|v| v.kind() == kind)
+            .ok_or_else(|| VanError::NotCompiled { kind }.into())
     }
 
-    /// Binds the van(s) and delivers into `inbox`; returns the endpoints to announce.
+    /// Binds every van and delivers into `inbox`; returns the endpoints to announce.
     pub async fn bind(
         &self,
         host: &str,
         port: u16,
         inbox: InboxSender,
     ) -> Result<Vec<Endpoint>, PsError> {
-        Ok(vec![self.van.bind(host, port, inbox).await?])
+        let mut endpoints = Vec::with_capacity(self.vans.len());
+        for (i, van) in self.vans.iter().enumerate() {
+            // Only the stream van takes the configured port; the others pick their own.
+            let port = if i == 0 { port } else { 0 };
+            endpoints.push(van.bind(host, port, inbox.clone()).await?);
+        }
+        Ok(endpoints)
     }
 
     /// Learns the addresses of `nodes` (the node table); connections open on first send.
@@ -99,24 +123,27 @@ impl Router {
         }
     }
 
-    /// The van that carries traffic to `peer`, if the peer is known.
+    /// The van that carries (or will carry) traffic to `peer`, if the peer is known.
     pub fn van_for(&self, peer: NodeId) -> Option<VanKind> {
-        self.lock()
-            .nodes
-            .contains_key(&peer)
-            .then(|| self.van.kind())
+        let state = self.lock();
+        if let Some(kind) = state.connected.get(&peer) {
+            return Some(*kind);
+        }
+        let node = state.nodes.get(&peer)?;
+        select_van(&self.config, self.available, &self.me, node).ok()
     }
 
-    /// Connects to `node` now (and remembers its address).
+    /// Connects to `node` now over the van the policy picks (and remembers its address).
     pub async fn connect(&self, node: &Node) -> Result<(), PsError> {
         let id = node.id.ok_or_else(|| {
             PsError::InvalidArgument(format!("cannot connect to {node}: it has no id"))
         })?;
-        self.van.connect(&self.mapped(node)).await?;
+        let kind = select_van(&self.config, self.available, &self.me, node)?;
+        self.van(kind)?.connect(&self.mapped(node)).await?;
         let mut state = self.lock();
         state.nodes.insert(id, node.clone());
-        if state.connected.insert(id) {
-            info!(peer = id, van = %self.van.kind(), "route to {node}: {} van", self.van.kind());
+        if state.connected.insert(id, kind).is_none() {
+            info!(peer = id, van = %kind, "route to {node}: {kind} van");
         }
         Ok(())
     }
@@ -125,27 +152,45 @@ impl Router {
     /// reported as [`PsError::NodeFailed`] naming the peer.
     pub async fn send(&self, msg: Message) -> Result<(), PsError> {
         let peer = msg.meta.recipient.ok_or(VanError::NoRecipient)?;
-        self.ensure_connected(peer).await?;
-        self.van.send(msg).await.map_err(peer_error)
+        let kind = self.ensure_connected(peer).await?;
+        self.van(kind)?.send(msg).await.map_err(peer_error)
     }
 
-    /// Sends many messages (to any recipients), connecting first where needed.
+    /// Sends many messages (to any recipients), connecting first where needed; one batch
+    /// per van.
     pub async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), PsError> {
+        let mut by_van: Vec<(VanKind, Vec<Message>)> = Vec::new();
         let mut seen = HashSet::new();
-        for msg in &msgs {
+        for msg in msgs {
             let peer = msg.meta.recipient.ok_or(VanError::NoRecipient)?;
-            if seen.insert(peer) {
-                self.ensure_connected(peer).await?;
+            let kind = if seen.insert(peer) {
+                self.ensure_connected(peer).await?
+            } else {
+                self.lock()
+                    .connected
+                    .get(&peer)
+                    .copied()
+                    .ok_or(VanError::UnknownPeer { peer })?
+            };
+            match by_van.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, batch)) => batch.push(msg),
+                None => by_van.push((kind, vec![msg])),
             }
         }
-        self.van.send_batch(msgs).await.map_err(peer_error)
+        for (kind, batch) in by_van {
+            self.van(kind)?
+                .send_batch(batch)
+                .await
+                .map_err(peer_error)?;
+        }
+        Ok(())
     }
 
-    async fn ensure_connected(&self, peer: NodeId) -> Result<(), PsError> {
+    async fn ensure_connected(&self, peer: NodeId) -> Result<VanKind, PsError> {
         let node = {
             let state = self.lock();
-            if state.connected.contains(&peer) {
-                return Ok(());
+            if let Some(kind) = state.connected.get(&peer) {
+                return Ok(*kind);
             }
             state
                 .nodes
@@ -153,19 +198,32 @@ impl Router {
                 .cloned()
                 .ok_or(VanError::UnknownPeer { peer })?
         };
-        self.connect(&node).await
+        self.connect(&node).await?;
+        self.lock()
+            .connected
+            .get(&peer)
+            .copied()
+            .ok_or_else(|| VanError::UnknownPeer { peer }.into())
     }
 
     /// Forgets the connection to `peer` (it broke); the next send reconnects or fails.
     pub fn peer_lost(&self, peer: NodeId) {
-        if self.lock().connected.remove(&peer) {
+        if self.lock().connected.remove(&peer).is_some() {
             debug!(peer, "route dropped");
         }
     }
 
-    /// Stops the van(s).
+    /// Stops every van; the first error is returned after all have been asked to stop.
     pub async fn stop(&self) -> Result<(), PsError> {
-        Ok(self.van.stop().await?)
+        let mut first = Ok(());
+        for van in &self.vans {
+            if let Err(e) = van.stop().await {
+                if first.is_ok() {
+                    first = Err(e.into());
+                }
+            }
+        }
+        first
     }
 }
 
@@ -184,13 +242,19 @@ fn peer_error(error: VanError) -> PsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use van_core::endpoint_map::EndpointMap;
     use van_core::inproc::{Hub, InProcessVan};
     use van_core::Role;
 
     #[test]
     fn the_endpoint_map_redirects_control_addresses_to_data_addresses() {
         let map = EndpointMap::parse("10.0.0.1:2222=10.1.0.1:3333\n").unwrap();
-        let router = Router::new(Arc::new(InProcessVan::new(&Hub::new())), Some(map));
+        let config = Config {
+            endpoint_map: Some(map),
+            ..Config::default()
+        };
+        let me = Node::new(Role::Worker, "10.0.0.3", 1);
+        let router = Router::new(vec![Arc::new(InProcessVan::new(&Hub::new()))], &config, me);
         let mut node = Node::new(Role::Server, "10.0.0.1", 2222).with_id(8);
         node.endpoints
             .push(Endpoint::stream(VanKind::Tcp, "10.0.0.1", 2222));

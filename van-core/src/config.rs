@@ -213,6 +213,40 @@ pub const VARIABLES: &[EnvVar] = &[
                  at least 1",
     },
     EnvVar {
+        name: "DMLC_ENABLE_IPC",
+        default: "1",
+        effect: "`0` or `false`: never use shared memory, even for peers on this host; `1` or \
+                 `true`: use it when the IPC van is compiled in",
+    },
+    EnvVar {
+        name: "BYTEPS_ENABLE_IPC",
+        default: "1",
+        effect: "BytePS's name for DMLC_ENABLE_IPC; when both are set they must agree",
+    },
+    EnvVar {
+        name: "VANS_BUSY_POLLING",
+        default: "0",
+        effect: "`1`: vans that can poll (shared memory, io_uring) spin instead of sleeping \
+                 between messages; lowest latency, one core busy per connection",
+    },
+    EnvVar {
+        name: "PS_ENABLE_POLLING",
+        default: "0",
+        effect: "StarServer's name for VANS_BUSY_POLLING on servers; any of the three set to 1 \
+                 turns polling on",
+    },
+    EnvVar {
+        name: "WORKER_ENABLE_POLLING",
+        default: "0",
+        effect: "StarServer's name for VANS_BUSY_POLLING on workers",
+    },
+    EnvVar {
+        name: "VANS_HOST_ID",
+        default: "unset (boot id and host name)",
+        effect: "this machine's identity as announced to the cluster: nodes with equal \
+                 identities share memory; override only to test selection",
+    },
+    EnvVar {
         name: "VANS_ENDPOINT_MAP",
         default: "unset (`./.endpoint_map` when that file exists)",
         effect: "file mapping control addresses to data addresses, one \
@@ -331,6 +365,14 @@ pub struct Config {
     /// `VANS_ENDPOINT_MAP` (or `./.endpoint_map` with [`Config::from_env`]): control address
     /// → data address, as in the TensorFlow Seastar and StarServer deployments.
     pub endpoint_map: Option<EndpointMap>,
+    /// `DMLC_ENABLE_IPC` / `BYTEPS_ENABLE_IPC`: peers on this host use shared memory when the
+    /// IPC van is compiled in (true by default).
+    pub enable_ipc: bool,
+    /// `VANS_BUSY_POLLING` / `PS_ENABLE_POLLING` / `WORKER_ENABLE_POLLING`: spin instead of
+    /// sleeping where a van can.
+    pub busy_polling: bool,
+    /// `VANS_HOST_ID`: the host identity to announce instead of boot id + host name.
+    pub host_id: Option<String>,
 }
 
 impl Default for Config {
@@ -357,6 +399,9 @@ impl Default for Config {
             bootstrap_timeout: DEFAULT_BOOTSTRAP_TIMEOUT,
             hosts_scheduler: false,
             endpoint_map: None,
+            enable_ipc: true,
+            busy_polling: false,
+            host_id: None,
         }
     }
 }
@@ -547,6 +592,24 @@ pub struct ConfigBuilder {
 }
 
 impl ConfigBuilder {
+    /// Whether peers on this host use shared memory (`DMLC_ENABLE_IPC`).
+    pub fn enable_ipc(mut self, on: bool) -> Self {
+        self.config.enable_ipc = on;
+        self
+    }
+
+    /// Whether vans spin instead of sleeping (`VANS_BUSY_POLLING`).
+    pub fn busy_polling(mut self, on: bool) -> Self {
+        self.config.busy_polling = on;
+        self
+    }
+
+    /// The host identity to announce (`VANS_HOST_ID`).
+    pub fn host_id(mut self, id: impl Into<String>) -> Self {
+        self.config.host_id = non_empty(id.into());
+        self
+    }
+
     /// Sets the role (`DMLC_ROLE`); a cluster node then needs a root port.
     pub fn role(mut self, role: Role) -> Self {
         self.config.role = Some(role);
@@ -798,8 +861,45 @@ impl Vars {
                 })?;
             c.endpoint_map = Some(map);
         }
+        c.enable_ipc = self.ipc()?;
+        for var in [
+            "VANS_BUSY_POLLING",
+            "PS_ENABLE_POLLING",
+            "WORKER_ENABLE_POLLING",
+        ] {
+            if let Some(on) = self.flag(var)? {
+                c.busy_polling |= on;
+            }
+        }
+        c.host_id = self.get("VANS_HOST_ID").map(str::to_owned);
         c.validate()?;
         Ok(c)
+    }
+
+    /// A boolean variable: `0`/`false` or `1`/`true` (any case).
+    fn flag(&self, var: &'static str) -> Result<Option<bool>, ConfigError> {
+        let Some(value) = self.get(var) else {
+            return Ok(None);
+        };
+        match value.to_ascii_lowercase().as_str() {
+            "0" | "false" => Ok(Some(false)),
+            "1" | "true" => Ok(Some(true)),
+            _ => Err(self.invalid(var, "`0`, `false`, `1` or `true`")),
+        }
+    }
+
+    fn ipc(&self) -> Result<bool, ConfigError> {
+        match (
+            self.flag("DMLC_ENABLE_IPC")?,
+            self.flag("BYTEPS_ENABLE_IPC")?,
+        ) {
+            (Some(a), Some(b)) if a != b => Err(ConfigError::Contradiction {
+                vars: &["DMLC_ENABLE_IPC", "BYTEPS_ENABLE_IPC"],
+                reason: "one turns shared memory on and the other off; set one of them",
+            }),
+            (Some(a), _) | (None, Some(a)) => Ok(a),
+            (None, None) => Ok(true),
+        }
     }
 
     fn role(&self) -> Result<Option<Role>, ConfigError> {
@@ -905,7 +1005,7 @@ mod tests {
         // Every default that is a value parses to `Config::default()`.
         let vars: Vec<_> = VARIABLES
             .iter()
-            .filter(|v| !v.default.starts_with("unset"))
+            .filter(|v| !v.default.starts_with("unset") && v.name != "VANS_HOST_ID")
             .map(|v| (v.name, v.default.split(' ').next().unwrap()))
             .collect();
         assert_eq!(Config::from_vars(vars).unwrap(), Config::default());
@@ -913,14 +1013,20 @@ mod tests {
 
     #[test]
     fn every_listed_variable_is_read() {
-        let free_text = ["DMLC_PS_ROOT_URI", "DMLC_INTERFACE", "DMLC_NODE_HOST"];
+        let free_text = [
+            "DMLC_PS_ROOT_URI",
+            "DMLC_INTERFACE",
+            "DMLC_NODE_HOST",
+            "VANS_HOST_ID",
+        ];
         for var in VARIABLES.iter().map(|v| v.name) {
             if free_text.contains(&var) {
                 let c = Config::from_vars([(var, "x")]).unwrap();
                 assert!([
                     c.root_uri,
                     c.interface.unwrap_or_default(),
-                    c.node_host.unwrap_or_default()
+                    c.node_host.unwrap_or_default(),
+                    c.host_id.unwrap_or_default()
                 ]
                 .contains(&"x".to_owned()));
             } else {
@@ -931,6 +1037,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn ipc_and_polling_switches() {
+        assert!(Config::from_vars([("DMLC_ENABLE_IPC", "0")])
+            .map(|c| !c.enable_ipc)
+            .unwrap());
+        assert!(Config::from_vars([("BYTEPS_ENABLE_IPC", "false")])
+            .map(|c| !c.enable_ipc)
+            .unwrap());
+        let message = err(&[("DMLC_ENABLE_IPC", "1"), ("BYTEPS_ENABLE_IPC", "0")]);
+        assert!(message.contains("DMLC_ENABLE_IPC") && message.contains("BYTEPS_ENABLE_IPC"));
+        for var in [
+            "VANS_BUSY_POLLING",
+            "PS_ENABLE_POLLING",
+            "WORKER_ENABLE_POLLING",
+        ] {
+            assert!(
+                Config::from_vars([(var, "1")]).unwrap().busy_polling,
+                "{var}"
+            );
+        }
+        assert!(!Config::default().busy_polling && Config::default().enable_ipc);
     }
 
     #[test]

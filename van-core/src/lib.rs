@@ -7,6 +7,7 @@
 //! - [`wire`]: the versioned frame format, byte by byte, with zero-copy encode and decode;
 //! - [`van`]: the [`Van`] trait, the [`Inbox`] vans deliver into, [`VanKind`] and [`VanError`];
 //! - [`rendezvous`]: the [`Rendezvous`] trait and TensorFlow's key format;
+//! - [`select`]: the selection policy, which van carries each peer's traffic;
 //! - [`config`]: [`Config`], parsed once from `DMLC_*`/`PS_*` environment or built in code;
 //! - [`inproc`]: an in-process van (channels, no sockets) for tests, simulation and
 //!   single-process embedding;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod inproc;
 pub mod message;
 pub mod rendezvous;
+pub mod select;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tf_config;
