@@ -240,6 +240,15 @@ impl InboxSender {
         self.tx.send(batch).await.map_err(|_| InboxClosed)
     }
 
+    /// [`deliver`](Self::deliver) for threads outside the async runtime (a van's own I/O
+    /// threads); must not be called from a runtime thread.
+    pub fn deliver_blocking(&self, batch: Vec<Event>) -> Result<(), InboxClosed> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.tx.blocking_send(batch).map_err(|_| InboxClosed)
+    }
+
     /// A handle that does not keep the inbox open (see [`WeakInboxSender`]).
     pub fn downgrade(&self) -> WeakInboxSender {
         WeakInboxSender {

@@ -1,0 +1,311 @@
+//! Shared-memory segments: anonymous, sealed `memfd` files mapped `MAP_SHARED`.
+//!
+//! A memfd has no name in any file system, so there is nothing to guess, nothing another
+//! user can open, and nothing left behind: the memory is freed when the last descriptor and
+//! the last mapping are gone, crash included. It travels to the peer over a Unix socket
+//! (`SCM_RIGHTS`). The creator seals it against shrinking and growing before passing it, and
+//! the receiver refuses one that is not sealed against shrinking, because a peer that could
+//! truncate the file under our mapping could make us fault (`SIGBUS`) at will.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+use crate::error::IpcError;
+
+/// Every segment's name starts with this (it shows in `/proc/<pid>/fd` and `/proc/<pid>/maps`).
+pub const NAME_PREFIX: &str = "vans-";
+
+/// Longest memfd name the kernel accepts (`NAME_MAX` minus the `memfd:` it prepends).
+const MAX_NAME_BYTES: usize = 249;
+
+/// Seals the creator applies: the size is fixed for good.
+const CREATOR_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A sealed memfd mapped read-write and shared.
+///
+/// The mapping stays valid, and the same size, for the life of the value; the memory is
+/// released when the last process holding the descriptor or a mapping lets go. Access the
+/// bytes only through [`Segment::as_ptr`] with raw-pointer copies or atomics: another
+/// process may write them at any time, so no `&[u8]`/`&mut [u8]` may ever cover them.
+#[derive(Debug)]
+pub struct Segment {
+    /// Start of the mapping (page-aligned).
+    ptr: NonNull<u8>,
+    /// Length of the mapping in bytes (> 0).
+    len: usize,
+    /// The memfd; closed on drop after the mapping is removed.
+    fd: OwnedFd,
+}
+
+// SAFETY: `Segment` owns a descriptor and a mapping that live exactly as long as it does and
+// that no method mutates (the address and length are fixed after construction). It hands out
+// only a raw pointer, never a reference to the bytes, so sharing or moving it between threads
+// creates no aliasing on its own: whoever dereferences the pointer must synchronise, exactly
+// as they must with the peer process that writes the same memory.
+unsafe impl Send for Segment {}
+// SAFETY: see `Send` above: every `&self` method only reads immutable fields.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Creates a segment of `len` bytes: `memfd_create("vans-<name>")` (close-on-exec,
+    /// sealable, non-executable where the kernel knows that), mode 0600, sized and backed
+    /// with memory up front (so exhausting memory is an error here rather than a `SIGBUS`
+    /// later), sealed against shrinking, growing and further sealing, then mapped.
+    ///
+    /// `name` is for humans (it shows in `/proc/<pid>/fd`); NUL bytes are replaced and an
+    /// over-long name is cut.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Os`] naming the call that failed; `len == 0` or a length the OS cannot
+    /// represent fails as `memfd_create` with [`io::ErrorKind::InvalidInput`].
+    pub fn create(name: &str, len: usize) -> Result<Segment, IpcError> {
+        let size = match libc::off_t::try_from(len) {
+            Ok(size) if size > 0 => size,
+            _ => {
+                return Err(IpcError::Os {
+                    call: "memfd_create",
+                    source: io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("cannot create a shared-memory segment of {len} bytes"),
+                    ),
+                })
+            }
+        };
+        let fd = memfd_create(name)?;
+        let raw = fd.as_raw_fd();
+        // SAFETY: `raw` is an open descriptor owned by `fd`; fchmod reads no memory.
+        if unsafe { libc::fchmod(raw, 0o600) } != 0 {
+            return Err(IpcError::last_os("fchmod"));
+        }
+        // SAFETY: as above; ftruncate reads no memory.
+        if unsafe { libc::ftruncate(raw, size) } != 0 {
+            return Err(IpcError::last_os("ftruncate"));
+        }
+        // SAFETY: as above; fallocate reads no memory.
+        if unsafe { libc::fallocate(raw, 0, 0, size) } != 0 {
+            let err = io::Error::last_os_error();
+            // A kernel without shmem fallocate just leaves the pages to be allocated on use.
+            if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(IpcError::Os {
+                    call: "fallocate",
+                    source: io::Error::new(
+                        err.kind(),
+                        format!(
+                            "reserving {len} bytes of shared memory: {err}; free memory, raise \
+                             the memory limit of this process's cgroup, or use smaller rings"
+                        ),
+                    ),
+                });
+            }
+        }
+        // SAFETY: as above; F_ADD_SEALS takes an integer argument and reads no memory.
+        if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, CREATOR_SEALS) } != 0 {
+            return Err(IpcError::last_os("fcntl(F_ADD_SEALS)"));
+        }
+        map(fd, len)
+    }
+
+    /// Maps a segment received from a peer. The descriptor must be a memfd sealed against
+    /// shrinking and not sealed against writing; its current size is the mapping's length.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::BadSegment`] when the descriptor is not a sealable memfd, lacks
+    /// `F_SEAL_SHRINK`, is write-sealed, is not a regular file or is empty;
+    /// [`IpcError::Os`] when `fstat` or `mmap` fails.
+    pub fn open(fd: OwnedFd) -> Result<Segment, IpcError> {
+        let raw = fd.as_raw_fd();
+        // Seals first: once F_SEAL_SHRINK is present it can never be removed, so the size read
+        // afterwards can only grow, which cannot hurt a mapping of the smaller size.
+        // SAFETY: `raw` is an open descriptor owned by `fd`; F_GET_SEALS reads no memory.
+        let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
+        if seals < 0 {
+            return Err(IpcError::bad_segment(format!(
+                "the descriptor is not a sealable memfd ({})",
+                io::Error::last_os_error()
+            )));
+        }
+        if seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(IpcError::bad_segment(
+                "the memfd is not sealed against shrinking (F_SEAL_SHRINK); the peer could \
+                 truncate it under our mapping",
+            ));
+        }
+        if seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
+            return Err(IpcError::bad_segment(
+                "the memfd is sealed against writing; a ring needs both sides to write",
+            ));
+        }
+        let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `stat` points to writable memory of the size of `struct stat`, which fstat
+        // fills completely when it returns 0.
+        if unsafe { libc::fstat(raw, stat.as_mut_ptr()) } != 0 {
+            return Err(IpcError::last_os("fstat"));
+        }
+        // SAFETY: fstat returned 0, so it initialised the whole struct.
+        let stat = unsafe { stat.assume_init() };
+        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(IpcError::bad_segment(
+                "the descriptor is not a regular file",
+            ));
+        }
+        let len = match usize::try_from(stat.st_size) {
+            Ok(len) if len > 0 => len,
+            _ => {
+                return Err(IpcError::bad_segment(format!(
+                    "the memfd has size {}",
+                    stat.st_size
+                )))
+            }
+        };
+        map(fd, len)
+    }
+
+    /// The memfd, to pass to a peer with `SCM_RIGHTS`.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Length of the mapping in bytes (never 0).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always `false`: a segment has at least one byte. Present for API symmetry with `len`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the mapping: page-aligned, valid for [`Segment::len`] bytes while `self`
+    /// lives. Another process may read and write these bytes concurrently: use raw-pointer
+    /// copies or atomics, never references to the bytes themselves.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the mapping created in `map`, unmapped only here;
+        // nothing borrowed from `self` can outlive this call. The descriptor closes after.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// `memfd_create("vans-<name>")`, asking for `MFD_NOEXEC_SEAL` and retrying without it on
+/// kernels that predate it (6.3).
+fn memfd_create(name: &str) -> Result<OwnedFd, IpcError> {
+    let mut full = String::with_capacity(NAME_PREFIX.len() + name.len());
+    full.push_str(NAME_PREFIX);
+    for c in name.chars() {
+        let c = if c == '\0' { '_' } else { c };
+        if full.len() + c.len_utf8() > MAX_NAME_BYTES {
+            break;
+        }
+        full.push(c);
+    }
+    let c_name = CString::new(full).map_err(|e| IpcError::Os {
+        call: "memfd_create",
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })?;
+    let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: `c_name` is a NUL-terminated string that outlives the call.
+    let mut raw = unsafe { libc::memfd_create(c_name.as_ptr(), base | libc::MFD_NOEXEC_SEAL) };
+    if raw < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // SAFETY: as above.
+        raw = unsafe { libc::memfd_create(c_name.as_ptr(), base) };
+    }
+    if raw < 0 {
+        return Err(IpcError::last_os("memfd_create"));
+    }
+    // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Maps `len` bytes of `fd` shared and read-write.
+fn map(fd: OwnedFd, len: usize) -> Result<Segment, IpcError> {
+    // SAFETY: a fresh mapping at an address of the kernel's choosing aliases nothing of ours;
+    // `fd` is open, and its size is at least `len` and cannot shrink (sealed).
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(IpcError::last_os("mmap"));
+    }
+    let Some(ptr) = NonNull::new(addr.cast::<u8>()) else {
+        return Err(IpcError::Os {
+            call: "mmap",
+            source: io::Error::other("mmap returned a null mapping"),
+        });
+    };
+    Ok(Segment { ptr, len, fd })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_seals_and_shares_memory_with_open() {
+        let seg = Segment::create("unit", 8192).unwrap();
+        assert_eq!(seg.len(), 8192);
+        assert!(!seg.is_empty());
+        // SAFETY: fd is open; F_GET_SEALS reads no memory.
+        let seals = unsafe { libc::fcntl(seg.fd().as_raw_fd(), libc::F_GET_SEALS) };
+        assert_eq!(seals & CREATOR_SEALS, CREATOR_SEALS);
+
+        let dup = seg.fd().try_clone_to_owned().unwrap();
+        let other = Segment::open(dup).unwrap();
+        assert_eq!(other.len(), 8192);
+        assert_ne!(other.as_ptr(), seg.as_ptr());
+        // SAFETY: both pointers are valid for 8192 bytes; nothing else touches them.
+        unsafe {
+            seg.as_ptr().add(100).write(0xAB);
+            assert_eq!(other.as_ptr().add(100).read(), 0xAB);
+        }
+    }
+
+    #[test]
+    fn zero_length_is_rejected() {
+        assert!(matches!(
+            Segment::create("zero", 0),
+            Err(IpcError::Os {
+                call: "memfd_create",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn odd_names_are_accepted() {
+        let long = "x".repeat(1000);
+        assert!(Segment::create(&long, 4096).is_ok());
+        assert!(Segment::create("a\0b", 4096).is_ok());
+    }
+
+    #[test]
+    fn open_rejects_a_pipe() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: pipe returned two new descriptors that nothing else owns.
+        let (read, _write) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        assert!(matches!(
+            Segment::open(read),
+            Err(IpcError::BadSegment { .. })
+        ));
+    }
+}
