@@ -361,3 +361,46 @@ fn asking_for_rdma_in_a_build_without_it_is_a_clear_error_not_a_silent_fallback(
         "{stderr}"
     );
 }
+
+/// Runs the exact-sum check on 2 servers and 2 workers with `env`; returns each worker's
+/// "server N via VAN" lines.
+fn sums_and_vans(env: &[&str]) -> Vec<String> {
+    let child = launch(2, 2, env, &["--mode", "check", "--keys", "32"])
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, "launcher");
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!(
+                "worker {rank}: exact sums verified for 32 keys from 2 workers"
+            )),
+            "{all}"
+        );
+    }
+    all.lines()
+        .filter(|l| l.contains(" via "))
+        .map(|l| l.rsplit("] ").next().unwrap_or(l).to_owned())
+        .collect()
+}
+
+#[cfg(feature = "ipc")]
+#[test]
+fn co_located_nodes_use_shared_memory_and_tcp_when_ipc_is_off_with_the_same_sums() {
+    let vans = sums_and_vans(&[]);
+    assert_eq!(vans.len(), 4, "{vans:?}");
+    assert!(vans.iter().all(|l| l.ends_with("via ipc")), "{vans:?}");
+    let vans = sums_and_vans(&["DMLC_ENABLE_IPC=0"]);
+    assert_eq!(vans.len(), 4, "{vans:?}");
+    assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
+    let vans = sums_and_vans(&["BYTEPS_ENABLE_IPC=0"]);
+    assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
+}
+
+#[test]
+fn without_shared_memory_every_peer_is_reached_over_tcp() {
+    let vans = sums_and_vans(&["DMLC_ENABLE_IPC=0"]);
+    assert_eq!(vans.len(), 4, "{vans:?}");
+    assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
+}

@@ -134,6 +134,21 @@ fn host_identity() -> String {
     format!("{}/{}", boot.trim(), name.trim())
 }
 
+/// The vans besides the stream van that this build and configuration provide: shared memory
+/// for co-located peers (feature `ipc`, unless `DMLC_ENABLE_IPC=0`). The scheduler needs none:
+/// its links stay on the stream van.
+fn extra_vans(config: &Config) -> Vec<Arc<dyn Van>> {
+    let mut vans: Vec<Arc<dyn Van>> = Vec::new();
+    #[cfg(all(feature = "ipc", target_os = "linux"))]
+    if config.enable_ipc && config.role != Some(Role::Scheduler) {
+        vans.push(Arc::new(van_ipc::IpcVan::new(
+            van_ipc::IpcOptions::from_config(config),
+        )));
+    }
+    let _ = config;
+    vans
+}
+
 /// Creates the stream van the configuration asks for.
 fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
     if config.enable_rdma.is_enabled() {
@@ -162,12 +177,19 @@ impl Postoffice {
     /// registers with the scheduler (or, on the scheduler, waits for everyone), receives the
     /// node table. Fails with [`PsError::Bootstrap`] after `config.bootstrap_timeout`.
     pub async fn start(config: Config) -> Result<Postoffice> {
-        let van = stream_van(&config)?;
-        Postoffice::start_with_van(config, van).await
+        let mut vans = vec![stream_van(&config)?];
+        vans.extend(extra_vans(&config));
+        Postoffice::start_with_vans(config, vans).await
     }
 
     /// Like [`start`](Self::start), over a van the caller made (e.g. an in-process van).
     pub async fn start_with_van(config: Config, van: Arc<dyn Van>) -> Result<Postoffice> {
+        Postoffice::start_with_vans(config, vec![van]).await
+    }
+
+    /// Like [`start`](Self::start), over vans the caller made: the first is the stream van
+    /// (it carries the scheduler link), the others are chosen per peer by the selection policy.
+    pub async fn start_with_vans(config: Config, vans: Vec<Arc<dyn Van>>) -> Result<Postoffice> {
         let role = config.role.ok_or_else(|| {
             PsError::InvalidArgument("DMLC_ROLE is not set: scheduler, server or worker".into())
         })?;
@@ -185,7 +207,7 @@ impl Postoffice {
             (config.hosts_scheduler && role != Role::Scheduler).then(|| host_scheduler(&config));
         let mut me = Node::new(role, host.clone(), port);
         me.host_identity = config.host_id.clone().unwrap_or_else(host_identity);
-        let router = Router::new(vec![van], &config, me.clone());
+        let router = Router::new(vans, &config, me.clone());
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         let endpoints = router.bind(&host, port, inbox_tx).await?;
         me.port = endpoints.first().map_or(port, endpoint_port);

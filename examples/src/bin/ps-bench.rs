@@ -345,6 +345,13 @@ async fn check(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Result<(
         n,
         po.num_workers()
     );
+    for rank in 0..po.num_servers() {
+        let server = node_ids::server_rank_to_id(rank);
+        let van = po
+            .van_for(server)
+            .map_or("none".to_owned(), |k| k.to_string());
+        println!("worker {}: server {server} via {van}", po.my_rank());
+    }
     Ok(())
 }
 
