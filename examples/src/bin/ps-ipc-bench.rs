@@ -1,0 +1,135 @@
+//! `ps-ipc-bench`: ps-lite's `test_ipc_benchmark` — worker and server co-located on this
+//! host — run twice in one invocation, over shared memory and over TCP, beside a
+//! single-thread `memcpy` of the same sizes, so the ratios are printed.
+//!
+//! It runs the sibling `ps-bench` binary (built with the `ipc` feature) as a local cluster
+//! with `DMLC_ENABLE_IPC=1` and then `=0`, reads worker 0's JSON, and measures `memcpy` here.
+//!
+//! Usage: `ps-ipc-bench [--sizes 8,1048576,4194304] [--windows 1,4] [--seconds 1]`.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use examples::raw::BoxError;
+use examples::{ratio, Table};
+use serde_json::Value;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("ps-ipc-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The value of `--name`, or `default`.
+fn option(args: &[String], name: &str, default: &str) -> String {
+    args.windows(2)
+        .find(|w| w[0] == name)
+        .map_or_else(|| default.to_owned(), |w| w[1].clone())
+}
+
+fn run() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("usage: ps-ipc-bench [--sizes LIST] [--windows LIST] [--seconds S]");
+        return Ok(());
+    }
+    let sizes = option(&args, "--sizes", "8,1048576,4194304");
+    let windows = option(&args, "--windows", "1,4");
+    let seconds = option(&args, "--seconds", "1");
+    let bench = std::env::current_exe()?
+        .parent()
+        .ok_or("no directory for ps-bench")?
+        .join("ps-bench");
+    let mut runs = Vec::new();
+    for (van, ipc) in [("ipc", "1"), ("tcp", "0")] {
+        eprintln!("ps-ipc-bench: running ps-bench over {van} ...");
+        let out = Command::new(&bench)
+            .args(["--mode", "all", "--json", "--no-raw"])
+            .args([
+                "--sizes",
+                &sizes,
+                "--windows",
+                &windows,
+                "--seconds",
+                &seconds,
+            ])
+            .env("DMLC_ENABLE_IPC", ipc)
+            .env_remove("DMLC_ROLE")
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", bench.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "ps-bench over {van} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = stdout
+            .lines()
+            .filter_map(|l| l.find("{\"worker\":0").map(|at| &l[at..]))
+            .next()
+            .ok_or_else(|| format!("no results from worker 0 over {van}:\n{stdout}"))?;
+        let value: Value = serde_json::from_str(json)?;
+        runs.push(value["results"].as_array().cloned().unwrap_or_default());
+    }
+    let (ipc, tcp) = (&runs[0], &runs[1]);
+    let mut table = Table::new(&[
+        "mode",
+        "size",
+        "in flight",
+        "ipc GB/s",
+        "tcp GB/s",
+        "ipc p50 µs",
+        "tcp p50 µs",
+        "memcpy GB/s",
+        "ipc / tcp",
+        "ipc / memcpy",
+    ]);
+    let number = |row: &Value, key: &str| row[key].as_f64().unwrap_or(0.0);
+    for (a, b) in ipc.iter().zip(tcp) {
+        let size = number(a, "size") as usize;
+        let copy = memcpy_gbps(size);
+        let (gbps_ipc, gbps_tcp) = (number(a, "GB/s"), number(b, "GB/s"));
+        // Small messages compare by latency, large ones by bandwidth.
+        let speedup = if size < 4096 {
+            ratio(number(b, "p50 µs"), number(a, "p50 µs"))
+        } else {
+            ratio(gbps_ipc, gbps_tcp)
+        };
+        table.row(vec![
+            a["mode"].as_str().unwrap_or("?").to_owned(),
+            size.to_string(),
+            format!("{}", number(a, "in flight")),
+            format!("{gbps_ipc:.3}"),
+            format!("{gbps_tcp:.3}"),
+            format!("{}", number(a, "p50 µs")),
+            format!("{}", number(b, "p50 µs")),
+            format!("{copy:.2}"),
+            format!("{speedup:.2}x"),
+            format!("{:.2}x", ratio(gbps_ipc, copy)),
+        ]);
+    }
+    println!("{table}");
+    println!(
+        "(ipc / tcp: p50 latency ratio below 4 KiB, bandwidth ratio above; memcpy: one thread \
+         copying the same size repeatedly, measured now)"
+    );
+    Ok(())
+}
+
+/// Single-thread copy bandwidth for buffers of `size` bytes, in GB/s.
+fn memcpy_gbps(size: usize) -> f64 {
+    let size = size.max(8);
+    let src = vec![1u8; size];
+    let mut dst = vec![0u8; size];
+    let mut copied = 0usize;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(200) {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        copied += size;
+    }
+    copied as f64 / started.elapsed().as_secs_f64() / 1e9
+}
