@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub mod remote;
+
 use crate::message::{Command, Control, DataType, Message, Meta, Node, NodeId, Role};
 use crate::van::{inbox, Event, Inbox, Van, VanError};
 
