@@ -615,6 +615,11 @@ impl Postoffice {
                 }));
             }
         }
+        self.tell_customers(node, reason);
+    }
+
+    /// Tells every application that `node` failed (called without holding any lock).
+    fn tell_customers(&self, node: NodeId, reason: &str) {
         let customers: Vec<_> = lock(&self.inner.customers)
             .registered
             .values()
@@ -724,14 +729,7 @@ impl Postoffice {
         for (_, waiter) in waiters {
             let _ = waiter.send(Err(PsError::Stopped));
         }
-        let customers: Vec<_> = lock(&self.inner.customers)
-            .registered
-            .values()
-            .cloned()
-            .collect();
-        for customer in customers {
-            customer.node_failed(self.my_id(), "the local postoffice stopped");
-        }
+        self.tell_customers(self.my_id(), "the local postoffice stopped");
         // Applications hold the postoffice; dropping them here breaks that cycle, and their
         // shard tasks end when their queues close.
         let mut customers = lock(&self.inner.customers);
