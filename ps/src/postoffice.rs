@@ -138,15 +138,13 @@ fn host_identity() -> String {
 /// for co-located peers (feature `ipc`, unless `DMLC_ENABLE_IPC=0`). The scheduler needs none:
 /// its links stay on the stream van.
 fn extra_vans(config: &Config) -> Vec<Arc<dyn Van>> {
-    let mut vans: Vec<Arc<dyn Van>> = Vec::new();
     #[cfg(all(feature = "ipc", target_os = "linux"))]
     if config.enable_ipc && config.role != Some(Role::Scheduler) {
-        vans.push(Arc::new(van_ipc::IpcVan::new(
-            van_ipc::IpcOptions::from_config(config),
-        )));
+        let ipc = van_ipc::IpcVan::new(van_ipc::IpcOptions::from_config(config));
+        return vec![Arc::new(ipc)];
     }
     let _ = config;
-    vans
+    Vec::new()
 }
 
 /// Creates the stream van the configuration asks for.
