@@ -473,6 +473,15 @@ fn read_loop(
                     );
                 }
                 if flags & LAST == 0 {
+                    // A fragmented frame: its header (in the first record) says how long it
+                    // is, so the rest lands in one buffer without reallocating (the length
+                    // was checked against the limits; a lie only costs this allocation).
+                    if flags & FIRST != 0 {
+                        if let Ok(header) = wire::FrameHeader::parse(&frame, &limits) {
+                            let total = usize::try_from(header.frame_len).unwrap_or(0);
+                            frame.reserve(total.saturating_sub(frame.len()));
+                        }
+                    }
                     continue;
                 }
                 in_frame = false;
