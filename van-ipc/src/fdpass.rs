@@ -15,8 +15,10 @@ pub(crate) const MAX_FDS: usize = 4;
 /// Words in a handshake message.
 pub(crate) const WORDS: usize = 4;
 
-/// Room for `MAX_FDS` descriptors in a control message, as `CMSG_SPACE` computes it, in
-/// `u64`s so the buffer is aligned for `cmsghdr`.
+/// Room for the control message, in `u64`s so the buffer is aligned for `cmsghdr`: 64
+/// bytes, more than `CMSG_SPACE` of [`MAX_FDS`] descriptors (32 on Linux x86-64). Extra
+/// descriptors a peer sends still arrive (and are closed, as `OwnedFd`s, when the handshake
+/// rejects their number).
 const CMSG_WORDS: usize = 8;
 
 /// Sends `words` and `fds` as one message.

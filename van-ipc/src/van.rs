@@ -26,6 +26,10 @@ use crate::WaitResult;
 
 /// First handshake word.
 const HANDSHAKE_MAGIC: u64 = u64::from_le_bytes(*b"VANSIPC1");
+/// How long dialing a peer and creating the rings may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connecting peer may take to hand over its rings.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Frames queued per peer before `send` waits.
 const SEND_QUEUE: usize = 4096;
 /// Messages a reader delivers in one batch at most.
@@ -124,6 +128,8 @@ struct Connection {
     id: u64,
     /// Set when the connection ends for any reason; threads exit when they see it.
     closed: AtomicBool,
+    /// Set when another connection to the same peer won a race: its end is not a loss.
+    superseded: AtomicBool,
     /// Signalled by the writer thread when it has flushed and exited.
     writer_done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
 }
@@ -208,6 +214,7 @@ impl Shared {
         let connection = Arc::new(Connection {
             id,
             closed: AtomicBool::new(false),
+            superseded: AtomicBool::new(false),
             writer_done: Mutex::new(Some(done_rx)),
         });
         let (queue, frames) = mpsc::channel(SEND_QUEUE);
@@ -296,7 +303,30 @@ impl Shared {
         state.tasks.retain(|t| !t.is_finished());
         state.tasks.push(watcher);
         state.connections.retain(|c| !c.is_closed());
-        state.connections.push(connection);
+        state.connections.push(Arc::clone(&connection));
+        // Registered under the same lock that checks `stopped`, so `stop` always sees it.
+        if !connection.is_closed() {
+            match peer {
+                None => {
+                    state.accepted.insert(id, link.clone());
+                }
+                Some(peer) => {
+                    let live = state
+                        .links
+                        .get(&peer)
+                        .is_some_and(|l| !l.connection.is_closed());
+                    if live {
+                        // A connection the peer opened (or a concurrent connect) won: close
+                        // this one quietly; messages keep flowing over the winner.
+                        connection.superseded.store(true, Ordering::Release);
+                        connection.closed.store(true, Ordering::Release);
+                    } else {
+                        state.links.insert(peer, link.clone());
+                        state.lost.remove(&peer);
+                    }
+                }
+            }
+        }
         Ok(link)
     }
 
@@ -336,7 +366,7 @@ impl Shared {
             state.accepted.remove(&connection.id);
             state.stopped
         };
-        if stopped {
+        if stopped || connection.superseded.load(Ordering::Acquire) {
             return;
         }
         warn!(?peer, "IPC connection closed: {reason}");
@@ -377,8 +407,24 @@ impl Shared {
         socket: UnixStream,
         inbox: InboxSender,
     ) -> Result<(), VanError> {
-        let (words, mut fds) = fdpass::recv(&socket)
+        // Abstract sockets ignore file permissions: only our own user may connect.
+        let credentials = socket
+            .peer_cred()
+            .map_err(|e| io_error("IPC peer credentials", e))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if credentials.uid() != me {
+            return Err(io_error(
+                "IPC handshake",
+                format!(
+                    "refused a connection from uid {} (we are {me})",
+                    credentials.uid()
+                ),
+            ));
+        }
+        let (words, mut fds) = tokio::time::timeout(HANDSHAKE_TIMEOUT, fdpass::recv(&socket))
             .await
+            .map_err(|_| io_error("IPC handshake", "no handshake within the timeout"))?
             .map_err(|e| io_error("IPC handshake", e))?;
         if words[0] != HANDSHAKE_MAGIC || fds.len() != 2 {
             return Err(io_error(
@@ -394,8 +440,7 @@ impl Shared {
         consumer
             .set_max_message(usize::try_from(self.options.limits.max_frame).unwrap_or(usize::MAX));
         let producer = Producer::new(outgoing, false).map_err(|e| io_error("IPC ring", e))?;
-        let link = self.start_connection(socket, producer, consumer, None, inbox)?;
-        lock(&self.state).accepted.insert(link.connection.id, link);
+        self.start_connection(socket, producer, consumer, None, inbox)?;
         Ok(())
     }
 }
@@ -428,11 +473,13 @@ fn write_loop(
                     producer.wake_consumer();
                     let want = (total - offset).min(producer.max_record());
                     if let WaitResult::Closed = producer.wait_for_space(want, spins, WAIT_SLICE) {
+                        connection.closed.store(true, Ordering::Release);
                         break 'frames;
                     }
                 }
                 Err(e) => {
                     warn!("IPC writer: {e}");
+                    connection.closed.store(true, Ordering::Release);
                     break 'frames;
                 }
             }
@@ -511,7 +558,9 @@ fn read_loop(
                     return "the peer closed the connection".into();
                 }
                 if connection.is_closed() {
-                    return "the connection closed".into();
+                    // Drain once more (records may have landed just before), then end.
+                    ring_closed = true;
+                    continue;
                 }
                 if let WaitResult::Closed = consumer.wait_for_data(spins, WAIT_SLICE) {
                     // Drain once more: records may have landed just before the close.
@@ -562,13 +611,17 @@ impl Van for IpcVan {
             loop {
                 match listener.accept().await {
                     Ok((socket, _)) => {
-                        let shared = Arc::clone(&shared);
+                        let handshake_shared = Arc::clone(&shared);
                         let inbox = accept_inbox.clone();
-                        tokio::spawn(async move {
-                            if let Err(e) = shared.accept(socket, inbox).await {
+                        let handshake = tokio::spawn(async move {
+                            if let Err(e) = handshake_shared.accept(socket, inbox).await {
                                 warn!("refused an IPC connection: {e}");
                             }
                         });
+                        // Tracked so `stop` ends a handshake that never completes.
+                        let mut state = lock(&shared.state);
+                        state.tasks.retain(|t| !t.is_finished());
+                        state.tasks.push(handshake);
                     }
                     Err(e) => {
                         warn!("IPC accept failed: {e}");
@@ -578,9 +631,13 @@ impl Van for IpcVan {
             }
         });
         let mut state = lock(&self.shared.state);
-        if state.stopped {
+        if state.stopped || state.inbox.is_some() {
             accept.abort();
-            return Err(VanError::Stopped(VanKind::Ipc));
+            return Err(if state.stopped {
+                VanError::Stopped(VanKind::Ipc)
+            } else {
+                VanError::AlreadyBound(VanKind::Ipc)
+            });
         }
         state.inbox = Some(inbox);
         state.tasks.push(accept);
@@ -622,43 +679,38 @@ impl Van for IpcVan {
                 "not an IPC address (expected @name)",
             ))
         })?;
-        let socket_address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-            .map_err(connect_error)?;
-        let socket =
-            std::os::unix::net::UnixStream::connect_addr(&socket_address).map_err(connect_error)?;
-        socket.set_nonblocking(true).map_err(connect_error)?;
-        let socket = UnixStream::from_std(socket).map_err(connect_error)?;
-
+        // The dial and the ring allocations block (briefly, or long if the peer's backlog is
+        // full): keep them off the runtime threads, and bound them like a TCP connect.
+        let name = name.to_owned();
         let ring_bytes = self.shared.options.ring_bytes;
-        let ring_error = |e| io_error("cannot create an IPC ring", e);
-        let outgoing = create_ring(&unique_name("ring"), ring_bytes).map_err(ring_error)?;
-        let incoming = create_ring(&unique_name("ring"), ring_bytes).map_err(ring_error)?;
-        let producer = Producer::new(Arc::clone(&outgoing), false).map_err(ring_error)?;
-        let mut consumer = Consumer::new(Arc::clone(&incoming), false).map_err(ring_error)?;
-        consumer.set_max_message(
-            usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX),
-        );
+        let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
+        let setup = tokio::task::spawn_blocking(move || {
+            let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+            let socket = std::os::unix::net::UnixStream::connect_addr(&address)?;
+            socket.set_nonblocking(true)?;
+            let ring = |e: crate::IpcError| std::io::Error::other(e.to_string());
+            let outgoing = create_ring(&unique_name("ring"), ring_bytes).map_err(ring)?;
+            let incoming = create_ring(&unique_name("ring"), ring_bytes).map_err(ring)?;
+            let producer = Producer::new(Arc::clone(&outgoing), false).map_err(ring)?;
+            let mut consumer = Consumer::new(Arc::clone(&incoming), false).map_err(ring)?;
+            consumer.set_max_message(max_frame);
+            Ok::<_, std::io::Error>((socket, outgoing, incoming, producer, consumer))
+        });
+        let (socket, outgoing, incoming, producer, consumer) =
+            tokio::time::timeout(CONNECT_TIMEOUT, setup)
+                .await
+                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+                .map_err(|e| connect_error(std::io::Error::other(e.to_string())))?
+                .map_err(connect_error)?;
+        let socket = UnixStream::from_std(socket).map_err(connect_error)?;
         let fds = [outgoing.fd().as_raw_fd(), incoming.fd().as_raw_fd()];
         fdpass::send(&socket, [HANDSHAKE_MAGIC, ring_bytes as u64, 0, 0], &fds)
             .await
             .map_err(connect_error)?;
-        let link = self
-            .shared
+        // Registers the link (or, if another connection to this peer won meanwhile, closes
+        // this one quietly).
+        self.shared
             .start_connection(socket, producer, consumer, Some(peer), inbox)?;
-        let mut state = lock(&self.shared.state);
-        if state.stopped {
-            link.connection.closed.store(true, Ordering::Release);
-            return Err(VanError::Stopped(VanKind::Ipc));
-        }
-        let stale = state
-            .links
-            .get(&peer)
-            .is_some_and(|l| l.connection.is_closed());
-        if stale {
-            state.links.remove(&peer);
-        }
-        state.links.entry(peer).or_insert(link);
-        state.lost.remove(&peer);
         debug!(peer, "connected over shared memory");
         Ok(())
     }
