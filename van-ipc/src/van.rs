@@ -193,6 +193,24 @@ impl IpcVan {
     }
 }
 
+impl Drop for IpcVan {
+    /// A van dropped without [`Van::stop`] still ends its connections: threads see the
+    /// closed flags within a wait slice and exit; nothing is flushed.
+    fn drop(&mut self) {
+        let mut state = lock(&self.shared.state);
+        state.stopped = true;
+        state.inbox = None;
+        state.links.clear();
+        state.accepted.clear();
+        for connection in state.connections.drain(..) {
+            connection.closed.store(true, Ordering::Release);
+        }
+        for task in state.tasks.drain(..) {
+            task.abort();
+        }
+    }
+}
+
 impl Default for IpcVan {
     fn default() -> IpcVan {
         IpcVan::new(IpcOptions::default())

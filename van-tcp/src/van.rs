@@ -296,6 +296,23 @@ impl TcpVan {
     }
 }
 
+impl Drop for TcpVan {
+    /// A van dropped without [`Van::stop`] still closes its listener and connections (without
+    /// flushing): its tasks would otherwise keep the sockets open.
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.stopped = true;
+        state.inbox = None;
+        state.links.clear();
+        for task in state.readers.drain(..) {
+            task.abort();
+        }
+        for task in state.writers.drain(..) {
+            task.abort();
+        }
+    }
+}
+
 impl Default for TcpVan {
     fn default() -> TcpVan {
         TcpVan::new(TcpOptions::default())
