@@ -200,7 +200,7 @@ impl Shared {
         inbox: &InboxSender,
     ) {
         let reason = closed.to_string();
-        {
+        let was_route = {
             let mut state = self.lock();
             let dropped: Vec<NodeId> = state
                 .links
@@ -208,11 +208,12 @@ impl Shared {
                 .filter(|(_, link)| link.connection == connection)
                 .map(|(peer, _)| *peer)
                 .collect();
-            for peer in dropped {
-                state.links.remove(&peer);
-                state.lost.insert(peer, reason.clone());
+            for peer in &dropped {
+                state.links.remove(peer);
+                state.lost.insert(*peer, reason.clone());
             }
-        }
+            !dropped.is_empty()
+        };
         match closed {
             Closed::Eof | Closed::InboxGone => {
                 debug!(%remote, ?peer, "connection closed: {reason}")
@@ -220,6 +221,11 @@ impl Shared {
             Closed::Io(_) | Closed::Wire(_) => {
                 warn!(%remote, ?peer, "dropping connection: {reason}")
             }
+        }
+        // An identified peer is lost only when this connection was its route: a spare
+        // connection (one side's, when both dialed) may close while the route lives on.
+        if peer.is_some() && !was_route {
+            return;
         }
         let lost = PeerLost {
             peer,
