@@ -60,6 +60,7 @@ pub struct LocalCluster {
     num_workers: u32,
     heartbeat: Option<(Duration, Duration)>,
     bootstrap_timeout: Duration,
+    eager_connect: bool,
 }
 
 impl LocalCluster {
@@ -70,6 +71,7 @@ impl LocalCluster {
             num_workers,
             heartbeat: None,
             bootstrap_timeout: Duration::from_secs(30),
+            eager_connect: false,
         }
     }
 
@@ -77,6 +79,13 @@ impl LocalCluster {
     /// after `timeout` of silence.
     pub fn heartbeats(mut self, interval: Duration, timeout: Duration) -> LocalCluster {
         self.heartbeat = Some((interval, timeout));
+        self
+    }
+
+    /// Whether nodes connect to every peer as soon as the table arrives
+    /// (`VANS_EAGER_CONNECT`).
+    pub fn eager_connect(mut self, on: bool) -> LocalCluster {
+        self.eager_connect = on;
         self
     }
 
@@ -95,7 +104,8 @@ impl LocalCluster {
             .root_port(SCHEDULER_PORT)
             .node_host(role.as_str())
             .stream_van(VanKind::InProcess)
-            .bootstrap_timeout(self.bootstrap_timeout);
+            .bootstrap_timeout(self.bootstrap_timeout)
+            .eager_connect(self.eager_connect);
         if let Some((interval, timeout)) = self.heartbeat {
             builder = builder
                 .heartbeat_interval(interval)

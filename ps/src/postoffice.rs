@@ -258,6 +258,9 @@ impl Postoffice {
                 });
             }
         }
+        if po.inner.config.eager_connect {
+            po.connect_all().await?;
+        }
         po.start_timers();
         info!(
             "{} joined as node {} ({} servers, {} workers)",
@@ -267,6 +270,22 @@ impl Postoffice {
             po.num_workers()
         );
         Ok(po)
+    }
+
+    /// Connects to every other node of the table now (`VANS_EAGER_CONNECT`), so a peer that
+    /// cannot be reached is an error at start rather than at first use.
+    async fn connect_all(&self) -> Result<()> {
+        let me = self.my_id();
+        let peers: Vec<Node> = self
+            .nodes()
+            .iter()
+            .filter(|n| n.id.is_some_and(|id| id != me && id != node_ids::SCHEDULER))
+            .cloned()
+            .collect();
+        for peer in peers {
+            self.inner.router.connect(&peer).await?;
+        }
+        Ok(())
     }
 
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
@@ -780,6 +799,11 @@ impl Postoffice {
     /// The key range of each server, by rank.
     pub fn server_key_ranges(&self) -> Vec<KeyRange> {
         server_key_ranges(self.num_servers() as usize)
+    }
+
+    /// The peers this node has a connection to, with the van of each.
+    pub fn connected_peers(&self) -> Vec<(NodeId, VanKind)> {
+        self.inner.router.connected()
     }
 
     /// The van carrying traffic to `peer` (for "what am I using?").

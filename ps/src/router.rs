@@ -133,6 +133,18 @@ impl Router {
         select_van(&self.config, self.available, &self.me, node).ok()
     }
 
+    /// The peers with an open connection, and the van of each, sorted by id.
+    pub fn connected(&self) -> Vec<(NodeId, VanKind)> {
+        let mut peers: Vec<_> = self
+            .lock()
+            .connected
+            .iter()
+            .map(|(p, k)| (*p, *k))
+            .collect();
+        peers.sort_unstable();
+        peers
+    }
+
     /// Connects to `node` now over the van the policy picks (and remembers its address).
     pub async fn connect(&self, node: &Node) -> Result<(), PsError> {
         let id = node.id.ok_or_else(|| {

@@ -223,3 +223,29 @@ async fn bootstrap_deadline_names_who_is_missing() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eager_nodes_connect_to_everyone_before_any_traffic_and_lazy_ones_do_not() {
+    for eager in [true, false] {
+        let connected = LocalCluster::new(2, 2)
+            .eager_connect(eager)
+            .run(|po| async move {
+                let peers: Vec<i32> = po.connected_peers().iter().map(|(p, _)| *p).collect();
+                po.finalize().await?;
+                Ok((po.role(), po.my_id(), peers))
+            })
+            .await
+            .unwrap();
+        for (role, me, peers) in connected {
+            if role == Role::Scheduler {
+                continue;
+            }
+            // Everyone reaches the scheduler; eager nodes also every other node.
+            let mut expected = vec![1];
+            if eager {
+                expected.extend([8, 9, 10, 11].into_iter().filter(|id| *id != me));
+            }
+            assert_eq!(peers, expected, "{role} {me}, eager: {eager}");
+        }
+    }
+}

@@ -241,6 +241,12 @@ pub const VARIABLES: &[EnvVar] = &[
         effect: "StarServer's name for VANS_BUSY_POLLING on workers",
     },
     EnvVar {
+        name: "VANS_EAGER_CONNECT",
+        default: "0",
+        effect: "`1`: once the node table arrives, connect to every peer at once (as ps-lite \
+                 does) instead of on first use; setup errors then surface at start",
+    },
+    EnvVar {
         name: "VANS_HOST_ID",
         default: "unset (boot id and host name)",
         effect: "this machine's identity as announced to the cluster: nodes with equal \
@@ -373,6 +379,8 @@ pub struct Config {
     pub busy_polling: bool,
     /// `VANS_HOST_ID`: the host identity to announce instead of boot id + host name.
     pub host_id: Option<String>,
+    /// `VANS_EAGER_CONNECT`: connect to every peer when the node table arrives.
+    pub eager_connect: bool,
 }
 
 impl Default for Config {
@@ -402,6 +410,7 @@ impl Default for Config {
             enable_ipc: true,
             busy_polling: false,
             host_id: None,
+            eager_connect: false,
         }
     }
 }
@@ -601,6 +610,12 @@ impl ConfigBuilder {
     /// Whether vans spin instead of sleeping (`VANS_BUSY_POLLING`).
     pub fn busy_polling(mut self, on: bool) -> Self {
         self.config.busy_polling = on;
+        self
+    }
+
+    /// Whether to connect to every peer when the table arrives (`VANS_EAGER_CONNECT`).
+    pub fn eager_connect(mut self, on: bool) -> Self {
+        self.config.eager_connect = on;
         self
     }
 
@@ -872,6 +887,7 @@ impl Vars {
             }
         }
         c.host_id = self.get("VANS_HOST_ID").map(str::to_owned);
+        c.eager_connect = self.flag("VANS_EAGER_CONNECT")?.unwrap_or(false);
         c.validate()?;
         Ok(c)
     }
