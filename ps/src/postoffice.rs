@@ -383,6 +383,11 @@ impl Postoffice {
         let mut events = Vec::new();
         while inbox.recv_batch(&mut events).await > 0 {
             for event in events.drain(..) {
+                if self.inner.config.verbose >= 2 {
+                    if let Event::Message(msg) = &event {
+                        info!("recv {}", crate::router::describe(msg));
+                    }
+                }
                 match event {
                     Event::Message(msg) if msg.meta.control.is_some() => {
                         self.handle_control(msg).await

@@ -165,6 +165,9 @@ impl Router {
     pub async fn send(&self, msg: Message) -> Result<(), PsError> {
         let peer = msg.meta.recipient.ok_or(VanError::NoRecipient)?;
         let kind = self.ensure_connected(peer).await?;
+        if self.config.verbose >= 2 {
+            info!("send {} via {kind}", describe(&msg));
+        }
         self.van(kind)?.send(msg).await.map_err(peer_error)
     }
 
@@ -184,6 +187,9 @@ impl Router {
                     .copied()
                     .ok_or(VanError::UnknownPeer { peer })?
             };
+            if self.config.verbose >= 2 {
+                info!("send {} via {kind}", describe(&msg));
+            }
             match by_van.iter_mut().find(|(k, _)| *k == kind) {
                 Some((_, batch)) => batch.push(msg),
                 None => by_van.push((kind, vec![msg])),
@@ -237,6 +243,33 @@ impl Router {
         }
         first
     }
+}
+
+/// One line about a message, for `PS_VERBOSE=2` (ps-lite's per-message log).
+pub(crate) fn describe(msg: &Message) -> String {
+    let m = &msg.meta;
+    let what = match &m.control {
+        Some(control) => format!("control {:?} group {}", control.cmd, control.barrier_group),
+        None if m.simple_app => format!("simple-app head {}", m.head),
+        None => format!(
+            "{}{}{} cmd {}",
+            if m.push { "push" } else { "" },
+            if m.push && m.pull { "-" } else { "" },
+            if m.pull { "pull" } else { "" },
+            m.head
+        ),
+    };
+    format!(
+        "{} {what} #{} {:?} -> {:?}, app {}/{}, {} segments, {} bytes",
+        if m.request { "request" } else { "response" },
+        m.request_id,
+        m.sender,
+        m.recipient,
+        m.app_id,
+        m.customer_id,
+        msg.data.len(),
+        msg.data_len()
+    )
 }
 
 /// A lost peer is a failed node, for the layers above.
