@@ -406,3 +406,22 @@ fn without_shared_memory_every_peer_is_reached_over_tcp() {
     assert_eq!(vans.len(), 4, "{vans:?}");
     assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
 }
+
+#[test]
+fn ps_verbose_2_logs_every_message_like_ps_lite() {
+    let child = launch(1, 1, &["PS_VERBOSE=2"], &["--mode", "check", "--keys", "4"])
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, "launcher");
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    for line in [
+        "send request control AddNode",
+        "recv response control AddNode",
+        "send request push cmd 0",
+        "recv request pull cmd 0",
+        "send response pull cmd 0",
+    ] {
+        assert!(all.contains(line), "no `{line}` in the log:\n{all}");
+    }
+}
