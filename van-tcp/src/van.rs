@@ -99,6 +99,9 @@ struct State {
     readers: Vec<JoinHandle<()>>,
     /// Writers: given time to flush on stop.
     writers: Vec<JoinHandle<()>>,
+    /// One gate per peer, so concurrent `connect`s to it dial once (the others wait and
+    /// reuse the result). Bounded by the number of peers.
+    dialing: HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>,
 }
 
 /// The sending side of one connection.
@@ -282,6 +285,14 @@ impl TcpVan {
         self.shared.lock().local
     }
 
+    /// Open connections (dialed and accepted), for diagnostics and tests.
+    pub fn open_connections(&self) -> usize {
+        let state = self.shared.lock();
+        let running = state.readers.iter().filter(|t| !t.is_finished()).count();
+        // The accept loop is kept with the readers.
+        running.saturating_sub(usize::from(state.local.is_some()))
+    }
+
     /// Peers this van currently has a link to.
     pub fn connected_peers(&self) -> Vec<NodeId> {
         let mut peers: Vec<NodeId> = self.shared.lock().links.keys().copied().collect();
@@ -383,6 +394,9 @@ impl Van for TcpVan {
 
     async fn connect(&self, node: &Node) -> Result<(), VanError> {
         let (peer, address) = address_for(node, VanKind::Tcp)?;
+        let gate = Arc::clone(self.shared.lock().dialing.entry(peer).or_default());
+        // Held across the dial on purpose: it only orders connects to this one peer.
+        let _dialing = gate.lock().await;
         let inbox = {
             let state = self.shared.lock();
             if state.stopped {
