@@ -23,6 +23,7 @@ pub mod kv;
 pub mod launcher;
 pub mod local;
 pub mod netif;
+mod pending;
 pub mod postoffice;
 pub mod range;
 pub mod router;

@@ -38,19 +38,20 @@
 //! # }).unwrap();
 //! ```
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{debug, warn};
 use van_core::{node_ids, Message, Meta, NodeId};
 
 use crate::error::{PsError, Result};
+use crate::hash::IntMap;
 use crate::kv::RequestId;
+use crate::pending::Completion;
 use crate::postoffice::{role_name, Customer, Postoffice};
 
 /// Requests queued for the handler before the node stops reading (back-pressure).
@@ -91,7 +92,7 @@ struct AppInner {
     app_id: i32,
     customer_id: i32,
     next_id: AtomicI32,
-    pending: Mutex<HashMap<RequestId, Pending>>,
+    pending: Mutex<IntMap<RequestId, Pending>>,
     /// Feeds the handler task; taken (closing the queue, ending the task) when the local
     /// postoffice stops.
     requests: Mutex<Option<mpsc::Sender<Job>>>,
@@ -113,8 +114,7 @@ struct Pending {
     responses: Vec<Response>,
     /// Whether the request has completed (answers after that are late, not unexpected).
     done: bool,
-    result: Option<Result<Vec<Response>>>,
-    waiter: Option<oneshot::Sender<Result<Vec<Response>>>>,
+    completion: Completion<Vec<Response>>,
 }
 
 impl Pending {
@@ -122,14 +122,13 @@ impl Pending {
     fn complete(&mut self, result: Result<Vec<Response>>) {
         self.done = true;
         self.outstanding.clear();
-        match self.waiter.take() {
-            Some(waiter) => {
-                if let Err(unsent) = waiter.send(result) {
-                    self.result = Some(unsent);
-                }
-            }
-            None => self.result = Some(result),
-        }
+        self.completion.complete(result);
+    }
+}
+
+impl crate::pending::Pending<Vec<Response>> for Pending {
+    fn completion(&mut self) -> &mut Completion<Vec<Response>> {
+        &mut self.completion
     }
 }
 
@@ -161,7 +160,7 @@ impl SimpleApp {
             app_id,
             customer_id,
             next_id: AtomicI32::new(0),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(IntMap::default()),
             requests: Mutex::new(Some(tx)),
         });
         po.register_customer(app_id, customer_id, Arc::clone(&inner) as Arc<dyn Customer>)
@@ -233,25 +232,7 @@ impl SimpleApp {
     /// with [`PsError::NodeFailed`] if a recipient died first, and with
     /// [`PsError::UnknownRequest`] if `id` was never issued or was already waited for.
     pub async fn wait(&self, id: RequestId) -> Result<Vec<(NodeId, i32, Bytes)>> {
-        let rx = {
-            let mut pending = lock(&self.inner.pending);
-            let entry = pending.get_mut(&id).ok_or(PsError::UnknownRequest(id))?;
-            if let Some(result) = entry.result.take() {
-                pending.remove(&id);
-                return result;
-            }
-            if entry.waiter.is_some() {
-                return Err(PsError::InvalidArgument(format!(
-                    "request {id} is already being waited for"
-                )));
-            }
-            let (tx, rx) = oneshot::channel();
-            entry.waiter = Some(tx);
-            rx
-        };
-        let result = rx.await.unwrap_or(Err(PsError::Stopped));
-        lock(&self.inner.pending).remove(&id);
-        result
+        crate::pending::wait(&self.inner.pending, id).await
     }
 
     /// Number of requests issued and not yet waited for.

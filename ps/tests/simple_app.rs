@@ -206,3 +206,30 @@ async fn requests_to_a_dead_server_fail_with_its_name() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_given_up_on_does_not_block_the_next_wait() {
+    let outcome = LocalCluster::new(1, 1)
+        .run(|po| async move {
+            // The server answers after 300 ms.
+            let app = SimpleApp::new(&po, 0, 0, |_, head, body| {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok((head, body))
+            })
+            .await?;
+            let mut outcome = None;
+            if po.role() == Role::Worker {
+                let id = app.request(8, 1, Bytes::from_static(b"x")).await?;
+                let early = tokio::time::timeout(Duration::from_millis(20), app.wait(id)).await;
+                assert!(early.is_err(), "the answer cannot be there yet");
+                // The dropped wait must not count as a waiter any more.
+                outcome = Some(app.wait(id).await?);
+            }
+            po.finalize().await?;
+            Ok(outcome)
+        })
+        .await
+        .unwrap();
+    let answers = outcome.into_iter().flatten().next().unwrap();
+    assert_eq!(answers, vec![(8, 1, Bytes::from_static(b"x"))]);
+}

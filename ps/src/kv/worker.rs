@@ -3,22 +3,20 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use tokio::sync::oneshot;
 use van_core::{node_ids, Message, Meta, NodeId};
 
 use super::{kv_message, kv_pairs, KvPairs};
 use crate::error::{PsError, Result};
 use crate::hash::IntMap;
+pub use crate::pending::RequestId;
+use crate::pending::{lock, Completion};
 use crate::postoffice::{role_name, Customer, Postoffice};
 use crate::range::{slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
-
-/// Identifies a request until it is waited for (ps-lite's timestamp).
-pub type RequestId = i32;
 
 /// Pushes and pulls values of type `T` to and from the servers.
 ///
@@ -66,28 +64,21 @@ struct Pending {
     outstanding: Vec<NodeId>,
     /// Answers so far, by server id (server ids sort in key-range order).
     parts: Vec<(NodeId, KvPairs)>,
-    result: Option<Result<KvPairs>>,
-    waiter: Option<oneshot::Sender<Result<KvPairs>>>,
+    completion: Completion<KvPairs>,
 }
 
 impl Pending {
-    /// Completes the request: hands the result to the waiter, or keeps it for `wait`.
+    /// Completes the request; later answers are ignored.
     fn complete(&mut self, result: Result<KvPairs>) {
         self.outstanding.clear();
-        match self.waiter.take() {
-            Some(waiter) => {
-                if let Err(unsent) = waiter.send(result) {
-                    self.result = Some(unsent);
-                }
-            }
-            None => self.result = Some(result),
-        }
+        self.completion.complete(result);
     }
 }
 
-fn lock(pending: &Mutex<IntMap<RequestId, Pending>>) -> MutexGuard<'_, IntMap<RequestId, Pending>> {
-    // Map operations only; a poisoned lock still holds consistent data.
-    pending.lock().unwrap_or_else(|e| e.into_inner())
+impl crate::pending::Pending<KvPairs> for Pending {
+    fn completion(&mut self) -> &mut Completion<KvPairs> {
+        &mut self.completion
+    }
 }
 
 /// Which kind of request.
@@ -167,26 +158,7 @@ impl<T: Value> KvWorker<T> {
 
     /// Waits for a request: nothing for a push, the pulled pairs for a pull or push-pull.
     pub async fn wait(&self, id: RequestId) -> Result<KvPairs> {
-        let rx = {
-            let mut pending = lock(&self.inner.pending);
-            let entry = pending.get_mut(&id).ok_or(PsError::UnknownRequest(id))?;
-            if let Some(result) = entry.result.take() {
-                pending.remove(&id);
-                return result;
-            }
-            // A waiter whose future was dropped (a timeout, a cancelled task) no longer counts.
-            if entry.waiter.as_ref().is_some_and(|w| !w.is_closed()) {
-                return Err(PsError::InvalidArgument(format!(
-                    "request {id} is already being waited for"
-                )));
-            }
-            let (tx, rx) = oneshot::channel();
-            entry.waiter = Some(tx);
-            rx
-        };
-        let result = rx.await.unwrap_or(Err(PsError::Stopped));
-        lock(&self.inner.pending).remove(&id);
-        result
+        crate::pending::wait(&self.inner.pending, id).await
     }
 
     /// [`wait`](Self::wait) for threads outside the async runtime (ps-lite's `Wait`).

@@ -1,0 +1,84 @@
+//! What `KvWorker` and `SimpleApp` share about requests in flight: a result that is either
+//! handed to whoever waits or kept until someone does, and the `wait` that collects it.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use crate::error::{PsError, Result};
+use crate::hash::IntMap;
+
+/// Identifies a request until it is waited for (ps-lite's timestamp).
+pub type RequestId = i32;
+
+/// The outcome of one request and its waiter.
+#[derive(Debug)]
+pub(crate) struct Completion<T> {
+    result: Option<Result<T>>,
+    waiter: Option<oneshot::Sender<Result<T>>>,
+}
+
+impl<T> Default for Completion<T> {
+    fn default() -> Self {
+        Completion {
+            result: None,
+            waiter: None,
+        }
+    }
+}
+
+impl<T> Completion<T> {
+    /// Hands `result` to the waiter, or keeps it for a later `wait`.
+    pub(crate) fn complete(&mut self, result: Result<T>) {
+        match self.waiter.take() {
+            Some(waiter) => {
+                if let Err(unsent) = waiter.send(result) {
+                    self.result = Some(unsent);
+                }
+            }
+            None => self.result = Some(result),
+        }
+    }
+}
+
+/// An entry of a table of requests in flight.
+pub(crate) trait Pending<T> {
+    /// The entry's completion.
+    fn completion(&mut self) -> &mut Completion<T>;
+}
+
+pub(crate) fn lock<E>(table: &Mutex<IntMap<RequestId, E>>) -> MutexGuard<'_, IntMap<RequestId, E>> {
+    // Map operations only, no await and no call out: a poisoned lock still holds
+    // consistent data.
+    table.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits for request `id` of `table` and removes it. A waiter whose future was dropped (a
+/// timeout, a cancelled task) does not block a new `wait`.
+pub(crate) async fn wait<T, E: Pending<T>>(
+    table: &Mutex<IntMap<RequestId, E>>,
+    id: RequestId,
+) -> Result<T> {
+    let rx = {
+        let mut pending = lock(table);
+        let completion = pending
+            .get_mut(&id)
+            .ok_or(PsError::UnknownRequest(id))?
+            .completion();
+        if let Some(result) = completion.result.take() {
+            pending.remove(&id);
+            return result;
+        }
+        if completion.waiter.as_ref().is_some_and(|w| !w.is_closed()) {
+            return Err(PsError::InvalidArgument(format!(
+                "request {id} is already being waited for"
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        completion.waiter = Some(tx);
+        rx
+    };
+    let result = rx.await.unwrap_or(Err(PsError::Stopped));
+    lock(table).remove(&id);
+    result
+}
