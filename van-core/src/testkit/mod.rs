@@ -237,19 +237,7 @@ pub async fn message_sizes<V: Van + 'static>(make: &impl Fn() -> V) {
     let a = start(make, 9).await;
     let mut b = start(make, 8).await;
     connect(&a, &b).await;
-    let sizes = [
-        0usize,
-        1,
-        7,
-        8,
-        9,
-        4095,
-        65_536,
-        (1 << 20) + 3,
-        8 << 20,
-        64 << 20,
-    ];
-    for (seq, len) in sizes.iter().enumerate() {
+    for (seq, len) in SIZES.iter().enumerate() {
         let msg = numbered(9, 8, seq as u32, *len);
         send(&*a.van, msg).await;
         let got = expect_message(&mut b.inbox).await;
@@ -439,6 +427,59 @@ pub async fn unknown_peer<V: Van + 'static>(make: &impl Fn() -> V) {
     );
 }
 
+/// Sends from `from` to `peer` until one fails with `PeerGone`/`UnknownPeer` naming `peer`;
+/// fails the check if sends keep succeeding, or one hangs, for [`WAIT`].
+pub async fn expect_sends_fail<V: Van + ?Sized>(van: &V, from: NodeId, peer: NodeId) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut seq = 0;
+    loop {
+        let result = tokio::time::timeout(WAIT, van.send(numbered(from, peer, seq, 1024))).await;
+        match result.unwrap_or_else(|_| panic!("a send to a gone peer hung")) {
+            Ok(()) => {}
+            Err(VanError::PeerGone { peer: p, .. } | VanError::UnknownPeer { peer: p })
+                if p == peer =>
+            {
+                return
+            }
+            Err(e) => panic!("unexpected error sending to a gone peer: {e}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sends to a gone peer kept succeeding for {WAIT:?}"
+        );
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits (bounded by [`WAIT`]) for a [`PeerLost`](crate::van::PeerLost) naming `peer`,
+/// skipping other events.
+pub async fn expect_peer_lost(inbox: &mut Inbox, peer: NodeId) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, inbox.recv()).await {
+            Ok(Some(Event::PeerLost(lost))) if lost.peer == Some(peer) => return,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("inbox ended before peer {peer} was reported lost"),
+            Err(_) => panic!("the loss of peer {peer} was not reported within {WAIT:?}"),
+        }
+    }
+}
+
+/// Message sizes every van must carry: empty, around the 8-byte alignment, up to 64 MiB.
+pub const SIZES: [usize; 10] = [
+    0,
+    1,
+    7,
+    8,
+    9,
+    4095,
+    65_536,
+    (1 << 20) + 3,
+    8 << 20,
+    64 << 20,
+];
+
 /// After a peer stops, sends to it fail within a bounded time, naming the peer, and the
 /// van reports the loss as a [`PeerLost`](crate::van::PeerLost) event with the peer's id.
 pub async fn vanished_peer<V: Van + 'static>(make: &impl Fn() -> V) {
@@ -447,29 +488,6 @@ pub async fn vanished_peer<V: Van + 'static>(make: &impl Fn() -> V) {
     connect(&a, &b).await;
     within(b.van.stop(), "stop").await;
     drop(b);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut seq = 0;
-    loop {
-        let result = tokio::time::timeout(WAIT, a.van.send(numbered(9, 8, seq, 1024))).await;
-        let result = result.unwrap_or_else(|_| panic!("a send to a stopped peer hung"));
-        match result {
-            Ok(()) => {}
-            Err(VanError::PeerGone { peer: 8, .. } | VanError::UnknownPeer { peer: 8 }) => break,
-            Err(e) => panic!("unexpected error sending to a vanished peer: {e}"),
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "sends to a stopped peer kept succeeding for {WAIT:?}"
-        );
-        seq += 1;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    loop {
-        match tokio::time::timeout(WAIT, a.inbox.recv()).await {
-            Ok(Some(Event::PeerLost(lost))) if lost.peer == Some(8) => break,
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("inbox ended before the lost peer was reported"),
-            Err(_) => panic!("the loss of peer 8 was not reported within {WAIT:?}"),
-        }
-    }
+    expect_sends_fail(&*a.van, 9, 8).await;
+    expect_peer_lost(&mut a.inbox, 8).await;
 }

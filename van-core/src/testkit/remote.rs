@@ -22,7 +22,7 @@ use bytes::Bytes;
 use super::{check_numbered, numbered, pattern, within, WAIT};
 use crate::message::{Command as ControlCommand, Control, DataType, Endpoint, Message, Meta, Node};
 use crate::message::{NodeId, Role};
-use crate::van::{inbox, Event, Inbox, Van, VanError, VanKind};
+use crate::van::{inbox, Event, Inbox, Van, VanKind};
 
 /// The variable that turns the peer test into the peer (its value: where to write the
 /// endpoint).
@@ -241,19 +241,7 @@ pub async fn remote_ordering<V: Van + 'static>(make: &impl Fn() -> V, peer_test:
 /// Messages from empty to 64 MiB go to the other process and come back intact.
 pub async fn remote_message_sizes<V: Van + 'static>(make: &impl Fn() -> V, peer_test: &str) {
     let (van, mut inbox, _peer) = pair(make, peer_test).await;
-    let sizes = [
-        0usize,
-        1,
-        7,
-        8,
-        9,
-        4095,
-        65_536,
-        (1 << 20) + 3,
-        8 << 20,
-        64 << 20,
-    ];
-    for (seq, len) in sizes.iter().enumerate() {
+    for (seq, len) in super::SIZES.iter().enumerate() {
         let mut msg = numbered(LOCAL, PEER, seq as u32, *len);
         msg.meta.head = ECHO;
         super::send(&*van, msg).await;
@@ -350,12 +338,12 @@ pub async fn remote_stop_flushes_then_reports_the_peer<V: Van + 'static>(
     for seq in 0..200 {
         check_numbered(&next_message(&mut inbox).await, PEER, seq);
     }
-    expect_lost(&mut inbox).await;
+    super::expect_peer_lost(&mut inbox, PEER).await;
     assert!(
         peer.wait_exit(),
         "the peer process did not exit cleanly after stop"
     );
-    expect_send_fails(&*van).await;
+    super::expect_sends_fail(&*van, LOCAL, PEER).await;
 }
 
 /// SIGKILL of the peer process mid-stream is reported with the peer's id, and sends fail.
@@ -368,36 +356,6 @@ pub async fn remote_killed_peer_is_reported<V: Van + 'static>(
     // Let the stream run, then kill the peer without warning.
     let _ = next_message(&mut inbox).await;
     peer.kill();
-    expect_lost(&mut inbox).await;
-    expect_send_fails(&*van).await;
-}
-
-async fn expect_lost(inbox: &mut Inbox) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        match tokio::time::timeout_at(deadline, inbox.recv()).await {
-            Ok(Some(Event::PeerLost(lost))) if lost.peer == Some(PEER) => return,
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("inbox ended before the peer was reported lost"),
-            Err(_) => panic!("the peer process was not reported lost within {WAIT:?}"),
-        }
-    }
-}
-
-async fn expect_send_fails<V: Van + ?Sized>(van: &V) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match van.send(command(ECHO, 0, 0)).await {
-            Err(VanError::PeerGone { peer: PEER, .. } | VanError::UnknownPeer { peer: PEER }) => {
-                return
-            }
-            Err(e) => panic!("unexpected error to a gone peer: {e}"),
-            Ok(()) => {}
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sends to a gone peer kept succeeding"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    super::expect_peer_lost(&mut inbox, PEER).await;
+    super::expect_sends_fail(&*van, LOCAL, PEER).await;
 }
