@@ -367,9 +367,17 @@ fn asking_for_rdma_in_a_build_without_it_is_a_clear_error_not_a_silent_fallback(
 /// Runs the exact-sum check on 2 servers and 2 workers with `env`; returns each worker's
 /// "server N via VAN" lines.
 fn sums_and_vans(env: &[&str]) -> Vec<String> {
-    let child = launch(2, 2, env, &["--mode", "check", "--keys", "32"])
-        .spawn()
-        .unwrap();
+    let mut lines = sums_and_vans_with(env, &[]);
+    lines.retain(|l| l.contains(" via "));
+    lines
+}
+
+/// [`sums_and_vans`] with more ps-bench arguments; also returns the lines naming the memory
+/// the values were pushed from and the vans' "listening at" log lines.
+fn sums_and_vans_with(env: &[&str], args: &[&str]) -> Vec<String> {
+    let mut all_args = vec!["--mode", "check", "--keys", "32"];
+    all_args.extend_from_slice(args);
+    let child = launch(2, 2, env, &all_args).spawn().unwrap();
     let out = wait_output(child, "launcher");
     let all = text(&out);
     assert!(out.status.success(), "{all}");
@@ -382,7 +390,7 @@ fn sums_and_vans(env: &[&str]) -> Vec<String> {
         );
     }
     all.lines()
-        .filter(|l| l.contains(" via "))
+        .filter(|l| l.contains(" via ") || l.contains(" memory") || l.contains("listening at"))
         .map(|l| l.rsplit("] ").next().unwrap_or(l).to_owned())
         .collect()
 }
@@ -398,6 +406,71 @@ fn co_located_nodes_use_shared_memory_and_tcp_when_ipc_is_off_with_the_same_sums
     assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
     let vans = sums_and_vans(&["BYTEPS_ENABLE_IPC=0"]);
     assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
+}
+
+#[cfg(feature = "ipc")]
+#[test]
+fn values_pushed_from_the_shared_arena_give_the_same_sums_over_ipc_and_tcp() {
+    let lines = sums_and_vans_with(&[], &["--zero-copy"]);
+    let memory: Vec<&String> = lines.iter().filter(|l| l.contains(" memory")).collect();
+    assert_eq!(memory.len(), 2, "{lines:?}");
+    assert!(
+        memory.iter().all(|l| l.ends_with("values in ipc memory")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains(" via "))
+            .all(|l| l.ends_with("via ipc")),
+        "{lines:?}"
+    );
+    // The same buffers sent over TCP are ordinary bytes.
+    let lines = sums_and_vans_with(&["DMLC_ENABLE_IPC=0"], &["--zero-copy"]);
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains(" via "))
+            .all(|l| l.ends_with("via tcp")),
+        "{lines:?}"
+    );
+}
+
+#[cfg(feature = "ipc")]
+#[test]
+fn the_named_segment_mode_carries_the_same_sums_and_leaves_nothing_in_dev_shm() {
+    let lines = sums_and_vans_with(&["VANS_IPC_NAMED=1", "RUST_LOG=info"], &[]);
+    let vans: Vec<&String> = lines.iter().filter(|l| l.contains(" via ")).collect();
+    assert_eq!(vans.len(), 4, "{lines:?}");
+    assert!(vans.iter().all(|l| l.ends_with("via ipc")), "{lines:?}");
+    // Servers and workers listen through mailboxes in /dev/shm, not abstract sockets.
+    let ipc: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("ipc van listening"))
+        .collect();
+    assert_eq!(ipc.len(), 4, "{lines:?}");
+    assert!(
+        ipc.iter().all(|l| l.contains("listening at shm:vans-")),
+        "{lines:?}"
+    );
+    // Every node exited in order: its mailbox is gone, and connection segments were
+    // unlinked at the handshake. (Other tests' live segments carry other pids.)
+    let leftovers: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("vans-"))
+                .filter(|n| {
+                    let pid = n.split('-').nth(2).and_then(|p| p.parse::<i32>().ok());
+                    !pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        leftovers.is_empty(),
+        "segments of exited nodes: {leftovers:?}"
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 use van_core::{
     inbox, node_ids, Command, Config, Control, Event, Inbox, Message, Meta, Node, NodeId, Role,
-    Van, VanKind,
+    SharedBuf, Van, VanKind,
 };
 
 use crate::control::{Output, Scheduler, SchedulerConfig};
@@ -38,13 +38,19 @@ const CONNECT_RETRY: Duration = Duration::from_millis(200);
 /// How long the scheduler waits, after the final barrier, for the others to say goodbye.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
 
-/// An application on a node (a `KvWorker`, `KvServer` or `SimpleApp`) that receives the data
-/// messages addressed to its (app id, customer id).
+/// An application on a node (a `KvWorker`, `KvServer`, `SimpleApp`, or one from another crate
+/// such as the rendezvous manager) that receives the data messages addressed to its (app id,
+/// customer id). Register one with [`Postoffice::register_customer`].
+///
+/// The postoffice calls `deliver` from its dispatch loop, one message at a time: a customer
+/// must hand the message on quickly (queue it, complete a waiter) and never block, or every
+/// application of the node waits.
 #[async_trait]
-pub(crate) trait Customer: Send + Sync {
+pub trait Customer: Send + Sync {
     /// A data message for this customer.
     async fn deliver(&self, msg: Message);
-    /// `node` failed; fail whatever waits on it.
+    /// `node` failed; fail whatever waits on it. `node` is this node's own id when the local
+    /// postoffice stopped.
     fn node_failed(&self, node: NodeId, error: &str);
 }
 
@@ -80,6 +86,8 @@ struct Inner {
     /// Set once the final barrier has released: departures are no longer failures.
     finishing: AtomicBool,
     stopped: AtomicBool,
+    /// Set once `alloc` has warned about falling back to ordinary memory.
+    alloc_warned: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The scheduler this process hosts besides its own role (`TF_CONFIG` chief or worker 0).
     hosted_scheduler: Mutex<Option<JoinHandle<Result<()>>>>,
@@ -236,6 +244,7 @@ impl Postoffice {
                 dead: Mutex::new(HashMap::new()),
                 finishing: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
+                alloc_warned: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
                 hosted_scheduler: Mutex::new(hosted_scheduler),
             }),
@@ -433,8 +442,9 @@ impl Postoffice {
     }
 
     /// Registers an application; messages that arrived for it earlier are delivered first,
-    /// in order, before any that arrive from now on.
-    pub(crate) async fn register_customer(
+    /// in order, before any that arrive from now on. Fails with
+    /// [`PsError::InvalidArgument`] when another application holds these ids on this node.
+    pub async fn register_customer(
         &self,
         app_id: i32,
         customer_id: i32,
@@ -653,7 +663,7 @@ impl Postoffice {
     }
 
     /// The error for a request to `node`, if it is known to be dead.
-    pub(crate) fn dead_error(&self, node: NodeId) -> Option<PsError> {
+    pub fn dead_error(&self, node: NodeId) -> Option<PsError> {
         lock(&self.inner.dead)
             .get(&node)
             .map(|reason| PsError::NodeFailed {
@@ -814,6 +824,40 @@ impl Postoffice {
     /// The van carrying traffic to `peer` (for "what am I using?").
     pub fn van_for(&self, peer: NodeId) -> Option<VanKind> {
         self.inner.router.van_for(peer)
+    }
+
+    /// A buffer for values to push: in the IPC van's shared arena when that van is
+    /// compiled in and has room (then a push to a co-located server moves no payload bytes:
+    /// the server reads them where the worker wrote them), otherwise ordinary memory. Fill
+    /// it, [`freeze`](SharedBuf::freeze) it and pass the `Bytes` as the values of
+    /// [`KvWorker::zpush`](crate::KvWorker::zpush). [`SharedBuf::van`] tells which memory
+    /// it got; an arena that is full (peers still hold earlier buffers) is logged once and
+    /// falls back to ordinary memory.
+    pub fn alloc(&self, len: usize) -> SharedBuf {
+        match self.inner.router.alloc(len) {
+            Ok(Some(buf)) => return buf,
+            Ok(None) => {}
+            Err(e) => {
+                if !self.inner.alloc_warned.swap(true, Ordering::Relaxed) {
+                    warn!("zero-copy buffer unavailable, using ordinary memory: {e}");
+                }
+            }
+        }
+        SharedBuf::heap(len)
+    }
+
+    /// Sends a data message to its recipient (`msg.meta.recipient`) over the van the router
+    /// picks for that peer, connecting first if needed, for applications registered with
+    /// [`register_customer`](Self::register_customer). A broken connection is
+    /// [`PsError::NodeFailed`] naming the peer.
+    pub async fn send(&self, msg: Message) -> Result<()> {
+        self.inner.router.send(msg).await
+    }
+
+    /// Sends many data messages (to any recipients) as [`send`](Self::send) does, one batch
+    /// per van. Stops at the first error; earlier messages stay queued.
+    pub async fn send_batch(&self, msgs: Vec<Message>) -> Result<()> {
+        self.inner.router.send_batch(msgs).await
     }
 
     /// The router, for applications to send through.

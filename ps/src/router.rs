@@ -97,6 +97,17 @@ impl Router {
             .ok_or_else(|| VanError::NotCompiled { kind }.into())
     }
 
+    /// A buffer of `len` bytes from the first van that offers memory it sends without
+    /// copying ([`Van::alloc`]); `Ok(None)` when none does.
+    pub fn alloc(&self, len: usize) -> Result<Option<van_core::SharedBuf>, VanError> {
+        for van in &self.vans {
+            if let Some(buf) = van.alloc(len)? {
+                return Ok(Some(buf));
+            }
+        }
+        Ok(None)
+    }
+
     /// Binds every van and delivers into `inbox`; returns the endpoints to announce.
     pub async fn bind(
         &self,

@@ -78,6 +78,9 @@ use crate::wire::Limits;
 
 /// Default bound on opening one connection (`VANS_CONNECT_TIMEOUT_MS`).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default shared memory per IPC van for zero-copy buffers (`VANS_IPC_ARENA_BYTES`).
+pub const DEFAULT_IPC_ARENA_BYTES: usize = 64 << 20;
+
 /// Default bound on joining the cluster (`VANS_BOOTSTRAP_TIMEOUT_SECS`).
 pub const DEFAULT_BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest `DMLC_NUM_WORKER` / `DMLC_NUM_SERVER`: keeps every ps-lite node id
@@ -222,6 +225,19 @@ pub const VARIABLES: &[EnvVar] = &[
         name: "BYTEPS_ENABLE_IPC",
         default: "1",
         effect: "BytePS's name for DMLC_ENABLE_IPC; when both are set they must agree",
+    },
+    EnvVar {
+        name: "VANS_IPC_ARENA_BYTES",
+        default: "67108864 (64 MiB)",
+        effect: "bytes of shared memory each IPC van reserves for zero-copy buffers \
+                 (`Postoffice::alloc`); `0` turns zero-copy sends off",
+    },
+    EnvVar {
+        name: "VANS_IPC_NAMED",
+        default: "0",
+        effect: "`1`: the IPC van listens through a mailbox in `/dev/shm` instead of an \
+                 abstract Unix socket, for co-located peers in different network namespaces \
+                 (no zero-copy buffers then)",
     },
     EnvVar {
         name: "VANS_BUSY_POLLING",
@@ -379,6 +395,10 @@ pub struct Config {
     pub busy_polling: bool,
     /// `VANS_HOST_ID`: the host identity to announce instead of boot id + host name.
     pub host_id: Option<String>,
+    /// `VANS_IPC_ARENA_BYTES`: shared memory per IPC van for zero-copy buffers (0: none).
+    pub ipc_arena_bytes: usize,
+    /// `VANS_IPC_NAMED`: the IPC van listens through a mailbox in `/dev/shm`.
+    pub ipc_named: bool,
     /// `VANS_EAGER_CONNECT`: connect to every peer when the node table arrives.
     pub eager_connect: bool,
 }
@@ -410,6 +430,8 @@ impl Default for Config {
             enable_ipc: true,
             busy_polling: false,
             host_id: None,
+            ipc_arena_bytes: DEFAULT_IPC_ARENA_BYTES,
+            ipc_named: false,
             eager_connect: false,
         }
     }
@@ -616,6 +638,18 @@ impl ConfigBuilder {
     /// Whether to connect to every peer when the table arrives (`VANS_EAGER_CONNECT`).
     pub fn eager_connect(mut self, on: bool) -> Self {
         self.config.eager_connect = on;
+        self
+    }
+
+    /// Shared memory per IPC van for zero-copy buffers (`VANS_IPC_ARENA_BYTES`; 0: none).
+    pub fn ipc_arena_bytes(mut self, bytes: usize) -> Self {
+        self.config.ipc_arena_bytes = bytes;
+        self
+    }
+
+    /// Whether the IPC van listens through a mailbox in `/dev/shm` (`VANS_IPC_NAMED`).
+    pub fn ipc_named(mut self, on: bool) -> Self {
+        self.config.ipc_named = on;
         self
     }
 
@@ -887,7 +921,11 @@ impl Vars {
             }
         }
         c.host_id = self.get("VANS_HOST_ID").map(str::to_owned);
+        if let Some(n) = self.number::<usize>("VANS_IPC_ARENA_BYTES", "a whole number of bytes")? {
+            c.ipc_arena_bytes = n;
+        }
         c.eager_connect = self.flag("VANS_EAGER_CONNECT")?.unwrap_or(false);
+        c.ipc_named = self.flag("VANS_IPC_NAMED")?.unwrap_or(false);
         c.validate()?;
         Ok(c)
     }

@@ -7,6 +7,7 @@
 //! - [`wire`]: the versioned frame format, byte by byte, with zero-copy encode and decode;
 //! - [`van`]: the [`Van`] trait, the [`Inbox`] vans deliver into, [`VanKind`] and [`VanError`];
 //! - [`rendezvous`]: the [`Rendezvous`] trait and TensorFlow's key format;
+//! - [`buf`]: [`SharedBuf`], buffers a van can send without copying ([`Van::alloc`]);
 //! - [`select`]: the selection policy, which van carries each peer's traffic;
 //! - [`config`]: [`Config`], parsed once from `DMLC_*`/`PS_*` environment or built in code;
 //! - [`inproc`]: an in-process van (channels, no sockets) for tests, simulation and
@@ -14,6 +15,7 @@
 //! - [`testkit`] (feature `testkit`): the conformance suite every van runs;
 //! - [`error`]: [`Error`], the umbrella every crate's error converts into.
 
+pub mod buf;
 pub mod config;
 pub mod endpoint_map;
 pub mod error;
@@ -27,6 +29,7 @@ pub mod tf_config;
 pub mod van;
 pub mod wire;
 
+pub use buf::SharedBuf;
 pub use config::{Config, ConfigError};
 pub use endpoint_map::{EndpointMap, EndpointMapError, HostPort};
 pub use error::Error;

@@ -377,6 +377,20 @@ pub trait Van: Send + Sync {
     /// Flushes what is queued (bounded by a timeout), closes every connection and the
     /// listener, and lets the inbox end. Idempotent.
     async fn stop(&self) -> Result<(), VanError>;
+
+    /// A buffer of `len` bytes this van can send without copying the payload (see
+    /// [`SharedBuf`](crate::SharedBuf)), or `Ok(None)` when the van has no such memory (the
+    /// default) or `len` is too small to be worth it. Fill it, freeze it, and send the
+    /// `Bytes` (or slices of them) as data segments.
+    ///
+    /// # Errors
+    ///
+    /// When the van has such memory but cannot provide it (for example, it is exhausted and
+    /// not released by peers in time); callers may fall back to ordinary memory.
+    fn alloc(&self, len: usize) -> Result<Option<crate::SharedBuf>, VanError> {
+        let _ = len;
+        Ok(None)
+    }
 }
 
 #[async_trait]
@@ -398,6 +412,9 @@ impl<V: Van + ?Sized> Van for Arc<V> {
     }
     async fn stop(&self) -> Result<(), VanError> {
         (**self).stop().await
+    }
+    fn alloc(&self, len: usize) -> Result<Option<crate::SharedBuf>, VanError> {
+        (**self).alloc(len)
     }
 }
 

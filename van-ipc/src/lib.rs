@@ -10,30 +10,56 @@
 //!   side creates them and passes both descriptors over a Unix socket in the abstract
 //!   namespace (`SCM_RIGHTS`). **Why memfd:** a memfd has no name in any file system, so it
 //!   disappears with the last process that maps it — a crash leaves nothing in `/dev/shm`,
-//!   and no cleaner is needed. The `shared_memory` crate's named segments (unmaintained
-//!   since 2022, not `Send`, stale after a crash) would only be needed where two processes
-//!   cannot share a Unix socket; that mode is not built yet.
+//!   and no cleaner is needed.
+//! - **Named mode** ([`named`]): abstract Unix sockets belong to a network namespace, so two
+//!   containers that share `/dev/shm` but not a network namespace (`docker run
+//!   --ipc=container:…`, a host `/dev/shm` mounted into both) cannot pass memfds. There the
+//!   listener creates a *mailbox* file in `/dev/shm` whose name is its address
+//!   (`shm:vans-<uid>-<pid>-<pid namespace>-<random>`); a dialer creates a connection
+//!   segment holding both rings, posts its name in a mailbox slot and wakes the listener
+//!   with a futex; both unlink the name as soon as both mapped it. Liveness is a heartbeat
+//!   word per side in the segment (pids mean nothing across pid namespaces). Files are
+//!   0600, created exclusively under unguessable names, and reserved up front after a
+//!   `statvfs` check (a small `/dev/shm` is an [`IpcError::ShmTooSmall`] naming the bytes
+//!   needed). What a crash leaves — a dead listener's mailbox, a segment never taken — is
+//!   listed and removed by [`named::list_segments`]/[`named::clean_stale`] and the
+//!   `vans-shm list|clean` command. It uses the `shared_memory` crate (pinned 0.12.4,
+//!   unmaintained since 2022) for `shm_open` and the mapping, wrapped to be `Send` and
+//!   completed with what it lacks (reservation, owner checks, timely unlinking): see the
+//!   module docs. memfd stays the default because it needs none of this. `IpcOptions::named`
+//!   (`VANS_IPC_NAMED=1`) makes a van listen this way; dialers follow the address.
 //! - **Frames:** van-core's wire format, copied once into the ring straight from the encoded
 //!   parts (fragmented into records of at most a quarter of the ring), and once out when
 //!   reassembled. A frame a peer corrupts is rejected like a bad socket frame and the
 //!   connection is dropped.
+//! - **Zero copy** ([`arena`]): each van maps one more memfd, its *arena*, and hands it to
+//!   every peer at the handshake. [`van_core::Van::alloc`] carves buffers out of it; data
+//!   segments that lie in the arena travel as references (block, offset, length) and the
+//!   receiver's `Bytes` point into the sender's arena, so a push of such a buffer moves no
+//!   payload bytes. Per-connection counters in shared memory say when the receiver dropped
+//!   them; a dead receiver's references are released with it.
 //! - **Threads and wake-ups:** one writer and one reader thread per connection; waits spin
 //!   briefly then sleep on a futex in the shared segment (`VANS_BUSY_POLLING` and the
 //!   StarServer names make them spin instead). A full ring makes the writer wait: memory is
 //!   bounded by the ring and the per-peer queue.
 //! - **Liveness:** after the handshake the Unix socket carries nothing; when a process dies
-//!   the kernel closes it and the other side reports the peer as lost.
-//!
-//! Not built yet: buffers a sender allocates directly in shared memory (a push that moves no
-//! payload bytes), the named-segment mode and its stale-segment cleaner, and ps-ipc-bench.
+//!   the kernel closes it and the other side reports the peer as lost (named mode:
+//!   heartbeats).
 //!
 //! The shared-memory code is Linux-only (memfd, futex); on other systems the crate compiles
 //! to just [`KIND`] and [`IpcError`].
 
+// Zero-copy send buffers in a shared arena.
+#[cfg(target_os = "linux")]
+pub mod arena;
 // The crate's error type.
 mod error;
 #[cfg(target_os = "linux")]
 mod fdpass;
+// Named /dev/shm segments for processes without a shared Unix socket: mailbox rendezvous,
+// heartbeats, and the stale-segment lister and cleaner.
+#[cfg(target_os = "linux")]
+pub mod named;
 // Futex wake-ups and the spin-then-sleep wait.
 #[cfg(target_os = "linux")]
 mod notify;

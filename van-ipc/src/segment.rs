@@ -6,13 +6,19 @@
 //! (`SCM_RIGHTS`). The creator seals it against shrinking and growing before passing it, and
 //! the receiver refuses one that is not sealed against shrinking, because a peer that could
 //! truncate the file under our mapping could make us fault (`SIGBUS`) at will.
+//!
+//! A `Segment` can also be a page-aligned window of a named `/dev/shm` segment
+//! ([`Segment::from_named`]), for the named mode of [`crate::named`] where no Unix socket can
+//! carry a memfd; rings work on either kind the same way.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::error::IpcError;
+use crate::named::NamedSegment;
 
 /// Every segment's name starts with this (it shows in `/proc/<pid>/fd` and `/proc/<pid>/maps`).
 pub const NAME_PREFIX: &str = "vans-";
@@ -20,10 +26,13 @@ pub const NAME_PREFIX: &str = "vans-";
 /// Longest memfd name the kernel accepts (`NAME_MAX` minus the `memfd:` it prepends).
 const MAX_NAME_BYTES: usize = 249;
 
+/// Alignment of a window's offset in [`Segment::from_named`] (the smallest page size).
+pub const WINDOW_ALIGN: usize = 4096;
+
 /// Seals the creator applies: the size is fixed for good.
 const CREATOR_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
-/// A sealed memfd mapped read-write and shared.
+/// A sealed memfd mapped read-write and shared, or a window of a named segment.
 ///
 /// The mapping stays valid, and the same size, for the life of the value; the memory is
 /// released when the last process holding the descriptor or a mapping lets go. Access the
@@ -35,15 +44,27 @@ pub struct Segment {
     ptr: NonNull<u8>,
     /// Length of the mapping in bytes (> 0).
     len: usize,
-    /// The memfd; closed on drop after the mapping is removed.
-    fd: OwnedFd,
+    /// What owns the memory behind `ptr`.
+    backing: Backing,
+}
+
+/// Who owns a [`Segment`]'s mapping.
+#[derive(Debug)]
+enum Backing {
+    /// Our own `mmap` of this memfd: unmapped in `Segment::drop`, then the memfd closes.
+    Memfd(OwnedFd),
+    /// A window of a named segment, which keeps its own mapping alive (and unmaps it when
+    /// the last window and handle are gone).
+    Named(Arc<NamedSegment>),
 }
 
 // SAFETY: `Segment` owns a descriptor and a mapping that live exactly as long as it does and
-// that no method mutates (the address and length are fixed after construction). It hands out
-// only a raw pointer, never a reference to the bytes, so sharing or moving it between threads
-// creates no aliasing on its own: whoever dereferences the pointer must synchronise, exactly
-// as they must with the peer process that writes the same memory.
+// that no method mutates (the address and length are fixed after construction), or, for a
+// named window, an `Arc` of a `NamedSegment` (itself `Send + Sync`) that keeps the mapping
+// alive at least as long. It hands out only a raw pointer, never a reference to the bytes, so
+// sharing or moving it between threads creates no aliasing on its own: whoever dereferences
+// the pointer must synchronise, exactly as they must with the peer process that writes the
+// same memory.
 unsafe impl Send for Segment {}
 // SAFETY: see `Send` above: every `&self` method only reads immutable fields.
 unsafe impl Sync for Segment {}
@@ -164,9 +185,50 @@ impl Segment {
         map(fd, len)
     }
 
-    /// The memfd, to pass to a peer with `SCM_RIGHTS`.
+    /// A window of `len` bytes at `offset` of a named segment (see [`crate::named`]), for
+    /// rings in the named mode. The window keeps the named segment mapped. `offset` must be
+    /// a multiple of [`WINDOW_ALIGN`] (so ring headers keep their alignment) and the window
+    /// must lie inside the segment.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::BadSegment`] when the window is empty, misaligned or out of bounds.
+    pub fn from_named(
+        named: Arc<NamedSegment>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Segment, IpcError> {
+        let end = offset.checked_add(len);
+        if len == 0 || offset % WINDOW_ALIGN != 0 || end.is_none_or(|end| end > named.len()) {
+            return Err(IpcError::bad_segment(format!(
+                "window of {len} bytes at offset {offset} does not fit the {}-byte named \
+                 segment {} at a multiple of {WINDOW_ALIGN}",
+                named.len(),
+                named.name()
+            )));
+        }
+        // `wrapping_add` keeps this safe to compute; the bounds check above puts it in range.
+        let ptr = named.as_ptr().wrapping_add(offset);
+        let Some(ptr) = NonNull::new(ptr) else {
+            return Err(IpcError::bad_segment(
+                "named segment mapped at address zero",
+            ));
+        };
+        Ok(Segment {
+            ptr,
+            len,
+            backing: Backing::Named(named),
+        })
+    }
+
+    /// The descriptor of the file behind the segment: the memfd, to pass to a peer with
+    /// `SCM_RIGHTS`. For a window of a named segment it is the whole named file, which a
+    /// peer's [`Segment::open`] refuses (it cannot be sealed); peers open those by name.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        match &self.backing {
+            Backing::Memfd(fd) => fd.as_fd(),
+            Backing::Named(named) => named.fd(),
+        }
     }
 
     /// Length of the mapping in bytes (never 0).
@@ -189,10 +251,14 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly the mapping created in `map`, unmapped only here;
-        // nothing borrowed from `self` can outlive this call. The descriptor closes after.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        if let Backing::Memfd(_) = self.backing {
+            // SAFETY: for a memfd segment `ptr`/`len` are exactly the mapping created in
+            // `map`, unmapped only here; nothing borrowed from `self` can outlive this call.
+            // The descriptor closes after. (A named window's mapping belongs to its
+            // `NamedSegment`, which unmaps it when the last `Arc` goes.)
+            unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), self.len);
+            }
         }
     }
 }
@@ -250,7 +316,11 @@ fn map(fd: OwnedFd, len: usize) -> Result<Segment, IpcError> {
             source: io::Error::other("mmap returned a null mapping"),
         });
     };
-    Ok(Segment { ptr, len, fd })
+    Ok(Segment {
+        ptr,
+        len,
+        backing: Backing::Memfd(fd),
+    })
 }
 
 #[cfg(test)]

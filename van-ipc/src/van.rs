@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use std::os::linux::net::SocketAddrExt;
@@ -19,7 +19,9 @@ use van_core::{
     Config, Endpoint, Event, InboxSender, Message, Node, NodeId, PeerLost, Van, VanError, VanKind,
 };
 
+use crate::arena::{self, Arena, PeerArena, Ref, RefTable};
 use crate::fdpass;
+use crate::named::{self, Liveness, NamedListener, PeerStatus, HEARTBEAT_INTERVAL};
 use crate::ring::{create_ring, Consumer, Producer, DEFAULT_RING_BYTES, FIRST, LAST};
 use crate::segment::Segment;
 use crate::WaitResult;
@@ -40,6 +42,9 @@ const WAIT_SLICE: Duration = Duration::from_millis(100);
 const BUSY_SPINS: u32 = 1 << 22;
 /// Spins before sleeping, in adaptive mode.
 const DEFAULT_SPINS: u32 = 2_000;
+/// Frames up to this size may be written into the ring by the sending task itself (when
+/// nothing is queued and the ring has room), saving the writer thread's wake-up.
+const DIRECT_MAX: usize = 64 << 10;
 
 /// Tuning of an [`IpcVan`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +60,14 @@ pub struct IpcOptions {
     pub spins: u32,
     /// How long `stop` waits for queued frames to be written.
     pub flush_timeout: Duration,
+    /// Bytes of the shared arena that [`Van::alloc`] carves zero-copy buffers from (see
+    /// [`crate::arena`]); 0 disables zero-copy sends. Reserved when the van binds.
+    pub arena_bytes: usize,
+    /// Listen through a mailbox in `/dev/shm` instead of an abstract Unix socket
+    /// (`VANS_IPC_NAMED`): for peers that share `/dev/shm` but not a network namespace (see
+    /// [`crate::named`]). Dialers follow the address they are given either way. Zero-copy
+    /// buffers need the socket (they travel as memfds), so named connections copy.
+    pub named: bool,
 }
 
 impl Default for IpcOptions {
@@ -65,6 +78,8 @@ impl Default for IpcOptions {
             busy_polling: false,
             spins: DEFAULT_SPINS,
             flush_timeout: Duration::from_secs(10),
+            arena_bytes: van_core::config::DEFAULT_IPC_ARENA_BYTES,
+            named: false,
         }
     }
 }
@@ -75,6 +90,8 @@ impl IpcOptions {
         IpcOptions {
             limits: config.limits,
             busy_polling: config.busy_polling,
+            arena_bytes: config.ipc_arena_bytes,
+            named: config.ipc_named,
             ..IpcOptions::default()
         }
     }
@@ -100,6 +117,8 @@ struct Shared {
     options: IpcOptions,
     state: Mutex<State>,
     next_connection: AtomicU64,
+    /// Our arena, created by `bind` when `arena_bytes > 0`.
+    arena: OnceLock<Arc<Arena>>,
 }
 
 #[derive(Debug, Default)]
@@ -113,13 +132,76 @@ struct State {
     lost: HashMap<NodeId, String>,
     connections: Vec<Arc<Connection>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Named mode: the thread accepting from the mailbox; joined by `stop` and `Drop` so the
+    /// mailbox is removed before they return.
+    accept_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The sending side of one connection.
 #[derive(Debug, Clone)]
 struct Link {
     connection: Arc<Connection>,
-    queue: mpsc::Sender<Vec<Bytes>>,
+    queue: mpsc::Sender<Outgoing>,
+    /// The ring, shared by the writer thread and senders taking the direct path.
+    direct: Arc<Direct>,
+    /// Counts references into our arena held by the peer (when both sides have arenas).
+    table: Option<Arc<RefTable>>,
+}
+
+/// The producing end of a connection's ring and what keeps its messages in order: a sender
+/// writes directly only while no queued message is pending (`pending == 0`, checked under
+/// the lock the writer thread holds while it writes one).
+#[derive(Debug)]
+struct Direct {
+    producer: Mutex<Producer>,
+    /// Messages queued for the writer thread and not yet completely written.
+    pending: std::sync::atomic::AtomicUsize,
+}
+
+impl Direct {
+    /// Writes a small frame into the ring from the calling task when nothing is queued and
+    /// the ring has room now; `false` when the caller must queue it instead.
+    fn try_write(&self, frame: &[Bytes], connection: &Connection) -> bool {
+        let total: usize = frame.iter().map(Bytes::len).sum();
+        if total > DIRECT_MAX || total == 0 || connection.is_closed() {
+            return false;
+        }
+        // Never wait for the lock: the writer may hold it while it waits for room.
+        let Ok(mut producer) = self.producer.try_lock() else {
+            return false;
+        };
+        if self.pending.load(Ordering::Acquire) != 0 || total > producer.max_record() {
+            return false;
+        }
+        let slices: Vec<&[u8]> = frame.iter().map(|p| p.as_ref()).collect();
+        match producer.try_push_message(&slices, 0) {
+            Ok(Some(written)) if written == total => {
+                producer.wake_consumer();
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                // A corrupt cursor: the queued path reports it and closes the connection.
+                debug!("IPC direct write refused: {e}");
+                false
+            }
+        }
+    }
+}
+
+/// One queued message: its encoded frame, preceded in the ring by a references record when
+/// some data segments travel by reference.
+#[derive(Debug)]
+struct Outgoing {
+    refs: Option<Bytes>,
+    frame: Vec<Bytes>,
+}
+
+/// The arenas of one connection: ours with the peer's reference table, and the peer's.
+#[derive(Debug, Default)]
+struct Arenas {
+    ours: Option<Arc<RefTable>>,
+    theirs: Option<PeerArena>,
 }
 
 /// One connection's shared flags.
@@ -132,6 +214,18 @@ struct Connection {
     superseded: AtomicBool,
     /// Signalled by the writer thread when it has flushed and exited.
     writer_done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    /// Why the liveness watcher ended the connection, when it did (named mode: "no
+    /// heartbeat for …"); reported instead of the reader's generic reason.
+    lost_reason: Mutex<Option<String>>,
+}
+
+/// How a connection notices that its peer is gone.
+#[derive(Debug)]
+enum Watch {
+    /// The handshake socket's end of file (the kernel closes it when the peer dies).
+    Socket(UnixStream),
+    /// Heartbeats in a named segment (no socket is shared).
+    Heartbeat(Liveness),
 }
 
 impl Connection {
@@ -181,8 +275,18 @@ impl IpcVan {
                 options,
                 state: Mutex::new(State::default()),
                 next_connection: AtomicU64::new(0),
+                arena: OnceLock::new(),
             }),
         }
+    }
+
+    /// The shared arena's size and how much of it is free now (after reclaiming what
+    /// peers released), or `None` before `bind` or when zero-copy is off.
+    pub fn arena_usage(&self) -> Option<(usize, usize)> {
+        self.shared
+            .arena
+            .get()
+            .map(|arena| (arena.capacity(), arena.free_bytes()))
     }
 
     /// Peers this van currently has a link to.
@@ -190,6 +294,120 @@ impl IpcVan {
         let mut peers: Vec<NodeId> = lock(&self.shared.state).links.keys().copied().collect();
         peers.sort_unstable();
         peers
+    }
+}
+
+impl IpcVan {
+    /// `bind` in named mode: a mailbox in `/dev/shm` (after removing segments that dead
+    /// processes of ours left there) and a thread accepting from it until the van stops.
+    fn bind_named(&self, inbox: InboxSender) -> Result<Endpoint, VanError> {
+        let bind_error = |e: crate::IpcError| VanError::Bind {
+            kind: VanKind::Ipc,
+            address: named::SHM_DIR.into(),
+            source: std::io::Error::other(e.to_string()),
+        };
+        match named::clean_stale() {
+            Ok(report) if !report.removed.is_empty() => {
+                info!("removed {} stale vans segments", report.removed.len());
+            }
+            Ok(_) => {}
+            Err(e) => warn!("could not clean stale vans segments: {e}"),
+        }
+        let mut listener = NamedListener::bind().map_err(bind_error)?;
+        // Dialers size their rings as we do; refuse what is far larger.
+        listener.set_max_ring_bytes(self.shared.options.ring_bytes.max(DEFAULT_RING_BYTES) * 4);
+        let address = listener.address().to_owned();
+        {
+            let mut state = lock(&self.shared.state);
+            if state.stopped {
+                return Err(VanError::Stopped(VanKind::Ipc));
+            }
+            if state.inbox.is_some() {
+                return Err(VanError::AlreadyBound(VanKind::Ipc));
+            }
+            state.inbox = Some(inbox.clone());
+        }
+        let shared = Arc::clone(&self.shared);
+        let runtime = tokio::runtime::Handle::current();
+        let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
+        let accept = std::thread::Builder::new()
+            .name("vans-ipc-accept".into())
+            .spawn(move || {
+                let _runtime = runtime.enter();
+                // Dropping the listener at the end closes and removes the mailbox.
+                while !lock(&shared.state).stopped {
+                    match listener.accept(WAIT_SLICE) {
+                        Ok(Some(mut connection)) => {
+                            connection.consumer.set_max_message(max_frame);
+                            let started = shared.start_connection(
+                                Watch::Heartbeat(connection.liveness),
+                                connection.producer,
+                                connection.consumer,
+                                None,
+                                Arenas::default(),
+                                inbox.clone(),
+                            );
+                            if let Err(e) = started {
+                                warn!("named IPC connection not started: {e}");
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => warn!("refused a named IPC dialer: {e}"),
+                    }
+                }
+            })
+            .map_err(|e| io_error("cannot start the IPC accept thread", e))?;
+        lock(&self.shared.state).accept_thread = Some(accept);
+        info!("ipc van listening at {address}");
+        Ok(Endpoint {
+            kind: VanKind::Ipc,
+            address,
+        })
+    }
+
+    /// `connect` to a named-mode address (`shm:…`).
+    async fn connect_named(&self, peer: NodeId, address: String) -> Result<(), VanError> {
+        let inbox = {
+            let state = lock(&self.shared.state);
+            if state.stopped {
+                return Err(VanError::Stopped(VanKind::Ipc));
+            }
+            if state
+                .links
+                .get(&peer)
+                .is_some_and(|l| !l.connection.is_closed())
+            {
+                return Ok(());
+            }
+            state
+                .inbox
+                .clone()
+                .ok_or(VanError::NotBound(VanKind::Ipc))?
+        };
+        let ring_bytes = self.shared.options.ring_bytes;
+        let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
+        let dial = address.clone();
+        let mut connection =
+            tokio::task::spawn_blocking(move || named::connect(&dial, ring_bytes, CONNECT_TIMEOUT))
+                .await
+                .map_err(|e| io_error("named IPC connect", e))?
+                .map_err(|e| VanError::Connect {
+                    kind: VanKind::Ipc,
+                    peer,
+                    address,
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+        connection.consumer.set_max_message(max_frame);
+        self.shared.start_connection(
+            Watch::Heartbeat(connection.liveness),
+            connection.producer,
+            connection.consumer,
+            Some(peer),
+            Arenas::default(),
+            inbox,
+        )?;
+        debug!(peer, "connected over named shared memory");
+        Ok(())
     }
 }
 
@@ -208,6 +426,12 @@ impl Drop for IpcVan {
         for task in state.tasks.drain(..) {
             task.abort();
         }
+        let accept = state.accept_thread.take();
+        drop(state);
+        if let Some(accept) = accept {
+            // It sees `stopped` within one wait slice and removes the mailbox.
+            let _ = accept.join();
+        }
     }
 }
 
@@ -221,10 +445,11 @@ impl Shared {
     /// Starts the threads and the liveness watcher of a connection; returns its link.
     fn start_connection(
         self: &Arc<Self>,
-        socket: UnixStream,
+        watch: Watch,
         producer: Producer,
         consumer: Consumer,
         peer: Option<NodeId>,
+        arenas: Arenas,
         inbox: InboxSender,
     ) -> Result<Link, VanError> {
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
@@ -234,19 +459,32 @@ impl Shared {
             closed: AtomicBool::new(false),
             superseded: AtomicBool::new(false),
             writer_done: Mutex::new(Some(done_rx)),
+            lost_reason: Mutex::new(None),
         });
         let (queue, frames) = mpsc::channel(SEND_QUEUE);
+        let table = arenas.ours;
+        let direct = Arc::new(Direct {
+            producer: Mutex::new(producer),
+            pending: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let writer_direct = Arc::clone(&direct);
         let link = Link {
             connection: Arc::clone(&connection),
             queue,
+            direct,
+            table: table.clone(),
         };
+        let peer_arena = arenas.theirs;
         let spins = self.options.spins();
 
         let writer_connection = Arc::clone(&connection);
         std::thread::Builder::new()
             .name(format!("vans-ipc-w{id}"))
             .spawn(move || {
-                write_loop(frames, producer, &writer_connection, spins);
+                write_loop(frames, &writer_direct, &writer_connection, spins);
+                if let Some(table) = table {
+                    table.close();
+                }
                 let _ = done_tx.send(());
             })
             .map_err(|e| io_error("cannot start the IPC writer thread", e))?;
@@ -256,6 +494,8 @@ impl Shared {
         // Weak: a reader must not keep its own connection's queue open (stop waits for the
         // writer to see the queue close).
         let reader_queue = link.queue.downgrade();
+        let reader_table = link.table.clone();
+        let reader_direct = Arc::clone(&link.direct);
         let reader_link_connection = Arc::clone(&connection);
         let reader_inbox = inbox.clone();
         let runtime = tokio::runtime::Handle::current();
@@ -265,6 +505,7 @@ impl Shared {
                 let mut peer = peer;
                 let reason = read_loop(
                     consumer,
+                    peer_arena.as_ref(),
                     &reader_connection,
                     shared.options.limits,
                     spins,
@@ -276,6 +517,8 @@ impl Shared {
                                 let link = Link {
                                     connection: Arc::clone(&reader_link_connection),
                                     queue,
+                                    direct: Arc::clone(&reader_direct),
+                                    table: reader_table.clone(),
                                 };
                                 shared.learn(sender, &link);
                             }
@@ -291,27 +534,7 @@ impl Shared {
             })
             .map_err(|e| io_error("cannot start the IPC reader thread", e))?;
 
-        // The socket carries nothing after the handshake: its end is the peer's end.
-        let watched = Arc::clone(&connection);
-        let watcher = tokio::spawn(async move {
-            let mut buf = [0u8; 64];
-            loop {
-                if watched.is_closed() {
-                    break;
-                }
-                match tokio::time::timeout(WAIT_SLICE * 5, socket.readable()).await {
-                    Err(_) => continue,
-                    Ok(Err(_)) => break,
-                    Ok(Ok(())) => match socket.try_read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(_) => continue,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Err(_) => break,
-                    },
-                }
-            }
-            watched.closed.store(true, Ordering::Release);
-        });
+        let watcher = tokio::spawn(watch_connection(watch, Arc::clone(&connection)));
         let mut state = lock(&self.state);
         if state.stopped {
             connection.closed.store(true, Ordering::Release);
@@ -388,10 +611,16 @@ impl Shared {
             return;
         }
         warn!(?peer, "IPC connection closed: {reason}");
+        let reason = connection
+            .lost_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| reason.to_owned());
         let lost = PeerLost {
             peer,
             kind: VanKind::Ipc,
-            reason: reason.to_owned(),
+            reason,
         };
         let _ = inbox.deliver(vec![Event::PeerLost(lost)]).await;
     }
@@ -444,7 +673,7 @@ impl Shared {
             .await
             .map_err(|_| io_error("IPC handshake", "no handshake within the timeout"))?
             .map_err(|e| io_error("IPC handshake", e))?;
-        if words[0] != HANDSHAKE_MAGIC || fds.len() != 2 {
+        if words[0] != HANDSHAKE_MAGIC || (fds.len() != 2 && fds.len() != 4) {
             return Err(io_error(
                 "IPC handshake",
                 format!("not a vans peer ({} descriptors)", fds.len()),
@@ -452,33 +681,166 @@ impl Shared {
         }
         let theirs = fds.remove(0);
         let ours = fds.remove(0);
+        let peer_arena = open_peer_arena(fds)?;
+        // Reply with our arena and the table counting the peer's references into it.
+        let table = self.new_table(credentials.pid())?;
+        let reply: Vec<i32> = match (self.arena.get(), &table) {
+            (Some(arena), Some(table)) => vec![
+                arena.segment().fd().as_raw_fd(),
+                table.segment().fd().as_raw_fd(),
+            ],
+            _ => Vec::new(),
+        };
+        fdpass::send(&socket, [HANDSHAKE_MAGIC, 0, 0, 0], &reply)
+            .await
+            .map_err(|e| io_error("IPC handshake", e))?;
         let incoming = Arc::new(Segment::open(theirs).map_err(|e| io_error("IPC ring", e))?);
         let outgoing = Arc::new(Segment::open(ours).map_err(|e| io_error("IPC ring", e))?);
         let mut consumer = Consumer::new(incoming, false).map_err(|e| io_error("IPC ring", e))?;
         consumer
             .set_max_message(usize::try_from(self.options.limits.max_frame).unwrap_or(usize::MAX));
         let producer = Producer::new(outgoing, false).map_err(|e| io_error("IPC ring", e))?;
-        self.start_connection(socket, producer, consumer, None, inbox)?;
+        let arenas = Arenas {
+            ours: table,
+            theirs: peer_arena,
+        };
+        self.start_connection(
+            Watch::Socket(socket),
+            producer,
+            consumer,
+            None,
+            arenas,
+            inbox,
+        )?;
         Ok(())
     }
+
+    /// A reference table for a new connection, when we have an arena.
+    fn new_table(&self, peer_pid: Option<i32>) -> Result<Option<Arc<RefTable>>, VanError> {
+        self.arena
+            .get()
+            .map(|arena| arena.new_table(&unique_name("refs"), peer_pid))
+            .transpose()
+            .map_err(|e| io_error("IPC reference table", e))
+    }
+
+    /// Replaces the data segments of `msg` that lie in our arena with empty ones and returns
+    /// the references record that names them (counted in the peer's table), if any.
+    fn take_refs(&self, link: &Link, msg: &mut Message) -> Option<Bytes> {
+        let (arena, table) = (self.arena.get()?, link.table.as_ref()?);
+        let mut refs = Vec::new();
+        for (index, data) in msg.data.iter_mut().enumerate() {
+            if let Some((block, offset)) = arena.locate(data) {
+                table.acquire(block);
+                refs.push(Ref {
+                    index: index as u32,
+                    block,
+                    offset,
+                    len: data.len() as u64,
+                });
+                *data = Bytes::new();
+            }
+        }
+        (!refs.is_empty()).then(|| arena::encode_refs(&refs))
+    }
+}
+
+/// Marks `connection` closed when its peer is gone: the handshake socket's end of file, or
+/// (named mode) a peer whose heartbeat stopped.
+async fn watch_connection(watch: Watch, connection: Arc<Connection>) {
+    match watch {
+        Watch::Socket(socket) => {
+            // The socket carries nothing after the handshake: its end is the peer's end.
+            let mut buf = [0u8; 64];
+            while !connection.is_closed() {
+                match tokio::time::timeout(WAIT_SLICE * 5, socket.readable()).await {
+                    Err(_) => continue,
+                    Ok(Err(_)) => break,
+                    Ok(Ok(())) => match socket.try_read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Err(_) => break,
+                    },
+                }
+            }
+        }
+        Watch::Heartbeat(mut liveness) => {
+            while !connection.is_closed() {
+                liveness.beat();
+                match liveness.status() {
+                    PeerStatus::Alive => tokio::time::sleep(HEARTBEAT_INTERVAL).await,
+                    // An orderly close: the reader drains what was written, then reports the
+                    // end; keep beating so the peer does not take us for dead meanwhile.
+                    PeerStatus::Closed => tokio::time::sleep(WAIT_SLICE).await,
+                    PeerStatus::Silent { since } => {
+                        *connection
+                            .lost_reason
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner()) =
+                            Some(format!("no heartbeat from the peer for {since:?}"));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    connection.closed.store(true, Ordering::Release);
+}
+
+/// Maps the arena and reference table a peer passed (none, or exactly both).
+fn open_peer_arena(fds: Vec<std::os::fd::OwnedFd>) -> Result<Option<PeerArena>, VanError> {
+    let mut fds = fds.into_iter();
+    let (Some(arena), Some(table)) = (fds.next(), fds.next()) else {
+        return Ok(None);
+    };
+    let arena = Segment::open(arena).map_err(|e| io_error("IPC arena", e))?;
+    let table = Segment::open(table).map_err(|e| io_error("IPC arena", e))?;
+    PeerArena::new(arena, table)
+        .map(Some)
+        .map_err(|e| io_error("IPC arena", e))
 }
 
 /// Copies queued frames into the ring until the queue closes or the connection ends: each
 /// frame's parts are copied once, straight into the ring, fragmented into records of at
 /// most `max_record` bytes when larger.
 fn write_loop(
-    mut frames: mpsc::Receiver<Vec<Bytes>>,
-    mut producer: Producer,
+    mut frames: mpsc::Receiver<Outgoing>,
+    direct: &Direct,
     connection: &Connection,
     spins: u32,
 ) {
-    'frames: while let Some(parts) = frames.blocking_recv() {
+    let lock = || direct.producer.lock().unwrap_or_else(|e| e.into_inner());
+    while let Some(outgoing) = frames.blocking_recv() {
+        let mut producer = lock();
+        let sent = outgoing
+            .refs
+            .is_none_or(|refs| write_message(&mut producer, &[refs], connection, spins))
+            && write_message(&mut producer, &outgoing.frame, connection, spins);
+        // Under the lock: a direct sender sees the count and the ring change together.
+        direct.pending.fetch_sub(1, Ordering::AcqRel);
+        drop(producer);
+        if !sent {
+            break;
+        }
+    }
+    lock().close();
+}
+
+/// Copies one message into the ring, waiting for room; `false` when the connection ended.
+fn write_message(
+    producer: &mut Producer,
+    parts: &[Bytes],
+    connection: &Connection,
+    spins: u32,
+) -> bool {
+    {
         let slices: Vec<&[u8]> = parts.iter().map(|p| p.as_ref()).collect();
         let total: usize = slices.iter().map(|s| s.len()).sum();
         let mut offset = 0;
         loop {
             if connection.is_closed() {
-                break 'frames;
+                return false;
             }
             match producer.try_push_message(&slices, offset) {
                 Ok(Some(next)) => {
@@ -492,24 +854,25 @@ fn write_loop(
                     let want = (total - offset).min(producer.max_record());
                     if let WaitResult::Closed = producer.wait_for_space(want, spins, WAIT_SLICE) {
                         connection.closed.store(true, Ordering::Release);
-                        break 'frames;
+                        return false;
                     }
                 }
                 Err(e) => {
                     warn!("IPC writer: {e}");
                     connection.closed.store(true, Ordering::Release);
-                    break 'frames;
+                    return false;
                 }
             }
         }
         producer.wake_consumer();
     }
-    producer.close();
+    true
 }
 
 /// Reassembles frames from the ring and delivers them in batches; returns why it stopped.
 fn read_loop(
     mut consumer: Consumer,
+    peer_arena: Option<&PeerArena>,
     connection: &Connection,
     limits: Limits,
     spins: u32,
@@ -520,6 +883,8 @@ fn read_loop(
     let mut in_frame = false;
     let mut batch = Vec::new();
     let mut ring_closed = false;
+    // References announced for the next frame.
+    let mut refs: Option<Vec<Ref>> = None;
     loop {
         match consumer.try_pop(&mut frame) {
             Ok(Some(flags)) => {
@@ -550,8 +915,24 @@ fn read_loop(
                     continue;
                 }
                 in_frame = false;
+                if frame.starts_with(&arena::REFS_MAGIC) {
+                    if refs.is_some() || peer_arena.is_none() {
+                        return "peer sent references it may not send".into();
+                    }
+                    match arena::decode_refs(&frame) {
+                        Ok(r) => refs = Some(r),
+                        Err(e) => return format!("peer corrupted the ring: {e}"),
+                    }
+                    frame.clear();
+                    continue;
+                }
                 match wire::decode(frame.split().freeze(), &limits) {
-                    Ok(msg) => {
+                    Ok(mut msg) => {
+                        if let (Some(refs), Some(arena)) = (refs.take(), peer_arena) {
+                            if let Err(e) = resolve_refs(&mut msg, &refs, arena) {
+                                return format!("peer sent a bad reference: {e}");
+                            }
+                        }
                         if let Some(sender) = msg.meta.sender {
                             on_sender(sender);
                         }
@@ -590,6 +971,19 @@ fn read_loop(
     }
 }
 
+/// Puts the referenced bytes of the peer's arena into the data segments they replace.
+fn resolve_refs(msg: &mut Message, refs: &[Ref], arena: &PeerArena) -> Result<(), String> {
+    for r in refs {
+        let slot = msg
+            .data
+            .get_mut(r.index as usize)
+            .filter(|d| d.is_empty())
+            .ok_or_else(|| format!("no empty data segment {} to fill", r.index))?;
+        *slot = arena.bytes(r).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Van for IpcVan {
     fn kind(&self) -> VanKind {
@@ -610,6 +1004,18 @@ impl Van for IpcVan {
             if state.inbox.is_some() {
                 return Err(VanError::AlreadyBound(VanKind::Ipc));
             }
+        }
+        if self.shared.options.arena_bytes > 0 && self.shared.arena.get().is_none() {
+            let arena = Arena::create(&unique_name("arena"), self.shared.options.arena_bytes)
+                .map_err(|e| VanError::Bind {
+                    kind: VanKind::Ipc,
+                    address: "shared arena".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            let _ = self.shared.arena.set(arena);
+        }
+        if self.shared.options.named {
+            return self.bind_named(inbox);
         }
         // Abstract namespace: no file to clean up, gone with the process.
         let name = format!("vans-{}", unique_name("sock"));
@@ -668,6 +1074,9 @@ impl Van for IpcVan {
 
     async fn connect(&self, node: &Node) -> Result<(), VanError> {
         let (peer, address) = address_for(node, VanKind::Ipc)?;
+        if address.starts_with(named::ADDRESS_PREFIX) {
+            return self.connect_named(peer, address).await;
+        }
         let inbox = {
             let state = lock(&self.shared.state);
             if state.stopped {
@@ -721,14 +1130,41 @@ impl Van for IpcVan {
                 .map_err(|e| connect_error(std::io::Error::other(e.to_string())))?
                 .map_err(connect_error)?;
         let socket = UnixStream::from_std(socket).map_err(connect_error)?;
-        let fds = [outgoing.fd().as_raw_fd(), incoming.fd().as_raw_fd()];
+        let peer_pid = socket.peer_cred().ok().and_then(|c| c.pid());
+        let table = self.shared.new_table(peer_pid)?;
+        let mut fds = vec![outgoing.fd().as_raw_fd(), incoming.fd().as_raw_fd()];
+        if let (Some(arena), Some(table)) = (self.shared.arena.get(), &table) {
+            fds.push(arena.segment().fd().as_raw_fd());
+            fds.push(table.segment().fd().as_raw_fd());
+        }
         fdpass::send(&socket, [HANDSHAKE_MAGIC, ring_bytes as u64, 0, 0], &fds)
             .await
             .map_err(connect_error)?;
+        // The peer answers with its arena (or nothing) once it mapped the rings.
+        let (words, reply) = tokio::time::timeout(HANDSHAKE_TIMEOUT, fdpass::recv(&socket))
+            .await
+            .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(connect_error)?;
+        if words[0] != HANDSHAKE_MAGIC || (!reply.is_empty() && reply.len() != 2) {
+            return Err(io_error(
+                "IPC handshake",
+                format!("bad reply from peer {peer} ({} descriptors)", reply.len()),
+            ));
+        }
+        let arenas = Arenas {
+            ours: table,
+            theirs: open_peer_arena(reply)?,
+        };
         // Registers the link (or, if another connection to this peer won meanwhile, closes
         // this one quietly).
-        self.shared
-            .start_connection(socket, producer, consumer, Some(peer), inbox)?;
+        self.shared.start_connection(
+            Watch::Socket(socket),
+            producer,
+            consumer,
+            Some(peer),
+            arenas,
+            inbox,
+        )?;
         debug!(peer, "connected over shared memory");
         Ok(())
     }
@@ -736,9 +1172,15 @@ impl Van for IpcVan {
     async fn send(&self, msg: Message) -> Result<(), VanError> {
         let peer = recipient_of(&msg)?;
         let link = self.shared.link(peer)?;
+        let mut msg = msg;
+        let refs = self.shared.take_refs(&link, &mut msg);
         let frame = wire::encode(&msg, &self.shared.options.limits)?;
+        if refs.is_none() && link.direct.try_write(&frame, &link.connection) {
+            return Ok(());
+        }
+        link.direct.pending.fetch_add(1, Ordering::AcqRel);
         link.queue
-            .send(frame)
+            .send(Outgoing { refs, frame })
             .await
             .map_err(|_| VanError::PeerGone {
                 peer,
@@ -746,8 +1188,18 @@ impl Van for IpcVan {
             })
     }
 
+    fn alloc(&self, len: usize) -> Result<Option<van_core::SharedBuf>, VanError> {
+        let Some(arena) = self.shared.arena.get() else {
+            return Ok(None);
+        };
+        arena
+            .alloc(len)
+            .map(Some)
+            .map_err(|e| io_error("IPC arena", e))
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
-        let (links, accepted, connections, tasks) = {
+        let (links, accepted, connections, tasks, accept) = {
             let mut state = lock(&self.shared.state);
             state.stopped = true;
             state.inbox = None;
@@ -756,8 +1208,13 @@ impl Van for IpcVan {
                 std::mem::take(&mut state.accepted),
                 std::mem::take(&mut state.connections),
                 std::mem::take(&mut state.tasks),
+                state.accept_thread.take(),
             )
         };
+        if let Some(accept) = accept {
+            // It sees `stopped` within one wait slice and removes the mailbox.
+            let _ = tokio::task::spawn_blocking(move || accept.join()).await;
+        }
         // Closing the queues lets each writer flush and exit (closing its ring, which tells
         // the peer's reader that nothing more comes); then the connections close.
         drop(links);

@@ -15,6 +15,8 @@ use van_ipc::{IpcOptions, IpcVan};
 
 const CHILD: &str = "VANS_IPC_TEST_CHILD";
 const WAIT: Duration = Duration::from_secs(60);
+/// `meta.head` of a message the child keeps (besides echoing it).
+const HOLD: i32 = 77;
 
 fn options() -> IpcOptions {
     IpcOptions {
@@ -23,7 +25,8 @@ fn options() -> IpcOptions {
     }
 }
 
-/// The child: prints its endpoint, then echoes every message back to its sender.
+/// The child: prints its endpoint, then echoes every message back to its sender (and keeps
+/// those marked [`HOLD`], holding their buffers until it dies).
 #[test]
 fn child_echo_process() {
     if std::env::var_os(CHILD).is_none() {
@@ -42,8 +45,12 @@ fn child_echo_process() {
         let path = std::env::var(CHILD).unwrap();
         std::fs::write(format!("{path}.tmp"), &endpoint.address).unwrap();
         std::fs::rename(format!("{path}.tmp"), &path).unwrap();
+        let mut held = Vec::new();
         while let Some(event) = rx.recv().await {
             if let Event::Message(mut msg) = event {
+                if msg.meta.head == HOLD {
+                    held.push(msg.clone());
+                }
                 let from = msg.meta.sender.unwrap();
                 msg.meta.recipient = Some(from);
                 msg.meta.sender = Some(8);
@@ -55,7 +62,30 @@ fn child_echo_process() {
     });
 }
 
-fn spawn_child() -> (std::process::Child, String) {
+/// The child process, killed when dropped (so a failing test leaves no orphan behind).
+struct Child(std::process::Child);
+
+impl std::ops::Deref for Child {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Child {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_child() -> (Child, String) {
     let path = std::env::temp_dir().join(format!(
         "vans-ipc-test-{}-{}",
         std::process::id(),
@@ -64,18 +94,20 @@ fn spawn_child() -> (std::process::Child, String) {
             .unwrap()
             .as_nanos()
     ));
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_echo_process",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, &path)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Child(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_echo_process",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, &path)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let started = std::time::Instant::now();
     loop {
         if let Ok(address) = std::fs::read_to_string(&path) {
@@ -199,5 +231,87 @@ async fn a_killed_peer_is_reported_by_id_and_leaves_nothing_in_dev_shm() {
             );
         }
     }
+    van.stop().await.unwrap();
+}
+
+/// Fills a zero-copy buffer of the parent's arena with a pattern of `len` bytes.
+fn arena_payload(van: &IpcVan, len: usize, seed: u8) -> Bytes {
+    let mut buf = van.alloc(len).unwrap().expect("the van has an arena");
+    assert_eq!(buf.van(), Some(VanKind::Ipc));
+    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+        *b = seed.wrapping_add((i % 251) as u8);
+    }
+    buf.freeze()
+}
+
+/// Polls the arena until it is entirely free again (or fails after `WAIT`).
+async fn arena_released(van: &IpcVan) {
+    let started = std::time::Instant::now();
+    loop {
+        let (capacity, free) = van.arena_usage().unwrap();
+        if free == capacity {
+            return;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "{} of {capacity} arena bytes still held",
+            capacity - free
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_copy_buffers_reach_another_process_and_come_back_free() {
+    let (mut child, address) = spawn_child();
+    let van = Arc::new(IpcVan::new(options()));
+    let (tx, mut rx) = inbox(64);
+    van.bind("127.0.0.1", 0, tx).await.unwrap();
+    van.connect(&peer(address)).await.unwrap();
+    let (capacity, _) = van.arena_usage().unwrap();
+    // Larger than the 1 MiB ring: only a reference can carry it in one record.
+    for (seq, len) in [(0u32, 1usize), (1, 65_536), (2, 3 << 20), (3, 8 << 20)] {
+        let payload = arena_payload(&van, len, seq as u8);
+        let mut msg = numbered(9, 8, seq, 0);
+        msg.data = vec![payload.slice(len / 3..), Bytes::from_static(b"heap")];
+        let expected = msg.data.clone();
+        drop(payload);
+        van.send(msg).await.unwrap();
+        let echo = match tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Event::Message(msg) => msg,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(echo.data, expected, "payload {seq} of {len} bytes");
+        drop(expected);
+        // The child dropped its references after echoing (a copy): all blocks come back.
+        arena_released(&van).await;
+    }
+    // Held references keep the blocks; the holder's death releases them.
+    let payload = arena_payload(&van, 5 << 20, 9);
+    let mut msg = numbered(9, 8, 10, 0);
+    msg.meta.head = HOLD;
+    msg.data = vec![payload];
+    van.send(msg).await.unwrap();
+    match tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Event::Message(echo) => assert_eq!(echo.data[0].len(), 5 << 20),
+        other => panic!("unexpected {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, free) = van.arena_usage().unwrap();
+    assert!(
+        free <= capacity - (5 << 20),
+        "the child holds 5 MiB of the arena, but {free} of {capacity} bytes are free"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    arena_released(&van).await;
     van.stop().await.unwrap();
 }

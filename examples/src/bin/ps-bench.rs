@@ -45,6 +45,8 @@ const USAGE: &str = "usage: ps-bench [options]
   --van V         tcp (processes, the default) or inproc (one process, in-process van)
   --threads N     runtime threads per node; 1 runs each node on one thread (default 1)
   --no-raw        skip the raw-socket reference
+  --zero-copy     push values allocated with Postoffice::alloc (the IPC van's shared arena:
+                  a push to a co-located server then moves no payload bytes)
   --json          print JSON instead of a table
 Without DMLC_ROLE, ps-bench launches a local cluster of itself over TCP on 127.0.0.1.";
 
@@ -62,6 +64,7 @@ struct Options {
     servers: u32,
     workers: u32,
     raw: bool,
+    zero_copy: bool,
     json: bool,
     threads: usize,
     van: VanKind,
@@ -113,6 +116,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
         servers: 1,
         workers: 1,
         raw: true,
+        zero_copy: false,
         json: false,
         threads: 1,
         van: VanKind::Tcp,
@@ -168,6 +172,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
             }
             "--iters" => o.iters = Some(parse_list(&value("--iters")?, "--iters")?[0] as u64),
             "--no-raw" => o.raw = false,
+            "--zero-copy" => o.zero_copy = true,
             "--json" => o.json = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{other}`")),
@@ -319,7 +324,22 @@ async fn check(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Result<(
     let vals: Vec<f32> = (0..n)
         .flat_map(|i| (0..per_key).map(move |j| (rank + 1.0) * (i as f32 + 1.0) + j as f32))
         .collect();
-    let id = worker.push(&keys, &vals, None, 0).await?;
+    let id = if o.zero_copy {
+        // The values written once into memory the van can send by reference.
+        let bytes = ps::values::to_bytes(&vals);
+        let mut buf = po.alloc(bytes.len());
+        buf.as_mut_slice().copy_from_slice(&bytes);
+        let memory = buf.van().map_or("ordinary", |k| k.as_str());
+        println!("worker {}: values in {memory} memory", po.my_rank());
+        let pairs = KvPairs {
+            keys: ps::values::to_bytes(&keys),
+            vals: buf.freeze(),
+            lens: None,
+        };
+        worker.zpush(pairs, 0).await?
+    } else {
+        worker.push(&keys, &vals, None, 0).await?
+    };
     worker.wait(id).await?;
     po.barrier(node_ids::WORKER_GROUP).await?;
     let id = worker.pull(&keys, 0).await?;
@@ -412,7 +432,8 @@ async fn benchmark(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Resu
                     size,
                     window,
                 );
-                let r = run_case(worker, &keys, *mode, *size, *window, o).await?;
+                let vals = values(po, *size, o);
+                let r = run_case(worker, &keys, *mode, &vals, *window, o).await?;
                 let secs = r.elapsed.as_secs_f64().max(1e-9);
                 let moved = match mode {
                     Mode::PushPull => 2 * size,
@@ -452,15 +473,30 @@ async fn benchmark(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Resu
     Ok(())
 }
 
+/// The values every request of a case pushes: `size` bytes of `1f32`, written once (in the
+/// IPC van's shared arena with `--zero-copy`, when it has room).
+fn values(po: &Postoffice, size: usize, o: &Options) -> Bytes {
+    if !o.zero_copy {
+        return ps::values::to_bytes(&vec![1f32; size / 4]);
+    }
+    let mut buf = po.alloc(size);
+    if buf.van().is_none() {
+        eprintln!("ps-bench: --zero-copy: no shared arena for {size} bytes; using ordinary memory");
+    }
+    for chunk in buf.as_mut_slice().chunks_exact_mut(4) {
+        chunk.copy_from_slice(&1f32.to_le_bytes());
+    }
+    buf.freeze()
+}
+
 async fn run_case(
     worker: &KvWorker<f32>,
     keys: &[u64],
     mode: Mode,
-    size: usize,
+    vals: &Bytes,
     window: usize,
     o: &Options,
 ) -> Result<CaseResult, BoxError> {
-    let vals = ps::values::to_bytes(&vec![1f32; size / 4]);
     let key_bytes: Vec<Bytes> = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
     let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
     let started = Instant::now();

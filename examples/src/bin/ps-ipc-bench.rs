@@ -3,7 +3,10 @@
 //! single-thread `memcpy` of the same sizes, so the ratios are printed.
 //!
 //! It runs the sibling `ps-bench` binary (built with the `ipc` feature) as a local cluster
-//! with `DMLC_ENABLE_IPC=1` and then `=0`, reads worker 0's JSON, and measures `memcpy` here.
+//! three times: with `DMLC_ENABLE_IPC=1` (values copied into the rings), with IPC and
+//! `--zero-copy` (values allocated in the worker's shared arena: pushes move references, not
+//! bytes), and with `DMLC_ENABLE_IPC=0` (TCP); it reads worker 0's JSON and measures `memcpy`
+//! here.
 //!
 //! Usage: `ps-ipc-bench [--sizes 8,1048576,4194304] [--windows 1,4] [--seconds 1]`.
 
@@ -42,10 +45,15 @@ fn run() -> Result<(), BoxError> {
         .ok_or("no directory for ps-bench")?
         .join("ps-bench");
     let mut runs = Vec::new();
-    for (van, ipc) in [("ipc", "1"), ("tcp", "0")] {
+    for (van, ipc, extra) in [
+        ("ipc", "1", None),
+        ("ipc zero-copy", "1", Some("--zero-copy")),
+        ("tcp", "0", None),
+    ] {
         eprintln!("ps-ipc-bench: running ps-bench over {van} ...");
         let out = Command::new(&bench)
             .args(["--mode", "all", "--json", "--no-raw"])
+            .args(extra)
             .args([
                 "--sizes",
                 &sizes,
@@ -74,47 +82,57 @@ fn run() -> Result<(), BoxError> {
         let value: Value = serde_json::from_str(json)?;
         runs.push(value["results"].as_array().cloned().unwrap_or_default());
     }
-    let (ipc, tcp) = (&runs[0], &runs[1]);
+    let (ipc, zc, tcp) = (&runs[0], &runs[1], &runs[2]);
     let mut table = Table::new(&[
         "mode",
         "size",
         "in flight",
         "ipc GB/s",
+        "ipc zc GB/s",
         "tcp GB/s",
         "ipc p50 µs",
+        "ipc zc p50 µs",
         "tcp p50 µs",
         "memcpy GB/s",
         "ipc / tcp",
-        "ipc / memcpy",
+        "zc / tcp",
+        "zc / memcpy",
     ]);
     let number = |row: &Value, key: &str| row[key].as_f64().unwrap_or(0.0);
-    for (a, b) in ipc.iter().zip(tcp) {
+    for ((a, z), b) in ipc.iter().zip(zc).zip(tcp) {
         let size = number(a, "size") as usize;
         let copy = memcpy_gbps(size);
-        let (gbps_ipc, gbps_tcp) = (number(a, "GB/s"), number(b, "GB/s"));
+        let (gbps_ipc, gbps_zc, gbps_tcp) =
+            (number(a, "GB/s"), number(z, "GB/s"), number(b, "GB/s"));
         // Small messages compare by latency, large ones by bandwidth.
-        let speedup = if size < 4096 {
-            ratio(number(b, "p50 µs"), number(a, "p50 µs"))
-        } else {
-            ratio(gbps_ipc, gbps_tcp)
+        let speedup = |fast: &Value| {
+            if size < 4096 {
+                ratio(number(b, "p50 µs"), number(fast, "p50 µs"))
+            } else {
+                ratio(number(fast, "GB/s"), gbps_tcp)
+            }
         };
         table.row(vec![
             a["mode"].as_str().unwrap_or("?").to_owned(),
             size.to_string(),
             format!("{}", number(a, "in flight")),
             format!("{gbps_ipc:.3}"),
+            format!("{gbps_zc:.3}"),
             format!("{gbps_tcp:.3}"),
             format!("{}", number(a, "p50 µs")),
+            format!("{}", number(z, "p50 µs")),
             format!("{}", number(b, "p50 µs")),
             format!("{copy:.2}"),
-            format!("{speedup:.2}x"),
-            format!("{:.2}x", ratio(gbps_ipc, copy)),
+            format!("{:.2}x", speedup(a)),
+            format!("{:.2}x", speedup(z)),
+            format!("{:.2}x", ratio(gbps_zc, copy)),
         ]);
     }
     println!("{table}");
     println!(
-        "(ipc / tcp: p50 latency ratio below 4 KiB, bandwidth ratio above; memcpy: one thread \
-         copying the same size repeatedly, measured now)"
+        "(ipc / tcp and zc / tcp: p50 latency ratio below 4 KiB, bandwidth ratio above; zc: \
+         values in the shared arena, pushes carry references; memcpy: one thread copying the \
+         same size repeatedly, measured now)"
     );
     Ok(())
 }
