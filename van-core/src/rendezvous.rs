@@ -180,6 +180,10 @@ pub enum RendezvousError {
     /// The key was malformed.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// The call does not fit this rendezvous: a key whose device is not on this task, a
+    /// device no task owns, a call on a rendezvous that cannot take it. The text says which.
+    #[error("invalid rendezvous call: {0}")]
+    InvalidArgument(String),
 }
 
 /// Called once with the result of a receive.
@@ -222,6 +226,22 @@ pub trait Rendezvous: Send + Sync {
 pub struct RecvFuture {
     rx: oneshot::Receiver<Result<Received, RendezvousError>>,
     key: String,
+}
+
+impl RecvFuture {
+    /// A receive of `key` answered through `rx`, for implementations that complete receives
+    /// through a channel rather than a callback (so that a dropped future is visible to the
+    /// rendezvous as a closed channel). The channel closing without an answer is reported
+    /// as [`RendezvousError::Aborted`].
+    pub fn new(
+        key: impl Into<String>,
+        rx: oneshot::Receiver<Result<Received, RendezvousError>>,
+    ) -> RecvFuture {
+        RecvFuture {
+            rx,
+            key: key.into(),
+        }
+    }
 }
 
 impl Future for RecvFuture {

@@ -1,0 +1,707 @@
+//! `rendezvous-exchange`: tasks in separate processes exchanging tensors through the
+//! rendezvous manager, step after step, in pull (`grpc+seastar`) and push (`star_server`)
+//! mode, validating every value.
+//!
+//! ```text
+//! cargo run --release -p examples --features ipc --bin rendezvous-exchange
+//! ```
+//!
+//! Without `DMLC_ROLE` it launches local clusters of itself (a scheduler, one server and
+//! `--workers` workers as processes on 127.0.0.1; the server and the workers are the tasks),
+//! once per van of `--vans` — `tcp` with shared memory switched off (`DMLC_ENABLE_IPC=0`),
+//! `ipc` with it on, where the router picks it for the co-located tasks — and prints one table.
+//! With `DMLC_ROLE` set it is one node of such a cluster (start it once per role, as
+//! `ps-bench`).
+//!
+//! Each step, task 0 (the server) sends a "ping" tensor per key to every other task and
+//! receives a "pong" back from each; the others receive the pings, check them byte for byte
+//! and echo them as pongs; task 0 checks each pong byte for byte against the ping it sent.
+//! Every step is found, initialized and cleaned up as a TensorFlow step would be.
+//!
+//! - `--mode bench` (default): round trips per second for 8-byte tensors (1 and 64 in
+//!   flight per step) and GB/s for 4 MiB tensors (4 in flight), pull vs push, per van.
+//! - `--mode check`: `--steps` steps of `--tensors` tensors each way per peer (sizes from 0
+//!   to 1 MiB, some of them dead tensors), every value checked; prints what was verified.
+//! - `--mode hang`: a few checked steps, then task 0 waits for a tensor that task 1 never
+//!   sends, and task 1 waits to be killed; task 0 reports the error its receive ends with
+//!   (exit code 3). For the dead-peer test.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use examples::raw::BoxError;
+use examples::Table;
+use ps::launcher::{launch, LaunchSpec};
+use ps::{node_ids, Config, Postoffice, Role};
+use rendezvous::{
+    cpu_device, create_key, parse_key, ParsedKey, Protocol, Rendezvous, RendezvousMgr,
+};
+use van_core::NodeId;
+
+const USAGE: &str = "usage: rendezvous-exchange [options]
+  --mode M          bench | check | hang   (default bench)
+  --protocols LIST  pull,push (default both; also grpc+seastar, star_server)
+  --vans LIST       tcp,ipc: the clusters to launch (default tcp,ipc with the ipc feature, else tcp)
+  --workers N       workers besides the server, when launching (default 1)
+  --steps N         check and hang: steps (default 100)
+  --tensors N       check: tensors per step each way per peer (default 100)
+  --quick           bench: about a tenth of the steps
+  --threads N       runtime threads per node (default 1)
+  --json            print the table as JSON
+Without DMLC_ROLE it launches local clusters of itself on 127.0.0.1; with DMLC_ROLE it is one node.";
+
+/// Steps of the hang mode's checked prologue.
+const HANG_PROLOGUE_STEPS: i64 = 3;
+/// The step whose receive waits on the peer that will be killed.
+const HANG_STEP: i64 = 7;
+/// Tensors up to this size are generated one by one; larger ones are slices of a pool.
+const SMALL_MAX: usize = 64 << 10;
+/// Distinct offsets into the pool for large tensors (in units of 8 bytes).
+const POOL_SLACK: usize = 1 << 20;
+/// A launched job that takes longer than this is stopped.
+const JOB_TIMEOUT: Duration = Duration::from_secs(900);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Bench,
+    Check,
+    Hang,
+}
+
+#[derive(Debug, Clone)]
+struct Options {
+    mode: Mode,
+    protocols: Vec<Protocol>,
+    vans: Vec<String>,
+    workers: u32,
+    steps: u64,
+    tensors: usize,
+    quick: bool,
+    threads: usize,
+    json: bool,
+    /// Where task 0 appends its results (set by the launching process).
+    results: Option<String>,
+    /// The arguments as given, passed on to launched nodes.
+    args: Vec<String>,
+}
+
+fn positive(value: &str, what: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{what}: `{value}` is not a positive whole number"))
+}
+
+fn parse_args(args: Vec<String>) -> Result<Options, String> {
+    let default_vans = if cfg!(feature = "ipc") {
+        vec!["tcp".to_owned(), "ipc".to_owned()]
+    } else {
+        vec!["tcp".to_owned()]
+    };
+    let mut o = Options {
+        mode: Mode::Bench,
+        protocols: vec![Protocol::Pull, Protocol::Push],
+        vans: default_vans,
+        workers: 1,
+        steps: 100,
+        tensors: 100,
+        quick: false,
+        threads: 1,
+        json: false,
+        results: None,
+        args: Vec::new(),
+    };
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--mode" => {
+                let v = value("--mode")?;
+                o.mode = match v.as_str() {
+                    "bench" => Mode::Bench,
+                    "check" => Mode::Check,
+                    "hang" => Mode::Hang,
+                    other => return Err(format!("unknown mode `{other}`")),
+                };
+                o.args.extend(["--mode".to_owned(), v]);
+            }
+            "--protocols" => {
+                let v = value("--protocols")?;
+                o.protocols = v
+                    .split(',')
+                    .map(|p| p.parse::<Protocol>().map_err(|e| e.to_string()))
+                    .collect::<Result<_, _>>()?;
+                o.args.extend(["--protocols".to_owned(), v]);
+            }
+            "--vans" => {
+                o.vans = value("--vans")?.split(',').map(str::to_owned).collect();
+                for van in &o.vans {
+                    match van.as_str() {
+                        "tcp" => {}
+                        "ipc" if cfg!(feature = "ipc") => {}
+                        "ipc" => {
+                            return Err("the ipc van is not compiled in: build with \
+                                        `--features ipc`"
+                                .into())
+                        }
+                        other => return Err(format!("--vans: unknown van `{other}` (tcp, ipc)")),
+                    }
+                }
+            }
+            "--workers" => o.workers = positive(&value("--workers")?, "--workers")? as u32,
+            "--steps" => {
+                let v = value("--steps")?;
+                o.steps = positive(&v, "--steps")?;
+                o.args.extend(["--steps".to_owned(), v]);
+            }
+            "--tensors" => {
+                let v = value("--tensors")?;
+                o.tensors = positive(&v, "--tensors")? as usize;
+                o.args.extend(["--tensors".to_owned(), v]);
+            }
+            "--threads" => {
+                let v = value("--threads")?;
+                o.threads = positive(&v, "--threads")? as usize;
+                o.args.extend(["--threads".to_owned(), v]);
+            }
+            "--quick" => {
+                o.quick = true;
+                o.args.push(arg);
+            }
+            "--json" => o.json = true,
+            "--results" => o.results = Some(value("--results")?),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    if o.protocols.is_empty() {
+        return Err("--protocols: name at least one".into());
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let filter = match std::env::var("PS_VERBOSE").as_deref() {
+        Ok("2") => "debug",
+        Ok("1") => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let options = match parse_args(std::env::args().skip(1).collect()) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("rendezvous-exchange: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut builder = if options.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(options.threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rendezvous-exchange: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(options)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rendezvous-exchange: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(options: Options) -> Result<ExitCode, BoxError> {
+    let config = Config::from_env()?;
+    if config.role.is_none() {
+        launch_local(&options).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let po = Postoffice::start(config).await?;
+    match node(&po, &options).await {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            po.stop().await;
+            Err(e)
+        }
+    }
+}
+
+/// No `DMLC_ROLE`: one local cluster of this program per van, then one table.
+async fn launch_local(options: &Options) -> Result<(), BoxError> {
+    let program = std::env::current_exe()?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let results = std::env::temp_dir().join(format!(
+        "rendezvous-exchange-{}-{nanos}.jsonl",
+        std::process::id()
+    ));
+    let mut rows = Vec::new();
+    for van in &options.vans {
+        let mut spec = LaunchSpec::new(1, options.workers, &program);
+        spec.args = options.args.clone();
+        spec.args
+            .extend(["--results".to_owned(), results.display().to_string()]);
+        spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
+        let ipc = if van == "ipc" { "1" } else { "0" };
+        spec.env.push(("DMLC_ENABLE_IPC".into(), ipc.into()));
+        spec.timeout = Some(JOB_TIMEOUT);
+        eprintln!(
+            "rendezvous-exchange: {van} cluster, 1 server and {} workers",
+            options.workers
+        );
+        let outcome = launch(&spec).await;
+        let text = std::fs::read_to_string(&results).unwrap_or_default();
+        let _ = std::fs::remove_file(&results);
+        outcome?;
+        for line in text.lines() {
+            rows.push(serde_json::from_str::<serde_json::Value>(line)?);
+        }
+    }
+    if options.mode == Mode::Bench {
+        print_table(&rows, options.json);
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[serde_json::Value], json: bool) {
+    let mut table = Table::new(&[
+        "van",
+        "mode",
+        "tensor",
+        "in flight",
+        "steps",
+        "round trips/s",
+        "GB/s",
+        "µs/step",
+    ]);
+    for r in rows {
+        let text = |k: &str| r[k].as_str().unwrap_or("?").to_owned();
+        let number = |k: &str| r[k].as_f64().unwrap_or(0.0);
+        let size = number("size");
+        let round_trips = number("round_trips");
+        let seconds = number("seconds").max(1e-9);
+        let rate = round_trips / seconds;
+        table.row(vec![
+            text("van"),
+            text("mode"),
+            human_size(size as usize),
+            format!("{}", number("in_flight")),
+            format!("{}", number("steps")),
+            format!("{rate:.0}"),
+            // Both directions carry the tensor: ping and pong.
+            format!("{:.3}", 2.0 * size * rate / 1e9),
+            format!("{:.1}", 1e6 * seconds / number("steps").max(1.0)),
+        ]);
+    }
+    if json {
+        println!("{}", table.to_json());
+    } else {
+        println!("{table}");
+        println!(
+            "A round trip is a ping and its pong; GB/s counts the tensor both ways. A step is \
+             find, initialize, the exchange of `in flight` round trips and cleanup. Every \
+             value was checked byte for byte."
+        );
+    }
+}
+
+fn human_size(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+/// One measured case: tensor size, tensors per step and peer, steps.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    size: usize,
+    per_step: usize,
+    steps: u64,
+}
+
+/// The tasks of the cluster (every node but the scheduler), sorted; task 0 pings the others.
+fn tasks(po: &Postoffice) -> Vec<NodeId> {
+    let mut ids: Vec<NodeId> = po
+        .nodes()
+        .iter()
+        .filter(|n| n.role != Role::Scheduler)
+        .filter_map(|n| n.id)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+const TASKS: i32 = node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
+
+async fn node(po: &Postoffice, o: &Options) -> Result<ExitCode, BoxError> {
+    if po.role() == Role::Scheduler {
+        po.finalize().await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let tasks = tasks(po);
+    let me = po.my_id();
+    let pinger = tasks[0];
+    let pongers: Vec<NodeId> = tasks[1..].to_vec();
+    let mut managers = Vec::new();
+    for (i, protocol) in o.protocols.iter().enumerate() {
+        let mgr = RendezvousMgr::builder(po)
+            .protocol(*protocol)
+            .customer_id(i as i32)
+            .build()
+            .await?;
+        managers.push(mgr);
+    }
+    po.barrier(TASKS).await?;
+    let exchange = Exchange::new(me, pinger, pongers.clone());
+    if o.mode == Mode::Hang {
+        return hang(po, &managers[0], &exchange).await;
+    }
+    let cases = match o.mode {
+        Mode::Check => vec![Case {
+            size: 0, // sizes vary per tensor
+            per_step: o.tensors,
+            steps: o.steps,
+        }],
+        _ => {
+            let scale = if o.quick { 10 } else { 1 };
+            vec![
+                Case {
+                    size: 8,
+                    per_step: 1,
+                    steps: 3000 / scale,
+                },
+                Case {
+                    size: 8,
+                    per_step: 64,
+                    steps: 300 / scale,
+                },
+                Case {
+                    size: 4 << 20,
+                    per_step: 4,
+                    steps: 60 / scale,
+                },
+            ]
+        }
+    };
+    let van = pongers
+        .first()
+        .and_then(|p| po.van_for(*p))
+        .map_or("none".to_owned(), |k| k.to_string());
+    let mut results = Vec::new();
+    for (m, mgr) in managers.iter().enumerate() {
+        for (c, case) in cases.iter().enumerate() {
+            let first_step = (m * cases.len() + c) as i64 * 1_000_000;
+            let check = o.mode == Mode::Check;
+            let elapsed = exchange.run(mgr, first_step, *case, check).await?;
+            po.barrier(TASKS).await?;
+            // Task 0 cleaned up each of its steps as it finished it; the others still hold
+            // their last one. (Not `cleanup_all`: a peer already past the barrier may have
+            // created the next case's first step here with its request.)
+            mgr.cleanup(first_step + case.steps as i64 - 1);
+            if me == pinger {
+                let round_trips = case.steps * case.per_step as u64 * pongers.len() as u64;
+                if check {
+                    println!(
+                        "check {}: {} steps, {} tensors each way with {} peer(s), every value \
+                         and dead flag verified, via {van}",
+                        mgr.protocol().mode(),
+                        case.steps,
+                        round_trips,
+                        pongers.len()
+                    );
+                } else {
+                    eprintln!(
+                        "{} {} x{} over {van}: {:.0} round trips/s",
+                        mgr.protocol().mode(),
+                        human_size(case.size),
+                        case.per_step,
+                        round_trips as f64 / elapsed.as_secs_f64().max(1e-9)
+                    );
+                }
+                results.push(serde_json::json!({
+                    "van": van,
+                    "mode": mgr.protocol().mode(),
+                    "size": case.size,
+                    "in_flight": case.per_step,
+                    "steps": case.steps,
+                    "round_trips": round_trips,
+                    "seconds": elapsed.as_secs_f64(),
+                }));
+            } else if check {
+                println!(
+                    "check {}: node {me} verified {} pings from node {pinger} via {van}",
+                    mgr.protocol().mode(),
+                    case.steps * case.per_step as u64
+                );
+            }
+        }
+        let stats = mgr.stats();
+        if stats.live_steps != 0 || stats.pending_pulls != 0 || stats.served_requests != 0 {
+            return Err(
+                format!("node {me}: the manager is not empty after cleanup: {stats:?}").into(),
+            );
+        }
+    }
+    if let (Some(path), false) = (&o.results, results.is_empty()) {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        for r in &results {
+            writeln!(file, "{r}")?;
+        }
+    }
+    po.finalize().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--mode hang`: a checked prologue, then task 0 waits on task 1, which waits to be killed.
+async fn hang(
+    po: &Postoffice,
+    mgr: &RendezvousMgr,
+    exchange: &Exchange,
+) -> Result<ExitCode, BoxError> {
+    let prologue = Case {
+        size: 8,
+        per_step: 2,
+        steps: HANG_PROLOGUE_STEPS as u64,
+    };
+    exchange.run(mgr, 0, prologue, true).await?;
+    po.barrier(TASKS).await?;
+    let me = po.my_id();
+    let Some(&victim) = exchange.pongers.first() else {
+        return Err("--mode hang needs at least two tasks".into());
+    };
+    if me == exchange.pinger {
+        let step = mgr.find(HANG_STEP);
+        step.initialize()?;
+        let key = exchange.key(victim, me, "never-sent")?;
+        let pending = step.recv(&key);
+        println!(
+            "hang {}: node {me} waits for `{key}` of step {HANG_STEP} from node {victim}",
+            mgr.protocol().mode()
+        );
+        let _ = std::io::stdout().flush();
+        let started = Instant::now();
+        let result = pending.await;
+        let waited = started.elapsed();
+        return match result {
+            Ok(_) => Err("a value that was never sent arrived".into()),
+            Err(e) => {
+                eprintln!(
+                    "rendezvous-exchange: after {:.1} s the receive failed: {e}",
+                    waited.as_secs_f64()
+                );
+                po.stop().await;
+                Ok(ExitCode::from(3))
+            }
+        };
+    }
+    if me == victim {
+        println!("hang: node {me} is ready to be killed");
+        let _ = std::io::stdout().flush();
+    }
+    // Wait for the kill (or for the launcher to stop everyone).
+    std::future::pending::<()>().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The tensors and keys of one run; the same on every task, so each can check the others.
+struct Exchange {
+    me: NodeId,
+    pinger: NodeId,
+    pongers: Vec<NodeId>,
+    /// Random bytes that large tensors are slices of.
+    pool: Bytes,
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut s = seed;
+    while out.len() < len {
+        s = splitmix(s);
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+impl Exchange {
+    fn new(me: NodeId, pinger: NodeId, pongers: Vec<NodeId>) -> Exchange {
+        Exchange {
+            me,
+            pinger,
+            pongers,
+            pool: Bytes::from(random_bytes(42, (4 << 20) + POOL_SLACK)),
+        }
+    }
+
+    fn key(&self, src: NodeId, dst: NodeId, name: &str) -> Result<ParsedKey, BoxError> {
+        let device = |n: NodeId| {
+            cpu_device(n).ok_or_else(|| format!("node {n} is not a task (no device name)"))
+        };
+        let key = create_key(&device(src)?, 1, &device(dst)?, name, (0, 0));
+        Ok(parse_key(&key)?)
+    }
+
+    /// The size of tensor `i` of `step` in check mode (0 B to 1 MiB), or the case's size.
+    fn size(&self, case: &Case, check: bool, step: i64, i: usize) -> usize {
+        if !check {
+            return case.size;
+        }
+        if i % 50 == 49 {
+            return 1 << 20;
+        }
+        [0, 8, 100, 4096, 65_536][(i + step as usize) % 5]
+    }
+
+    fn is_dead(check: bool, step: i64, i: usize) -> bool {
+        check && (i * 7 + step as usize) % 13 == 0
+    }
+
+    /// The ping from task 0 to `peer`, tensor `i` of `step`: unique content per tensor.
+    fn ping(&self, step: i64, i: usize, peer: NodeId, len: usize) -> Bytes {
+        let seed = splitmix(
+            (step as u64).wrapping_mul(1_000_003) ^ ((i as u64) << 20) ^ (peer as u64) << 48,
+        );
+        if len <= SMALL_MAX {
+            Bytes::from(random_bytes(seed, len))
+        } else {
+            let offset = (seed as usize % (POOL_SLACK / 8)) * 8;
+            self.pool.slice(offset..offset + len)
+        }
+    }
+
+    /// One case: `case.steps` steps from `first_step`; returns how long task 0 took.
+    async fn run(
+        &self,
+        mgr: &RendezvousMgr,
+        first_step: i64,
+        case: Case,
+        check: bool,
+    ) -> Result<Duration, BoxError> {
+        let n = case.per_step;
+        let started = Instant::now();
+        if self.me == self.pinger {
+            let keys = |name: &str, to_me: bool| -> Result<Vec<Vec<ParsedKey>>, BoxError> {
+                self.pongers
+                    .iter()
+                    .map(|q| {
+                        (0..n)
+                            .map(|i| {
+                                let name = format!("{name}/{i}");
+                                match to_me {
+                                    false => self.key(self.me, *q, &name),
+                                    true => self.key(*q, self.me, &name),
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect()
+            };
+            let pings = keys("ping", false)?;
+            let pongs = keys("pong", true)?;
+            for s in 0..case.steps as i64 {
+                let step_id = first_step + s;
+                let step = mgr.find(step_id);
+                step.initialize()?;
+                let mut sent = Vec::with_capacity(n * self.pongers.len());
+                for (q, (peer, keys)) in self.pongers.iter().zip(&pings).enumerate() {
+                    for (i, key) in keys.iter().enumerate() {
+                        let value = self.ping(step_id, i, *peer, self.size(&case, check, s, i));
+                        let dead = Self::is_dead(check, s, i);
+                        step.send(key, value.clone(), dead)?;
+                        sent.push((q, i, value, dead));
+                    }
+                }
+                let receives: Vec<_> = sent
+                    .iter()
+                    .map(|(q, i, _, _)| step.recv(&pongs[*q][*i]))
+                    .collect();
+                for ((q, i, value, dead), receive) in sent.into_iter().zip(receives) {
+                    let got = receive.await?;
+                    if got.value != value || got.is_dead != dead {
+                        return Err(mismatch(step_id, &pongs[q][i], &value, dead, &got).into());
+                    }
+                }
+                mgr.cleanup(step_id);
+            }
+        } else {
+            let pings: Vec<ParsedKey> = (0..n)
+                .map(|i| self.key(self.pinger, self.me, &format!("ping/{i}")))
+                .collect::<Result<_, _>>()?;
+            let pongs: Vec<ParsedKey> = (0..n)
+                .map(|i| self.key(self.me, self.pinger, &format!("pong/{i}")))
+                .collect::<Result<_, _>>()?;
+            for s in 0..case.steps as i64 {
+                let step_id = first_step + s;
+                let step = mgr.find(step_id);
+                step.initialize()?;
+                let receives: Vec<_> = pings.iter().map(|k| step.recv(k)).collect();
+                for (i, receive) in receives.into_iter().enumerate() {
+                    let got = receive.await?;
+                    if i == 0 && s > 0 {
+                        // Task 0 started this step, so it has everything of the previous one
+                        // (in pull mode it pulled our pongs from our table before that).
+                        mgr.cleanup(step_id - 1);
+                    }
+                    let expected = self.ping(step_id, i, self.me, self.size(&case, check, s, i));
+                    let dead = Self::is_dead(check, s, i);
+                    if got.value != expected || got.is_dead != dead {
+                        return Err(mismatch(step_id, &pings[i], &expected, dead, &got).into());
+                    }
+                    step.send(&pongs[i], got.value, got.is_dead)?;
+                }
+            }
+        }
+        Ok(started.elapsed())
+    }
+}
+
+fn mismatch(
+    step: i64,
+    key: &ParsedKey,
+    expected: &Bytes,
+    dead: bool,
+    got: &rendezvous::Received,
+) -> String {
+    let head = |b: &Bytes| format!("{:02x?}", &b[..b.len().min(8)]);
+    format!(
+        "step {step}, `{key}`: expected {} bytes {}… (dead: {dead}), got {} bytes {}… (dead: {})",
+        expected.len(),
+        head(expected),
+        got.value.len(),
+        head(&got.value),
+        got.is_dead
+    )
+}

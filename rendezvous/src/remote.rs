@@ -1,0 +1,671 @@
+//! [`RemoteRendezvous`]: one step's rendezvous on one task, reaching the other tasks of the
+//! cluster through the manager (TensorFlow's `BaseRemoteRendezvous`).
+//!
+//! Where a call goes depends on the key's devices (resolved to tasks by the manager's
+//! [`DeviceResolver`](crate::device::DeviceResolver)) and the manager's
+//! [`Protocol`]:
+//!
+//! | call | source device on this task | source device on another task |
+//! | --- | --- | --- |
+//! | `send` (pull) | into this task's table | rejected: a task sends only what it produces |
+//! | `send` (push) | into this task's table, or straight to the destination's task | rejected |
+//! | `recv` (pull) | from this task's table | RecvTensor request to the source's task |
+//! | `recv` (push) | from this task's table | from this task's table, where the producer pushes it |
+//!
+//! Two-phase construction as in TensorFlow: the manager creates a step's rendezvous on first
+//! use — possibly for a peer's request that arrives before this task has heard of the step —
+//! and every call made before [`initialize`](RemoteRendezvous::initialize) is queued, then
+//! run in order when it is called.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant as StdInstant;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+use van_core::rendezvous::Received;
+use van_core::rendezvous::{DoneCallback, RecvFuture};
+use van_core::{NodeId, ParsedKey, Rendezvous, RendezvousError};
+
+use crate::local::{Done, LocalRendezvous, WaiterId};
+use crate::mgr::MgrInner;
+use crate::protocol::Protocol;
+
+/// Where a cancellable receive is waiting, so that a deadline, a cancel from the requester or
+/// a dead peer can withdraw it. Moves only forward: `Deferred` → `Pending` → `Local`/`Remote`
+/// → `Finished`, or to `Cancelled` when a cancel arrives while the receive is being placed
+/// (whoever places it then withdraws it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ticket {
+    /// Being placed.
+    Pending,
+    /// Queued until the step is initialized, with this sequence number.
+    Deferred(u64),
+    /// Waiting in the step's local table.
+    Local { key: String, waiter: WaiterId },
+    /// Waiting for a RecvTensor response.
+    Remote(ps::RequestId),
+    /// Answered, or withdrawn.
+    Finished,
+    /// Withdrawn while being placed, with this error.
+    Cancelled(RendezvousError),
+}
+
+/// A shared [`Ticket`].
+pub(crate) type TicketCell = Arc<Mutex<Ticket>>;
+
+pub(crate) fn new_ticket() -> TicketCell {
+    Arc::new(Mutex::new(Ticket::Pending))
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Critical sections in this crate are a few map or queue operations with no call out:
+    // a poisoned lock still holds consistent data.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A call made before the step was initialized.
+enum Deferred {
+    Send {
+        key: ParsedKey,
+        value: Received,
+        route: Route,
+    },
+    Recv {
+        key: ParsedKey,
+        done: Done,
+        ticket: Option<TicketCell>,
+        route: Route,
+    },
+    RecvLocal {
+        key: ParsedKey,
+        done: Done,
+        ticket: Option<TicketCell>,
+    },
+    Pushed {
+        key: ParsedKey,
+        value: Received,
+    },
+}
+
+impl Deferred {
+    fn ticket(&self) -> Option<&TicketCell> {
+        match self {
+            Deferred::Recv { ticket, .. } | Deferred::RecvLocal { ticket, .. } => ticket.as_ref(),
+            _ => None,
+        }
+    }
+
+    fn fail(self, error: RendezvousError) {
+        match self {
+            Deferred::Recv { done, ticket, .. } | Deferred::RecvLocal { done, ticket, .. } => {
+                if let Some(ticket) = ticket {
+                    *lock(&ticket) = Ticket::Finished;
+                }
+                done.complete(Err(error));
+            }
+            Deferred::Send { .. } | Deferred::Pushed { .. } => {}
+        }
+    }
+}
+
+/// Where the tasks of a key are, relative to this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// The task producing the value.
+    pub(crate) src: NodeId,
+    /// The task consuming it.
+    pub(crate) dst: NodeId,
+}
+
+/// A receive in push mode waiting for a value from another task: failed if that task dies.
+struct Watched {
+    peer: NodeId,
+    key: String,
+    ticket: TicketCell,
+}
+
+#[derive(Default)]
+struct StepState {
+    /// `initialize` has started: later calls to it return at once.
+    initializing: bool,
+    /// `initialize` has finished: calls run directly.
+    ready: bool,
+    aborted: Option<RendezvousError>,
+    deferred: VecDeque<(u64, Deferred)>,
+    next_deferred: u64,
+    watched: Vec<Watched>,
+}
+
+/// The rendezvous of one step on this task, from [`RendezvousMgr::find`](crate::RendezvousMgr::find).
+///
+/// Implements [`Rendezvous`]: `send` never blocks, `recv_async` calls its callback exactly
+/// once, `start_abort` fails every pending and later call of the step — including receives
+/// waiting on other tasks, whose requests are withdrawn. A peer that dies fails the receives
+/// waiting on it with [`RendezvousError::Remote`] naming the step, the key and the peer.
+pub struct RemoteRendezvous {
+    step_id: i64,
+    /// Distinguishes this rendezvous from an earlier one of the same step id (cleaned up,
+    /// then found again).
+    incarnation: u64,
+    created: StdInstant,
+    mgr: Weak<MgrInner>,
+    local: LocalRendezvous,
+    state: Mutex<StepState>,
+}
+
+impl std::fmt::Debug for RemoteRendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = lock(&self.state);
+        f.debug_struct("RemoteRendezvous")
+            .field("step_id", &self.step_id)
+            .field("initialized", &state.ready)
+            .field("deferred", &state.deferred.len())
+            .field("aborted", &state.aborted)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteRendezvous {
+    pub(crate) fn new(step_id: i64, incarnation: u64, mgr: Weak<MgrInner>) -> RemoteRendezvous {
+        RemoteRendezvous {
+            step_id,
+            incarnation,
+            created: StdInstant::now(),
+            mgr,
+            local: LocalRendezvous::new(),
+            state: Mutex::new(StepState::default()),
+        }
+    }
+
+    /// The step this rendezvous belongs to.
+    pub fn step_id(&self) -> i64 {
+        self.step_id
+    }
+
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    pub(crate) fn created(&self) -> StdInstant {
+        self.created
+    }
+
+    /// This task's table for the step (values sent here, or pushed here, not yet received).
+    pub fn local(&self) -> &LocalRendezvous {
+        &self.local
+    }
+
+    /// Whether [`initialize`](Self::initialize) has finished.
+    pub fn is_initialized(&self) -> bool {
+        lock(&self.state).ready
+    }
+
+    /// Number of calls queued until [`initialize`](Self::initialize).
+    pub fn deferred_calls(&self) -> usize {
+        lock(&self.state).deferred.len()
+    }
+
+    /// The abort status, once the step was aborted (by [`start_abort`](Rendezvous::start_abort),
+    /// a cleanup, an eviction or the postoffice stopping).
+    pub fn status(&self) -> Option<RendezvousError> {
+        lock(&self.state).aborted.clone()
+    }
+
+    /// Completes the two-phase construction: runs, in the order they were made, every call
+    /// queued since the step was created (sends, receives, and requests or values from other
+    /// tasks), then lets calls run directly. Calling it again is harmless. Fails with the
+    /// abort status if the step was aborted first.
+    pub fn initialize(&self) -> Result<(), RendezvousError> {
+        {
+            let mut state = lock(&self.state);
+            if let Some(status) = &state.aborted {
+                return Err(status.clone());
+            }
+            if state.initializing {
+                return Ok(());
+            }
+            state.initializing = true;
+        }
+        loop {
+            let batch: Vec<Deferred> = {
+                let mut state = lock(&self.state);
+                if state.deferred.is_empty() {
+                    state.ready = true;
+                    break;
+                }
+                let batch: Vec<Deferred> = state.deferred.drain(..).map(|(_, d)| d).collect();
+                for call in &batch {
+                    if let Some(ticket) = call.ticket() {
+                        let mut ticket = lock(ticket);
+                        if matches!(*ticket, Ticket::Deferred(_)) {
+                            *ticket = Ticket::Pending;
+                        }
+                    }
+                }
+                batch
+            };
+            for call in batch {
+                self.replay(call);
+            }
+        }
+        Ok(())
+    }
+
+    fn replay(&self, call: Deferred) {
+        match call {
+            Deferred::Send { key, value, route } => {
+                if let Err(e) = self.run_send(&key, value, route) {
+                    // The caller was told Ok when it queued the send; the step cannot finish
+                    // correctly without the value, so it fails as a whole.
+                    warn!(
+                        step = self.step_id,
+                        "a send queued before initialize failed: {e}"
+                    );
+                    self.start_abort(e);
+                }
+            }
+            Deferred::Recv {
+                key,
+                done,
+                ticket,
+                route,
+            } => self.run_recv(&key, done, ticket.as_ref(), route),
+            Deferred::RecvLocal { key, done, ticket } => {
+                self.place_local(&key, done, ticket.as_ref())
+            }
+            Deferred::Pushed { key, value } => self.run_pushed(&key, value),
+        }
+    }
+
+    /// Runs `call` now if the step is ready (returns it), queues it if not (returns `None`),
+    /// or fails it if the step was aborted (returns `None`).
+    fn gate(&self, call: Deferred) -> Option<Deferred> {
+        // Read before taking the lock: the manager must never be dropped (which aborts this
+        // step, taking the lock) while the lock is held.
+        let limit = self.mgr.upgrade().map(|m| m.options.max_deferred_calls);
+        let mut state = lock(&self.state);
+        if let Some(status) = state.aborted.clone() {
+            drop(state);
+            call.fail(status);
+            return None;
+        }
+        if state.ready {
+            return Some(call);
+        }
+        let Some(limit) = limit else {
+            drop(state);
+            call.fail(RendezvousError::Aborted(format!(
+                "step {}: the rendezvous manager was dropped",
+                self.step_id
+            )));
+            return None;
+        };
+        if state.deferred.len() >= limit {
+            drop(state);
+            call.fail(RendezvousError::Aborted(format!(
+                "step {}: {limit} calls are already queued waiting for initialize \
+                 (RendezvousMgrBuilder::max_deferred_calls); call RemoteRendezvous::initialize",
+                self.step_id
+            )));
+            return None;
+        }
+        let seq = state.next_deferred;
+        state.next_deferred += 1;
+        if let Some(ticket) = call.ticket() {
+            *lock(ticket) = Ticket::Deferred(seq);
+        }
+        state.deferred.push_back((seq, call));
+        None
+    }
+
+    fn manager(&self) -> Result<Arc<MgrInner>, RendezvousError> {
+        self.mgr.upgrade().ok_or_else(|| {
+            RendezvousError::Aborted(format!(
+                "step {}: the rendezvous manager was dropped",
+                self.step_id
+            ))
+        })
+    }
+
+    /// Where `key`'s tasks are, checking that this task may make `call` with it.
+    fn route(&self, key: &ParsedKey) -> Result<(Arc<MgrInner>, Route), RendezvousError> {
+        let mgr = self.manager()?;
+        let route = mgr.route(key)?;
+        Ok((mgr, route))
+    }
+
+    fn run_send(
+        &self,
+        key: &ParsedKey,
+        value: Received,
+        route: Route,
+    ) -> Result<(), RendezvousError> {
+        let mgr = self.manager()?;
+        if mgr.options.protocol == Protocol::Push && route.dst != mgr.me {
+            return mgr.push(self, key, value, route.dst);
+        }
+        self.local.send_str(key.full_key(), value)
+    }
+
+    fn run_recv(&self, key: &ParsedKey, done: Done, ticket: Option<&TicketCell>, route: Route) {
+        let mgr = match self.manager() {
+            Ok(mgr) => mgr,
+            Err(e) => return finish(done, ticket, Err(e)),
+        };
+        if route.src == mgr.me {
+            return self.place_local(key, done, ticket);
+        }
+        match mgr.options.protocol {
+            Protocol::Pull => mgr.pull(self, key, route.src, done, ticket),
+            Protocol::Push => {
+                // The producer pushes into this table; watch for it dying meanwhile.
+                let ticket = ticket.cloned().unwrap_or_else(new_ticket);
+                self.place_local(key, done, Some(&ticket));
+                if !matches!(*lock(&ticket), Ticket::Local { .. }) {
+                    return; // answered at once, or failed
+                }
+                lock(&self.state).watched.push(Watched {
+                    peer: route.src,
+                    key: key.full_key().to_owned(),
+                    ticket: Arc::clone(&ticket),
+                });
+                if let Some(reason) = mgr.peer_dead(route.src) {
+                    let error = mgr.remote_error(self.step_id, key.full_key(), route.src, reason);
+                    self.cancel(&ticket, error);
+                }
+            }
+        }
+    }
+
+    /// Queues a receive in the local table and records where it waits.
+    fn place_local(&self, key: &ParsedKey, done: Done, ticket: Option<&TicketCell>) {
+        let waiter = self.local.recv_waiter(key.full_key(), done);
+        let Some(ticket) = ticket else {
+            return;
+        };
+        let mut cell = lock(ticket);
+        if let Ticket::Cancelled(error) = &*cell {
+            let error = error.clone();
+            *cell = Ticket::Finished;
+            drop(cell);
+            if let Some(waiter) = waiter {
+                self.local.cancel_waiter(key.full_key(), waiter, error);
+            }
+            return;
+        }
+        *cell = match waiter {
+            Some(waiter) => Ticket::Local {
+                key: key.full_key().to_owned(),
+                waiter,
+            },
+            None => Ticket::Finished,
+        };
+    }
+
+    fn run_pushed(&self, key: &ParsedKey, value: Received) {
+        if let Err(e) = self.local.send_str(key.full_key(), value) {
+            debug!(step = self.step_id, "pushed value for `{key}` dropped: {e}");
+        }
+    }
+
+    /// A value another task pushed into this step (push mode).
+    pub(crate) fn deliver_pushed(&self, key: ParsedKey, value: Received) {
+        if let Some(Deferred::Pushed { key, value }) = self.gate(Deferred::Pushed { key, value }) {
+            self.run_pushed(&key, value);
+        }
+    }
+
+    /// Receives `key` from this task's own table, for a request from another task (TF's
+    /// `RecvLocalAsync`): queued until [`initialize`](Self::initialize), rejected when the
+    /// key's source device is not on this task.
+    pub fn recv_local_async(&self, key: &ParsedKey, done: DoneCallback) {
+        self.recv_local_internal(key, Done::Callback(done), None);
+    }
+
+    pub(crate) fn recv_local_internal(
+        &self,
+        key: &ParsedKey,
+        done: Done,
+        ticket: Option<&TicketCell>,
+    ) {
+        let route = self.route(key).and_then(|(mgr, route)| {
+            if route.src == mgr.me {
+                Ok(route)
+            } else {
+                Err(RendezvousError::InvalidArgument(format!(
+                    "step {}: a local receive of `{key}` on node {}, but its source device \
+                     is on node {}",
+                    self.step_id, mgr.me, route.src
+                )))
+            }
+        });
+        if let Err(e) = route {
+            return finish(done, ticket, Err(e));
+        }
+        let call = Deferred::RecvLocal {
+            key: key.clone(),
+            done,
+            ticket: ticket.cloned(),
+        };
+        if let Some(Deferred::RecvLocal { key, done, ticket }) = self.gate(call) {
+            self.place_local(&key, done, ticket.as_ref());
+        }
+    }
+
+    pub(crate) fn recv_internal(&self, key: &ParsedKey, done: Done, ticket: Option<&TicketCell>) {
+        let route = match self.route(key) {
+            Ok((mgr, route)) if route.dst != mgr.me => {
+                Err(RendezvousError::InvalidArgument(format!(
+                    "step {}: node {} receives `{key}`, but its destination device is on node {}",
+                    self.step_id, mgr.me, route.dst
+                )))
+            }
+            Ok((_, route)) => Ok(route),
+            Err(e) => Err(e),
+        };
+        let route = match route {
+            Ok(route) => route,
+            Err(e) => return finish(done, ticket, Err(e)),
+        };
+        let call = Deferred::Recv {
+            key: key.clone(),
+            done,
+            ticket: ticket.cloned(),
+            route,
+        };
+        if let Some(Deferred::Recv {
+            key,
+            done,
+            ticket,
+            route,
+        }) = self.gate(call)
+        {
+            self.run_recv(&key, done, ticket.as_ref(), route);
+        }
+    }
+
+    /// Receives `key`, failing with [`RendezvousError::DeadlineExceeded`] if no value arrives
+    /// before `deadline` (`None`: no deadline). A receive that expires is withdrawn: from
+    /// this task's table, or from the owner's (pull: a cancel is sent), so that it does not
+    /// consume a later value.
+    pub async fn recv_with_deadline(
+        &self,
+        key: &ParsedKey,
+        deadline: Option<Instant>,
+    ) -> Result<Received, RendezvousError> {
+        let (tx, mut rx) = oneshot::channel();
+        let Some(deadline) = deadline else {
+            self.recv_internal(key, Done::Channel(tx), None);
+            return rx.await.unwrap_or_else(|_| Err(dropped(key)));
+        };
+        let ticket = new_ticket();
+        self.recv_internal(key, Done::Channel(tx), Some(&ticket));
+        match tokio::time::timeout_at(deadline, &mut rx).await {
+            Ok(result) => result.unwrap_or_else(|_| Err(dropped(key))),
+            Err(_) => {
+                let expired = RendezvousError::DeadlineExceeded {
+                    key: key.full_key().to_owned(),
+                };
+                self.cancel(&ticket, expired.clone());
+                rx.try_recv().unwrap_or(Err(expired))
+            }
+        }
+    }
+
+    /// Withdraws the receive `ticket` tracks, completing it with `error`. Returns false if it
+    /// had already been answered.
+    pub(crate) fn cancel(&self, ticket: &TicketCell, error: RendezvousError) -> bool {
+        // Each retry follows a forward move of the ticket, of which there are at most four.
+        for _ in 0..8 {
+            let current = {
+                let mut cell = lock(ticket);
+                match &*cell {
+                    Ticket::Finished | Ticket::Cancelled(_) => return false,
+                    Ticket::Pending => {
+                        *cell = Ticket::Cancelled(error);
+                        return true;
+                    }
+                    other => other.clone(),
+                }
+            };
+            let withdrawn = match &current {
+                Ticket::Deferred(seq) => self.cancel_deferred(*seq, error.clone()),
+                Ticket::Local { key, waiter } => {
+                    self.local.cancel_waiter(key, *waiter, error.clone())
+                }
+                Ticket::Remote(request) => self
+                    .mgr
+                    .upgrade()
+                    .is_some_and(|m| m.cancel_pull(*request, error.clone(), true)),
+                _ => false,
+            };
+            let mut cell = lock(ticket);
+            if withdrawn {
+                *cell = Ticket::Finished;
+                return true;
+            }
+            if *cell == current {
+                return false; // it was answered meanwhile
+            }
+        }
+        false
+    }
+
+    fn cancel_deferred(&self, seq: u64, error: RendezvousError) -> bool {
+        let call = {
+            let mut state = lock(&self.state);
+            let Some(at) = state.deferred.iter().position(|(s, _)| *s == seq) else {
+                return false;
+            };
+            state.deferred.remove(at)
+        };
+        match call {
+            Some((_, call)) => {
+                if let Some(ticket) = call.ticket() {
+                    *lock(ticket) = Ticket::Pending; // `fail` marks it finished
+                }
+                call.fail(error);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `peer` died: fails the receives waiting for values it would have pushed.
+    pub(crate) fn peer_failed(&self, mgr: &MgrInner, peer: NodeId, reason: &str) {
+        let watched: Vec<Watched> = {
+            let mut state = lock(&self.state);
+            let (dead, alive): (Vec<Watched>, Vec<Watched>) =
+                state.watched.drain(..).partition(|w| w.peer == peer);
+            state.watched = alive;
+            dead
+        };
+        for w in watched {
+            let error = mgr.remote_error(self.step_id, &w.key, peer, reason.to_owned());
+            self.cancel(&w.ticket, error);
+        }
+    }
+}
+
+/// Completes `done` and marks its ticket finished.
+pub(crate) fn finish(
+    done: Done,
+    ticket: Option<&TicketCell>,
+    result: Result<Received, RendezvousError>,
+) {
+    if let Some(ticket) = ticket {
+        *lock(ticket) = Ticket::Finished;
+    }
+    done.complete(result);
+}
+
+fn dropped(key: &ParsedKey) -> RendezvousError {
+    RendezvousError::Aborted(format!(
+        "the rendezvous dropped the receive of `{}` without answering",
+        key.full_key()
+    ))
+}
+
+impl Rendezvous for RemoteRendezvous {
+    /// Makes `value` available under `key`, whose source device must be on this task.
+    /// Pull: into this task's table, where the consumer's request finds it. Push: straight
+    /// to the destination's task (or this table, when the destination is here). Never
+    /// blocks; before [`initialize`](RemoteRendezvous::initialize) the send is queued.
+    fn send(&self, key: &ParsedKey, value: Bytes, is_dead: bool) -> Result<(), RendezvousError> {
+        if let Some(status) = self.status() {
+            return Err(status);
+        }
+        let (mgr, route) = self.route(key)?;
+        if route.src != mgr.me {
+            return Err(RendezvousError::InvalidArgument(format!(
+                "step {}: node {} sends `{key}`, but its source device is on node {}",
+                self.step_id, mgr.me, route.src
+            )));
+        }
+        drop(mgr);
+        let call = Deferred::Send {
+            key: key.clone(),
+            value: Received { value, is_dead },
+            route,
+        };
+        match self.gate(call) {
+            Some(Deferred::Send { key, value, route }) => self.run_send(&key, value, route),
+            _ => self.status().map_or(Ok(()), Err),
+        }
+    }
+
+    fn recv_async(&self, key: &ParsedKey, done: DoneCallback) {
+        self.recv_internal(key, Done::Callback(done), None);
+    }
+
+    /// Aborts the step on this task: queued calls, waiting receives (local, and remote ones,
+    /// whose requests are withdrawn) and later calls fail with the first abort's status.
+    fn start_abort(&self, error: RendezvousError) {
+        let (status, deferred) = {
+            let mut state = lock(&self.state);
+            let status = state.aborted.get_or_insert(error).clone();
+            state.watched.clear();
+            let deferred: Vec<Deferred> = state.deferred.drain(..).map(|(_, d)| d).collect();
+            (status, deferred)
+        };
+        for call in deferred {
+            call.fail(status.clone());
+        }
+        self.local.start_abort(status.clone());
+        if let Some(mgr) = self.mgr.upgrade() {
+            mgr.abort_pulls(self.step_id, self.incarnation, &status);
+        }
+    }
+
+    /// As the trait's; a dropped future gives up its place in this task's table (a pull's
+    /// request stays with the owner: use [`recv_with_deadline`](RemoteRendezvous::recv_with_deadline)
+    /// to bound a wait and withdraw it).
+    fn recv(&self, key: &ParsedKey) -> RecvFuture {
+        let (tx, rx) = oneshot::channel();
+        self.recv_internal(key, Done::Channel(tx), None);
+        RecvFuture::new(key.full_key(), rx)
+    }
+}

@@ -1,0 +1,598 @@
+//! The manager's side of the wire: its postoffice mailbox (requests, responses, pushed values
+//! and cancels from other tasks), the receives waiting on other tasks, the requests waiting on
+//! this one, and the outbox that a single sender task drains into the postoffice.
+//!
+//! Everything here runs without blocking: the postoffice calls the mailbox from its dispatch
+//! loop, and rendezvous callbacks may run on any thread, so messages are queued in the
+//! outbox and sent by the sender task, in order.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ps::postoffice::Customer;
+use ps::{Postoffice, PsError};
+use tokio::sync::Notify;
+use tracing::{debug, warn};
+use van_core::rendezvous::Received;
+use van_core::{Message, NodeId, ParsedKey, Rendezvous, RendezvousError};
+
+use crate::local::Done;
+use crate::mgr::{peer_name, MgrInner};
+use crate::remote::{finish, lock, new_ticket, RemoteRendezvous, Ticket, TicketCell};
+use crate::wire::{self, Address, RemoteStatus, RendezvousMessage, StatusCode};
+
+/// Requests from other tasks tracked at once (so that a cancel or the requester's death can
+/// withdraw them); requests beyond it are still answered, only not withdrawable.
+const MAX_SERVED: usize = 1 << 20;
+
+/// A receive of this task waiting for a RecvTensor response.
+pub(crate) struct PendingPull {
+    pub(crate) step_id: i64,
+    pub(crate) incarnation: u64,
+    pub(crate) key: String,
+    pub(crate) peer: NodeId,
+    pub(crate) done: Done,
+}
+
+/// A request from another task waiting for a value here.
+pub(crate) struct Served {
+    step: Weak<RemoteRendezvous>,
+    ticket: TicketCell,
+}
+
+/// Messages waiting for the sender task, with a bound on their bytes.
+pub(crate) struct Outbox {
+    state: Mutex<OutboxState>,
+    notify: Notify,
+    max_bytes: usize,
+}
+
+#[derive(Default)]
+struct OutboxState {
+    queue: VecDeque<Message>,
+    bytes: usize,
+    closed: bool,
+}
+
+fn message_bytes(msg: &Message) -> usize {
+    msg.data_len() + msg.meta.body.len()
+}
+
+impl Outbox {
+    pub(crate) fn new(max_bytes: usize) -> Outbox {
+        Outbox {
+            state: Mutex::new(OutboxState::default()),
+            notify: Notify::new(),
+            max_bytes,
+        }
+    }
+
+    /// Queues `msg`; fails (with the reason) when the outbox is closed or full.
+    pub(crate) fn push(&self, msg: Message) -> Result<(), String> {
+        let size = message_bytes(&msg);
+        {
+            let mut state = lock(&self.state);
+            if state.closed {
+                return Err("the rendezvous manager is shutting down".into());
+            }
+            if state.bytes > 0 && state.bytes + size > self.max_bytes {
+                return Err(format!(
+                    "{} bytes are already queued for sending (RendezvousMgrBuilder::\
+                     max_outbox_bytes is {}): the network does not keep up",
+                    state.bytes, self.max_bytes
+                ));
+            }
+            state.bytes += size;
+            state.queue.push_back(msg);
+        }
+        self.notify.notify_one();
+        Ok(())
+    }
+
+    pub(crate) fn close(&self) {
+        lock(&self.state).closed = true;
+        self.notify.notify_one();
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        lock(&self.state).bytes
+    }
+
+    /// Everything queued, once there is something; `None` when closed and drained.
+    async fn next_batch(&self) -> Option<VecDeque<Message>> {
+        loop {
+            {
+                let mut state = lock(&self.state);
+                if !state.queue.is_empty() {
+                    state.bytes = 0;
+                    return Some(std::mem::take(&mut state.queue));
+                }
+                if state.closed {
+                    return None;
+                }
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
+/// What the sender remembers of a message, to fail the right calls if sending it fails.
+struct Sent {
+    head: i32,
+    request: bool,
+    request_id: i32,
+    body: Bytes,
+}
+
+/// Drains the outbox into the postoffice, one batch per peer, until the manager goes.
+pub(crate) async fn run_sender(po: Postoffice, outbox: Arc<Outbox>, mgr: Weak<MgrInner>) {
+    let mut groups: Vec<(NodeId, Vec<Message>)> = Vec::new();
+    while let Some(batch) = outbox.next_batch().await {
+        for msg in batch {
+            let peer = msg.meta.recipient.unwrap_or_default();
+            match groups.iter_mut().find(|(p, _)| *p == peer) {
+                Some((_, msgs)) => msgs.push(msg),
+                None => groups.push((peer, vec![msg])),
+            }
+        }
+        for (peer, msgs) in groups.drain(..) {
+            let sent: Vec<Sent> = msgs
+                .iter()
+                .map(|m| Sent {
+                    head: m.meta.head,
+                    request: m.meta.request,
+                    request_id: m.meta.request_id,
+                    body: m.meta.body.clone(),
+                })
+                .collect();
+            if let Err(error) = po.send_batch(msgs).await {
+                match mgr.upgrade() {
+                    Some(mgr) => mgr.send_failed(peer, sent, &error),
+                    None => return,
+                }
+            }
+        }
+    }
+    debug!("rendezvous sender stopped");
+}
+
+/// The manager's postoffice application.
+pub(crate) struct Mailbox {
+    mgr: Weak<MgrInner>,
+}
+
+impl Mailbox {
+    pub(crate) fn new(mgr: Weak<MgrInner>) -> Mailbox {
+        Mailbox { mgr }
+    }
+}
+
+#[async_trait]
+impl Customer for Mailbox {
+    async fn deliver(&self, msg: Message) {
+        if let Some(mgr) = self.mgr.upgrade() {
+            mgr.deliver(msg);
+        }
+    }
+
+    fn node_failed(&self, node: NodeId, error: &str) {
+        if let Some(mgr) = self.mgr.upgrade() {
+            mgr.node_failed(node, error);
+        }
+    }
+}
+
+impl MgrInner {
+    fn address(&self, recipient: NodeId) -> Address {
+        Address {
+            app_id: self.options.app_id,
+            customer_id: self.options.customer_id,
+            sender: self.me,
+            recipient,
+        }
+    }
+
+    /// Push mode: sends the value of `key` to its consumer `dst`.
+    pub(crate) fn push(
+        &self,
+        step: &RemoteRendezvous,
+        key: &ParsedKey,
+        value: Received,
+        dst: NodeId,
+    ) -> Result<(), RendezvousError> {
+        let step_id = step.step_id();
+        if let Some(reason) = self.peer_dead(dst) {
+            return Err(self.remote_error(step_id, key.full_key(), dst, reason));
+        }
+        let msg = wire::push(step_id, key.full_key(), value, self.address(dst));
+        self.outbox
+            .push(msg)
+            .map_err(|reason| self.remote_error(step_id, key.full_key(), dst, reason))
+    }
+
+    /// Pull mode: asks `src` for the value of `key`; `done` gets the answer.
+    pub(crate) fn pull(
+        &self,
+        step: &RemoteRendezvous,
+        key: &ParsedKey,
+        src: NodeId,
+        done: Done,
+        ticket: Option<&TicketCell>,
+    ) {
+        let step_id = step.step_id();
+        if let Some(reason) = self.peer_dead(src) {
+            let error = self.remote_error(step_id, key.full_key(), src, reason);
+            return finish(done, ticket, Err(error));
+        }
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut pulls = lock(&self.pulls);
+            pulls.insert(
+                request,
+                PendingPull {
+                    step_id,
+                    incarnation: step.incarnation(),
+                    key: key.full_key().to_owned(),
+                    peer: src,
+                    done,
+                },
+            );
+            // Queued under the table's lock, so that an abort that withdraws this request
+            // queues its cancel after the request itself.
+            let msg = wire::recv_request(request, step_id, key.full_key(), self.address(src));
+            if let Err(reason) = self.outbox.push(msg) {
+                let pull = pulls.remove(&request);
+                drop(pulls);
+                if let Some(pull) = pull {
+                    let error = self.remote_error(step_id, key.full_key(), src, reason);
+                    finish(pull.done, ticket, Err(error));
+                }
+                return;
+            }
+        }
+        if let Some(ticket) = ticket {
+            let mut cell = lock(ticket);
+            if let Ticket::Cancelled(error) = &*cell {
+                let error = error.clone();
+                *cell = Ticket::Finished;
+                drop(cell);
+                self.cancel_pull(request, error, true);
+                return;
+            }
+            *cell = Ticket::Remote(request);
+        }
+        // An abort or a death that came while the request was being placed.
+        if let Some(status) = step.status() {
+            self.cancel_pull(request, status, true);
+        } else if let Some(reason) = self.peer_dead(src) {
+            self.fail_pull(request, src, &reason);
+        }
+    }
+
+    /// Withdraws pull `request`, completing it with `error`; `notify` tells the owner.
+    pub(crate) fn cancel_pull(
+        &self,
+        request: ps::RequestId,
+        error: RendezvousError,
+        notify: bool,
+    ) -> bool {
+        let Some(pull) = lock(&self.pulls).remove(&request) else {
+            return false;
+        };
+        if notify {
+            let msg = wire::cancel(request, pull.step_id, self.address(pull.peer));
+            // Best effort: the owner also drops it when the step ends there.
+            let _ = self.outbox.push(msg);
+        }
+        pull.done.complete(Err(error));
+        true
+    }
+
+    /// Fails pull `request` because `peer` cannot answer it.
+    fn fail_pull(&self, request: ps::RequestId, peer: NodeId, reason: &str) {
+        let pull = {
+            let mut pulls = lock(&self.pulls);
+            match pulls.get(&request) {
+                Some(p) if p.peer == peer => pulls.remove(&request),
+                _ => None,
+            }
+        };
+        if let Some(pull) = pull {
+            let error = self.remote_error(pull.step_id, &pull.key, peer, reason.to_owned());
+            pull.done.complete(Err(error));
+        }
+    }
+
+    /// The step was aborted: withdraws its pulls.
+    pub(crate) fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError) {
+        let withdrawn: Vec<(ps::RequestId, PendingPull)> = {
+            let mut pulls = lock(&self.pulls);
+            let ids: Vec<ps::RequestId> = pulls
+                .iter()
+                .filter(|(_, p)| p.step_id == step_id && p.incarnation == incarnation)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| pulls.remove(&id).map(|p| (id, p)))
+                .collect()
+        };
+        for (request, pull) in withdrawn {
+            let _ = self
+                .outbox
+                .push(wire::cancel(request, step_id, self.address(pull.peer)));
+            pull.done.complete(Err(status.clone()));
+        }
+    }
+
+    /// A message of this application arrived.
+    pub(crate) fn deliver(self: &Arc<Self>, msg: Message) {
+        let Some(from) = msg.meta.sender else {
+            warn!("rendezvous message without a sender; ignored");
+            return;
+        };
+        let (head, request, request_id) = (msg.meta.head, msg.meta.request, msg.meta.request_id);
+        match RendezvousMessage::decode(msg) {
+            Err(error) => {
+                warn!(
+                    from,
+                    head,
+                    "bad rendezvous message from {}: {error}",
+                    peer_name(from)
+                );
+                match (head, request) {
+                    (wire::RECV_TENSOR, true) => self.respond(
+                        from,
+                        request_id,
+                        0,
+                        Err(RemoteStatus {
+                            code: StatusCode::InvalidArgument,
+                            message: format!(
+                                "node {} cannot decode the RecvTensor request: {error}",
+                                self.me
+                            ),
+                        }),
+                    ),
+                    (wire::RECV_TENSOR, false) => self.fail_pull(
+                        request_id,
+                        from,
+                        &format!("undecodable RecvTensor response: {error}"),
+                    ),
+                    _ => {}
+                }
+            }
+            Ok(RendezvousMessage::RecvRequest {
+                request_id,
+                step_id,
+                key,
+            }) => self.serve(from, request_id, step_id, &key),
+            Ok(RendezvousMessage::RecvResponse {
+                request_id, result, ..
+            }) => self.answer_pull(from, request_id, result),
+            Ok(RendezvousMessage::Push {
+                step_id,
+                key,
+                value,
+            }) => self.accept_push(from, step_id, key, value),
+            Ok(RendezvousMessage::Cancel { request_id, .. }) => {
+                self.cancel_served(from, request_id)
+            }
+        }
+    }
+
+    /// A RecvTensor request: answer it from this task's table when the value is there.
+    fn serve(
+        self: &Arc<Self>,
+        from: NodeId,
+        request: ps::RequestId,
+        step_id: i64,
+        key: &ParsedKey,
+    ) {
+        let Some(step) = self.find_for_peer(step_id) else {
+            let status = RemoteStatus {
+                code: StatusCode::Aborted,
+                message: format!("step {step_id} was already cleaned up on node {}", self.me),
+            };
+            return self.respond(from, request, step_id, Err(status));
+        };
+        let ticket = new_ticket();
+        let tracked = {
+            let mut served = lock(&self.served);
+            let tracked = served.len() < MAX_SERVED;
+            if tracked {
+                served.insert(
+                    (from, request),
+                    Served {
+                        step: Arc::downgrade(&step),
+                        ticket: Arc::clone(&ticket),
+                    },
+                );
+            }
+            tracked
+        };
+        let weak = Arc::downgrade(self);
+        let done = Done::Callback(Box::new(move |result| {
+            let Some(mgr) = weak.upgrade() else {
+                return;
+            };
+            if tracked && lock(&mgr.served).remove(&(from, request)).is_none() {
+                return; // withdrawn by the requester, or the requester died
+            }
+            let result = result.map_err(|e| RemoteStatus::from_error(&e));
+            mgr.respond(from, request, step_id, result);
+        }));
+        step.recv_local_internal(key, done, Some(&ticket));
+    }
+
+    fn respond(
+        &self,
+        to: NodeId,
+        request: ps::RequestId,
+        step_id: i64,
+        result: Result<Received, RemoteStatus>,
+    ) {
+        let msg = wire::recv_response(request, step_id, result, self.address(to));
+        if let Err(reason) = self.outbox.push(msg) {
+            warn!(
+                to,
+                step = step_id,
+                "cannot answer RecvTensor request {request}: {reason}"
+            );
+        }
+    }
+
+    /// A RecvTensor response: completes the pull it answers.
+    fn answer_pull(
+        &self,
+        from: NodeId,
+        request: ps::RequestId,
+        result: Result<Received, RemoteStatus>,
+    ) {
+        let pull = {
+            let mut pulls = lock(&self.pulls);
+            match pulls.get(&request) {
+                Some(p) if p.peer == from => pulls.remove(&request),
+                Some(p) => {
+                    warn!(
+                        from,
+                        "RecvTensor response {request} from {} but it was asked of {}; ignored",
+                        peer_name(from),
+                        peer_name(p.peer)
+                    );
+                    None
+                }
+                None => None,
+            }
+        };
+        let Some(pull) = pull else {
+            debug!(
+                from,
+                "late RecvTensor response {request} (withdrawn); ignored"
+            );
+            return;
+        };
+        let result = result.map_err(|status| match status.code {
+            StatusCode::Aborted => RendezvousError::Aborted(status.message),
+            StatusCode::InvalidArgument => RendezvousError::InvalidArgument(status.message),
+            StatusCode::Failed => self.remote_error(pull.step_id, &pull.key, from, status.message),
+        });
+        pull.done.complete(result);
+    }
+
+    /// A value pushed by its producer: into the step's table here.
+    fn accept_push(self: &Arc<Self>, from: NodeId, step_id: i64, key: ParsedKey, value: Received) {
+        match self.route(&key) {
+            Ok(route) if route.dst == self.me && route.src == from => {}
+            Ok(route) => {
+                warn!(
+                    from,
+                    step = step_id,
+                    "{} pushed `{key}`, whose source is node {} and destination node {}, to \
+                     node {}; ignored",
+                    peer_name(from),
+                    route.src,
+                    route.dst,
+                    self.me
+                );
+                return;
+            }
+            Err(e) => {
+                warn!(from, step = step_id, "pushed value ignored: {e}");
+                return;
+            }
+        }
+        match self.find_for_peer(step_id) {
+            Some(step) => step.deliver_pushed(key, value),
+            None => debug!(
+                from,
+                "value for `{key}` of step {step_id}, already cleaned up; dropped"
+            ),
+        }
+    }
+
+    /// The requester withdrew `request`.
+    fn cancel_served(&self, from: NodeId, request: ps::RequestId) {
+        let entry = lock(&self.served).remove(&(from, request));
+        if let Some(entry) = entry {
+            if let Some(step) = entry.step.upgrade() {
+                step.cancel(
+                    &entry.ticket,
+                    RendezvousError::Aborted(format!(
+                        "RecvTensor request {request} withdrawn by {}",
+                        peer_name(from)
+                    )),
+                );
+            }
+        }
+    }
+
+    /// Sending to `peer` failed: the calls that depended on those messages fail.
+    fn send_failed(&self, peer: NodeId, sent: Vec<Sent>, error: &PsError) {
+        let reason = format!("sending to it failed: {error}");
+        warn!(
+            peer,
+            "rendezvous messages to {} not sent: {error}",
+            peer_name(peer)
+        );
+        for msg in sent {
+            match (msg.head, msg.request) {
+                (wire::RECV_TENSOR, true) => self.fail_pull(msg.request_id, peer, &reason),
+                (wire::PUSH_TENSOR, _) => {
+                    let Some((step_id, key)) = wire::peek(&msg.body) else {
+                        continue;
+                    };
+                    if let Some(step) = self.live_step(step_id) {
+                        step.start_abort(self.remote_error(step_id, key, peer, reason.clone()));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// `node` died (or, when it is this node, the postoffice stopped).
+    pub(crate) fn node_failed(&self, node: NodeId, reason: &str) {
+        if node == self.me || self.po.is_stopped() {
+            self.shut_down(RendezvousError::Aborted(format!(
+                "the postoffice of node {} stopped: {reason}",
+                self.me
+            )));
+            return;
+        }
+        let pulls: Vec<PendingPull> = {
+            let mut pulls = lock(&self.pulls);
+            let ids: Vec<ps::RequestId> = pulls
+                .iter()
+                .filter(|(_, p)| p.peer == node)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter().filter_map(|id| pulls.remove(&id)).collect()
+        };
+        for pull in pulls {
+            let error = self.remote_error(pull.step_id, &pull.key, node, reason.to_owned());
+            pull.done.complete(Err(error));
+        }
+        let served: Vec<Served> = {
+            let mut served = lock(&self.served);
+            let ids: Vec<(NodeId, ps::RequestId)> =
+                served.keys().filter(|(n, _)| *n == node).copied().collect();
+            ids.into_iter()
+                .filter_map(|id| served.remove(&id))
+                .collect()
+        };
+        for entry in served {
+            if let Some(step) = entry.step.upgrade() {
+                step.cancel(
+                    &entry.ticket,
+                    RendezvousError::Aborted(format!("the requester, {}, failed", peer_name(node))),
+                );
+            }
+        }
+        let steps = self.all_live_steps();
+        for step in steps {
+            step.peer_failed(self, node, reason);
+        }
+    }
+}
