@@ -36,7 +36,7 @@ pub type WaiterId = u64;
 /// A waiter queue of a key is pruned of abandoned receives (dropped futures) when it reaches
 /// this length and at every doubling after, so that receives which time out again and again
 /// on a key that never gets a value do not accumulate.
-const PRUNE_FROM: usize = 64;
+pub(crate) const PRUNE_FROM: usize = 64;
 
 /// How a receive is answered: a callback, or a channel whose reader may have gone away.
 pub(crate) enum Done {
@@ -274,6 +274,14 @@ impl LocalRendezvous {
         true
     }
 
+    /// Whether the receive `id` of `key` is still waiting (neither answered nor withdrawn).
+    pub(crate) fn is_waiting(&self, key: &str, id: WaiterId) -> bool {
+        match self.lock().queues.get(key) {
+            Some(Queue::Waiters(waiters)) => waiters.iter().any(|w| w.id == id),
+            _ => false,
+        }
+    }
+
     /// Receives `key`, failing with [`RendezvousError::DeadlineExceeded`] if no value arrives
     /// before `deadline` (`None`: wait until a value arrives or the table is aborted). A
     /// receive that times out is withdrawn, so it does not consume a later value.
@@ -358,6 +366,23 @@ impl LocalRendezvous {
     /// The abort status, once [`start_abort`](Rendezvous::start_abort) has run.
     pub fn status(&self) -> Option<RendezvousError> {
         self.lock().status.clone()
+    }
+}
+
+/// Receives still waiting when the table goes are failed, so that `recv_async` callbacks
+/// run exactly once (as TensorFlow's `~LocalRendezvousImpl` aborts a non-empty table).
+impl Drop for LocalRendezvous {
+    fn drop(&mut self) {
+        let table = self.table.get_mut().unwrap_or_else(|e| e.into_inner());
+        if table
+            .queues
+            .values()
+            .any(|queue| matches!(queue, Queue::Waiters(_)))
+        {
+            self.start_abort(RendezvousError::Aborted(
+                "the rendezvous table was dropped while receives were waiting".to_owned(),
+            ));
+        }
     }
 }
 
@@ -539,6 +564,22 @@ mod tests {
                 values: 1,
                 waiters: 0
             }
+        );
+    }
+
+    #[test]
+    fn dropping_the_table_completes_waiting_callbacks() {
+        // `recv_async` calls its callback exactly once, even when the table goes away first.
+        let table = LocalRendezvous::new();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        table.recv_async(&key("orphan"), Box::new(move |r| tx.send(r).unwrap()));
+        drop(table);
+        assert!(
+            matches!(
+                rx.recv_timeout(Duration::from_secs(5)),
+                Ok(Err(RendezvousError::Aborted(_)))
+            ),
+            "the callback of a receive waiting in a dropped table was never called"
         );
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
 use ps::Postoffice;
@@ -104,7 +104,9 @@ impl RendezvousMgrBuilder {
     }
 
     /// Bytes of messages queued for sending and not yet taken by a van
-    /// ([`DEFAULT_MAX_OUTBOX_BYTES`]); a push beyond it fails instead of growing memory.
+    /// ([`DEFAULT_MAX_OUTBOX_BYTES`]); a push or a RecvTensor request beyond it fails
+    /// instead of growing memory. Answers to other tasks' requests and cancels are queued
+    /// regardless: refusing an answer would lose a value that already left the table.
     pub fn max_outbox_bytes(mut self, bytes: usize) -> Self {
         self.options.max_outbox_bytes = bytes;
         self
@@ -287,23 +289,45 @@ impl MgrInner {
     }
 
     pub(crate) fn find(self: &Arc<Self>, step_id: i64) -> Arc<RemoteRendezvous> {
-        let (step, evicted) = {
-            let mut steps = lock(&self.steps);
-            if let Some(step) = steps.live.get(&step_id) {
-                return Arc::clone(step);
-            }
-            steps.cleaned.remove(&step_id);
-            let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
-            let step = Arc::new(RemoteRendezvous::new(
-                step_id,
-                incarnation,
-                Arc::downgrade(self),
-            ));
-            steps.live.insert(step_id, Arc::clone(&step));
-            steps.by_age.insert(incarnation, step_id);
-            let evicted = self.evict_locked(&mut steps, StdInstant::now());
-            (step, evicted)
-        };
+        let steps = lock(&self.steps);
+        if let Some(step) = steps.live.get(&step_id) {
+            return Arc::clone(step);
+        }
+        self.create(steps, step_id)
+    }
+
+    /// The step for a message from a peer: `None` if it was cleaned up recently (the message
+    /// is late), else found or created (checked and created under one lock, so that a step
+    /// cleaned up meanwhile is not brought back).
+    pub(crate) fn find_for_peer(self: &Arc<Self>, step_id: i64) -> Option<Arc<RemoteRendezvous>> {
+        let steps = lock(&self.steps);
+        if let Some(step) = steps.live.get(&step_id) {
+            return Some(Arc::clone(step));
+        }
+        if steps.cleaned.contains_key(&step_id) {
+            return None;
+        }
+        Some(self.create(steps, step_id))
+    }
+
+    /// Creates step `step_id`, which is not live. Its id may stay among the recently cleaned
+    /// ones: their counts must match `cleaned_order`, and a live step is found before they
+    /// are looked at.
+    fn create(
+        self: &Arc<Self>,
+        mut steps: MutexGuard<'_, Steps>,
+        step_id: i64,
+    ) -> Arc<RemoteRendezvous> {
+        let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let step = Arc::new(RemoteRendezvous::new(
+            step_id,
+            incarnation,
+            Arc::downgrade(self),
+        ));
+        steps.live.insert(step_id, Arc::clone(&step));
+        steps.by_age.insert(incarnation, step_id);
+        let evicted = self.evict_locked(&mut steps, StdInstant::now());
+        drop(steps);
         for (old, error) in evicted {
             old.start_abort(error);
         }
@@ -311,21 +335,6 @@ impl MgrInner {
             step.start_abort(status);
         }
         step
-    }
-
-    /// The step for a message from a peer: `None` if it was cleaned up recently (the message
-    /// is late), else found or created.
-    pub(crate) fn find_for_peer(self: &Arc<Self>, step_id: i64) -> Option<Arc<RemoteRendezvous>> {
-        {
-            let steps = lock(&self.steps);
-            if let Some(step) = steps.live.get(&step_id) {
-                return Some(Arc::clone(step));
-            }
-            if steps.cleaned.contains_key(&step_id) {
-                return None;
-            }
-        }
-        Some(self.find(step_id))
     }
 
     pub(crate) fn all_live_steps(&self) -> Vec<Arc<RemoteRendezvous>> {

@@ -29,14 +29,14 @@ use van_core::rendezvous::Received;
 use van_core::rendezvous::{DoneCallback, RecvFuture};
 use van_core::{NodeId, ParsedKey, Rendezvous, RendezvousError};
 
-use crate::local::{Done, LocalRendezvous, WaiterId};
+use crate::local::{Done, LocalRendezvous, WaiterId, PRUNE_FROM};
 use crate::mgr::MgrInner;
 use crate::protocol::Protocol;
 
 /// Where a cancellable receive is waiting, so that a deadline, a cancel from the requester or
-/// a dead peer can withdraw it. Moves only forward: `Deferred` → `Pending` → `Local`/`Remote`
-/// → `Finished`, or to `Cancelled` when a cancel arrives while the receive is being placed
-/// (whoever places it then withdraws it).
+/// a dead peer can withdraw it. Moves only forward: `Pending` → (`Deferred` → `Pending`, when
+/// queued until initialize) → `Local`/`Remote` → `Finished`, or to `Cancelled` when a cancel
+/// arrives while the receive is being placed (whoever places it then withdraws it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ticket {
     /// Being placed.
@@ -281,44 +281,40 @@ impl RemoteRendezvous {
     }
 
     /// Runs `call` now if the step is ready (returns it), queues it if not (returns `None`),
-    /// or fails it if the step was aborted (returns `None`).
-    fn gate(&self, call: Deferred) -> Option<Deferred> {
+    /// or fails it (receives get the error through their `done`) and returns the error: the
+    /// step was aborted, the manager is gone, or too many calls are queued already.
+    fn gate(&self, call: Deferred) -> Result<Option<Deferred>, RendezvousError> {
         // Read before taking the lock: the manager must never be dropped (which aborts this
         // step, taking the lock) while the lock is held.
         let limit = self.mgr.upgrade().map(|m| m.options.max_deferred_calls);
         let mut state = lock(&self.state);
-        if let Some(status) = state.aborted.clone() {
-            drop(state);
-            call.fail(status);
-            return None;
-        }
-        if state.ready {
-            return Some(call);
-        }
-        let Some(limit) = limit else {
-            drop(state);
-            call.fail(RendezvousError::Aborted(format!(
-                "step {}: the rendezvous manager was dropped",
-                self.step_id
-            )));
-            return None;
-        };
-        if state.deferred.len() >= limit {
-            drop(state);
-            call.fail(RendezvousError::Aborted(format!(
+        let error = if let Some(status) = state.aborted.clone() {
+            status
+        } else if state.ready {
+            return Ok(Some(call));
+        } else if let Some(limit) = limit.filter(|limit| state.deferred.len() >= *limit) {
+            RendezvousError::Aborted(format!(
                 "step {}: {limit} calls are already queued waiting for initialize \
                  (RendezvousMgrBuilder::max_deferred_calls); call RemoteRendezvous::initialize",
                 self.step_id
-            )));
-            return None;
-        }
-        let seq = state.next_deferred;
-        state.next_deferred += 1;
-        if let Some(ticket) = call.ticket() {
-            *lock(ticket) = Ticket::Deferred(seq);
-        }
-        state.deferred.push_back((seq, call));
-        None
+            ))
+        } else if limit.is_none() {
+            RendezvousError::Aborted(format!(
+                "step {}: the rendezvous manager was dropped",
+                self.step_id
+            ))
+        } else {
+            let seq = state.next_deferred;
+            state.next_deferred += 1;
+            if let Some(ticket) = call.ticket() {
+                *lock(ticket) = Ticket::Deferred(seq);
+            }
+            state.deferred.push_back((seq, call));
+            return Ok(None);
+        };
+        drop(state);
+        call.fail(error.clone());
+        Err(error)
     }
 
     fn manager(&self) -> Result<Arc<MgrInner>, RendezvousError> {
@@ -367,16 +363,36 @@ impl RemoteRendezvous {
                 if !matches!(*lock(&ticket), Ticket::Local { .. }) {
                     return; // answered at once, or failed
                 }
-                lock(&self.state).watched.push(Watched {
-                    peer: route.src,
-                    key: key.full_key().to_owned(),
-                    ticket: Arc::clone(&ticket),
-                });
+                {
+                    let mut state = lock(&self.state);
+                    // Answered receives leave their entry behind: drop those at each doubling
+                    // from PRUNE_FROM, so that a long step keeps about as many entries as it
+                    // has receives waiting.
+                    let watched = &mut state.watched;
+                    if watched.len() >= PRUNE_FROM && watched.len().is_power_of_two() {
+                        watched.retain(|w| self.still_waiting(&w.ticket));
+                    }
+                    watched.push(Watched {
+                        peer: route.src,
+                        key: key.full_key().to_owned(),
+                        ticket: Arc::clone(&ticket),
+                    });
+                }
                 if let Some(reason) = mgr.peer_dead(route.src) {
                     let error = mgr.remote_error(self.step_id, key.full_key(), route.src, reason);
                     self.cancel(&ticket, error);
                 }
             }
+        }
+    }
+
+    /// Whether the receive `ticket` tracks may still be waiting (lock order: the step's
+    /// state, then a ticket, then the local table).
+    fn still_waiting(&self, ticket: &TicketCell) -> bool {
+        match &*lock(ticket) {
+            Ticket::Local { key, waiter } => self.local.is_waiting(key, *waiter),
+            Ticket::Finished | Ticket::Cancelled(_) => false,
+            Ticket::Pending | Ticket::Deferred(_) | Ticket::Remote(_) => true,
         }
     }
 
@@ -413,8 +429,20 @@ impl RemoteRendezvous {
 
     /// A value another task pushed into this step (push mode).
     pub(crate) fn deliver_pushed(&self, key: ParsedKey, value: Received) {
-        if let Some(Deferred::Pushed { key, value }) = self.gate(Deferred::Pushed { key, value }) {
-            self.run_pushed(&key, value);
+        match self.gate(Deferred::Pushed { key, value }) {
+            Ok(Some(Deferred::Pushed { key, value })) => self.run_pushed(&key, value),
+            Ok(_) => {}
+            Err(error) => {
+                // The value cannot be refused to its sender any more, and the receive waiting
+                // for it would wait forever: the step fails instead (a no-op if it had).
+                if self.status().is_none() {
+                    warn!(
+                        step = self.step_id,
+                        "a value pushed by a peer dropped: {error}"
+                    );
+                    self.start_abort(error);
+                }
+            }
         }
     }
 
@@ -450,7 +478,7 @@ impl RemoteRendezvous {
             done,
             ticket: ticket.cloned(),
         };
-        if let Some(Deferred::RecvLocal { key, done, ticket }) = self.gate(call) {
+        if let Ok(Some(Deferred::RecvLocal { key, done, ticket })) = self.gate(call) {
             self.place_local(&key, done, ticket.as_ref());
         }
     }
@@ -476,12 +504,12 @@ impl RemoteRendezvous {
             ticket: ticket.cloned(),
             route,
         };
-        if let Some(Deferred::Recv {
+        if let Ok(Some(Deferred::Recv {
             key,
             done,
             ticket,
             route,
-        }) = self.gate(call)
+        })) = self.gate(call)
         {
             self.run_recv(&key, done, ticket.as_ref(), route);
         }
@@ -509,8 +537,11 @@ impl RemoteRendezvous {
                 let expired = RendezvousError::DeadlineExceeded {
                     key: key.full_key().to_owned(),
                 };
+                // Withdrawn here, or answered by whoever took it first (a response that just
+                // arrived, an abort, a dead peer), which completes it at once: wait for that
+                // rather than peek, or a value taken just before the withdrawal is lost.
                 self.cancel(&ticket, expired.clone());
-                rx.try_recv().unwrap_or(Err(expired))
+                rx.await.unwrap_or(Err(expired))
             }
         }
     }
@@ -632,8 +663,9 @@ impl Rendezvous for RemoteRendezvous {
             route,
         };
         match self.gate(call) {
-            Some(Deferred::Send { key, value, route }) => self.run_send(&key, value, route),
-            _ => self.status().map_or(Ok(()), Err),
+            Ok(Some(Deferred::Send { key, value, route })) => self.run_send(&key, value, route),
+            Ok(_) => self.status().map_or(Ok(()), Err),
+            Err(error) => Err(error),
         }
     }
 
@@ -667,5 +699,76 @@ impl Rendezvous for RemoteRendezvous {
         let (tx, rx) = oneshot::channel();
         self.recv_internal(key, Done::Channel(tx), None);
         RecvFuture::new(key.full_key(), rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{cpu_device, RendezvousMgr};
+    use ps::local::LocalCluster;
+    use van_core::rendezvous::{create_key, parse_key};
+    use van_core::{node_ids, Role};
+
+    const TASKS: i32 = node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
+
+    #[tokio::test]
+    async fn answered_push_receives_do_not_pile_up_in_a_long_step() {
+        const ROUNDS: usize = 20;
+        const PER_ROUND: usize = 100;
+        let cluster = LocalCluster::new(1, 1);
+        let run = cluster.run(|po| async move {
+            if po.role() == Role::Scheduler {
+                return po.finalize().await.map(|()| None);
+            }
+            let failed = |e: RendezvousError| ps::PsError::InvalidArgument(e.to_string());
+            let mgr = RendezvousMgr::new(&po, Protocol::Push)
+                .await
+                .map_err(|e| ps::PsError::InvalidArgument(e.to_string()))?;
+            let (server, worker) = (cpu_device(8).unwrap(), cpu_device(9).unwrap());
+            // One step with many iterations, as a while loop inside a TensorFlow step.
+            let step = mgr.find(1);
+            step.initialize().map_err(failed)?;
+            for round in 0..ROUNDS {
+                let keys: Vec<ParsedKey> = (0..PER_ROUND)
+                    .map(|i| {
+                        let iter = (round * PER_ROUND + i) as u64;
+                        parse_key(&create_key(&server, 1, &worker, "x", (0, iter))).unwrap()
+                    })
+                    .collect();
+                if po.role() == Role::Worker {
+                    // Waiting before the values are pushed: each receive is watched.
+                    let receives: Vec<_> = keys.iter().map(|k| step.recv(k)).collect();
+                    po.barrier(TASKS).await?;
+                    for receive in receives {
+                        receive.await.map_err(failed)?;
+                    }
+                } else {
+                    po.barrier(TASKS).await?;
+                    for k in &keys {
+                        step.send(k, Bytes::from_static(b"v"), false)
+                            .map_err(failed)?;
+                    }
+                }
+                po.barrier(TASKS).await?;
+            }
+            let watched = lock(&step.state).watched.len();
+            mgr.cleanup(1);
+            po.finalize().await?;
+            Ok(Some(watched))
+        });
+        let watched: Vec<usize> = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .flatten()
+            .collect();
+        // At most a round's live receives and what accumulated since the last pruning.
+        assert!(
+            watched.iter().all(|n| *n <= 4 * PER_ROUND),
+            "{watched:?} entries left for {} answered receives",
+            ROUNDS * PER_ROUND
+        );
     }
 }

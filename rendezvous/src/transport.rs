@@ -72,13 +72,26 @@ impl Outbox {
 
     /// Queues `msg`; fails (with the reason) when the outbox is closed or full.
     pub(crate) fn push(&self, msg: Message) -> Result<(), String> {
+        self.queue(msg, true)
+    }
+
+    /// Queues an answer to a peer's request or a cancel, past the byte bound: refusing an
+    /// answer would lose its value (it already left the table, so queueing it adds no memory)
+    /// and leave the requester waiting; refusing a cancel would leave a withdrawn receive at
+    /// the owner, to swallow a later value. Each is bounded by a request of the peer's or of
+    /// this task's. Fails only when the outbox is closed.
+    pub(crate) fn push_reply(&self, msg: Message) -> Result<(), String> {
+        self.queue(msg, false)
+    }
+
+    fn queue(&self, msg: Message, bounded: bool) -> Result<(), String> {
         let size = message_bytes(&msg);
         {
             let mut state = lock(&self.state);
             if state.closed {
                 return Err("the rendezvous manager is shutting down".into());
             }
-            if state.bytes > 0 && state.bytes + size > self.max_bytes {
+            if bounded && state.bytes > 0 && state.bytes + size > self.max_bytes {
                 return Err(format!(
                     "{} bytes are already queued for sending (RendezvousMgrBuilder::\
                      max_outbox_bytes is {}): the network does not keep up",
@@ -227,9 +240,13 @@ impl MgrInner {
             let error = self.remote_error(step_id, key.full_key(), src, reason);
             return finish(done, ticket, Err(error));
         }
-        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
-        {
+        let request = {
             let mut pulls = lock(&self.pulls);
+            // Ids wrap after 2^31 requests: skip any still pending, never overwrite it.
+            let mut request = self.next_request.fetch_add(1, Ordering::Relaxed);
+            while pulls.contains_key(&request) {
+                request = self.next_request.fetch_add(1, Ordering::Relaxed);
+            }
             pulls.insert(
                 request,
                 PendingPull {
@@ -252,7 +269,8 @@ impl MgrInner {
                 }
                 return;
             }
-        }
+            request
+        };
         if let Some(ticket) = ticket {
             let mut cell = lock(ticket);
             if let Ticket::Cancelled(error) = &*cell {
@@ -285,7 +303,7 @@ impl MgrInner {
         if notify {
             let msg = wire::cancel(request, pull.step_id, self.address(pull.peer));
             // Best effort: the owner also drops it when the step ends there.
-            let _ = self.outbox.push(msg);
+            let _ = self.outbox.push_reply(msg);
         }
         pull.done.complete(Err(error));
         true
@@ -322,7 +340,7 @@ impl MgrInner {
         for (request, pull) in withdrawn {
             let _ = self
                 .outbox
-                .push(wire::cancel(request, step_id, self.address(pull.peer)));
+                .push_reply(wire::cancel(request, step_id, self.address(pull.peer)));
             pull.done.complete(Err(status.clone()));
         }
     }
@@ -434,7 +452,7 @@ impl MgrInner {
         result: Result<Received, RemoteStatus>,
     ) {
         let msg = wire::recv_response(request, step_id, result, self.address(to));
-        if let Err(reason) = self.outbox.push(msg) {
+        if let Err(reason) = self.outbox.push_reply(msg) {
             warn!(
                 to,
                 step = step_id,

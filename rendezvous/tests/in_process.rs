@@ -532,3 +532,169 @@ async fn a_peer_that_stops_fails_waiting_receives_naming_step_key_and_peer() {
             .expect("a node failed");
     }
 }
+
+#[tokio::test]
+async fn calls_beyond_the_deferred_limit_fail_instead_of_being_lost() {
+    pair(|po| async move {
+        let me = po.my_id();
+        let mgr = RendezvousMgr::builder(&po)
+            .protocol(Protocol::Push)
+            .max_deferred_calls(2)
+            .build()
+            .await
+            .map_err(failed)?;
+        let local = key(me, me, "local");
+        let step = mgr.find(1);
+        step.send(&local, Bytes::from_static(b"1"), false)
+            .map_err(failed)?;
+        step.send(&local, Bytes::from_static(b"2"), false)
+            .map_err(failed)?;
+        // The third call finds the queue full: the caller must hear of it, not lose the value.
+        let error = step
+            .send(&local, Bytes::from_static(b"3"), false)
+            .expect_err("a send beyond max_deferred_calls was accepted and dropped");
+        assert!(error.to_string().contains("max_deferred_calls"), "{error}");
+        assert_eq!(step.deferred_calls(), 2);
+
+        // A value a peer pushes into a full queue cannot be refused to its sender: the step
+        // fails, so that the receive waiting for that value ends instead of hanging.
+        let pushed = key(SERVER, WORKER, "pushed");
+        let marker = key(SERVER, WORKER, "marker");
+        let full = mgr.find(2);
+        if me == WORKER {
+            full.send(&local, Bytes::from_static(b"a"), false)
+                .map_err(failed)?;
+            full.send(&local, Bytes::from_static(b"b"), false)
+                .map_err(failed)?;
+        }
+        po.barrier(TASKS).await?;
+        let next = mgr.find(3);
+        next.initialize().map_err(failed)?;
+        if me == SERVER {
+            full.initialize().map_err(failed)?;
+            full.send(&pushed, Bytes::from_static(b"lost?"), false)
+                .map_err(failed)?;
+            next.send(&marker, Bytes::from_static(b"after"), false)
+                .map_err(failed)?;
+        } else {
+            // Messages from one peer are handled in order: once the marker of step 3 is
+            // here, the value pushed into step 2 has been handled too.
+            let got = tokio::time::timeout(Duration::from_secs(10), next.recv(&marker))
+                .await
+                .expect("the marker never came")
+                .map_err(failed)?;
+            assert_eq!(got.value, Bytes::from_static(b"after"));
+            let status = full
+                .status()
+                .expect("a pushed value was dropped and step 2 went on as if nothing happened");
+            assert!(
+                status.to_string().contains("max_deferred_calls"),
+                "{status}"
+            );
+            assert!(full.recv(&pushed).await.is_err());
+        }
+        po.barrier(TASKS).await?;
+        mgr.cleanup_all();
+        po.finalize().await?;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn answers_to_requests_are_not_dropped_by_the_outbox_bound() {
+    let managers: Managers = Arc::default();
+    pair(move |po| {
+        let managers = Arc::clone(&managers);
+        async move {
+            let me = po.my_id();
+            // The server's outbox takes one message at a time; the worker's is as usual.
+            let bound = if me == SERVER { 1 } else { 1 << 20 };
+            let mgr = RendezvousMgr::builder(&po)
+                .max_outbox_bytes(bound)
+                .build()
+                .await
+                .map_err(failed)?;
+            managers.lock().unwrap().push((me, mgr.clone()));
+            let keys = [key(SERVER, WORKER, "a"), key(SERVER, WORKER, "b")];
+            let step = mgr.find(1);
+            step.initialize().map_err(failed)?;
+            po.barrier(TASKS).await?;
+            if me == WORKER {
+                let receives: Vec<_> = keys.iter().map(|k| step.recv(k)).collect();
+                let server = manager_of(&managers, SERVER);
+                eventually("the server holds both requests", || {
+                    server.stats().served_requests == 2
+                })
+                .await;
+                po.barrier(TASKS).await?;
+                for (receive, name) in receives.into_iter().zip(["a", "b"]) {
+                    let got = tokio::time::timeout(Duration::from_secs(10), receive)
+                        .await
+                        .unwrap_or_else(|_| panic!("the answer for `{name}` never came"))
+                        .map_err(failed)?;
+                    assert_eq!(got.value, Bytes::from(vec![7u8; 100]));
+                }
+            } else {
+                po.barrier(TASKS).await?;
+                // Both answers are queued before the sender task can run: the second finds
+                // the outbox over its bound. The value already left the table, so refusing
+                // the answer would lose it and leave the worker waiting.
+                for k in &keys {
+                    step.send(k, Bytes::from(vec![7u8; 100]), false)
+                        .map_err(failed)?;
+                }
+            }
+            po.barrier(TASKS).await?;
+            mgr.cleanup(1);
+            po.finalize().await?;
+            Ok(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_step_cleaned_up_again_after_reuse_stays_refused() {
+    pair(|po| async move {
+        let mgr = RendezvousMgr::new(&po, Protocol::Pull)
+            .await
+            .map_err(failed)?;
+        let k = key(SERVER, WORKER, "reused");
+        if po.my_id() == SERVER {
+            // Step 1 is used, cleaned up, used again (its id reused) and cleaned up again;
+            // then 4095 more steps come and go: the second cleanup of step 1 is among the
+            // last 4096 (the manager's memory of cleaned-up steps), so it is still refused.
+            for _ in 0..2 {
+                mgr.find(1).initialize().map_err(failed)?;
+                mgr.cleanup(1);
+            }
+            for step_id in 100..100 + 4095 {
+                mgr.find(step_id);
+                mgr.cleanup(step_id);
+            }
+        }
+        po.barrier(TASKS).await?;
+        if po.my_id() == WORKER {
+            let step = mgr.find(1);
+            step.initialize().map_err(failed)?;
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let result = step.recv_with_deadline(&k, Some(deadline)).await;
+            assert_eq!(
+                result,
+                Err(RendezvousError::Aborted(
+                    "step 1 was already cleaned up on node 8".into()
+                ))
+            );
+            mgr.cleanup(1);
+        }
+        po.barrier(TASKS).await?;
+        if po.my_id() == SERVER {
+            // The late request did not resurrect the step.
+            assert_eq!(mgr.live_steps(), Vec::<i64>::new());
+        }
+        po.finalize().await?;
+        Ok(())
+    })
+    .await;
+}
