@@ -3,9 +3,11 @@
 # feature needs them, Debian packages. Safe to run again; does nothing when all is present.
 set -euo pipefail
 
-# Debian packages the all-features build needs (none yet: the RDMA van will add
-# cmake, libclang-dev and libibverbs-dev here).
-APT_PACKAGES=()
+# Debian packages the all-features build needs: the RDMA van's `ibverbs-sys` runs cmake and
+# bindgen (libclang) over rdma-core's headers and links the system libibverbs. The Soft-RoCE
+# guest that runs the RDMA tests installs its own packages (qemu, busybox, ibverbs-providers,
+# …) on first use; see ../shared/tools/rdma-vm/run-in-vm.sh.
+APT_PACKAGES=(cmake libclang-dev libibverbs-dev)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start"; CI runs exactly this):
-# formatting, lints, every test of every crate with every feature, then a short fuzz run.
+# formatting, lints, every test of every crate with every feature, the RDMA tests again inside
+# a Soft-RoCE guest, then a short fuzz run.
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 10; 0 skips fuzzing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,6 +13,19 @@ echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features
+echo "== parameter-server cluster tests again with the io_uring stream van"
+# The same test binary (no rebuild): every cluster test, with VANS_STREAM_VAN=uring inherited
+# by the nodes it launches.
+VANS_STREAM_VAN=uring cargo test --workspace --all-features --test cluster
+echo "== RDMA tests inside a Soft-RoCE guest (van-rdma conformance, cluster over RDMA)"
+# The same test binaries, run by scripts/rdma-vm.sh inside a QEMU guest with an rxe device
+# (on this host they only checked the "no RDMA device" error). About 2 minutes under TCG.
+# `--workspace --all-features` as above, so nothing is rebuilt: van-rdma's tests/verbs.rs and
+# examples' tests/rdma.rs, one guest boot each.
+rdma_start=$(date +%s)
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/rdma-vm.sh" \
+    cargo test --workspace --all-features --test verbs --test rdma
+echo "== RDMA guest tests took $(( $(date +%s) - rdma_start ))s"
 fuzz_seconds="${FUZZ_SECONDS:-10}"
 if [ "$fuzz_seconds" != 0 ]; then
     echo "== fuzz smoke run, ${fuzz_seconds}s per target"

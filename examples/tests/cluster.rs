@@ -349,6 +349,8 @@ fn a_kubeflow_tf_config_job_runs_unchanged_with_the_chief_hosting_the_scheduler(
     assert_eq!(verified, 2, "both the chief and the worker verify the sums");
 }
 
+// With the `rdma` feature, tests/rdma.rs checks the "no RDMA device" error instead.
+#[cfg(not(feature = "rdma"))]
 #[test]
 fn asking_for_rdma_in_a_build_without_it_is_a_clear_error_not_a_silent_fallback() {
     let worker = node("worker", free_port(), &[])
@@ -362,6 +364,16 @@ fn asking_for_rdma_in_a_build_without_it_is_a_clear_error_not_a_silent_fallback(
         stderr.contains("rdma van is not compiled in") && stderr.contains("feature `rdma`"),
         "{stderr}"
     );
+}
+
+/// The "via …" a stream-van route prints: these tests run over whichever stream van the
+/// environment selects (`VANS_STREAM_VAN=uring` runs them all over io_uring; scripts/test.sh
+/// does that once more after the main run).
+fn via_stream() -> String {
+    format!(
+        "via {}",
+        std::env::var("VANS_STREAM_VAN").unwrap_or_else(|_| "tcp".into())
+    )
 }
 
 /// Runs the exact-sum check on 2 servers and 2 workers with `env`; returns each worker's
@@ -403,9 +415,9 @@ fn co_located_nodes_use_shared_memory_and_tcp_when_ipc_is_off_with_the_same_sums
     assert!(vans.iter().all(|l| l.ends_with("via ipc")), "{vans:?}");
     let vans = sums_and_vans(&["DMLC_ENABLE_IPC=0"]);
     assert_eq!(vans.len(), 4, "{vans:?}");
-    assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
+    assert!(vans.iter().all(|l| l.ends_with(&via_stream())), "{vans:?}");
     let vans = sums_and_vans(&["BYTEPS_ENABLE_IPC=0"]);
-    assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
+    assert!(vans.iter().all(|l| l.ends_with(&via_stream())), "{vans:?}");
 }
 
 #[cfg(feature = "ipc")]
@@ -431,7 +443,7 @@ fn values_pushed_from_the_shared_arena_give_the_same_sums_over_ipc_and_tcp() {
         lines
             .iter()
             .filter(|l| l.contains(" via "))
-            .all(|l| l.ends_with("via tcp")),
+            .all(|l| l.ends_with(&via_stream())),
         "{lines:?}"
     );
 }
@@ -477,7 +489,7 @@ fn the_named_segment_mode_carries_the_same_sums_and_leaves_nothing_in_dev_shm() 
 fn without_shared_memory_every_peer_is_reached_over_tcp() {
     let vans = sums_and_vans(&["DMLC_ENABLE_IPC=0"]);
     assert_eq!(vans.len(), 4, "{vans:?}");
-    assert!(vans.iter().all(|l| l.ends_with("via tcp")), "{vans:?}");
+    assert!(vans.iter().all(|l| l.ends_with(&via_stream())), "{vans:?}");
 }
 
 #[test]

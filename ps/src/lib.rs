@@ -12,7 +12,8 @@
 //! - [`local`]: a whole cluster inside one process, over the in-process van;
 //! - [`simple_app`]: ps-lite's `SimpleApp`, request/response of (head, body) for commands;
 //! - [`netif`]: the address of a network interface (`DMLC_INTERFACE`);
-//! - [`router`]: which van carries each peer's traffic;
+//! - [`router`]: which van carries each peer's traffic (with feature `rdma`, remote peers use
+//!   the RDMA van when `DMLC_ENABLE_RDMA` asks for it);
 //! - [`hash`]: a fast hasher for integer keys;
 //! - [`error`]: the crate's error type, [`PsError`].
 
@@ -26,6 +27,8 @@ pub mod netif;
 mod pending;
 pub mod postoffice;
 pub mod range;
+// The RDMA van of a node, when `DMLC_ENABLE_RDMA` asks for it (feature `rdma`).
+mod rdma;
 pub mod router;
 pub mod simple_app;
 pub mod values;

@@ -157,7 +157,10 @@ fn extra_vans(config: &Config) -> Vec<Arc<dyn Van>> {
 
 /// Creates the stream van the configuration asks for.
 fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
-    if config.enable_rdma.is_enabled() {
+    if config.enable_rdma.is_enabled()
+        && !cfg!(feature = "rdma")
+        && config.rdma.fallback == van_core::config::RdmaFallback::None
+    {
         // No silent fallback: the user asked for RDMA (ps-lite/BytePS `DMLC_ENABLE_RDMA`).
         return Err(van_core::VanError::NotCompiled {
             kind: VanKind::Rdma,
@@ -169,6 +172,11 @@ fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
         VanKind::Tcp => Ok(Arc::new(van_tcp::TcpVan::new(
             van_tcp::TcpOptions::from_config(config),
         ))),
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        VanKind::Uring => Ok(Arc::new(
+            van_uring::IoUringVan::new(van_uring::UringOptions::from_config(config))
+                .map_err(van_core::VanError::from)?,
+        )),
         VanKind::InProcess => Err(PsError::InvalidArgument(
             "VANS_STREAM_VAN=inproc needs a shared hub: run the cluster in one process with \
              ps::local::LocalCluster"
@@ -185,6 +193,7 @@ impl Postoffice {
     pub async fn start(config: Config) -> Result<Postoffice> {
         let mut vans = vec![stream_van(&config)?];
         vans.extend(extra_vans(&config));
+        vans.extend(crate::rdma::rdma_van(&config)?);
         Postoffice::start_with_vans(config, vans).await
     }
 

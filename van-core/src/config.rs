@@ -81,6 +81,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default shared memory per IPC van for zero-copy buffers (`VANS_IPC_ARENA_BYTES`).
 pub const DEFAULT_IPC_ARENA_BYTES: usize = 64 << 20;
 
+/// Default smallest batch the io_uring van sends zero-copy to a remote peer
+/// (`VANS_URING_ZC_BYTES`).
+pub const DEFAULT_URING_ZC_BYTES: usize = 64 << 10;
+
 /// Default bound on joining the cluster (`VANS_BOOTSTRAP_TIMEOUT_SECS`).
 pub const DEFAULT_BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest `DMLC_NUM_WORKER` / `DMLC_NUM_SERVER`: keeps every ps-lite node id
@@ -257,6 +261,54 @@ pub const VARIABLES: &[EnvVar] = &[
         effect: "StarServer's name for VANS_BUSY_POLLING on workers",
     },
     EnvVar {
+        name: "VANS_URING_THREADS",
+        default: "unset (1)",
+        effect: "I/O threads of the io_uring van, each with its own ring and connections; \
+                 wins over the Seastar/StarServer names below; at least 1",
+    },
+    EnvVar {
+        name: "SEASTAR_CORE_NUMBER",
+        default: "unset",
+        effect: "TensorFlow Seastar's name for VANS_URING_THREADS (any role)",
+    },
+    EnvVar {
+        name: "NETWORK_PS_CORE_NUMBER",
+        default: "unset",
+        effect: "StarServer's name for VANS_URING_THREADS on servers; wins over \
+                 SEASTAR_CORE_NUMBER there",
+    },
+    EnvVar {
+        name: "NETWORK_WORKER_CORE_NUMBER",
+        default: "unset",
+        effect: "StarServer's name for VANS_URING_THREADS on workers; wins over \
+                 SEASTAR_CORE_NUMBER there",
+    },
+    EnvVar {
+        name: "VANS_PIN_CORES",
+        default: "0",
+        effect: "`1`: pin each io_uring I/O thread to one core of the process's CPU set \
+                 (thread i to the i-th allowed core); wins over the StarServer names below",
+    },
+    EnvVar {
+        name: "PS_DISABLE_PIN_CORES",
+        default: "unset",
+        effect: "StarServer's switch on servers: `1` turns pinning off, `0` turns it on \
+                 (when VANS_PIN_CORES is unset)",
+    },
+    EnvVar {
+        name: "WORKER_DISABLE_PIN_CORES",
+        default: "unset",
+        effect: "StarServer's switch on workers: `1` turns pinning off, `0` turns it on \
+                 (when VANS_PIN_CORES is unset)",
+    },
+    EnvVar {
+        name: "VANS_URING_ZC_BYTES",
+        default: "65536",
+        effect: "the io_uring van sends batches of at least this many bytes with \
+                 SENDMSG_ZC (zero-copy) to peers that are not on loopback, and drops back to \
+                 plain sends on a connection whose kernel reports it copied anyway; `0`: never",
+    },
+    EnvVar {
         name: "VANS_EAGER_CONNECT",
         default: "0",
         effect: "`1`: once the node table arrives, connect to every peer at once (as ps-lite \
@@ -275,6 +327,54 @@ pub const VARIABLES: &[EnvVar] = &[
                  `host:port=host:port` per line, `#` comments, as in the TensorFlow \
                  Seastar and StarServer deployments; a missing or invalid file is an error",
     },
+    EnvVar {
+        name: "VANS_RDMA_FALLBACK",
+        default: "none",
+        effect: "what a node does when DMLC_ENABLE_RDMA asks for RDMA and it cannot be used (no \
+                 device, no driver, no kernel support, van not compiled in, or a peer without \
+                 RDMA): `none`: fail with an error naming the cause; `tcp`: warn and use the \
+                 stream van instead",
+    },
+    EnvVar {
+        name: "VANS_RDMA_DEVICE",
+        default: "unset (the first device whose port 1 is active)",
+        effect: "RDMA device the RDMA van opens, by name as `ibv_devices` lists it (e.g. \
+                 `mlx5_0`, `rxe0`)",
+    },
+    EnvVar {
+        name: "VANS_RDMA_GID_INDEX",
+        default: "unset (auto: the RoCE v2 IPv4-mapped GID, else the first RoCE v2, else 0)",
+        effect: "GID table index of port 1 the RDMA van uses; `vans-doctor` lists them",
+    },
+    EnvVar {
+        name: "VANS_RDMA_RX_DEPTH",
+        default: "128",
+        effect: "receive buffers each RDMA connection posts (and so the credits a sender has \
+                 for small messages); 4..=32768",
+    },
+    EnvVar {
+        name: "BYTEPS_RDMA_RX_DEPTH",
+        default: "128",
+        effect: "BytePS's name for VANS_RDMA_RX_DEPTH; when both are set they must agree",
+    },
+    EnvVar {
+        name: "VANS_RDMA_START_DEPTH",
+        default: "16",
+        effect: "large messages (RDMA write rendezvous) each RDMA connection keeps in flight \
+                 before later sends wait; 1..=4096",
+    },
+    EnvVar {
+        name: "BYTEPS_RDMA_START_DEPTH",
+        default: "16",
+        effect: "BytePS's name for VANS_RDMA_START_DEPTH; when both are set they must agree",
+    },
+    EnvVar {
+        name: "VANS_RDMA_POOL_BYTES",
+        default: "268435456 (256 MiB)",
+        effect: "registered memory each RDMA van keeps for reuse (large receives, staging, \
+                 `Postoffice::alloc`); more is registered on demand and released after use; \
+                 the memlock limit must allow it",
+    },
 ];
 
 /// Whether remote peers are reached over RDMA (`DMLC_ENABLE_RDMA`).
@@ -291,6 +391,54 @@ impl RdmaMode {
     /// Whether RDMA is requested.
     pub fn is_enabled(self) -> bool {
         self == RdmaMode::Ibverbs
+    }
+}
+
+/// What to do when RDMA is asked for and cannot be used (`VANS_RDMA_FALLBACK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RdmaFallback {
+    /// Fail with an error naming the cause (`none`, the default).
+    #[default]
+    None,
+    /// Warn and use the stream van (`tcp`).
+    Stream,
+}
+
+/// Default receive buffers per RDMA connection (`VANS_RDMA_RX_DEPTH`).
+pub const DEFAULT_RDMA_RX_DEPTH: u32 = 128;
+/// Default large messages in flight per RDMA connection (`VANS_RDMA_START_DEPTH`).
+pub const DEFAULT_RDMA_START_DEPTH: u32 = 16;
+/// Default registered memory an RDMA van keeps for reuse (`VANS_RDMA_POOL_BYTES`).
+pub const DEFAULT_RDMA_POOL_BYTES: usize = 256 << 20;
+
+/// Settings of the RDMA van (`VANS_RDMA_*`, and BytePS's `BYTEPS_RDMA_*` names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaSettings {
+    /// `VANS_RDMA_FALLBACK`: what to do when RDMA cannot be used.
+    pub fallback: RdmaFallback,
+    /// `VANS_RDMA_DEVICE`: the device to open; `None`: the first with an active port.
+    pub device: Option<String>,
+    /// `VANS_RDMA_GID_INDEX`: the GID index; `None`: chosen automatically.
+    pub gid_index: Option<u32>,
+    /// `VANS_RDMA_RX_DEPTH` / `BYTEPS_RDMA_RX_DEPTH`: receive buffers per connection.
+    pub rx_depth: u32,
+    /// `VANS_RDMA_START_DEPTH` / `BYTEPS_RDMA_START_DEPTH`: large messages in flight per
+    /// connection.
+    pub start_depth: u32,
+    /// `VANS_RDMA_POOL_BYTES`: registered memory kept for reuse.
+    pub pool_bytes: usize,
+}
+
+impl Default for RdmaSettings {
+    fn default() -> RdmaSettings {
+        RdmaSettings {
+            fallback: RdmaFallback::None,
+            device: None,
+            gid_index: None,
+            rx_depth: DEFAULT_RDMA_RX_DEPTH,
+            start_depth: DEFAULT_RDMA_START_DEPTH,
+            pool_bytes: DEFAULT_RDMA_POOL_BYTES,
+        }
     }
 }
 
@@ -401,6 +549,18 @@ pub struct Config {
     pub ipc_named: bool,
     /// `VANS_EAGER_CONNECT`: connect to every peer when the node table arrives.
     pub eager_connect: bool,
+    /// `VANS_RDMA_*` / `BYTEPS_RDMA_*`: the RDMA van's settings.
+    pub rdma: RdmaSettings,
+    /// `VANS_URING_THREADS` (or, by role, `NETWORK_PS_CORE_NUMBER` /
+    /// `NETWORK_WORKER_CORE_NUMBER`, then `SEASTAR_CORE_NUMBER`): I/O threads of the io_uring
+    /// van; `None`: its default (1).
+    pub io_threads: Option<u32>,
+    /// `VANS_PIN_CORES` (or, by role, `PS_DISABLE_PIN_CORES` / `WORKER_DISABLE_PIN_CORES`,
+    /// inverted): pin I/O threads to cores.
+    pub pin_io_threads: bool,
+    /// `VANS_URING_ZC_BYTES`: smallest send batch the io_uring van sends with SENDMSG_ZC to a
+    /// peer not on loopback; `None`: never.
+    pub uring_zc_bytes: Option<usize>,
 }
 
 impl Default for Config {
@@ -433,6 +593,10 @@ impl Default for Config {
             ipc_arena_bytes: DEFAULT_IPC_ARENA_BYTES,
             ipc_named: false,
             eager_connect: false,
+            rdma: RdmaSettings::default(),
+            io_threads: None,
+            pin_io_threads: false,
+            uring_zc_bytes: Some(DEFAULT_URING_ZC_BYTES),
         }
     }
 }
@@ -440,6 +604,8 @@ impl Default for Config {
 const PORT_EXPECTED: &str = "a port number in 0..=65535 (0: ephemeral)";
 const POSITIVE_EXPECTED: &str = "a whole number of at least 1";
 const SECONDS_EXPECTED: &str = "a whole number of seconds (0: off)";
+const RX_DEPTH_EXPECTED: &str = "a whole number from 4 to 32768";
+const START_DEPTH_EXPECTED: &str = "a whole number from 1 to 4096";
 const STREAM_VAN_EXPECTED: &str = "`tcp`, `uring` or `inproc` (RDMA is chosen with \
      DMLC_ENABLE_RDMA=1; IPC is chosen per same-host peer, not here)";
 
@@ -563,6 +729,20 @@ impl Config {
             }
             _ => {}
         }
+        if !(4..=32768).contains(&self.rdma.rx_depth) {
+            return Err(invalid(
+                "VANS_RDMA_RX_DEPTH",
+                &self.rdma.rx_depth,
+                RX_DEPTH_EXPECTED,
+            ));
+        }
+        if !(1..=4096).contains(&self.rdma.start_depth) {
+            return Err(invalid(
+                "VANS_RDMA_START_DEPTH",
+                &self.rdma.start_depth,
+                START_DEPTH_EXPECTED,
+            ));
+        }
         if let (Some(interval), Some(timeout)) = (self.heartbeat_interval, self.heartbeat_timeout) {
             if timeout <= interval {
                 return contradiction(
@@ -659,6 +839,25 @@ impl ConfigBuilder {
         self
     }
 
+    /// I/O threads of the io_uring van (`VANS_URING_THREADS`); `None`: its default.
+    pub fn io_threads(mut self, threads: Option<u32>) -> Self {
+        self.config.io_threads = threads;
+        self
+    }
+
+    /// Whether io_uring I/O threads are pinned to cores (`VANS_PIN_CORES`).
+    pub fn pin_io_threads(mut self, on: bool) -> Self {
+        self.config.pin_io_threads = on;
+        self
+    }
+
+    /// Smallest zero-copy send batch of the io_uring van (`VANS_URING_ZC_BYTES`); `None`:
+    /// never.
+    pub fn uring_zc_bytes(mut self, bytes: Option<usize>) -> Self {
+        self.config.uring_zc_bytes = bytes;
+        self
+    }
+
     /// Sets the role (`DMLC_ROLE`); a cluster node then needs a root port.
     pub fn role(mut self, role: Role) -> Self {
         self.config.role = Some(role);
@@ -748,6 +947,11 @@ impl ConfigBuilder {
     /// Sets the endpoint map (`VANS_ENDPOINT_MAP`).
     pub fn endpoint_map(mut self, map: EndpointMap) -> Self {
         self.config.endpoint_map = Some(map);
+        self
+    }
+    /// Sets the RDMA van's settings (`VANS_RDMA_*`).
+    pub fn rdma(mut self, settings: RdmaSettings) -> Self {
+        self.config.rdma = settings;
         self
     }
     /// The configuration, or the first problem found (see [`Config::validate`]).
@@ -925,9 +1129,51 @@ impl Vars {
             c.ipc_arena_bytes = n;
         }
         c.eager_connect = self.flag("VANS_EAGER_CONNECT")?.unwrap_or(false);
+        self.io_threads(&mut c)?;
         c.ipc_named = self.flag("VANS_IPC_NAMED")?.unwrap_or(false);
+        c.rdma = self.rdma_settings()?;
         c.validate()?;
         Ok(c)
+    }
+
+    /// The io_uring van's threads, pinning and zero-copy threshold. Every variable is
+    /// checked whatever the role; the role picks which StarServer name applies.
+    fn io_threads(&self, c: &mut Config) -> Result<(), ConfigError> {
+        let mut threads = [None; 4];
+        for (slot, var) in threads.iter_mut().zip([
+            "VANS_URING_THREADS",
+            "NETWORK_PS_CORE_NUMBER",
+            "NETWORK_WORKER_CORE_NUMBER",
+            "SEASTAR_CORE_NUMBER",
+        ]) {
+            *slot = self
+                .positive(var)?
+                .map(|n| u32::try_from(n).map_err(|_| self.invalid(var, "at most 4294967295")))
+                .transpose()?;
+        }
+        let [ours, ps, worker, seastar] = threads;
+        let by_role = match c.role {
+            Some(Role::Server) => ps,
+            Some(Role::Worker) => worker,
+            _ => None,
+        };
+        c.io_threads = ours.or(by_role).or(seastar);
+        let ps_off = self.flag("PS_DISABLE_PIN_CORES")?;
+        let worker_off = self.flag("WORKER_DISABLE_PIN_CORES")?;
+        let off_by_role = match c.role {
+            Some(Role::Server) => ps_off,
+            Some(Role::Worker) => worker_off,
+            _ => None,
+        };
+        c.pin_io_threads = match (self.flag("VANS_PIN_CORES")?, off_by_role) {
+            (Some(on), _) => on,
+            (None, Some(off)) => !off,
+            (None, None) => false,
+        };
+        if let Some(n) = self.number::<usize>("VANS_URING_ZC_BYTES", "a whole number of bytes")? {
+            c.uring_zc_bytes = (n > 0).then_some(n);
+        }
+        Ok(())
     }
 
     /// A boolean variable: `0`/`false` or `1`/`true` (any case).
@@ -965,6 +1211,56 @@ impl Vars {
             .find(|role| role.as_str().eq_ignore_ascii_case(value))
             .map(Some)
             .ok_or_else(|| self.invalid("DMLC_ROLE", "`scheduler`, `server` or `worker`"))
+    }
+
+    fn rdma_settings(&self) -> Result<RdmaSettings, ConfigError> {
+        let mut r = RdmaSettings::default();
+        if let Some(value) = self.get("VANS_RDMA_FALLBACK") {
+            r.fallback = match value.to_ascii_lowercase().as_str() {
+                "none" | "0" | "off" => RdmaFallback::None,
+                "tcp" | "stream" => RdmaFallback::Stream,
+                _ => {
+                    return Err(self.invalid(
+                        "VANS_RDMA_FALLBACK",
+                        "`none` (fail when RDMA cannot be used) or `tcp` (warn and use the \
+                         stream van)",
+                    ))
+                }
+            };
+        }
+        r.device = self.get("VANS_RDMA_DEVICE").map(str::to_owned);
+        r.gid_index = self.number("VANS_RDMA_GID_INDEX", "a GID table index, 0 or more")?;
+        let rx = &["VANS_RDMA_RX_DEPTH", "BYTEPS_RDMA_RX_DEPTH"];
+        if let Some(depth) = self.alias_number(rx, RX_DEPTH_EXPECTED)? {
+            r.rx_depth = depth;
+        }
+        let start = &["VANS_RDMA_START_DEPTH", "BYTEPS_RDMA_START_DEPTH"];
+        if let Some(depth) = self.alias_number(start, START_DEPTH_EXPECTED)? {
+            r.start_depth = depth;
+        }
+        if let Some(n) = self.number::<usize>("VANS_RDMA_POOL_BYTES", "a whole number of bytes")? {
+            r.pool_bytes = n;
+        }
+        Ok(r)
+    }
+
+    /// A number with two names (ours, then BytePS's): either may be set; both must agree.
+    fn alias_number(
+        &self,
+        names: &'static [&'static str; 2],
+        expected: &'static str,
+    ) -> Result<Option<u32>, ConfigError> {
+        match (
+            self.number::<u32>(names[0], expected)?,
+            self.number::<u32>(names[1], expected)?,
+        ) {
+            (Some(a), Some(b)) if a != b => Err(ConfigError::Contradiction {
+                vars: names,
+                reason: "they set different depths; set one of them",
+            }),
+            (Some(a), _) | (None, Some(a)) => Ok(Some(a)),
+            (None, None) => Ok(None),
+        }
     }
 
     fn rdma(&self) -> Result<RdmaMode, ConfigError> {
@@ -1072,6 +1368,7 @@ mod tests {
             "DMLC_INTERFACE",
             "DMLC_NODE_HOST",
             "VANS_HOST_ID",
+            "VANS_RDMA_DEVICE",
         ];
         for var in VARIABLES.iter().map(|v| v.name) {
             if free_text.contains(&var) {
@@ -1080,7 +1377,8 @@ mod tests {
                     c.root_uri,
                     c.interface.unwrap_or_default(),
                     c.node_host.unwrap_or_default(),
-                    c.host_id.unwrap_or_default()
+                    c.host_id.unwrap_or_default(),
+                    c.rdma.device.unwrap_or_default()
                 ]
                 .contains(&"x".to_owned()));
             } else {
@@ -1091,6 +1389,41 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn rdma_settings_with_byteps_names_and_the_fallback() {
+        let c = Config::from_vars([
+            ("BYTEPS_RDMA_RX_DEPTH", "256"),
+            ("BYTEPS_RDMA_START_DEPTH", "8"),
+            ("VANS_RDMA_GID_INDEX", "3"),
+            ("VANS_RDMA_DEVICE", "rxe0"),
+            ("VANS_RDMA_FALLBACK", "tcp"),
+            ("VANS_RDMA_POOL_BYTES", "1048576"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.rdma,
+            RdmaSettings {
+                fallback: RdmaFallback::Stream,
+                device: Some("rxe0".into()),
+                gid_index: Some(3),
+                rx_depth: 256,
+                start_depth: 8,
+                pool_bytes: 1 << 20,
+            }
+        );
+        // Ours and BytePS's names may both be set when they agree.
+        let c = Config::from_vars([("VANS_RDMA_RX_DEPTH", "64"), ("BYTEPS_RDMA_RX_DEPTH", "64")]);
+        assert_eq!(c.unwrap().rdma.rx_depth, 64);
+        let message = err(&[("VANS_RDMA_RX_DEPTH", "64"), ("BYTEPS_RDMA_RX_DEPTH", "32")]);
+        assert!(message.contains("BYTEPS_RDMA_RX_DEPTH"), "{message}");
+        let message = err(&[("VANS_RDMA_RX_DEPTH", "2")]);
+        assert!(message.contains("from 4 to 32768"), "{message}");
+        let message = err(&[("BYTEPS_RDMA_START_DEPTH", "0")]);
+        assert!(message.contains("VANS_RDMA_START_DEPTH"), "{message}");
+        let message = err(&[("VANS_RDMA_FALLBACK", "udp")]);
+        assert!(message.contains("`tcp`"), "{message}");
     }
 
     #[test]
@@ -1114,6 +1447,49 @@ mod tests {
             );
         }
         assert!(!Config::default().busy_polling && Config::default().enable_ipc);
+    }
+
+    #[test]
+    fn uring_threads_and_pinning_follow_the_seed_deployments_names_by_role() {
+        let server = |extra: &[(&'static str, &'static str)]| {
+            let mut vars = with(&[("DMLC_ROLE", "server"), ("DMLC_ENABLE_RDMA", "0")]);
+            vars.extend_from_slice(extra);
+            Config::from_vars(vars).unwrap()
+        };
+        let worker = |extra: &[(&'static str, &'static str)]| {
+            let mut vars = with(&[("DMLC_ENABLE_RDMA", "0")]);
+            vars.extend_from_slice(extra);
+            Config::from_vars(vars).unwrap()
+        };
+        assert_eq!(Config::default().io_threads, None);
+        assert!(!Config::default().pin_io_threads);
+        let all = [
+            ("SEASTAR_CORE_NUMBER", "2"),
+            ("NETWORK_PS_CORE_NUMBER", "3"),
+            ("NETWORK_WORKER_CORE_NUMBER", "4"),
+        ];
+        assert_eq!(server(&all).io_threads, Some(3));
+        assert_eq!(worker(&all).io_threads, Some(4));
+        assert_eq!(server(&all[..1]).io_threads, Some(2));
+        let mut ours = all.to_vec();
+        ours.push(("VANS_URING_THREADS", "5"));
+        assert_eq!(worker(&ours).io_threads, Some(5));
+        assert!(err(&[("VANS_URING_THREADS", "0")]).contains("VANS_URING_THREADS"));
+        // StarServer pins by default and turns it off per role; ours wins when set.
+        assert!(server(&[("PS_DISABLE_PIN_CORES", "0")]).pin_io_threads);
+        assert!(!server(&[("PS_DISABLE_PIN_CORES", "1")]).pin_io_threads);
+        assert!(!server(&[("WORKER_DISABLE_PIN_CORES", "0")]).pin_io_threads);
+        assert!(worker(&[("WORKER_DISABLE_PIN_CORES", "0")]).pin_io_threads);
+        assert!(
+            !worker(&[("WORKER_DISABLE_PIN_CORES", "0"), ("VANS_PIN_CORES", "0")]).pin_io_threads
+        );
+        assert!(worker(&[("VANS_PIN_CORES", "1")]).pin_io_threads);
+        assert_eq!(
+            Config::from_vars([("VANS_URING_ZC_BYTES", "0")])
+                .unwrap()
+                .uring_zc_bytes,
+            None
+        );
     }
 
     #[test]

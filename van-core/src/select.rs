@@ -6,12 +6,14 @@
 //! 1. the scheduler link is always the stream van: it bootstraps everything else;
 //! 2. a peer on the same host (equal, non-empty host identities) that announced an IPC
 //!    endpoint is reached over shared memory when IPC is enabled and compiled in;
-//! 3. with `DMLC_ENABLE_RDMA`, remote peers use RDMA — or, if the RDMA van is not compiled
-//!    in, selection fails (no silent fallback);
+//! 3. with `DMLC_ENABLE_RDMA`, remote peers that announced an RDMA endpoint use RDMA. When
+//!    RDMA cannot be used (the van is not compiled in or did not start here, or the peer has
+//!    no RDMA endpoint), selection fails naming the cause — unless `VANS_RDMA_FALLBACK=tcp`
+//!    allows the stream van (no silent fallback);
 //! 4. otherwise the configured stream van (`tcp`, `uring`, `inproc`), which must be compiled
 //!    in.
 
-use crate::config::Config;
+use crate::config::{Config, RdmaFallback};
 use crate::message::{Node, Role};
 use crate::van::{VanError, VanKind};
 
@@ -75,13 +77,26 @@ pub fn select_van(
         return Ok(VanKind::Ipc);
     }
     if config.enable_rdma.is_enabled() {
-        return if available.rdma {
-            Ok(VanKind::Rdma)
-        } else {
-            Err(VanError::NotCompiled {
+        let peer_has_rdma = peer.endpoint(VanKind::Rdma).is_some();
+        if available.rdma && peer_has_rdma {
+            return Ok(VanKind::Rdma);
+        }
+        if config.rdma.fallback == RdmaFallback::Stream {
+            return stream();
+        }
+        if !available.rdma {
+            return Err(VanError::NotCompiled {
                 kind: VanKind::Rdma,
-            })
-        };
+            });
+        }
+        return Err(VanError::Unsupported {
+            kind: VanKind::Rdma,
+            reason: format!(
+                "node {peer} announced no RDMA endpoint (RDMA is off or failed to start \
+                 there); enable it on every node, or allow the stream van with \
+                 VANS_RDMA_FALLBACK=tcp"
+            ),
+        });
     }
     stream()
 }
@@ -101,6 +116,8 @@ mod tests {
                 address: "@vans-x".into(),
             });
         }
+        node.endpoints
+            .push(Endpoint::stream(VanKind::Rdma, "10.0.0.1", 9001));
         node
     }
 
@@ -120,6 +137,26 @@ mod tests {
     };
 
     #[test]
+    fn a_remote_peer_without_rdma_is_an_error_naming_it_unless_the_fallback_allows_tcp() {
+        let rdma = Config {
+            enable_rdma: RdmaMode::Ibverbs,
+            ..Config::default()
+        };
+        let me = node(Role::Worker, "host-a", false);
+        let mut peer = node(Role::Server, "host-b", false);
+        peer.endpoints.clear();
+        let err = select_van(&rdma, ALL, &me, &peer).unwrap_err().to_string();
+        assert!(
+            err.contains("announced no RDMA endpoint") && err.contains("VANS_RDMA_FALLBACK=tcp"),
+            "{err}"
+        );
+        let err = select_van(&rdma, TCP_ONLY, &me, &peer)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("feature `rdma`"), "{err}");
+    }
+
+    #[test]
     fn the_policy_table() {
         let plain = Config::default();
         let no_ipc = Config {
@@ -130,6 +167,16 @@ mod tests {
             enable_rdma: RdmaMode::Ibverbs,
             ..Config::default()
         };
+        let rdma_or_tcp = Config {
+            enable_rdma: RdmaMode::Ibverbs,
+            rdma: crate::config::RdmaSettings {
+                fallback: RdmaFallback::Stream,
+                ..Default::default()
+            },
+            ..Config::default()
+        };
+        let mut remote_without_rdma = node(Role::Server, "host-b", false);
+        remote_without_rdma.endpoints.clear();
         let uring = Config {
             stream_van: VanKind::Uring,
             ..Config::default()
@@ -152,12 +199,15 @@ mod tests {
             (&rdma, ALL, &local, Ok(VanKind::Ipc)),
             (&rdma, ALL, &scheduler, Ok(VanKind::Tcp)),
             (&rdma, TCP_ONLY, &remote, Err(VanKind::Rdma)),
+            (&rdma_or_tcp, ALL, &remote, Ok(VanKind::Rdma)),
+            (&rdma_or_tcp, TCP_ONLY, &remote, Ok(VanKind::Tcp)),
+            (&rdma_or_tcp, ALL, &remote_without_rdma, Ok(VanKind::Tcp)),
             (&uring, ALL, &remote, Ok(VanKind::Uring)),
             (&uring, TCP_ONLY, &remote, Err(VanKind::Uring)),
         ];
         for (i, (config, available, peer, want)) in cases.into_iter().enumerate() {
             let got = select_van(config, available, &me, peer).map_err(|e| match e {
-                VanError::NotCompiled { kind } => kind,
+                VanError::NotCompiled { kind } | VanError::Unsupported { kind, .. } => kind,
                 other => panic!("case {i}: unexpected error {other}"),
             });
             assert_eq!(got, want, "case {i}");

@@ -19,6 +19,12 @@
 //! exact sums: every worker pushes known values, a barrier, then every worker pulls and
 //! compares with the expected total. `--mode barrier` has workers arrive at a barrier 300 ms
 //! apart and print when they arrived and left.
+//!
+//! `--van tcp,uring` compares stream vans in one invocation: the local cluster is launched
+//! once per van (`VANS_STREAM_VAN`, shared memory off), one after the other, and a table
+//! gives each case for every van side by side with the ratio to the first van, and the CPU
+//! time of the whole cluster (every node process, read from `/proc/<pid>/stat` at the start
+//! and end of each case) per GB moved and per request.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -42,7 +48,11 @@ const USAGE: &str = "usage: ps-bench [options]
   --shards N      shards per server (default 1)
   --servers N     servers when launching a local cluster (default 1)
   --workers N     workers when launching a local cluster (default 1)
-  --van V         tcp (processes, the default) or inproc (one process, in-process van)
+  --van V[,V..]   tcp (processes, the default), uring (processes, io_uring: feature
+                  `uring`) or inproc (one process, in-process van); a list of process vans
+                  (`tcp,uring`) runs the cluster once per van and prints them side by side,
+                  with ratios and the cluster's CPU seconds per GB. Naming tcp or uring
+                  turns shared memory off, so that van carries the traffic.
   --threads N     runtime threads per node; 1 runs each node on one thread (default 1)
   --no-raw        skip the raw-socket reference
   --zero-copy     push values allocated with Postoffice::alloc (the IPC van's shared arena:
@@ -68,6 +78,10 @@ struct Options {
     json: bool,
     threads: usize,
     van: VanKind,
+    /// Every van named by `--van` (more than one: a comparison); empty when not given.
+    vans: Vec<VanKind>,
+    /// Where worker 0 writes its results as JSON (set by a comparing launcher).
+    results_file: Option<String>,
     /// The arguments as given, passed on to the launched nodes.
     args: Vec<String>,
 }
@@ -120,6 +134,8 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
         json: false,
         threads: 1,
         van: VanKind::Tcp,
+        vans: Vec::new(),
+        results_file: None,
         args: args.clone(),
     };
     let mut it = args.into_iter();
@@ -159,17 +175,25 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
             }
             "--threads" => o.threads = parse_list(&value("--threads")?, "--threads")?[0],
             "--van" => {
-                o.van = match value("--van")?.as_str() {
-                    "tcp" => VanKind::Tcp,
-                    "inproc" => VanKind::InProcess,
-                    other => {
-                        return Err(format!(
-                            "--van: `{other}` is not available here (tcp or inproc; the other \
-                             vans are not built yet)"
-                        ))
-                    }
+                o.vans = value("--van")?
+                    .split(',')
+                    .map(|name| match name.trim() {
+                        "tcp" => Ok(VanKind::Tcp),
+                        "uring" => Ok(VanKind::Uring),
+                        "inproc" => Ok(VanKind::InProcess),
+                        other => Err(format!(
+                            "--van: `{other}` is not available here (tcp, uring or inproc)"
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?;
+                o.van = o.vans[0];
+                if o.vans.len() > 1 && o.vans.contains(&VanKind::InProcess) {
+                    return Err("--van: inproc runs in one process and cannot be compared \
+                                with process vans in one run"
+                        .into());
                 }
             }
+            "--results-file" => o.results_file = Some(value("--results-file")?),
             "--iters" => o.iters = Some(parse_list(&value("--iters")?, "--iters")?[0] as u64),
             "--no-raw" => o.raw = false,
             "--zero-copy" => o.zero_copy = true,
@@ -296,10 +320,24 @@ async fn run_in_process(options: &Options) -> Result<(), BoxError> {
 
 /// No `DMLC_ROLE`: run this program as a local cluster.
 async fn launch_local(options: &Options) -> Result<(), BoxError> {
+    if options.vans.contains(&VanKind::Uring) && !cfg!(feature = "uring") {
+        return Err(
+            "--van uring: this ps-bench was built without the io_uring van; rebuild \
+                    with `--features uring`"
+                .into(),
+        );
+    }
+    if options.vans.len() > 1 {
+        return compare_vans(options).await;
+    }
     let program = std::env::current_exe()?;
     let mut spec = LaunchSpec::new(options.servers, options.workers, program);
     spec.args = options.args.clone();
     spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
+    if let Some(van) = options.vans.first() {
+        spec.env.push(("VANS_STREAM_VAN".into(), van.to_string()));
+        spec.env.push(("DMLC_ENABLE_IPC".into(), "0".into()));
+    }
     let report = launch(&spec).await?;
     eprintln!(
         "ps-bench: {} nodes exited 0 in {:.1} s",
@@ -307,6 +345,193 @@ async fn launch_local(options: &Options) -> Result<(), BoxError> {
         report.elapsed.as_secs_f64()
     );
     Ok(())
+}
+
+/// `--van A,B,..`: the cluster once per van, then every case side by side.
+async fn compare_vans(options: &Options) -> Result<(), BoxError> {
+    let program = std::env::current_exe()?;
+    let mut runs = Vec::new();
+    for van in &options.vans {
+        let path = std::env::temp_dir().join(format!(
+            "ps-bench-{}-{}-{van}.json",
+            std::process::id(),
+            now_ms()
+        ));
+        let mut spec = LaunchSpec::new(options.servers, options.workers, program.clone());
+        spec.args = args_for_van(&options.args, *van, &path.to_string_lossy());
+        spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
+        spec.env.push(("VANS_STREAM_VAN".into(), van.to_string()));
+        spec.env.push(("DMLC_ENABLE_IPC".into(), "0".into()));
+        eprintln!("ps-bench: --- {van} ---");
+        let before = children_cpu_seconds();
+        let report = launch(&spec).await?;
+        let cpu = children_cpu_seconds() - before;
+        eprintln!(
+            "ps-bench: {van}: {} nodes exited 0 in {:.1} s, {cpu:.2} CPU s in all (getrusage \
+             of the exited nodes)",
+            report.nodes.len(),
+            report.elapsed.as_secs_f64(),
+        );
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("worker 0 of the {van} run left no results in {path:?}: {e}"))?;
+        let _ = std::fs::remove_file(&path);
+        let rows: serde_json::Value = serde_json::from_str(&text)?;
+        runs.push((*van, rows, cpu));
+    }
+    print_comparison(&runs, options.json);
+    Ok(())
+}
+
+/// The arguments of a comparison's nodes: one van, and where worker 0 writes its results.
+fn args_for_van(args: &[String], van: VanKind, results: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--van" || arg == "--results-file" {
+            it.next();
+            continue;
+        }
+        out.push(arg.clone());
+    }
+    out.extend([
+        "--van".into(),
+        van.to_string(),
+        "--results-file".into(),
+        results.into(),
+    ]);
+    out
+}
+
+/// CPU seconds (user + system) of this process's children that have exited and been
+/// waited for.
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: `rusage` is plain data (all-zero is valid) and getrusage only writes it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) != 0 {
+            return 0.0;
+        }
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// The side-by-side table of a comparison: each case's figures for every van, ratios to
+/// the first van, and the cluster's CPU cost.
+fn print_comparison(runs: &[(VanKind, serde_json::Value, f64)], json: bool) {
+    let Some((first, base, _)) = runs.first() else {
+        return;
+    };
+    let number = |row: &serde_json::Value, key: &str| row.get(key).and_then(|v| v.as_f64());
+    let same_case = |a: &serde_json::Value, b: &serde_json::Value| {
+        ["mode", "size", "in flight"]
+            .iter()
+            .all(|k| a.get(*k) == b.get(*k))
+    };
+    let mut header = vec!["mode".to_owned(), "size".to_owned(), "in flight".to_owned()];
+    for figure in ["ops/s", "GB/s", "CPU s/GB", "CPU µs/op"] {
+        for (van, _, _) in runs {
+            header.push(format!("{figure} {van}"));
+        }
+        if figure != "CPU µs/op" {
+            for (van, _, _) in &runs[1..] {
+                header.push(format!("{van}/{first}"));
+            }
+        }
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut table = Table::new(&header_refs);
+    let empty = Vec::new();
+    for row in base.as_array().unwrap_or(&empty) {
+        let cell = |v: Option<&serde_json::Value>| match v {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => String::new(),
+        };
+        let mut cells = vec![
+            cell(row.get("mode")),
+            cell(row.get("size")),
+            cell(row.get("in flight")),
+        ];
+        let matching: Vec<Option<&serde_json::Value>> = runs
+            .iter()
+            .map(|(_, rows, _)| {
+                rows.as_array()
+                    .and_then(|rows| rows.iter().find(|r| same_case(r, row)))
+            })
+            .collect();
+        for (key, precision) in [("ops/s", 0), ("GB/s", 3), ("CPU s/GB", 2), ("CPU µs/op", 1)] {
+            let values: Vec<Option<f64>> = matching
+                .iter()
+                .map(|r| r.and_then(|r| number(r, key)))
+                .collect();
+            for v in &values {
+                cells.push(v.map_or("n/a".into(), |v| format!("{v:.precision$}")));
+            }
+            if key != "CPU µs/op" {
+                for v in &values[1..] {
+                    cells.push(match (values[0], v) {
+                        (Some(a), Some(b)) if a > 0.0 => format!("{:.2}x", b / a),
+                        _ => "n/a".into(),
+                    });
+                }
+            }
+        }
+        table.row(cells);
+    }
+    if json {
+        println!("{{\"comparison\":{}}}", table.to_json());
+    } else {
+        let totals: Vec<String> = runs
+            .iter()
+            .map(|(van, _, cpu)| format!("{van} {cpu:.2} s"))
+            .collect();
+        println!(
+            "side by side, same invocation (ratios: to {first}; CPU: every node process of the \
+             cluster during the case; whole runs: {}):\n{table}",
+            totals.join(", ")
+        );
+    }
+}
+
+/// CPU ticks (user + system) of this node and its sibling nodes — every child of the
+/// launcher that started this one — from `/proc/<pid>/stat`. `None` when not started by a
+/// launcher (the siblings would be unrelated processes).
+fn cluster_cpu_seconds() -> Option<f64> {
+    std::env::var_os("VANS_LAUNCH_RANK")?;
+    let parent = std::os::unix::process::parent_id();
+    // SAFETY: sysconf takes no pointers.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return None;
+    }
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The command name may hold spaces; fields after ")" are: state, ppid, ..., utime
+        // (12th), stime (13th).
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) != Some(parent) {
+            continue;
+        }
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        total += field(11) + field(12);
+    }
+    Some(total as f64 / ticks as f64)
 }
 
 /// The `i`-th of `n` keys, spread evenly over the key space (so over every server).
@@ -411,6 +636,8 @@ async fn benchmark(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Resu
         "GB/s",
         "p50 µs",
         "p99 µs",
+        "CPU s/GB",
+        "CPU µs/op",
     ]);
     for size in &o.sizes {
         // Each size has its own keys (a key's length is fixed by its first push), stored
@@ -433,7 +660,11 @@ async fn benchmark(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Resu
                     window,
                 );
                 let vals = values(po, *size, o);
+                let cpu_before = cluster_cpu_seconds();
                 let r = run_case(worker, &keys, *mode, &vals, *window, o).await?;
+                let cpu = cluster_cpu_seconds()
+                    .zip(cpu_before)
+                    .map(|(after, before)| after - before);
                 let secs = r.elapsed.as_secs_f64().max(1e-9);
                 let moved = match mode {
                     Mode::PushPull => 2 * size,
@@ -454,9 +685,18 @@ async fn benchmark(po: &Postoffice, worker: &KvWorker<f32>, o: &Options) -> Resu
                     format!("{:.3}", r.ops as f64 * moved / secs / 1e9),
                     pct(0.5).to_string(),
                     pct(0.99).to_string(),
+                    cpu.map_or("n/a".into(), |c| {
+                        format!("{:.2}", c / (r.ops as f64 * moved / 1e9).max(1e-12))
+                    }),
+                    cpu.map_or("n/a".into(), |c| {
+                        format!("{:.1}", c * 1e6 / (r.ops as f64).max(1.0))
+                    }),
                 ]);
             }
         }
+    }
+    if let (0, Some(path)) = (rank, &o.results_file) {
+        std::fs::write(path, table.to_json())?;
     }
     if o.json {
         println!("{{\"worker\":{rank},\"results\":{}}}", table.to_json());

@@ -1,0 +1,124 @@
+//! The cluster checks of the parameter server with the stream van switched to io_uring
+//! (`VANS_STREAM_VAN=uring`, feature `uring`): real processes on 127.0.0.1 through
+//! `vans-launch`, exact sums read back, and `ps-bench --van tcp,uring` comparing both vans in
+//! one invocation.
+
+#![cfg(all(feature = "uring", target_os = "linux"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
+const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
+/// Generous: these run on a loaded 2-core machine.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn wait_output(mut child: Child, what: &str) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} still running after {DEADLINE:?}\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn two_servers_two_workers_read_back_exact_sums_over_io_uring() {
+    let mut cmd = Command::new(LAUNCH);
+    cmd.args(["-s", "2", "-w", "2"]);
+    for env in [
+        "VANS_STREAM_VAN=uring",
+        "DMLC_ENABLE_IPC=0",
+        "VANS_URING_THREADS=2",
+    ] {
+        cmd.args(["--env", env]);
+    }
+    cmd.args(["--", PS_BENCH, "--mode", "check", "--keys", "32"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait_output(cmd.spawn().unwrap(), "launcher");
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!(
+                "worker {rank}: exact sums verified for 32 keys from 2 workers"
+            )),
+            "worker {rank} did not verify: {all}"
+        );
+    }
+    let vans: Vec<&str> = all.lines().filter(|l| l.contains(" via ")).collect();
+    assert_eq!(vans.len(), 4, "{all}");
+    assert!(vans.iter().all(|l| l.ends_with("via uring")), "{vans:?}");
+}
+
+#[test]
+fn ps_bench_compares_tcp_and_uring_in_one_invocation() {
+    let out = wait_output(
+        Command::new(PS_BENCH)
+            .args([
+                "--van",
+                "tcp,uring",
+                "--mode",
+                "pushpull",
+                "--sizes",
+                "8,65536",
+                "--windows",
+                "8",
+                "--seconds",
+                "0.1",
+                "--no-raw",
+            ])
+            .env_remove("DMLC_ROLE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "ps-bench",
+    );
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let table = stdout
+        .split("side by side")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no comparison table: {all}"));
+    assert!(
+        table.contains("ops/s uring") && table.contains("uring/tcp"),
+        "{table}"
+    );
+    for size in ["8", "65536"] {
+        let row = table
+            .lines()
+            .find(|l| {
+                l.starts_with("| pushpull") && l.split('|').nth(2).map(str::trim) == Some(size)
+            })
+            .unwrap_or_else(|| panic!("no {size} B row: {table}"));
+        // Both vans moved data, and the cluster's CPU was measured for both (only the GB/s
+        // ratio of 8-byte values may round to nothing).
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        for ops in &cells[4..6] {
+            assert!(ops.parse::<f64>().is_ok_and(|v| v > 0.0), "{row}");
+        }
+        assert!(row.matches("n/a").count() <= 1, "{row}");
+    }
+}

@@ -1,0 +1,107 @@
+//! [`RdmaError`]: why the RDMA van cannot start or a connection cannot be set up. Every
+//! message names the cause and the fix.
+
+use van_core::{VanError, VanKind};
+
+/// What can go wrong in the RDMA van.
+#[derive(Debug, thiserror::Error)]
+pub enum RdmaError {
+    /// This build has no RDMA van: rebuild with the Cargo feature `rdma`.
+    #[error("the rdma van is not compiled in; rebuild with the Cargo feature `rdma`")]
+    NotCompiled,
+    /// No usable RDMA device: no kernel support, no device, no user-space access or no
+    /// provider library. The cause says which, and what to do.
+    #[error("no RDMA device: {cause}")]
+    NoDevice {
+        /// Which of the above, with the fix.
+        cause: String,
+    },
+    /// `VANS_RDMA_DEVICE` names a device that does not exist.
+    #[error("RDMA device `{wanted}` (VANS_RDMA_DEVICE) not found; devices here: {available}")]
+    DeviceNotFound {
+        /// The name asked for.
+        wanted: String,
+        /// The devices libibverbs lists.
+        available: String,
+    },
+    /// The device's port 1 is not up.
+    #[error(
+        "RDMA device {device} port 1 is not ACTIVE ({detail}); check the link (`ibv_devinfo`, \
+         `rdma link`) or pick another device with VANS_RDMA_DEVICE"
+    )]
+    PortDown {
+        /// The device.
+        device: String,
+        /// What the port reported.
+        detail: String,
+    },
+    /// `VANS_RDMA_GID_INDEX` is not a valid GID of the port.
+    #[error(
+        "RDMA device {device} has no usable GID at index {index} (VANS_RDMA_GID_INDEX); valid \
+         indices: {valid}"
+    )]
+    BadGidIndex {
+        /// The device.
+        device: String,
+        /// The index asked for.
+        index: u32,
+        /// The indices with a GID.
+        valid: String,
+    },
+    /// The locked-memory limit is too small for the memory the van registers.
+    #[error(
+        "memlock limit {limit} is below the {needed} the RDMA van registers \
+         (VANS_RDMA_POOL_BYTES plus the rings of one connection); raise it: `ulimit -l \
+         unlimited` in the launching shell, `LimitMEMLOCK=infinity` for a systemd unit, \
+         `--ulimit memlock=-1` for docker, or lower VANS_RDMA_POOL_BYTES / VANS_RDMA_RX_DEPTH"
+    )]
+    MemlockTooLow {
+        /// The soft limit, readable.
+        limit: String,
+        /// What the van needs, readable.
+        needed: String,
+    },
+    /// A verbs call failed.
+    #[error("{call} failed on {device}: {source}")]
+    Verbs {
+        /// The verb.
+        call: &'static str,
+        /// The device.
+        device: String,
+        /// The error it returned.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Exchanging queue-pair attributes with a peer failed.
+    #[error("RDMA connection setup with {peer}: {reason}")]
+    Handshake {
+        /// The peer's address.
+        peer: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl From<RdmaError> for VanError {
+    fn from(error: RdmaError) -> VanError {
+        match error {
+            RdmaError::NotCompiled => VanError::NotCompiled {
+                kind: VanKind::Rdma,
+            },
+            RdmaError::Verbs { .. } | RdmaError::Handshake { .. } => VanError::Io {
+                kind: VanKind::Rdma,
+                source: std::io::Error::other(error.to_string()),
+            },
+            other => VanError::Unsupported {
+                kind: VanKind::Rdma,
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
+impl From<RdmaError> for van_core::Error {
+    fn from(error: RdmaError) -> van_core::Error {
+        VanError::from(error).into()
+    }
+}

@@ -1,0 +1,939 @@
+//! One I/O thread: its ring, its provided-buffer ring, and the connections it owns.
+//!
+//! Nothing here is shared with other threads except through the [`Mailbox`] (commands in,
+//! ready connections in) and the van's [`Shared`] state (routes, counters). Every operation
+//! the kernel may still be working on owns its memory through this thread's tables:
+//!
+//! - a send owns its frames' `Bytes`, its iovec array and its `msghdr` in a [`SendOp`] slot
+//!   of its connection until the completion arrives — and, for `SENDMSG_ZC`, until the
+//!   notification arrives too;
+//! - a multishot receive writes only into provided buffers, which belong to the [`BufRing`]
+//!   until a completion hands one back;
+//! - a direct receive of a large frame writes into that frame's buffer, owned by the
+//!   connection's [`Reassembly`];
+//! - a connection — its socket, its send slots, its reassembly — is dropped only when none of
+//!   its operations is in flight, however it ended (peer closed, bad frame, cancel, stop).
+//!
+//! At shutdown the thread cancels everything and keeps reaping completions until every
+//! operation has ended; only if the kernel has not answered within [`DRAIN_TIMEOUT`] does it
+//! leak what is left rather than free memory the kernel may still use.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+use van_core::van::InboxClosed;
+use van_core::{Event, InboxSender, NodeId, PeerLost, VanKind, WireError};
+
+use crate::bufring::BufRing;
+use crate::mailbox::{Command, DeliveryWaker, Mailbox, QueueWaker};
+use crate::reassembly::Reassembly;
+use crate::van::{Frame, Link, Shared};
+
+mod recv;
+mod send;
+
+use send::SendOp;
+
+/// Most frames one send takes from a peer queue.
+const MAX_BATCH_FRAMES: usize = 256;
+/// Most iovecs per `sendmsg` (Linux `UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
+/// Send slots per connection: one send in flight, the others zero-copy sends waiting for
+/// their notification.
+const SEND_SLOTS: usize = 16;
+/// After stop gave up on flushing, how long the kernel has to return every buffer.
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// With busy polling, how long the thread spins on its queues before it blocks.
+const BUSY_SPIN: Duration = Duration::from_millis(2);
+/// Pause before accepting again after accept failed (out of descriptors, …).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+
+/// `IORING_SEND_ZC_REPORT_USAGE`: ask the notification to say whether the kernel copied.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// `IORING_NOTIF_USAGE_ZC_COPIED`, in a notification's result.
+const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+
+// What a completion is for: the low 8 bits of its user data. Bits 8..24 hold a send slot,
+// bits 24.. the connection id.
+const K_EVENTFD: u64 = 1;
+const K_ACCEPT: u64 = 2;
+const K_RECV_MULTI: u64 = 3;
+const K_RECV_DIRECT: u64 = 4;
+const K_SEND: u64 = 5;
+const K_CANCEL: u64 = 6;
+
+fn user_data(kind: u64, connection: u64, slot: usize) -> u64 {
+    (connection << 24) | ((slot as u64 & 0xffff) << 8) | kind
+}
+
+/// A connection handed to an I/O thread.
+pub(crate) struct NewConnection {
+    pub(crate) id: u64,
+    pub(crate) stream: TcpStream,
+    pub(crate) remote: SocketAddr,
+    /// The node dialed, or `None` for an accepted connection (learned from its first message).
+    pub(crate) peer: Option<NodeId>,
+    pub(crate) queue: mpsc::Receiver<Frame>,
+    /// The connection's own route, offered to the van when the peer identifies itself
+    /// (accepted connections only).
+    pub(crate) link: Option<Link>,
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(crate) enum Closed {
+    /// The peer closed the connection between frames.
+    Eof,
+    /// The socket failed.
+    Io(std::io::Error),
+    /// The peer sent a bad frame (or closed in the middle of one).
+    Wire(WireError),
+    /// The van is stopping.
+    Stopped,
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Closed::Eof => f.write_str("connection closed by peer"),
+            Closed::Io(e) => write!(f, "socket error: {e}"),
+            Closed::Wire(e) => write!(f, "bad frame from peer: {e}"),
+            Closed::Stopped => f.write_str("van stopped"),
+        }
+    }
+}
+
+struct Conn {
+    id: u64,
+    /// The socket; closed (taken) once only zero-copy notifications are outstanding, since
+    /// an abortive close is what makes the kernel release the pages those wait for.
+    stream: Option<TcpStream>,
+    /// Its descriptor, valid while `stream` is `Some` (operations are only submitted then).
+    raw_fd: i32,
+    remote: SocketAddr,
+    peer: Option<NodeId>,
+    link: Option<Link>,
+    queue: Option<mpsc::Receiver<Frame>>,
+    queue_done: bool,
+    waker: Waker,
+    reassembly: Reassembly,
+    /// A multishot receive is in the kernel (no final completion yet).
+    multishot: bool,
+    /// A direct receive (into the large frame's buffer) is in the kernel.
+    direct: bool,
+    /// A cancel of the multishot receive was submitted and its target has not ended.
+    cancel_sent: bool,
+    /// Parts not yet submitted, in order.
+    out: VecDeque<Bytes>,
+    sends: Vec<Option<SendOp>>,
+    /// A send (not a notification) is outstanding: the next waits, to keep the order.
+    sending: bool,
+    zc: bool,
+    closing: bool,
+}
+
+impl Conn {
+    /// No operation of this connection is in the kernel: its memory may be freed.
+    fn idle(&self) -> bool {
+        !self.multishot && !self.direct && self.sends.iter().all(Option::is_none)
+    }
+
+    /// Only zero-copy notifications (if anything) are outstanding: the socket may close.
+    fn only_notifications(&self) -> bool {
+        !self.multishot
+            && !self.direct
+            && self
+                .sends
+                .iter()
+                .all(|op| op.as_ref().is_none_or(|op| op.completed))
+    }
+
+    fn fd(&self) -> types::Fd {
+        types::Fd(self.raw_fd)
+    }
+
+    /// Everything queued was written (the queue is closed and drained).
+    fn flushed(&self) -> bool {
+        self.queue_done && self.out.is_empty() && !self.sending
+    }
+}
+
+type Delivery = Pin<Box<dyn Future<Output = Result<(), InboxClosed>> + Send>>;
+
+struct Stopping {
+    flush: bool,
+    deadline: Instant,
+    /// Set once every connection was closed without waiting for flushes: the kernel has
+    /// until then to end every operation.
+    forced_until: Option<Instant>,
+}
+
+/// Settings of one thread.
+pub(crate) struct WorkerSetup {
+    pub(crate) index: usize,
+    pub(crate) busy_polling: bool,
+    pub(crate) pin_to: Option<usize>,
+}
+
+/// One I/O thread.
+pub(crate) struct Worker {
+    index: usize,
+    ring: IoUring,
+    bufs: BufRing,
+    mailbox: Arc<Mailbox>,
+    shared: Arc<Shared>,
+    conns: HashMap<u64, Conn>,
+    listener: Option<TcpListener>,
+    accept_armed: bool,
+    accept_retry: Option<Instant>,
+    inbox: Option<InboxSender>,
+    batch: Vec<Event>,
+    delivering: Option<Delivery>,
+    delivery_waker: Waker,
+    eventfd_buf: Box<u64>,
+    eventfd_armed: bool,
+    stopping: Option<Stopping>,
+    /// Connections waiting to receive again once the inbox has room.
+    parked: Vec<u64>,
+    /// Entries that did not fit in the submission queue, in order.
+    overflow: VecDeque<squeue::Entry>,
+    busy: bool,
+    zc_supported: bool,
+    // Scratch space, reused.
+    commands: Vec<Command>,
+    ready: Vec<u64>,
+    cqes: Vec<(u64, i32, u32)>,
+    frames: Vec<Frame>,
+}
+
+impl Worker {
+    /// Sets up the ring and the buffer ring on the calling thread (the I/O thread).
+    pub(crate) fn new(
+        setup: &WorkerSetup,
+        mailbox: Arc<Mailbox>,
+        shared: Arc<Shared>,
+    ) -> Result<Worker, crate::UringError> {
+        let options = &shared.options;
+        if options.simulate_unavailable {
+            return Err(crate::error::setup_failed(
+                &std::io::Error::from_raw_os_error(libc::ENOSYS),
+            ));
+        }
+        if let Some(cpu) = setup.pin_to {
+            pin_to_cpu(cpu);
+        }
+        let entries = options.ring_entries.clamp(64, 4096).next_power_of_two();
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(entries * 4);
+        let mut sqpoll = false;
+        let ring = if setup.busy_polling {
+            let mut with_poll = IoUring::builder();
+            with_poll.setup_cqsize(entries * 4).setup_sqpoll(100);
+            match with_poll.build(entries) {
+                Ok(ring) => {
+                    sqpoll = true;
+                    Ok(ring)
+                }
+                Err(e) => {
+                    warn!(
+                        "io_uring SQPOLL is not permitted here ({e}); busy polling without it \
+                         (the I/O thread still spins on its completion queue)"
+                    );
+                    builder.build(entries)
+                }
+            }
+        } else {
+            builder.build(entries)
+        }
+        .map_err(|e| crate::error::setup_failed(&e))?;
+        let mut probe = io_uring::Probe::new();
+        if let Err(e) = ring.submitter().register_probe(&mut probe) {
+            return Err(crate::UringError::Unavailable {
+                reason: format!("cannot probe io_uring operations: {e}"),
+            });
+        }
+        for (code, name) in [
+            (opcode::Recv::CODE, "RECV"),
+            (opcode::SendMsg::CODE, "SENDMSG"),
+            (opcode::Accept::CODE, "ACCEPT"),
+            (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
+            (opcode::Read::CODE, "READ"),
+        ] {
+            if !probe.is_supported(code) {
+                return Err(crate::UringError::Unavailable {
+                    reason: format!("the kernel's io_uring lacks {name}"),
+                });
+            }
+        }
+        let zc_supported = probe.is_supported(opcode::SendMsgZc::CODE);
+        let bufs =
+            BufRing::new(&ring, options.ring_buffers(), options.buffer_bytes()).map_err(|e| {
+                crate::UringError::Unavailable {
+                    reason: format!("cannot register a provided-buffer ring (kernel 5.19+): {e}"),
+                }
+            })?;
+        debug!(
+            index = setup.index,
+            sqpoll, zc_supported, "io_uring thread ready"
+        );
+        let delivery_waker = Waker::from(Arc::new(DeliveryWaker {
+            mailbox: Arc::clone(&mailbox),
+        }));
+        Ok(Worker {
+            index: setup.index,
+            ring,
+            bufs,
+            mailbox,
+            shared,
+            conns: HashMap::new(),
+            listener: None,
+            accept_armed: false,
+            accept_retry: None,
+            inbox: None,
+            batch: Vec::new(),
+            delivering: None,
+            delivery_waker,
+            eventfd_buf: Box::new(0),
+            eventfd_armed: false,
+            stopping: None,
+            parked: Vec::new(),
+            overflow: VecDeque::new(),
+            busy: setup.busy_polling,
+            zc_supported,
+            commands: Vec::new(),
+            ready: Vec::new(),
+            cqes: Vec::new(),
+            frames: Vec::new(),
+        })
+    }
+
+    /// The event loop; returns when stopped and every operation has ended.
+    pub(crate) fn run(mut self, done: oneshot::Sender<()>) {
+        loop {
+            self.mailbox.begin();
+            self.handle_commands();
+            self.handle_ready();
+            self.deliver();
+            if self.delivering.is_none() && self.stopping.is_none() {
+                self.bufs.replenish();
+                for id in std::mem::take(&mut self.parked) {
+                    self.next_recv(id);
+                }
+            }
+            self.arm_accept();
+            if self.progress_stop() {
+                break;
+            }
+            self.shared.stats.ring_lent[self.index].store(self.bufs.lent(), Ordering::Relaxed);
+            self.wait();
+            self.reap();
+        }
+        self.teardown();
+        let _ = done.send(());
+    }
+
+    // ---- submission -------------------------------------------------------------------
+
+    /// Queues an entry. The caller guarantees (and says in a `SAFETY` comment) that every
+    /// buffer the entry points to is owned by this thread's tables until its completion.
+    ///
+    /// # Safety
+    ///
+    /// As above: the memory the entry references must stay valid until the kernel posts the
+    /// operation's last completion.
+    unsafe fn push(&mut self, entry: squeue::Entry) {
+        if self.overflow.is_empty() {
+            // SAFETY: forwarded from the caller.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            let _ = self.ring.submit();
+            // SAFETY: forwarded from the caller.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+        }
+        self.overflow.push_back(entry);
+    }
+
+    fn flush_overflow(&mut self) {
+        while let Some(entry) = self.overflow.pop_front() {
+            // SAFETY: every entry in `overflow` was pushed by `push`, whose callers
+            // guaranteed its memory until completion.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                self.overflow.push_front(entry);
+                if self.ring.submit().is_err() {
+                    return;
+                }
+                if self.ring.submission().is_full() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn cancel(&mut self, target: u64, connection: u64) {
+        let entry = opcode::AsyncCancel::new(target)
+            .build()
+            .user_data(user_data(K_CANCEL, connection, 0));
+        // SAFETY: a cancel references no memory.
+        unsafe { self.push(entry) };
+    }
+
+    // ---- waiting ----------------------------------------------------------------------
+
+    fn wait(&mut self) {
+        self.flush_overflow();
+        if !self.eventfd_armed {
+            let entry = opcode::Read::new(
+                types::Fd(self.mailbox.eventfd()),
+                (&mut *self.eventfd_buf as *mut u64).cast(),
+                8,
+            )
+            .build()
+            .user_data(user_data(K_EVENTFD, 0, 0));
+            // SAFETY: `eventfd_buf` is a heap box owned by this worker; `teardown` keeps it
+            // until this read's completion (or leaks it).
+            unsafe { self.push(entry) };
+            self.eventfd_armed = true;
+        }
+        if !self.ring.completion().is_empty() || !self.mailbox.arm() {
+            let _ = self.ring.submit();
+            self.mailbox.disarm();
+            return;
+        }
+        if self.busy {
+            let spin_until = Instant::now() + BUSY_SPIN;
+            let _ = self.ring.submit();
+            while Instant::now() < spin_until {
+                if !self.ring.completion().is_empty() || self.mailbox.has_work() {
+                    self.mailbox.disarm();
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let deadline = [
+            self.accept_retry,
+            self.stopping
+                .as_ref()
+                .map(|s| s.forced_until.unwrap_or(s.deadline)),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let result = match deadline {
+            None => self.ring.submit_and_wait(1),
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                let ts = types::Timespec::new()
+                    .sec(left.as_secs())
+                    .nsec(left.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+        };
+        if let Err(e) = result {
+            match e.raw_os_error() {
+                Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN) => {}
+                _ => {
+                    warn!("io_uring wait failed: {e}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        self.mailbox.disarm();
+    }
+
+    fn reap(&mut self) {
+        loop {
+            let mut cqes = std::mem::take(&mut self.cqes);
+            cqes.clear();
+            cqes.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            if cqes.is_empty() {
+                self.cqes = cqes;
+                return;
+            }
+            for (data, result, flags) in cqes.drain(..) {
+                self.complete(data, result, flags);
+            }
+            self.cqes = cqes;
+        }
+    }
+
+    fn complete(&mut self, data: u64, result: i32, flags: u32) {
+        let kind = data & 0xff;
+        let slot = ((data >> 8) & 0xffff) as usize;
+        let id = data >> 24;
+        match kind {
+            K_EVENTFD => self.eventfd_armed = false,
+            K_ACCEPT => self.on_accept(result, flags),
+            K_RECV_MULTI => self.on_recv_multi(id, result, flags),
+            K_RECV_DIRECT => self.on_recv_direct(id, result),
+            K_SEND => self.on_send(id, slot, result, flags),
+            K_CANCEL => {
+                if result == -libc::EALREADY {
+                    // The receive was mid-flight; ask again.
+                    if let Some(conn) = self.conns.get(&id) {
+                        if conn.multishot {
+                            self.cancel(user_data(K_RECV_MULTI, id, 0), id);
+                        }
+                    }
+                }
+            }
+            _ => warn!(data, "completion of an unknown operation"),
+        }
+        if matches!(kind, K_RECV_MULTI | K_RECV_DIRECT | K_SEND) {
+            self.reap_connection(id);
+        }
+    }
+
+    /// Closes a closing connection's socket once only notifications are outstanding, and
+    /// drops the connection once the kernel holds nothing of it.
+    fn reap_connection(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if !conn.closing {
+            return;
+        }
+        if conn.only_notifications() {
+            conn.stream = None;
+        }
+        if conn.idle() {
+            self.conns.remove(&id);
+            self.shared
+                .stats
+                .connections
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    // ---- commands ---------------------------------------------------------------------
+
+    fn handle_commands(&mut self) {
+        let mut commands = std::mem::take(&mut self.commands);
+        self.mailbox.take_commands(&mut commands);
+        for command in commands.drain(..) {
+            match command {
+                Command::Inbox(inbox) => {
+                    if self.stopping.is_none() {
+                        self.inbox = Some(inbox);
+                    }
+                }
+                Command::Listen(listener) => {
+                    if self.stopping.is_none() {
+                        self.listener = Some(listener);
+                    }
+                }
+                Command::Adopt(new) => self.adopt(new),
+                Command::Stop { flush, deadline } => self.begin_stop(flush, deadline),
+            }
+        }
+        self.commands = commands;
+    }
+
+    fn handle_ready(&mut self) {
+        let mut ready = std::mem::take(&mut self.ready);
+        self.mailbox.take_ready(&mut ready);
+        for id in ready.drain(..) {
+            self.pump_send(id);
+        }
+        self.ready = ready;
+    }
+
+    fn adopt(&mut self, new: NewConnection) {
+        if self.stopping.is_some() {
+            return; // dropping it closes the socket; its sends fail
+        }
+        let waker = Waker::from(Arc::new(QueueWaker {
+            mailbox: Arc::clone(&self.mailbox),
+            connection: new.id,
+        }));
+        let options = &self.shared.options;
+        let zc = self.zc_supported
+            && options.zc_threshold.is_some()
+            && (options.zc_loopback || !new.remote.ip().is_loopback());
+        let conn = Conn {
+            id: new.id,
+            raw_fd: new.stream.as_raw_fd(),
+            stream: Some(new.stream),
+            remote: new.remote,
+            peer: new.peer,
+            link: new.link,
+            queue: Some(new.queue),
+            queue_done: false,
+            waker,
+            reassembly: Reassembly::new(options.limits),
+            multishot: false,
+            direct: false,
+            cancel_sent: false,
+            out: VecDeque::new(),
+            sends: (0..SEND_SLOTS).map(|_| None).collect(),
+            sending: false,
+            zc,
+            closing: false,
+        };
+        debug!(id = new.id, remote = %new.remote, peer = ?new.peer, thread = self.index, "connection adopted");
+        self.conns.insert(new.id, conn);
+        self.shared
+            .stats
+            .connections
+            .fetch_add(1, Ordering::Relaxed);
+        self.next_recv(new.id);
+        self.pump_send(new.id);
+    }
+
+    // ---- accepting --------------------------------------------------------------------
+
+    fn arm_accept(&mut self) {
+        if self.accept_armed || self.stopping.is_some() {
+            return;
+        }
+        if self.accept_retry.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        self.accept_retry = None;
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        let entry = opcode::AcceptMulti::new(types::Fd(listener.as_raw_fd()))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(user_data(K_ACCEPT, 0, 0));
+        // SAFETY: a multishot accept without an address buffer references no memory; the
+        // listener stays open until the accept's last completion (see `on_accept`).
+        unsafe { self.push(entry) };
+        self.accept_armed = true;
+    }
+
+    fn on_accept(&mut self, result: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            self.accept_armed = false;
+            if self.stopping.is_some() {
+                self.listener = None;
+            }
+        }
+        if result < 0 {
+            if result != -libc::ECANCELED && self.stopping.is_none() {
+                warn!(
+                    "accept failed: {}",
+                    std::io::Error::from_raw_os_error(-result)
+                );
+                self.accept_retry = Some(Instant::now() + ACCEPT_BACKOFF);
+            }
+            return;
+        }
+        // SAFETY: a successful accept returns a new descriptor that nothing else owns.
+        let stream = unsafe { TcpStream::from_raw_fd(result) };
+        if self.stopping.is_some() {
+            return;
+        }
+        let remote = match stream.peer_addr() {
+            Ok(remote) => remote,
+            Err(e) => {
+                debug!("accepted connection vanished: {e}");
+                return;
+            }
+        };
+        debug!(%remote, "accepted connection");
+        let new = self.shared.new_connection(stream, remote, None);
+        let target = self.shared.pick_thread();
+        if target == self.index {
+            self.adopt(new);
+        } else if let Some(mailbox) = self.shared.mailboxes.get(target) {
+            mailbox.post(Command::Adopt(new));
+        }
+    }
+
+    // ---- closing ----------------------------------------------------------------------
+
+    /// Ends connection `id`: no more reading or writing, its queue closed (so sends fail),
+    /// its peer reported lost unless the van is stopping, and every operation cancelled.
+    /// Its memory is freed by `reap_connection` once the kernel has ended every operation.
+    ///
+    /// A `graceful` close (after a flush) lets the kernel deliver what was written; any other
+    /// is abortive (`SO_LINGER` 0: a reset, and the kernel drops unsent data at once, which
+    /// also releases the pages of zero-copy sends).
+    fn close(&mut self, id: u64, closed: Closed, graceful: bool) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        conn.closing = true;
+        conn.queue = None;
+        conn.link = None;
+        conn.out.clear();
+        if let Some(stream) = &conn.stream {
+            if !graceful {
+                if let Err(e) = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO)) {
+                    debug!("cannot make the close abortive: {e}");
+                }
+            }
+            // SAFETY: shutdown takes no pointers; the descriptor is owned by `stream`.
+            unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        let (peer, remote) = (conn.peer, conn.remote);
+        let mut cancels = Vec::new();
+        if conn.multishot && !conn.cancel_sent {
+            conn.cancel_sent = true;
+            cancels.push(user_data(K_RECV_MULTI, id, 0));
+        }
+        if conn.direct {
+            cancels.push(user_data(K_RECV_DIRECT, id, 0));
+        }
+        for (slot, op) in conn.sends.iter().enumerate() {
+            if op.as_ref().is_some_and(|op| !op.completed) {
+                cancels.push(user_data(K_SEND, id, slot));
+            }
+        }
+        for target in cancels {
+            self.cancel(target, id);
+        }
+        let reason = closed.to_string();
+        match &closed {
+            Closed::Eof | Closed::Stopped => debug!(%remote, ?peer, "connection closed: {reason}"),
+            Closed::Io(_) | Closed::Wire(_) => {
+                warn!(%remote, ?peer, "dropping connection: {reason}")
+            }
+        }
+        if !matches!(closed, Closed::Stopped)
+            && self.shared.connection_closed(id, peer, &reason)
+            && self.inbox.is_some()
+        {
+            self.batch.push(Event::PeerLost(PeerLost {
+                peer,
+                kind: VanKind::Uring,
+                reason,
+            }));
+        }
+        self.reap_connection(id);
+    }
+
+    // ---- delivering -------------------------------------------------------------------
+
+    /// Hands the events of this round to the inbox: one channel hop per batch. A full inbox
+    /// leaves the batch pending (its waker wakes the ring) and receiving pauses meanwhile.
+    fn deliver(&mut self) {
+        if let Some(delivery) = &mut self.delivering {
+            let mut cx = Context::from_waker(&self.delivery_waker);
+            match delivery.as_mut().poll(&mut cx) {
+                Poll::Pending => return,
+                Poll::Ready(Ok(())) => self.delivering = None,
+                Poll::Ready(Err(InboxClosed)) => {
+                    self.delivering = None;
+                    self.inbox = None;
+                }
+            }
+        }
+        if self.batch.is_empty() {
+            return;
+        }
+        let Some(inbox) = &self.inbox else {
+            self.batch.clear();
+            return;
+        };
+        let inbox = inbox.clone();
+        let batch = std::mem::take(&mut self.batch);
+        let mut delivery: Delivery = Box::pin(async move { inbox.deliver(batch).await });
+        let mut cx = Context::from_waker(&self.delivery_waker);
+        match delivery.as_mut().poll(&mut cx) {
+            Poll::Pending => self.delivering = Some(delivery),
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(InboxClosed)) => self.inbox = None,
+        }
+    }
+
+    // ---- stopping ---------------------------------------------------------------------
+
+    fn begin_stop(&mut self, flush: bool, deadline: Instant) {
+        if let Some(stopping) = &mut self.stopping {
+            if !flush {
+                stopping.flush = false;
+            }
+            return;
+        }
+        self.stopping = Some(Stopping {
+            flush,
+            deadline,
+            forced_until: None,
+        });
+        // Nothing is read or delivered any more; the inbox ends once every thread let go.
+        self.inbox = None;
+        self.batch.clear();
+        self.delivering = None;
+        self.parked.clear();
+        if self.accept_armed {
+            self.cancel(user_data(K_ACCEPT, 0, 0), 0);
+        } else {
+            self.listener = None;
+        }
+        let ids: Vec<u64> = self.conns.keys().copied().collect();
+        for id in ids {
+            let Some(conn) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            // The queue closes once the van's routes and pending sends are gone.
+            conn.link = None;
+            let mut cancels = Vec::new();
+            if conn.multishot && !conn.cancel_sent {
+                conn.cancel_sent = true;
+                cancels.push(user_data(K_RECV_MULTI, id, 0));
+            }
+            if conn.direct {
+                cancels.push(user_data(K_RECV_DIRECT, id, 0));
+            }
+            for target in cancels {
+                self.cancel(target, id);
+            }
+            if flush {
+                self.pump_send(id);
+            } else {
+                self.close(id, Closed::Stopped, false);
+            }
+        }
+    }
+
+    /// Advances a stop; true when the thread may exit.
+    fn progress_stop(&mut self) -> bool {
+        let Some((flush, deadline, forced)) = self
+            .stopping
+            .as_ref()
+            .map(|s| (s.flush, s.deadline, s.forced_until.is_some()))
+        else {
+            return false;
+        };
+        let now = Instant::now();
+        let force = !forced && (!flush || now >= deadline);
+        if force {
+            if flush && self.conns.values().any(|c| !c.closing && !c.flushed()) {
+                warn!("uring van stop: queued frames not written in time; dropping them");
+            }
+            if let Some(stopping) = &mut self.stopping {
+                stopping.forced_until = Some(now + DRAIN_TIMEOUT);
+            }
+            let ids: Vec<u64> = self.conns.keys().copied().collect();
+            for id in ids {
+                self.close(id, Closed::Stopped, false);
+            }
+        } else {
+            // Connections whose queue is written out end with a FIN.
+            let flushed: Vec<u64> = self
+                .conns
+                .values()
+                .filter(|c| !c.closing && c.flushed())
+                .map(|c| c.id)
+                .collect();
+            for id in flushed {
+                // Writing is over: the peer sees a FIN after the data.
+                self.close(id, Closed::Stopped, true);
+            }
+        }
+        let done = self.conns.is_empty() && !self.accept_armed;
+        let expired = self
+            .stopping
+            .as_ref()
+            .and_then(|s| s.forced_until)
+            .is_some_and(|until| now >= until);
+        if !done && expired {
+            warn!(
+                connections = self.conns.len(),
+                "io_uring operations did not end within {DRAIN_TIMEOUT:?} of stop; leaking \
+                 their buffers rather than freeing memory the kernel may still use"
+            );
+            for (_, conn) in self.conns.drain() {
+                std::mem::forget(conn);
+            }
+            if self.accept_armed {
+                if let Some(listener) = self.listener.take() {
+                    std::mem::forget(listener);
+                }
+                self.accept_armed = false;
+            }
+            return true;
+        }
+        done
+    }
+
+    fn teardown(mut self) {
+        if self.eventfd_armed {
+            self.cancel(user_data(K_EVENTFD, 0, 0), 0);
+        }
+        let until = Instant::now() + DRAIN_TIMEOUT;
+        while self.eventfd_armed && Instant::now() < until {
+            self.flush_overflow();
+            let ts = types::Timespec::new().nsec(50_000_000);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let _ = self.ring.submitter().submit_with_args(1, &args);
+            let cqes: Vec<u64> = self.ring.completion().map(|c| c.user_data()).collect();
+            if cqes.iter().any(|d| d & 0xff == K_EVENTFD) {
+                self.eventfd_armed = false;
+            }
+        }
+        if self.eventfd_armed {
+            std::mem::forget(std::mem::replace(&mut self.eventfd_buf, Box::new(0)));
+        }
+        // A leaked connection may still have a receive in flight: its buffers must stay.
+        let leaked = !self.conns.is_empty();
+        self.shared.stats.ring_lent[self.index].store(0, Ordering::Relaxed);
+        let index = self.index;
+        let Worker { ring, mut bufs, .. } = self;
+        if leaked {
+            bufs.leak();
+        } else {
+            bufs.unregister(&ring);
+            drop(bufs);
+        }
+        drop(ring);
+        debug!(index, "io_uring thread exits");
+    }
+}
+
+/// Pins the calling thread to `cpu`; logs and carries on when that fails.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: `cpu_set_t` is plain bits (all-zero is empty); CPU_SET writes inside it and
+    // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it.
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if result != 0 {
+        warn!(
+            cpu,
+            "cannot pin the io_uring thread: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// The CPUs this process may run on, in order.
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: as in `pin_to_cpu`; sched_getaffinity fills the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
+            .collect()
+    }
+}
