@@ -205,8 +205,16 @@ fn open_named(name: &str, names: &[String], settings: &RdmaSettings) -> Result<D
             source,
         }
     };
-    let index = names.iter().position(|n| n == name).unwrap_or(0);
     let list = verbs::DeviceList::get().map_err(verbs_error("ibv_get_device_list"))?;
+    // By name in this list: a second `ibv_get_device_list` need not list in the same order.
+    let index =
+        list.names()
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| RdmaError::DeviceNotFound {
+                wanted: name.to_owned(),
+                available: names.join(", "),
+            })?;
     let context = Arc::new(list.open(index).map_err(verbs_error("ibv_open_device"))?);
     let port = context
         .query_port()
@@ -226,7 +234,12 @@ fn open_named(name: &str, names: &[String], settings: &RdmaSettings) -> Result<D
         lid: port.lid,
         mtu: port.active_mtu,
         max_sge: max_sge.min(16),
-        max_msg: u64::from(port.max_msg_size).max(1 << 20),
+        // 0 would mean "unknown": assume 1 MiB (every device carries that). A smaller
+        // limit the port does report is kept, or larger writes would fail.
+        max_msg: match port.max_msg_size {
+            0 => 1 << 20,
+            n => u64::from(n),
+        },
         link_layer: if u32::from(port.link_layer) == ibverbs_sys::IBV_LINK_LAYER_INFINIBAND {
             "InfiniBand"
         } else {

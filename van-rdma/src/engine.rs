@@ -96,6 +96,13 @@ pub(crate) fn slice_sges(sges: &[Sge], offset: usize, len: usize) -> Vec<Sge> {
     out
 }
 
+/// How many large frames may be announced and not yet fully written: our start depth, but
+/// below the peer's receive depth, which bounds the announced frames it holds buffers for
+/// (more is a protocol error there, and depths are configured per node).
+pub(crate) fn start_limit(start_depth: u32, peer_rx_depth: u32) -> usize {
+    start_depth.min(peer_rx_depth.saturating_sub(1)).max(1) as usize
+}
+
 /// What the engine needs beyond the setup.
 pub(crate) struct EngineContext {
     /// Frames to send.
@@ -186,7 +193,7 @@ impl Engine {
             owed: 0,
             threshold: (depth / 2).max(1),
             max_sge: device.max_sge.max(1) as usize,
-            start_depth: sizes.start_depth as usize,
+            start_depth: start_limit(sizes.start_depth, peer.rx_depth),
             next_id: 0,
             starts: HashMap::new(),
             replies: VecDeque::new(),
@@ -413,6 +420,10 @@ impl Engine {
                 if len != out.len as u64 {
                     return Err("peer reserved the wrong size for a large message".into());
                 }
+                // Pieces are written at `addr + offset`: that must not wrap.
+                if addr.checked_add(len).is_none() {
+                    return Err(format!("peer replied with an invalid address {addr:#x}"));
+                }
                 self.writes_ready.push_back(WriteOut {
                     id: header.id,
                     out,
@@ -526,6 +537,8 @@ impl Engine {
         let mut sges: Vec<Sge> = Vec::new();
         if unregistered > 0 {
             let mut lease = pool.take(unregistered).map_err(stage_error)?;
+            // Taken before the slice borrows the lease; staged runs are entries in it.
+            let (base, lkey) = (lease.addr(), lease.sge(0, 1).map_or(0, |s| s.lkey));
             let buf = lease.as_mut_slice();
             let mut at = 0;
             let mut run_start: Option<usize> = None;
@@ -537,9 +550,9 @@ impl Engine {
                     Some(sge) => {
                         if let Some(start) = run_start.take() {
                             sges.push(Sge {
-                                addr: buf.as_ptr() as u64 + start as u64,
+                                addr: base + start as u64,
                                 len: (at - start) as u32,
-                                lkey: 0,
+                                lkey,
                             });
                         }
                         sges.push(*sge);
@@ -553,14 +566,10 @@ impl Engine {
             }
             if let Some(start) = run_start {
                 sges.push(Sge {
-                    addr: buf.as_ptr() as u64 + start as u64,
+                    addr: base + start as u64,
                     len: (at - start) as u32,
-                    lkey: 0,
+                    lkey,
                 });
-            }
-            let lkey = lease.sge(0, 1).map_or(0, |s| s.lkey);
-            for sge in sges.iter_mut().filter(|s| s.lkey == 0) {
-                sge.lkey = lkey;
             }
             staging = Some(lease);
         } else {
@@ -653,7 +662,12 @@ impl Engine {
             if item.len + Header::LEN <= self.send_bytes {
                 self.post_small(Kind::Data, 0, &item.frame)?;
             } else {
-                if self.starts.len() + self.writes_ready.len() >= self.start_depth {
+                // Frames announced and not completely written (the peer holds a buffer for
+                // each); a write posted in full reaches the peer before a later START.
+                let announced = self.starts.len()
+                    + self.writes_ready.len()
+                    + usize::from(self.writing.is_some());
+                if announced >= self.start_depth {
                     self.held = Some(item);
                     break;
                 }
@@ -766,6 +780,16 @@ mod tests {
             len,
             lkey: addr as u32,
         }
+    }
+
+    #[test]
+    fn announced_large_frames_stay_below_the_peers_receive_depth() {
+        // The peer refuses an announcement once it holds `rx_depth` of them.
+        assert_eq!(start_limit(16, 128), 16);
+        assert_eq!(start_limit(128, 128), 127);
+        assert_eq!(start_limit(4096, 4), 3);
+        assert_eq!(start_limit(0, 4), 1);
+        assert_eq!(start_limit(16, 0), 1);
     }
 
     #[test]

@@ -107,7 +107,8 @@ impl Pool {
                 return Ok(self.lease(region));
             }
             // Make room by releasing free buffers of other sizes.
-            while state.kept + class > self.cap {
+            // Saturating: `class` may be a peer-announced length near `usize::MAX`.
+            while state.kept.saturating_add(class) > self.cap {
                 let Some(other) = state.free.values_mut().find_map(Vec::pop) else {
                     break;
                 };
@@ -115,7 +116,7 @@ impl Pool {
                 state.ranges.remove(&(other.mr.ptr().as_ptr() as usize));
                 evicted.push(other);
             }
-            let pooled = state.kept + class <= self.cap;
+            let pooled = state.kept.saturating_add(class) <= self.cap;
             if pooled {
                 state.kept += class;
             }

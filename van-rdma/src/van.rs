@@ -29,6 +29,13 @@ use crate::RdmaError;
 
 /// Frames queued per peer before `send` waits.
 const SEND_QUEUE: usize = 1024;
+/// Keepalive of the side channel (as van-tcp and van-uring): its end is how a connection
+/// learns that the peer's host vanished, which an idle RC queue pair never notices.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// Time between keepalive probes.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered probes before the side channel is declared dead.
+const KEEPALIVE_PROBES: u32 = 3;
 /// Default bytes of each receive buffer: frames up to this size (less a 16-byte header) go
 /// by SEND, larger ones by RDMA WRITE.
 pub const DEFAULT_SLOT_BYTES: usize = 8192;
@@ -262,6 +269,16 @@ impl Shared {
             .map_err(|e| fail(format!("side channel: {e}")))?;
         tcp.set_nonblocking(true)
             .map_err(|e| fail(format!("side channel: {e}")))?;
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES);
+        if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive) {
+            warn!(
+                peer = address,
+                "cannot enable TCP keepalive on the side channel: {e}"
+            );
+        }
         self.start_connection(setup, theirs, tcp, peer, inbox)
     }
 

@@ -224,6 +224,12 @@ impl Drop for Pd {
     }
 }
 
+/// Bytes of a region holding `len`: at least one page, a whole number of pages; `None` when
+/// that overflows (a length from a peer or the environment must not wrap to zero).
+pub fn region_len(len: usize) -> Option<usize> {
+    len.max(1).checked_next_multiple_of(4096)
+}
+
 /// Page-aligned, zeroed memory registered with a protection domain (`ibv_reg_mr`), local
 /// write and remote write allowed.
 pub struct Mr {
@@ -243,10 +249,11 @@ unsafe impl Sync for Mr {}
 impl Mr {
     /// Allocates `len` zeroed bytes (rounded up to a page) and registers them.
     pub fn new(pd: &Arc<Pd>, len: usize) -> io::Result<Mr> {
-        let len = len.max(1).next_multiple_of(4096);
+        let len = region_len(len)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "region too large"))?;
         let layout = std::alloc::Layout::from_size_align(len, 4096)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: the layout has a non-zero size.
+        // SAFETY: the layout has a non-zero size (`region_len` is at least one page).
         let memory = unsafe { std::alloc::alloc_zeroed(layout) };
         let memory = NonNull::new(memory)
             .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "allocation failed"))?;
@@ -316,13 +323,17 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: deregistered once; the device no longer touches the memory afterwards
-        // (queue pairs that used it were destroyed first, see the module docs), so it can be
-        // freed with the layout it was allocated with.
-        unsafe {
-            ffi::ibv_dereg_mr(self.mr.as_ptr());
-            std::alloc::dealloc(self.memory.as_ptr(), self.layout);
+        // SAFETY: deregistered once (queue pairs that used it were destroyed first, see the
+        // module docs).
+        let code = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        if code != 0 {
+            // Still registered: the device (or a peer holding the rkey) may write it, so the
+            // memory is leaked rather than handed back to the allocator.
+            return;
         }
+        // SAFETY: no longer registered, so the device does not touch it; allocated in `new`
+        // with this layout and freed once.
+        unsafe { std::alloc::dealloc(self.memory.as_ptr(), self.layout) };
     }
 }
 
@@ -763,5 +774,18 @@ impl Drop for Qp {
         // SAFETY: destroyed once; after it returns the device no longer accesses the memory
         // of this QP's work requests, which the owner frees afterwards.
         unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_lengths_are_whole_pages_and_never_wrap() {
+        assert_eq!(region_len(0), Some(4096));
+        assert_eq!(region_len(4096), Some(4096));
+        assert_eq!(region_len(4097), Some(8192));
+        assert_eq!(region_len(usize::MAX - 100), None);
     }
 }

@@ -260,3 +260,42 @@ fn large_and_small_messages_interleaved_keep_their_order() {
         within(a.van.stop(), "stop").await;
     });
 }
+
+/// More large frames in flight than the peer has receive buffers (a `BYTEPS_RDMA_START_DEPTH`
+/// above `BYTEPS_RDMA_RX_DEPTH`, or nodes configured differently), both ways at once so that
+/// credits come back in credit-only messages ahead of replies: the sender stays below the
+/// peer's depth, instead of the peer refusing the announcement and dropping the connection.
+#[test]
+fn a_start_depth_above_the_peers_receive_depth_stays_within_it() {
+    if !device_here() {
+        return;
+    }
+    let make = || {
+        let mut options = options(4, 16);
+        options.slot_bytes = 512;
+        RdmaVan::new(options).unwrap_or_else(|e| panic!("RDMA van: {e}"))
+    };
+    testkit::run(async {
+        let (mut a, mut b) = pair(make).await;
+        testkit::connect(&b, &a).await;
+        const N: u32 = 300;
+        let stream = |van: Arc<RdmaVan>, from, to| {
+            tokio::spawn(async move {
+                for seq in 0..N {
+                    let size = if seq % 3 == 2 { 100 } else { 20_000 };
+                    testkit::send(&*van, numbered(from, to, seq, size)).await;
+                }
+            })
+        };
+        let to_b = stream(Arc::clone(&a.van), 9, 8);
+        let to_a = stream(Arc::clone(&b.van), 8, 9);
+        for seq in 0..N {
+            check_numbered(&expect_message(&mut b.inbox).await, 9, seq);
+            check_numbered(&expect_message(&mut a.inbox).await, 8, seq);
+        }
+        to_b.await.unwrap();
+        to_a.await.unwrap();
+        testkit::expect_quiet(&mut b.inbox, Duration::from_millis(200)).await;
+        testkit::expect_quiet(&mut a.inbox, Duration::from_millis(200)).await;
+    });
+}

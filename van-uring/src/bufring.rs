@@ -3,9 +3,10 @@
 //!
 //! Ownership: a buffer is in exactly one place — lent to the kernel (`lent[bid]`, the kernel
 //! may write it), or taken by the thread after the kernel returned it in a completion. A
-//! taken buffer is either given back at once (its bytes were copied out: small chunks) or
-//! becomes the storage of a `Bytes` handed to the application (large chunks, no copy), and
-//! a fresh buffer takes its id when the ring is replenished. The ring memory and the lent
+//! taken buffer is either given back at once (its bytes were copied out: small chunks),
+//! held back while the inbox is full ([`BufRing::hold`]), or becomes the storage of a
+//! `Bytes` handed to the application (large chunks, no copy); a held or fresh buffer takes
+//! its id when the ring is replenished. The ring memory and the lent
 //! buffers are freed only after the ring is unregistered ([`BufRing::unregister`]), which
 //! the thread does once no receive is in flight.
 
@@ -30,6 +31,8 @@ pub(crate) struct BufRing {
     lent: Vec<Option<Vec<u8>>>,
     /// Ids whose buffer was taken and not replaced yet.
     missing: Vec<u16>,
+    /// Buffers held back from the kernel (see [`BufRing::hold`]), reused by `replenish`.
+    spare: Vec<Vec<u8>>,
     buf_len: usize,
     registered: bool,
 }
@@ -51,6 +54,7 @@ impl BufRing {
             tail: 0,
             lent: (0..entries).map(|_| None).collect(),
             missing: (0..entries).collect(),
+            spare: Vec::new(),
             buf_len,
             registered: false,
         };
@@ -95,13 +99,28 @@ impl BufRing {
         }
     }
 
-    /// Lends a fresh buffer for every id whose buffer was taken.
+    /// Keeps `buf` (its bytes already consumed) from the kernel until the next
+    /// [`replenish`](Self::replenish): while the inbox is full, a receive that keeps getting
+    /// its buffers back would keep reading into memory; this way it runs out of buffers and
+    /// ends (`ENOBUFS`), and the socket pushes back on the peer.
+    pub(crate) fn hold(&mut self, bid: u16, mut buf: Vec<u8>) {
+        if self.missing.contains(&bid) {
+            buf.clear();
+            self.spare.push(buf);
+        }
+    }
+
+    /// Lends a buffer (a held one, else a fresh one) for every id whose buffer was taken.
     pub(crate) fn replenish(&mut self) {
         if self.missing.is_empty() {
             return;
         }
         for bid in std::mem::take(&mut self.missing) {
-            self.lend(bid, Vec::with_capacity(self.buf_len));
+            let buf = self
+                .spare
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(self.buf_len));
+            self.lend(bid, buf);
         }
         self.publish();
     }

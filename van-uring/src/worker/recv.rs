@@ -70,6 +70,8 @@ impl Worker {
             _ => None,
         };
         let stopping = self.stopping.is_some();
+        // The inbox is full: buffers are not lent again until it drains (see `BufRing::hold`).
+        let backlogged = self.delivering.is_some();
         let Some(conn) = self.conns.get_mut(&id) else {
             if let Some((bid, buf)) = data {
                 self.bufs.give_back(bid, buf);
@@ -99,7 +101,11 @@ impl Worker {
                     reassembly.push_owned(Bytes::from(buf), &mut out)
                 } else {
                     let result = reassembly.push_slice(&buf, &mut out);
-                    self.bufs.give_back(bid, buf);
+                    if backlogged {
+                        self.bufs.hold(bid, buf);
+                    } else {
+                        self.bufs.give_back(bid, buf);
+                    }
                     result
                 };
                 if let Err(e) = result {
