@@ -3,24 +3,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{free_port, text, wait_output};
+
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
 /// Generous: these run on a loaded 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `ps-bench` for one role, configured only through ps-lite's environment.
 fn node(role: &str, port: u16, args: &[&str]) -> Command {
@@ -36,34 +31,6 @@ fn node(role: &str, port: u16, args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
-}
-
-/// Waits for `child` with a deadline; kills it and fails the test when the deadline passes.
-fn wait_output(mut child: Child, what: &str) -> Output {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} still running after {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]

@@ -5,8 +5,12 @@
 //! worker→server route on the RDMA van, and `vans-doctor` reports the device.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use common::{text, wait_output_within};
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
@@ -25,29 +29,6 @@ fn device_here() -> bool {
     here
 }
 
-fn wait_output(mut child: Child, what: &str) -> Output {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("{what} still running after {DEADLINE:?}: {}", text(&out));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// `vans-launch` with 2 servers and 2 workers running the exact-sum check; returns the
 /// whole output after checking every worker verified its sums.
 fn check_cluster(env: &[&str], args: &[&str]) -> String {
@@ -62,7 +43,7 @@ fn check_cluster(env: &[&str], args: &[&str]) -> String {
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let out = wait_output(cmd.spawn().unwrap(), "launcher");
+    let out = wait_output_within(cmd.spawn().unwrap(), "launcher", DEADLINE);
     let all = text(&out);
     assert!(out.status.success(), "{all}");
     for rank in 0..2 {
@@ -85,7 +66,7 @@ fn asking_for_rdma_without_a_device_is_an_error_at_start_naming_the_cause() {
     if device_here() {
         return; // In the guest there is a device: the other tests run there.
     }
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     let out = Command::new(PS_BENCH)
         .env("DMLC_ROLE", "worker")
         .env("DMLC_NUM_WORKER", "1")

@@ -4,8 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::free_port;
+
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -184,14 +187,6 @@ fn the_benchmark_reports_pull_and_push_rows_from_one_run() {
             assert!(row["round trips/s"].as_f64().unwrap() > 0.0, "{json}");
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One node of a hand-started cluster (1 server, 1 worker), with heartbeats.

@@ -6,40 +6,14 @@
 #![cfg(all(feature = "uring", target_os = "linux"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use common::{text, wait_output};
+
+use std::process::{Command, Stdio};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
-/// Generous: these run on a loaded 2-core machine.
-const DEADLINE: Duration = Duration::from_secs(120);
-
-fn wait_output(mut child: Child, what: &str) -> Output {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} still running after {DEADLINE:?}\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 #[test]
 fn two_servers_two_workers_read_back_exact_sums_over_io_uring() {

@@ -1,0 +1,52 @@
+//! Helpers shared by the cluster tests: a free loopback port, waiting for a child process
+//! with a deadline, and a child's whole output as text. (Each test binary uses a subset.)
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+/// How long a cluster test waits for a process: generous, these run on a loaded 2-core
+/// machine (and some inside an emulated guest).
+pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits for `child` up to [`DEADLINE`]; see [`wait_output_within`].
+pub(crate) fn wait_output(child: Child, what: &str) -> Output {
+    wait_output_within(child, what, DEADLINE)
+}
+
+/// Waits for `child` with a deadline; kills it and fails the test, showing its output, when
+/// the deadline passes.
+pub(crate) fn wait_output_within(mut child: Child, what: &str, deadline: Duration) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} still running after {deadline:?}\n{}", text(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A finished child's stdout then stderr, as text.
+pub(crate) fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
