@@ -241,12 +241,34 @@ impl InboxSender {
     }
 
     /// [`deliver`](Self::deliver) for threads outside the async runtime (a van's own I/O
-    /// threads); must not be called from a runtime thread.
-    pub fn deliver_blocking(&self, batch: Vec<Event>) -> Result<(), InboxClosed> {
+    /// threads; must not be called from a runtime thread). While the inbox is full it checks
+    /// `abandon` between short sleeps and gives up with [`InboxClosed`] once it returns
+    /// `true` (the van stopped): a node that no longer drains its inbox cannot hold a van's
+    /// thread forever. The sleeps only happen under back-pressure.
+    pub fn deliver_blocking(
+        &self,
+        batch: Vec<Event>,
+        abandon: impl Fn() -> bool,
+    ) -> Result<(), InboxClosed> {
         if batch.is_empty() {
             return Ok(());
         }
-        self.tx.blocking_send(batch).map_err(|_| InboxClosed)
+        let mut batch = batch;
+        let mut pause = std::time::Duration::from_micros(50);
+        loop {
+            match self.tx.try_send(batch) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(InboxClosed),
+                Err(mpsc::error::TrySendError::Full(back)) => {
+                    if abandon() {
+                        return Err(InboxClosed);
+                    }
+                    batch = back;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(10));
+                }
+            }
+        }
     }
 
     /// A handle that does not keep the inbox open (see [`WeakInboxSender`]).

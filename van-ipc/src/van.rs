@@ -498,7 +498,6 @@ impl Shared {
         let reader_direct = Arc::clone(&link.direct);
         let reader_link_connection = Arc::clone(&connection);
         let reader_inbox = inbox.clone();
-        let runtime = tokio::runtime::Handle::current();
         std::thread::Builder::new()
             .name(format!("vans-ipc-r{id}"))
             .spawn(move || {
@@ -507,8 +506,7 @@ impl Shared {
                     consumer,
                     peer_arena.as_ref(),
                     &reader_connection,
-                    shared.options.limits,
-                    spins,
+                    &shared,
                     &reader_inbox,
                     |sender| {
                         if peer.is_none() {
@@ -525,12 +523,7 @@ impl Shared {
                         }
                     },
                 );
-                runtime.block_on(shared.connection_closed(
-                    &reader_connection,
-                    peer,
-                    &reason,
-                    &reader_inbox,
-                ));
+                shared.connection_closed(&reader_connection, peer, &reason, &reader_inbox);
             })
             .map_err(|e| io_error("cannot start the IPC reader thread", e))?;
 
@@ -584,7 +577,14 @@ impl Shared {
         // open (held in `accepted`) because the peer sends over it.
     }
 
-    async fn connection_closed(
+    /// Whether the van stopped (or was dropped).
+    fn is_stopped(&self) -> bool {
+        lock(&self.state).stopped
+    }
+
+    /// Forgets a closed connection's links and reports its peer lost (unless the van
+    /// stopped or another connection to the peer superseded it).
+    fn connection_closed(
         &self,
         connection: &Connection,
         peer: Option<NodeId>,
@@ -610,19 +610,19 @@ impl Shared {
         if stopped || connection.superseded.load(Ordering::Acquire) {
             return;
         }
-        warn!(?peer, "IPC connection closed: {reason}");
         let reason = connection
             .lost_reason
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .unwrap_or_else(|| reason.to_owned());
+        warn!(?peer, "IPC connection closed: {reason}");
         let lost = PeerLost {
             peer,
             kind: VanKind::Ipc,
             reason,
         };
-        let _ = inbox.deliver(vec![Event::PeerLost(lost)]).await;
+        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || self.is_stopped());
     }
 
     fn link(&self, peer: NodeId) -> Result<Link, VanError> {
@@ -874,11 +874,14 @@ fn read_loop(
     mut consumer: Consumer,
     peer_arena: Option<&PeerArena>,
     connection: &Connection,
-    limits: Limits,
-    spins: u32,
+    shared: &Shared,
     inbox: &InboxSender,
     mut on_sender: impl FnMut(NodeId),
 ) -> String {
+    let limits = shared.options.limits;
+    let spins = shared.options.spins();
+    // A full inbox nobody drains holds this thread only until the van stops.
+    let abandon = || shared.is_stopped();
     let mut frame = BytesMut::new();
     let mut in_frame = false;
     let mut batch = Vec::new();
@@ -938,7 +941,9 @@ fn read_loop(
                         }
                         batch.push(Event::Message(msg));
                         if batch.len() >= MAX_BATCH
-                            && inbox.deliver_blocking(std::mem::take(&mut batch)).is_err()
+                            && inbox
+                                .deliver_blocking(std::mem::take(&mut batch), abandon)
+                                .is_err()
                         {
                             return "the local inbox closed".into();
                         }
@@ -947,7 +952,10 @@ fn read_loop(
                 }
             }
             Ok(None) => {
-                if !batch.is_empty() && inbox.deliver_blocking(std::mem::take(&mut batch)).is_err()
+                if !batch.is_empty()
+                    && inbox
+                        .deliver_blocking(std::mem::take(&mut batch), abandon)
+                        .is_err()
                 {
                     return "the local inbox closed".into();
                 }

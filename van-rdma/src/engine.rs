@@ -284,7 +284,9 @@ impl Engine {
         if !self.batch.is_empty() {
             self.ctx
                 .inbox
-                .deliver_blocking(std::mem::take(&mut self.batch))
+                .deliver_blocking(std::mem::take(&mut self.batch), || {
+                    self.ctx.shared.is_closed()
+                })
                 .map_err(|_| "the local inbox closed".to_owned())?;
         }
         Ok(())

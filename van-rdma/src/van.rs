@@ -430,7 +430,7 @@ impl Shared {
             kind: VanKind::Rdma,
             reason,
         };
-        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)]);
+        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || lock(&self.state).stopped);
     }
 
     fn link(&self, peer: NodeId) -> Result<Link, VanError> {
