@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub mod garbage;
 pub mod remote;
 
 use crate::message::{Command, Control, DataType, Message, Meta, Node, NodeId, Role};
