@@ -56,6 +56,16 @@ pub enum PsError {
     /// Invalid arguments to a call.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A rendezvous operation failed (aborted step, deadline, remote failure, bad key).
+    #[error(transparent)]
+    Rendezvous(#[from] van_core::RendezvousError),
+    /// A wait with a time limit ([`Call::wait_timeout`](crate::embed::Call::wait_timeout))
+    /// ran out; the operation itself goes on.
+    #[error("timed out after {waited:?} waiting for the operation")]
+    Timeout {
+        /// How long the caller waited.
+        waited: Duration,
+    },
 }
 
 /// Results of the parameter server.

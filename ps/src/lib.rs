@@ -15,9 +15,12 @@
 //! - [`router`]: which van carries each peer's traffic (with feature `rdma`, remote peers use
 //!   the RDMA van when `DMLC_ENABLE_RDMA` asks for it);
 //! - [`hash`]: a fast hasher for integer keys;
+//! - [`embed`]: [`NodeHandle`](embed::NodeHandle), a node that owns its I/O runtime, for
+//!   plain threads, foreign runtimes and other executors (the bindings' base);
 //! - [`error`]: the crate's error type, [`PsError`].
 
 pub mod control;
+pub mod embed;
 pub mod error;
 pub mod hash;
 pub mod kv;

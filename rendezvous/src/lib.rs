@@ -13,6 +13,8 @@
 //! - [`protocol`]: [`Protocol`], pull (`grpc+seastar`) or push (`star_server`);
 //! - [`device`]: which task owns a device name;
 //! - [`wire`]: the RecvTensor / PushTensor / CancelRecv messages between tasks;
+//! - [`embed`]: [`RendezvousHandle`](embed::RendezvousHandle), send and receive for callers
+//!   without an async runtime (on a `ps::embed::NodeHandle`);
 //! - [`error`]: [`Error`] (setting up) and [`MessageError`] (bad peer messages); calls fail
 //!   with the contract's [`RendezvousError`].
 //!
@@ -64,6 +66,7 @@
 //! ```
 
 pub mod device;
+pub mod embed;
 pub mod error;
 pub mod local;
 pub mod mgr;

@@ -171,7 +171,7 @@ impl<T: Value> KvWorker<T> {
                 "wait_blocking called on a runtime thread; use `wait(id).await`".into(),
             ));
         }
-        futures_lite_block_on(self.wait(id))
+        crate::embed::block_on_until(self.wait(id), None).unwrap_or(Err(PsError::Stopped))
     }
 
     /// Number of requests issued and not yet waited for.
@@ -347,25 +347,5 @@ impl Customer for WorkerInner {
                 }));
             }
         }
-    }
-}
-
-/// Runs a future to completion on the current (non-runtime) thread.
-fn futures_lite_block_on<F: std::future::Future>(future: F) -> F::Output {
-    use std::task::{Context, Poll, Wake, Waker};
-    struct ThreadWaker(std::thread::Thread);
-    impl Wake for ThreadWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
     }
 }

@@ -1,0 +1,588 @@
+//! Node handles that own their I/O runtime, for callers that have none: plain threads, C and
+//! Python through the bindings, a tokio runtime of the caller's own (current-thread or
+//! multi-thread), or another executor (`futures::executor::block_on`, smol).
+//!
+//! [`NodeHandle::start`] joins the cluster on a tokio runtime that the handle owns
+//! (`config.io_threads` threads, one by default); every operation is spawned onto that
+//! runtime and answered through a [`Call`], which is at once
+//!
+//! - a `Future` that any executor can poll (it needs no tokio context, so awaiting it on a
+//!   caller's runtime never blocks that runtime's workers),
+//! - a blocking wait, [`Call::wait`] / [`Call::wait_timeout`] (ps-lite's `Wait`), refused
+//!   with an error on an async runtime thread rather than stalling it, and
+//! - a completion callback, [`Call::on_complete`] (ps-lite's callback style), run on the
+//!   node's runtime.
+//!
+//! Values are typed at run time here ([`DataType`]), so a foreign caller picks the type with
+//! an argument; [`Worker`] and [`Server`] dispatch to [`KvWorker<T>`] and [`KvServer<T>`].
+//!
+//! ```no_run
+//! use ps::embed::NodeHandle;
+//! use ps::{Config, KvPairs};
+//! use van_core::DataType;
+//!
+//! # fn run() -> ps::Result<()> {
+//! let node = NodeHandle::start(Config::from_env()?)?; // DMLC_ROLE=worker ...
+//! let worker = node.worker(DataType::F32, 0, 0).wait()?;
+//! worker.push(KvPairs::from_slices(&[1u64, 3], &[1.0f32, 2.0], None), 0).wait()?;
+//! let pulled = worker.pull(ps::values::to_bytes(&[1u64, 3]), 0).wait()?;
+//! assert_eq!(pulled.vals::<f32>()?.len(), 2);
+//! node.finalize().wait()?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+use van_core::{Config, DataType, NodeId, Role};
+
+use crate::error::{PsError, Result};
+use crate::kv::{KvPairs, KvServer, KvWorker, RequestHandler};
+use crate::postoffice::Postoffice;
+
+/// How long dropping the last handle of a node that was neither finalized nor stopped waits
+/// for its vans to close.
+const DROP_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// A node of the cluster with its own I/O runtime; cheap to clone (all clones are the same
+/// node). Thread-safe: every method may be called from any thread.
+///
+/// Leave the cluster with [`finalize`](Self::finalize) (a barrier of every node, then stop)
+/// or [`stop`](Self::stop). Dropping the last clone without either stops the node's vans
+/// (waiting up to two seconds when called outside an async runtime) and then its runtime.
+#[derive(Clone)]
+pub struct NodeHandle {
+    inner: Arc<NodeInner>,
+}
+
+struct NodeInner {
+    runtime: OwnedRuntime,
+    po: Postoffice,
+}
+
+impl Drop for NodeInner {
+    fn drop(&mut self) {
+        if self.po.is_stopped() || tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        if let Some(runtime) = &self.runtime.0 {
+            let po = self.po.clone();
+            let _ = runtime.block_on(tokio::time::timeout(DROP_STOP_GRACE, po.stop()));
+        }
+    }
+}
+
+/// A runtime that shuts down in the background when dropped, which never blocks: safe on a
+/// caller's runtime thread and on the runtime's own threads (where dropping a tokio runtime
+/// panics).
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnedRuntime {
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(runtime) => runtime.handle().clone(),
+            // Taken only in `drop`, after which nothing can ask.
+            None => unreachable!("a node's runtime was used while being dropped"),
+        }
+    }
+}
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl std::fmt::Debug for NodeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHandle")
+            .field("postoffice", &self.inner.po)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A runtime for one node: `config.io_threads` worker threads (one by default).
+fn node_runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
+    let threads = config.io_threads.unwrap_or(1).max(1) as usize;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("vans-io")
+        .enable_all()
+        .build()
+        .map_err(|e| PsError::InvalidArgument(format!("cannot start the I/O runtime: {e}")))
+}
+
+impl NodeHandle {
+    /// Joins the cluster `config` describes, blocking until the node table has arrived (or
+    /// `config.bootstrap_timeout` passed). Must not be called on an async runtime thread: use
+    /// [`start_async`](Self::start_async) there.
+    pub fn start(config: Config) -> Result<NodeHandle> {
+        NodeHandle::start_async(config)?.wait()
+    }
+
+    /// Joins the cluster from the environment (`DMLC_*` or `TF_CONFIG`), blocking.
+    pub fn from_env() -> Result<NodeHandle> {
+        NodeHandle::start(Config::from_env()?)
+    }
+
+    /// Starts joining the cluster; the returned call completes with the node once it has
+    /// joined. The runtime is created here, so this fails at once only when it cannot be.
+    pub fn start_async(config: Config) -> Result<Call<NodeHandle>> {
+        let runtime = OwnedRuntime(Some(node_runtime(&config)?));
+        let handle = runtime.handle();
+        let (tx, rx) = oneshot::channel();
+        handle.spawn(async move {
+            let node = Postoffice::start(config).await.map(|po| NodeHandle {
+                inner: Arc::new(NodeInner { runtime, po }),
+            });
+            if let Err(Ok(node)) = tx.send(node) {
+                // Nobody waits any more: leave, and let the runtime go (dropping the last
+                // handle on the runtime's own thread shuts it down in the background).
+                node.inner.po.stop().await;
+            }
+        });
+        Ok(Call {
+            rx: Some(rx),
+            handle,
+        })
+    }
+
+    /// The node's postoffice, for Rust code that runs on [`runtime`](Self::runtime).
+    pub fn postoffice(&self) -> &Postoffice {
+        &self.inner.po
+    }
+
+    /// The node's runtime, to spawn Rust tasks next to the node's own.
+    pub fn runtime(&self) -> tokio::runtime::Handle {
+        self.runtime_handle()
+    }
+
+    fn runtime_handle(&self) -> tokio::runtime::Handle {
+        self.inner.runtime.handle()
+    }
+
+    /// Runs `future` on the node's runtime; its result comes back through the call.
+    pub fn spawn<T, F>(&self, future: F) -> Call<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        spawn_call(&self.runtime_handle(), future)
+    }
+
+    /// This node's role.
+    pub fn role(&self) -> Role {
+        self.inner.po.role()
+    }
+
+    /// This node's id (ps-lite numbering: scheduler 1, servers 8, 10, …, workers 9, 11, …).
+    pub fn id(&self) -> NodeId {
+        self.inner.po.my_id()
+    }
+
+    /// This node's rank within its role.
+    pub fn rank(&self) -> u32 {
+        self.inner.po.my_rank()
+    }
+
+    /// Number of servers in the cluster.
+    pub fn num_servers(&self) -> u32 {
+        self.inner.po.num_servers()
+    }
+
+    /// Number of workers in the cluster.
+    pub fn num_workers(&self) -> u32 {
+        self.inner.po.num_workers()
+    }
+
+    /// Waits until every node of `group` has called `barrier` with the same group
+    /// ([`Postoffice::barrier`]).
+    pub fn barrier(&self, group: i32) -> Call<()> {
+        let po = self.inner.po.clone();
+        self.spawn(async move { po.barrier(group).await })
+    }
+
+    /// Leaves the cluster in order: a barrier of every node, then stop
+    /// ([`Postoffice::finalize`]).
+    pub fn finalize(&self) -> Call<()> {
+        let po = self.inner.po.clone();
+        self.spawn(async move { po.finalize().await })
+    }
+
+    /// Stops the node without a barrier (after a failure); pending calls fail.
+    pub fn stop(&self) -> Call<()> {
+        let po = self.inner.po.clone();
+        self.spawn(async move {
+            po.stop().await;
+            Ok(())
+        })
+    }
+
+    /// Whether the node has stopped (finalized, stopped, or its scheduler is gone).
+    pub fn is_stopped(&self) -> bool {
+        self.inner.po.is_stopped()
+    }
+
+    /// A worker application pushing and pulling values of type `dtype`.
+    pub fn worker(&self, dtype: DataType, app_id: i32, customer_id: i32) -> Call<Worker> {
+        let po = self.inner.po.clone();
+        let node = self.clone();
+        self.spawn(async move {
+            let kv = AnyWorker::new(dtype, &po, app_id, customer_id).await?;
+            Ok(Worker { kv, dtype, node })
+        })
+    }
+
+    /// A server application summing values of type `dtype` (ps-lite's default handle), with
+    /// `shards` shared-nothing shards.
+    pub fn sum_server(
+        &self,
+        dtype: DataType,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+    ) -> Call<Server> {
+        let po = self.inner.po.clone();
+        self.spawn(async move {
+            start_sum_server(dtype, &po, app_id, customer_id, shards).await?;
+            Ok(Server { dtype })
+        })
+    }
+
+    /// A server application whose `shards` shards each answer with a handler from
+    /// `make(shard)`. The handlers run on the node's runtime and must not block.
+    pub fn server<H, M>(
+        &self,
+        dtype: DataType,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: M,
+    ) -> Call<Server>
+    where
+        H: RequestHandler,
+        M: Fn(usize) -> H + Send + 'static,
+    {
+        let po = self.inner.po.clone();
+        self.spawn(async move {
+            start_server(dtype, &po, app_id, customer_id, shards, make).await?;
+            Ok(Server { dtype })
+        })
+    }
+}
+
+/// Spawns `future` on `handle`, answering through a [`Call`].
+fn spawn_call<T, F>(handle: &tokio::runtime::Handle, future: F) -> Call<T>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T>> + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    handle.spawn(async move {
+        // The caller may have dropped its call: the result is not wanted then.
+        let _ = tx.send(future.await);
+    });
+    Call {
+        rx: Some(rx),
+        handle: handle.clone(),
+    }
+}
+
+/// The answer to an operation of a node handle: await it (on any executor), wait for it
+/// ([`wait`](Self::wait)), or have a callback run with it ([`on_complete`](Self::on_complete)).
+///
+/// Dropping a call does not cancel the operation; its result is discarded.
+#[must_use = "a call does nothing more once dropped: its result is discarded"]
+pub struct Call<T> {
+    /// `None` once the result has been taken.
+    rx: Option<oneshot::Receiver<Result<T>>>,
+    handle: tokio::runtime::Handle,
+}
+
+impl<T> std::fmt::Debug for Call<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("done", &self.rx.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Call<T> {
+    /// Blocks the calling thread until the operation completes. Fails with
+    /// [`PsError::InvalidArgument`] on an async runtime thread (await the call there instead):
+    /// blocking it could stall the very tasks that would complete the call.
+    pub fn wait(mut self) -> Result<T> {
+        self.wait_until(None)
+    }
+
+    /// Like [`wait`](Self::wait), giving up after `timeout` with [`PsError::Timeout`]; the call
+    /// can be waited for again then.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<T> {
+        self.wait_until(Some(Instant::now() + timeout))
+    }
+
+    fn wait_until(&mut self, deadline: Option<Instant>) -> Result<T> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(PsError::InvalidArgument(
+                "a blocking wait on an async runtime thread would stall it; await the call \
+                 instead"
+                    .into(),
+            ));
+        }
+        let started = Instant::now();
+        match block_on_until(&mut *self, deadline) {
+            Some(result) => result,
+            None => Err(PsError::Timeout {
+                waited: started.elapsed(),
+            }),
+        }
+    }
+
+    /// Whether the result is there (a wait would not block).
+    pub fn is_ready(&mut self) -> bool {
+        match &mut self.rx {
+            Some(rx) => !rx.is_empty() || rx.is_terminated(),
+            None => true,
+        }
+    }
+
+    /// Runs `done` with the result on the node's runtime, once the operation completes. `done`
+    /// must not block (it runs on an I/O thread).
+    pub fn on_complete(mut self, done: impl FnOnce(Result<T>) + Send + 'static) {
+        let rx = self.rx.take();
+        self.handle.spawn(async move {
+            let result = match rx {
+                Some(rx) => rx.await.unwrap_or(Err(PsError::Stopped)),
+                None => Err(already_taken()),
+            };
+            done(result);
+        });
+    }
+}
+
+fn already_taken() -> PsError {
+    PsError::InvalidArgument("the call's result was already taken".into())
+}
+
+impl<T> Future for Call<T> {
+    type Output = Result<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let Some(rx) = self.rx.as_mut() else {
+            return Poll::Ready(Err(already_taken()));
+        };
+        match Pin::new(rx).poll(cx) {
+            Poll::Ready(result) => {
+                self.rx = None;
+                // The task ended without an answer: its runtime shut down.
+                Poll::Ready(result.unwrap_or(Err(PsError::Stopped)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Polls `future` on the calling thread until it is ready or `deadline` passes.
+pub(crate) fn block_on_until<F: Future>(future: F, deadline: Option<Instant>) -> Option<F::Output> {
+    use std::task::{Wake, Waker};
+    struct ThreadWaker(std::thread::Thread);
+    impl Wake for ThreadWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        match deadline {
+            None => std::thread::park(),
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                std::thread::park_timeout(left);
+            }
+        }
+    }
+}
+
+macro_rules! any_kv {
+    ($($variant:ident => $t:ty),* $(,)?) => {
+        /// A [`KvWorker`] of one of the value types a foreign caller can name.
+        #[derive(Clone, Debug)]
+        enum AnyWorker { $($variant(KvWorker<$t>)),* }
+
+        /// The value types of [`Worker`] and [`Server`].
+        pub const VALUE_TYPES: &[DataType] = &[$(DataType::$variant),*];
+
+        impl AnyWorker {
+            async fn new(dtype: DataType, po: &Postoffice, app: i32, customer: i32) -> Result<Self> {
+                match dtype {
+                    $(DataType::$variant => Ok(AnyWorker::$variant(KvWorker::new(po, app, customer).await?)),)*
+                    other => Err(unsupported(other)),
+                }
+            }
+
+            async fn request(&self, op: Op, pairs: KvPairs, cmd: i32) -> Result<KvPairs> {
+                match self {
+                    $(AnyWorker::$variant(kv) => {
+                        let id = match op {
+                            Op::Push => kv.zpush(pairs, cmd).await?,
+                            Op::Pull => kv.zpull(pairs.keys, cmd).await?,
+                            Op::PushPull => kv.zpush_pull(pairs, cmd).await?,
+                        };
+                        kv.wait(id).await
+                    })*
+                }
+            }
+        }
+
+        // A server stays registered with its postoffice (which holds it) for as long as the
+        // node runs, so the typed `KvServer` need not be kept.
+
+        /// Starts a [`KvServer`] of `dtype` summing values.
+        async fn start_sum_server(dtype: DataType, po: &Postoffice, app: i32, customer: i32, shards: usize) -> Result<()> {
+            match dtype {
+                $(DataType::$variant => KvServer::<$t>::with_sum(po, app, customer, shards).await.map(drop),)*
+                other => Err(unsupported(other)),
+            }
+        }
+
+        /// Starts a [`KvServer`] of `dtype` with handlers from `make`.
+        async fn start_server<H: RequestHandler>(
+            dtype: DataType, po: &Postoffice, app: i32, customer: i32, shards: usize,
+            make: impl Fn(usize) -> H,
+        ) -> Result<()> {
+            match dtype {
+                $(DataType::$variant => KvServer::<$t>::new(po, app, customer, shards, make).await.map(drop),)*
+                other => Err(unsupported(other)),
+            }
+        }
+    };
+}
+
+any_kv!(F32 => f32, F64 => f64, I32 => i32, I64 => i64, U8 => u8, U64 => u64);
+
+fn unsupported(dtype: DataType) -> PsError {
+    PsError::InvalidArgument(format!(
+        "values of type {dtype:?} are not supported here; use one of {VALUE_TYPES:?}"
+    ))
+}
+
+/// The size in bytes of one value of `dtype`, for the types of [`VALUE_TYPES`].
+pub fn value_size(dtype: DataType) -> Option<usize> {
+    match dtype {
+        DataType::F32 | DataType::I32 => Some(4),
+        DataType::F64 | DataType::I64 | DataType::U64 => Some(8),
+        DataType::U8 => Some(1),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Push,
+    Pull,
+    PushPull,
+}
+
+/// A worker application of a [`NodeHandle`]: push, pull and push-pull of values of one type.
+/// Cheap to clone; thread-safe.
+#[derive(Clone)]
+pub struct Worker {
+    kv: AnyWorker,
+    dtype: DataType,
+    node: NodeHandle,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("dtype", &self.dtype)
+            .field("kv", &self.kv)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// The type of the values this worker pushes and pulls.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// The node this worker runs on.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
+    }
+
+    /// Pushes `pairs` (sorted keys; values of [`dtype`](Self::dtype); optional per-key
+    /// lengths) without copying them: the bytes are held until the servers have answered.
+    pub fn push(&self, pairs: KvPairs, cmd: i32) -> Call<()> {
+        let kv = self.kv.clone();
+        self.node
+            .spawn(async move { kv.request(Op::Push, pairs, cmd).await.map(|_| ()) })
+    }
+
+    /// Pulls the values of sorted `keys` (little-endian `u64` bytes).
+    pub fn pull(&self, keys: Bytes, cmd: i32) -> Call<KvPairs> {
+        let pairs = KvPairs {
+            keys,
+            ..KvPairs::default()
+        };
+        self.call(Op::Pull, pairs, cmd)
+    }
+
+    /// Pushes `pairs`, then pulls the updated values, in one request per server.
+    pub fn push_pull(&self, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
+        self.call(Op::PushPull, pairs, cmd)
+    }
+
+    fn call(&self, op: Op, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
+        let kv = self.kv.clone();
+        self.node
+            .spawn(async move { kv.request(op, pairs, cmd).await })
+    }
+}
+
+/// A server application of a [`NodeHandle`]. It keeps answering for as long as the node
+/// runs, whether or not this value is kept.
+#[derive(Debug)]
+pub struct Server {
+    dtype: DataType,
+}
+
+impl Server {
+    /// The type of the values this server handles.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+}
+
+impl KvPairs {
+    /// Copies the values into `out`, which must be exactly as long as they are (ps-lite's
+    /// `ZPull` into a caller's buffer: this is the one copy from the received frame).
+    pub fn copy_vals_into(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() != self.vals.len() {
+            return Err(PsError::InvalidArgument(format!(
+                "the output buffer holds {} bytes but {} bytes of values arrived",
+                out.len(),
+                self.vals.len()
+            )));
+        }
+        out.copy_from_slice(&self.vals);
+        Ok(())
+    }
+}

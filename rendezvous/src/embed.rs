@@ -1,0 +1,105 @@
+//! [`RendezvousHandle`]: the rendezvous of a [`NodeHandle`], for callers without an async
+//! runtime (the C and Python bindings, plain threads, other executors).
+//!
+//! Keys are TensorFlow's rendezvous keys as text (`src_device;hex(incarnation);dst_device;
+//! name;frame:iter`, see [`create_key`](crate::create_key)). Each call finds the step's
+//! rendezvous and initializes it (both are idempotent), so a caller only names the step.
+//! [`send`](RendezvousHandle::send) never blocks; [`recv`](RendezvousHandle::recv) answers
+//! through a [`Call`] (await it anywhere, wait for it, or have a callback run).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ps::embed::{Call, NodeHandle};
+use ps::PsError;
+use van_core::rendezvous::{parse_key, Received};
+use van_core::Rendezvous;
+
+use crate::{Protocol, RendezvousMgr};
+
+/// A node's rendezvous manager, owned with the node's runtime; cheap to clone, thread-safe.
+#[derive(Clone)]
+pub struct RendezvousHandle {
+    node: NodeHandle,
+    mgr: Arc<RendezvousMgr>,
+}
+
+impl std::fmt::Debug for RendezvousHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RendezvousHandle")
+            .field("node", &self.node.id())
+            .field("protocol", &self.mgr.protocol())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RendezvousHandle {
+    /// Starts the rendezvous manager of `node` with `protocol` (pull: TensorFlow's
+    /// `grpc+seastar`; push: StarServer's `star_server`). Every task of the job must start
+    /// one with the same protocol.
+    pub fn start(node: &NodeHandle, protocol: Protocol) -> Call<RendezvousHandle> {
+        let po = node.postoffice().clone();
+        let owner = node.clone();
+        node.spawn(async move {
+            let mgr = RendezvousMgr::new(&po, protocol)
+                .await
+                .map_err(|e| PsError::InvalidArgument(e.to_string()))?;
+            Ok(RendezvousHandle {
+                node: owner,
+                mgr: Arc::new(mgr),
+            })
+        })
+    }
+
+    /// The node this rendezvous runs on.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
+    }
+
+    /// Makes `value` available under `key` in step `step_id`; never blocks. Fails on a
+    /// malformed key, a key whose source device is not this task, or an aborted step.
+    pub fn send(&self, step_id: i64, key: &str, value: Bytes, is_dead: bool) -> ps::Result<()> {
+        let parsed = parse_key(key).map_err(|e| PsError::InvalidArgument(e.to_string()))?;
+        // The manager spawns its sends onto the node's runtime: enter it (without blocking).
+        let runtime = self.node.runtime();
+        let _context = runtime.enter();
+        let step = self.mgr.find(step_id);
+        step.initialize().map_err(PsError::from)?;
+        step.send(&parsed, value, is_dead).map_err(PsError::from)
+    }
+
+    /// Receives the value under `key` in step `step_id`, from whichever task produces it.
+    pub fn recv(&self, step_id: i64, key: &str) -> Call<Received> {
+        let parsed = parse_key(key).map_err(|e| PsError::InvalidArgument(e.to_string()));
+        let mgr = Arc::clone(&self.mgr);
+        self.node.spawn(async move {
+            let parsed = parsed?;
+            let step = mgr.find(step_id);
+            step.initialize().map_err(PsError::from)?;
+            step.recv(&parsed).await.map_err(PsError::from)
+        })
+    }
+
+    /// Ends step `step_id` (TensorFlow's `Cleanup`): its pending receives fail, its table goes.
+    pub fn cleanup(&self, step_id: i64) {
+        let runtime = self.node.runtime();
+        let _context = runtime.enter();
+        self.mgr.cleanup(step_id);
+    }
+
+    /// The protocol this rendezvous speaks.
+    pub fn protocol(&self) -> Protocol {
+        self.mgr.protocol()
+    }
+}
+
+impl Drop for RendezvousHandle {
+    fn drop(&mut self) {
+        // The last clone ends every step, so no peer waits on a table that is gone.
+        if Arc::strong_count(&self.mgr) == 1 {
+            let runtime = self.node.runtime();
+            let _context = runtime.enter();
+            self.mgr.cleanup_all();
+        }
+    }
+}
