@@ -6,7 +6,7 @@ set -euo pipefail
 # Debian packages the all-features build needs: the RDMA van's `ibverbs-sys` runs cmake and
 # bindgen (libclang) over rdma-core's headers and links the system libibverbs. The Soft-RoCE
 # guest that runs the RDMA tests installs its own packages (qemu, busybox, ibverbs-providers,
-# …) on first use; see ../shared/tools/rdma-vm/run-in-vm.sh.
+# …) on first use; see scripts/rdma-vm/guest.sh.
 APT_PACKAGES=(cmake libclang-dev libibverbs-dev)
 
 missing=()
