@@ -73,7 +73,9 @@ impl Drop for NodeInner {
         }
         if let Some(runtime) = &self.runtime.0 {
             let po = self.po.clone();
-            let _ = runtime.block_on(tokio::time::timeout(DROP_STOP_GRACE, po.stop()));
+            // The timer is made inside the runtime (it needs its context).
+            let _ =
+                runtime.block_on(async { tokio::time::timeout(DROP_STOP_GRACE, po.stop()).await });
         }
     }
 }

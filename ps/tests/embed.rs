@@ -252,3 +252,33 @@ fn a_failed_start_is_an_error_not_a_hang() {
         Err(PsError::InvalidArgument(_))
     ));
 }
+
+#[test]
+fn dropping_a_node_that_never_finalized_stops_it() {
+    let port = free_port();
+    let (tx, rx) = mpsc::sync_channel(4);
+    let mut others = Vec::new();
+    for role in [Role::Scheduler, Role::Server] {
+        let tx = tx.clone();
+        others.push(std::thread::spawn(move || {
+            let node = NodeHandle::start(config(role, port, 1)).unwrap();
+            let _server =
+                (role == Role::Server).then(|| node.sum_server(DataType::F32, 0, 0, 1).wait());
+            tx.send(node.finalize().wait()).unwrap();
+        }));
+    }
+    let node = NodeHandle::start(config(Role::Worker, port, 1)).unwrap();
+    let worker = node.worker(DataType::F32, 0, 0).wait().unwrap();
+    worker.push(pairs(&[1.0; 4]), 0).wait().unwrap();
+    // Gone without a goodbye, from a plain thread: the vans close, the runtime ends, and
+    // the others' finalize ends with an error instead of waiting for this worker forever.
+    let started = std::time::Instant::now();
+    drop(worker);
+    drop(node);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for _ in 0..2 {
+        let result = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert!(result.is_err(), "finalize without the worker succeeded");
+    }
+    join(others);
+}

@@ -1,0 +1,95 @@
+//! `RustBench`: the ps-bench request loop in Rust on a Python-started node, so `vans.bench`
+//! can print the Python figures beside Rust's, measured on the same cluster in the same run.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::Bytes;
+use ps::{KvPairs, KvWorker, PsError};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::node::{wait, Node};
+
+/// A Rust `KvWorker<f32>` on a node, running ps-bench's loop: one key per request, `window`
+/// requests in flight.
+#[pyclass(module = "vans._native", frozen)]
+pub(crate) struct RustBench {
+    node: ps::embed::NodeHandle,
+    worker: KvWorker<f32>,
+}
+
+#[pymethods]
+impl RustBench {
+    /// A Rust worker on `node` for application `app_id` (a server must serve that app).
+    #[new]
+    fn new(py: Python<'_>, node: &Node, app_id: i32) -> PyResult<RustBench> {
+        let po = node.handle.postoffice().clone();
+        let call = node
+            .handle
+            .spawn(async move { KvWorker::<f32>::new(&po, app_id, 0).await });
+        Ok(RustBench {
+            node: node.handle.clone(),
+            worker: wait(py, call, None)?,
+        })
+    }
+
+    /// Runs `iters` requests of `mode` (`push`, `pull`, `pushpull`) with `size` value bytes
+    /// each over `keys` (one key per request, round robin), `window` in flight; returns the
+    /// seconds taken.
+    fn run(
+        &self,
+        py: Python<'_>,
+        mode: &str,
+        keys: Vec<u64>,
+        size: usize,
+        window: usize,
+        iters: u64,
+    ) -> PyResult<f64> {
+        let op = match mode {
+            "push" => 0,
+            "pull" => 1,
+            "pushpull" => 2,
+            other => return Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
+        };
+        if keys.is_empty() || window == 0 || size % 4 != 0 {
+            return Err(PyValueError::new_err(
+                "keys must be non-empty, window positive, size a multiple of 4",
+            ));
+        }
+        let worker = self.worker.clone();
+        let call = self.node.spawn(async move {
+            let key_bytes: Vec<Bytes> = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
+            let vals = ps::values::to_bytes(&vec![1f32; size / 4]);
+            let started = Instant::now();
+            let mut in_flight = VecDeque::with_capacity(window);
+            let mut next = 0u64;
+            while next < iters || !in_flight.is_empty() {
+                if next < iters && in_flight.len() < window {
+                    let keys = key_bytes[(next % key_bytes.len() as u64) as usize].clone();
+                    next += 1;
+                    let pairs = KvPairs {
+                        keys: keys.clone(),
+                        vals: vals.clone(),
+                        lens: None,
+                    };
+                    let id = match op {
+                        0 => worker.zpush(pairs, 0).await?,
+                        1 => worker.zpull(keys, 0).await?,
+                        _ => worker.zpush_pull(pairs, 0).await?,
+                    };
+                    in_flight.push_back(id);
+                    continue;
+                }
+                match in_flight.pop_front() {
+                    Some(id) => {
+                        worker.wait(id).await?;
+                    }
+                    None => break,
+                }
+            }
+            Ok::<f64, PsError>(started.elapsed().as_secs_f64())
+        });
+        wait(py, call, None)
+    }
+}

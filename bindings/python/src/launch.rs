@@ -1,0 +1,83 @@
+//! `launch`: a local cluster (one scheduler, servers, workers) as processes of a program, with
+//! [`ps::launcher`], from Python.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use ps::launcher::{self, LaunchError, LaunchSpec};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// How often the launch wakes to let Python handle signals.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+fn launch_error(py: Python<'_>, err: &LaunchError) -> PyErr {
+    let made = py
+        .import("vans.errors")
+        .and_then(|m| m.getattr("LaunchError"))
+        .and_then(|class| class.call1((err.to_string(),)));
+    match made {
+        Ok(exception) => PyErr::from_value(exception),
+        Err(e) => e,
+    }
+}
+
+/// Starts `program args...` once per node (the scheduler, then `num_servers` servers and
+/// `num_workers` workers), each with its `DMLC_*` environment plus `env`, prints their output
+/// prefixed with the node's name, and waits for all of them. Returns one dict per node (`role`,
+/// `rank`, `pid`, `code`); raises `vans.errors.LaunchError` when a node fails, when `timeout`
+/// seconds pass, or on Ctrl-C (every node is stopped first).
+#[pyfunction]
+#[pyo3(signature = (num_servers, num_workers, program, args=Vec::new(), env=None, root_uri=None, root_port=0, timeout=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    py: Python<'_>,
+    num_servers: u32,
+    num_workers: u32,
+    program: std::path::PathBuf,
+    args: Vec<String>,
+    env: Option<HashMap<String, String>>,
+    root_uri: Option<String>,
+    root_port: u16,
+    timeout: Option<f64>,
+) -> PyResult<Vec<Py<PyDict>>> {
+    let mut spec = LaunchSpec::new(num_servers, num_workers, program);
+    spec.args = args;
+    spec.env = env.unwrap_or_default().into_iter().collect();
+    spec.env.sort();
+    if let Some(uri) = root_uri {
+        spec.root_uri = uri;
+    }
+    spec.root_port = root_port;
+    spec.timeout = timeout.map(Duration::from_secs_f64);
+    // Python keeps its own SIGINT handling: a Ctrl-C is seen below and drops the launch,
+    // which kills the nodes.
+    spec.handle_signals = false;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+    let mut job = Box::pin(launcher::launch(&spec));
+    let report = loop {
+        let step = py.detach(|| runtime.block_on(tokio::time::timeout(SIGNAL_CHECK, &mut job)));
+        match step {
+            Ok(result) => break result,
+            Err(_) => py.check_signals()?,
+        }
+    };
+    let report = report.map_err(|e| launch_error(py, &e))?;
+    report
+        .nodes
+        .iter()
+        .map(|node| {
+            let d = PyDict::new(py);
+            d.set_item("role", node.role.to_string())?;
+            d.set_item("rank", node.rank)?;
+            d.set_item("pid", node.pid)?;
+            d.set_item("code", node.status.code())?;
+            d.set_item("signal", node.status.signal())?;
+            Ok(d.unbind())
+        })
+        .collect()
+}

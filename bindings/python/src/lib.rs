@@ -1,0 +1,34 @@
+//! `vans._native`: the extension module behind the `vans` Python package.
+//!
+//! - [`node`]: `Node`, `Worker`, `Server`, `Request` (the parameter server, over
+//!   `ps::embed`);
+//! - [`rendezvous`]: `Rendezvous`, `create_key`, `cpu_device`;
+//! - [`launch`]: `launch`, a local cluster of processes;
+//! - [`bench`]: `RustBench`, the Rust reference loop of `vans.bench`;
+//! - [`buffer`]: Python memory borrowed without copies (buffer protocol, DLPack);
+//! - [`errors`]: errors as `vans.errors` exceptions.
+
+use pyo3::prelude::*;
+
+mod bench;
+mod buffer;
+mod errors;
+mod launch;
+mod node;
+mod rendezvous;
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<node::Node>()?;
+    m.add_class::<node::Worker>()?;
+    m.add_class::<node::Server>()?;
+    m.add_class::<node::Request>()?;
+    m.add_class::<rendezvous::Rendezvous>()?;
+    m.add_class::<bench::RustBench>()?;
+    m.add_function(wrap_pyfunction!(rendezvous::create_key, m)?)?;
+    m.add_function(wrap_pyfunction!(rendezvous::cpu_device, m)?)?;
+    m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,107 @@
+"""A real cluster for each test: the scheduler and the servers are processes of their own
+(``python -c ...`` with their ``DMLC_*`` environment, on 127.0.0.1), the test process joins
+as the worker (or the test launches workers too)."""
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# Every process a test starts must be gone within this many seconds after the test.
+PROCESS_DEADLINE = 60
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SCHEDULER = "import vans; vans.Node().finalize()"
+
+SUM_SERVER = """
+import os, vans
+vans.Server(dtype=os.environ.get("TEST_DTYPE", "float32")).serve()
+"""
+
+
+class Cluster:
+    """Processes of one cluster; ``config`` joins the test process as a worker."""
+
+    def __init__(self, num_servers, num_workers, server_code, env):
+        self.port = free_port()
+        self.num_servers = num_servers
+        self.num_workers = num_workers
+        self.env = dict(os.environ)
+        self.env.update(
+            DMLC_NUM_SERVER=str(num_servers),
+            DMLC_NUM_WORKER=str(num_workers),
+            DMLC_PS_ROOT_URI="127.0.0.1",
+            DMLC_PS_ROOT_PORT=str(self.port),
+            **(env or {}),
+        )
+        self.env.pop("DMLC_ROLE", None)
+        self.procs = [self.start("scheduler", SCHEDULER)]
+        self.servers = [self.start("server", server_code) for _ in range(num_servers)]
+        self.procs += self.servers
+
+    def start(self, role, code):
+        env = dict(self.env, DMLC_ROLE=role)
+        return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env)
+
+    def config(self, **extra):
+        """Keyword arguments for ``vans.Node`` / ``vans.Worker`` joining as a worker."""
+        return dict(role="worker", num_servers=self.num_servers, num_workers=self.num_workers,
+                    root_uri="127.0.0.1", root_port=self.port, **extra)
+
+    def join(self, expect_ok=True):
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=PROCESS_DEADLINE))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+        if expect_ok:
+            assert codes == [0] * len(codes), f"node exit codes {codes}"
+        return codes
+
+    def kill(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def cluster():
+    """``cluster(num_servers=1, num_workers=1, server_code=SUM_SERVER, env=None)``."""
+    made = []
+
+    def make(num_servers=1, num_workers=1, server_code=SUM_SERVER, env=None):
+        c = Cluster(num_servers, num_workers, server_code, env)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.kill()
+
+
+@contextlib.contextmanager
+def environment(**values):
+    """Sets environment variables for the duration (the node reads them at start)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,57 @@
+"""Servers from Python: a handler written in Python, and a dead server named in the
+worker's exception."""
+
+import numpy as np
+import pytest
+
+import vans
+from vans import errors
+
+KEYS = np.array([1, 2, 3], dtype=np.uint64)
+
+# Keeps the maximum of everything pushed, instead of the sum.
+MAX_SERVER = """
+import numpy as np, vans
+store = {}
+def handle(req):
+    assert req["cmd"] in (0, 7), req["cmd"]
+    if req["cmd"] == 7:
+        raise RuntimeError("command 7 is not served here")
+    keys = req["keys"].tolist()
+    if req["push"]:
+        for k, v in zip(keys, req["vals"].tolist()):
+            store[k] = max(store.get(k, v), v)
+    if req["pull"]:
+        return np.array([store.get(k, 0) for k in keys], dtype=np.int64)
+vans.Server(dtype="int64", handler=handle).serve()
+"""
+
+
+def test_a_python_handler_serves_requests(cluster):
+    c = cluster(num_servers=2, server_code=MAX_SERVER)
+    w = vans.Worker(dtype="int64", **c.config())
+    keys = np.array([1, 2**63 + 5], dtype=np.uint64)  # one on each server
+    for vals in ([3, -9], [1, 4], [2, 0]):
+        w.push(keys, np.array(vals, dtype=np.int64))
+    np.testing.assert_array_equal(w.pull(keys), [3, 4])
+    # The handler's exception reaches the worker with its text.
+    with pytest.raises(errors.VansError, match="command 7 is not served here"):
+        w.pull(keys, cmd=7)
+    w.node.finalize()
+    c.join()
+
+
+def test_a_killed_server_is_named_in_the_error(cluster):
+    c = cluster(num_servers=1, env={"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "3"})
+    w = vans.Worker(**c.config())
+    w.push(KEYS, np.ones(3, dtype=np.float32))
+    c.servers[0].kill()
+    c.servers[0].wait()
+    with pytest.raises(errors.NodeFailedError) as failure:
+        for _ in range(100):  # until the loss is seen: at once, or by the heartbeat timeout
+            w.pull(KEYS, timeout=30)
+    assert failure.value.node == 8
+    assert failure.value.role == "server"
+    assert "node 8 (server)" in str(failure.value)
+    w.node.stop()
+    c.kill()
