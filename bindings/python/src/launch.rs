@@ -60,7 +60,10 @@ pub(crate) fn launch(
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
     let mut job = Box::pin(launcher::launch(&spec));
     let report = loop {
-        let step = py.detach(|| runtime.block_on(tokio::time::timeout(SIGNAL_CHECK, &mut job)));
+        // The timer is made inside the runtime (it needs its context).
+        let step = py.detach(|| {
+            runtime.block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut job).await })
+        });
         match step {
             Ok(result) => break result,
             Err(_) => py.check_signals()?,

@@ -49,9 +49,10 @@ class Cluster:
         self.servers = [self.start("server", server_code) for _ in range(num_servers)]
         self.procs += self.servers
 
-    def start(self, role, code):
+    def start(self, role, code, **popen):
+        """Starts ``python -c code`` as a node of ``role`` (``popen``: e.g. ``stdout=PIPE``)."""
         env = dict(self.env, DMLC_ROLE=role)
-        return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env)
+        return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, **popen)
 
     def config(self, **extra):
         """Keyword arguments for ``vans.Node`` / ``vans.Worker`` joining as a worker."""

@@ -1,0 +1,165 @@
+"""Type stubs of the native module behind ``vans`` (see the package docstring)."""
+
+from os import PathLike
+from typing import Any, Callable, Generator, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+# Anything exporting the buffer protocol (numpy, bytes, memoryview) or ``__dlpack__``.
+ArrayLike = Any
+DType = Union[str, np.dtype, type]
+
+class Node:
+    """A node of a vans cluster; joins on creation (blocking, without the GIL)."""
+
+    def __init__(
+        self,
+        *,
+        role: Optional[str] = None,
+        num_servers: Optional[int] = None,
+        num_workers: Optional[int] = None,
+        root_uri: Optional[str] = None,
+        root_port: Optional[int] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> None: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def num_servers(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def stopped(self) -> bool: ...
+    def barrier(self, group: Union[str, int, None] = None, timeout: Optional[float] = None) -> None: ...
+    def finalize(self, timeout: Optional[float] = None) -> None: ...
+    def stop(self) -> None: ...
+
+class Request:
+    """A request in flight."""
+
+    def wait(self, timeout: Optional[float] = None) -> Any: ...
+    def done(self) -> bool: ...
+    def add_done_callback(self, callback: Callable[[Any, Optional[BaseException]], None]) -> None: ...
+    def __await__(self) -> Generator[Any, None, Any]: ...
+
+class Worker:
+    """Pushes and pulls values of one dtype (ps-lite's KVWorker)."""
+
+    def __init__(
+        self,
+        node: Optional[Node] = None,
+        dtype: Optional[DType] = None,
+        app_id: int = 0,
+        customer_id: int = 0,
+        **config: Any,
+    ) -> None: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def node(self) -> Node: ...
+    def push(
+        self,
+        keys: ArrayLike,
+        vals: ArrayLike,
+        lens: Optional[ArrayLike] = None,
+        cmd: int = 0,
+        timeout: Optional[float] = None,
+    ) -> None: ...
+    def pull(
+        self,
+        keys: ArrayLike,
+        out: Optional[ArrayLike] = None,
+        cmd: int = 0,
+        return_lens: bool = False,
+        timeout: Optional[float] = None,
+    ) -> Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], Optional[npt.NDArray[np.int32]]]]: ...
+    def push_pull(
+        self,
+        keys: ArrayLike,
+        vals: ArrayLike,
+        out: Optional[ArrayLike] = None,
+        lens: Optional[ArrayLike] = None,
+        cmd: int = 0,
+        return_lens: bool = False,
+        timeout: Optional[float] = None,
+    ) -> Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], Optional[npt.NDArray[np.int32]]]]: ...
+    def push_async(
+        self, keys: ArrayLike, vals: ArrayLike, lens: Optional[ArrayLike] = None, cmd: int = 0
+    ) -> Request: ...
+    def pull_async(
+        self, keys: ArrayLike, out: Optional[ArrayLike] = None, cmd: int = 0, return_lens: bool = False
+    ) -> Request: ...
+    def push_pull_async(
+        self,
+        keys: ArrayLike,
+        vals: ArrayLike,
+        out: Optional[ArrayLike] = None,
+        lens: Optional[ArrayLike] = None,
+        cmd: int = 0,
+        return_lens: bool = False,
+    ) -> Request: ...
+
+class Server:
+    """Answers pushes and pulls: ps-lite's sum, or a Python handler."""
+
+    def __init__(
+        self,
+        node: Optional[Node] = None,
+        dtype: Optional[DType] = None,
+        handler: Optional[Callable[[dict], Any]] = None,
+        app_id: int = 0,
+        customer_id: int = 0,
+        shards: int = 1,
+        **config: Any,
+    ) -> None: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def node(self) -> Node: ...
+    def serve(self, timeout: Optional[float] = None) -> None: ...
+
+class Rendezvous:
+    """TensorFlow-style step-scoped send / receive of arrays."""
+
+    def __init__(self, node: Node, protocol: str = "pull") -> None: ...
+    @property
+    def protocol(self) -> str: ...
+    def send(self, step: int, key: str, value: ArrayLike, is_dead: bool = False) -> None: ...
+    def recv(
+        self,
+        step: int,
+        key: str,
+        dtype: str = "uint8",
+        out: Optional[ArrayLike] = None,
+        timeout: Optional[float] = None,
+        return_dead: bool = False,
+    ) -> Any: ...
+    def cleanup(self, step: int) -> None: ...
+
+class RustBench:
+    """The Rust reference loop of ``vans.bench``."""
+
+    def __init__(self, node: Node, app_id: int) -> None: ...
+    def run(self, mode: str, keys: Sequence[int], size: int, window: int, iters: int) -> float: ...
+
+def create_key(
+    src_device: str, dst_device: str, name: str, incarnation: int = 1, frame: int = 0, iter: int = 0
+) -> str: ...
+def cpu_device(node_id: int) -> str: ...
+def launch(
+    num_servers: int,
+    num_workers: int,
+    program: Union[str, PathLike],
+    args: Sequence[str] = ...,
+    env: Optional[Mapping[str, str]] = None,
+    root_uri: Optional[str] = None,
+    root_port: int = 0,
+    timeout: Optional[float] = None,
+) -> list: ...

@@ -1,0 +1,166 @@
+"""``python -m vans.bench``: ps-bench's cases driven from Python, beside the same cases driven
+by Rust on the same node, in the same run.
+
+Without ``DMLC_ROLE`` it launches a local cluster of itself (1 scheduler, ``--servers``
+servers, 1 worker, as processes on 127.0.0.1) and the worker prints the table. Every server
+runs two summing applications: app 0 answers the Python loop (``vans.Worker``), app 1 the
+Rust loop (``ps::KvWorker<f32>`` on the same node, exactly ps-bench's loop). Each case is
+one key per request (``--keys`` keys spread over the servers), ``window`` requests in
+flight; Python and Rust alternate for ``--repeat`` rounds and each keeps its best round.
+
+    python -m vans.bench                          # the default cases
+    python -m vans.bench --sizes 8,4194304 --windows 1,64 --json bench.json
+
+Pulls write into preallocated arrays (``pull(keys, out=...)``, ps-lite's ZPull); pushes send
+the caller's array without copying it.
+"""
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import vans
+
+MODES = ("push", "pull", "pushpull")
+U64_MAX = 2**64 - 1
+
+
+def options(argv=None):
+    p = argparse.ArgumentParser(prog="python -m vans.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--modes", default="push,pull,pushpull")
+    p.add_argument("--sizes", default="8,65536,4194304", help="value bytes per request")
+    p.add_argument("--windows", default="1,64", help="requests in flight")
+    p.add_argument("--keys", type=int, default=16)
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--bytes", type=float, default=256e6,
+                   help="bytes each round moves per case (sets the request count)")
+    p.add_argument("--max-iters", type=int, default=20_000, help="most requests per round")
+    p.add_argument("--repeat", type=int, default=2, help="rounds of each loop per case")
+    p.add_argument("--json", default="", help="write the results as JSON here too")
+    o = p.parse_args(argv)
+    o.modes = [m for m in o.modes.split(",") if m]
+    o.sizes = [int(s) for s in o.sizes.split(",") if s]
+    o.windows = [int(w) for w in o.windows.split(",") if w]
+    for m in o.modes:
+        if m not in MODES:
+            p.error(f"unknown mode {m!r}; use {', '.join(MODES)}")
+    if any(s <= 0 or s % 4 for s in o.sizes) or any(w <= 0 for w in o.windows):
+        p.error("sizes must be positive multiples of 4 (float32 values), windows positive")
+    return o
+
+
+def keys_for(o, size):
+    """ps-bench's keys: spread over the servers, offset by the size (one value length per
+    key in the summing store)."""
+    step = U64_MAX // o.keys
+    return [(step * i + size) % 2**64 for i in range(o.keys)]
+
+
+def python_round(worker, mode, keys, size, window, iters):
+    """The ps-bench loop in Python; seconds taken."""
+    key_arrays = [np.array([k], dtype=np.uint64) for k in keys]
+    vals = np.ones(size // 4, dtype=np.float32)
+    outs = [np.empty(size // 4, dtype=np.float32) for _ in range(window)]
+    push, pull, push_pull = worker.push_async, worker.pull_async, worker.push_pull_async
+    in_flight = collections.deque()
+    started = time.perf_counter()
+    for i in range(iters):
+        if len(in_flight) == window:
+            in_flight.popleft().wait()
+        k = key_arrays[i % len(key_arrays)]
+        if mode == "push":
+            in_flight.append(push(k, vals))
+        elif mode == "pull":
+            in_flight.append(pull(k, out=outs[i % window]))
+        else:
+            in_flight.append(push_pull(k, vals, out=outs[i % window]))
+    while in_flight:
+        in_flight.popleft().wait()
+    return time.perf_counter() - started
+
+
+def run_worker(o, node):
+    py_worker = vans.Worker(node, dtype="float32", app_id=0)
+    rust = vans._native.RustBench(node, 1)
+    rows = []
+    for size in o.sizes:
+        keys = keys_for(o, size)
+        # Every key holds a value of this size before anything is pulled.
+        for k in keys:
+            one = np.array([k], dtype=np.uint64)
+            py_worker.push(one, np.zeros(size // 4, dtype=np.float32))
+        rust.run("push", keys, size, 1, len(keys))
+        for mode in o.modes:
+            for window in o.windows:
+                iters = int(max(window * 4, min(o.max_iters, o.bytes / size)))
+                py_best = rust_best = float("inf")
+                for _ in range(o.repeat):
+                    py_best = min(py_best, python_round(py_worker, mode, keys, size, window, iters))
+                    rust_best = min(rust_best, rust.run(mode, keys, size, window, iters))
+                row = {
+                    "mode": mode, "size": size, "window": window, "iters": iters,
+                    "python_ops": iters / py_best, "rust_ops": iters / rust_best,
+                }
+                row["python_gbps"] = row["python_ops"] * size / 1e9
+                row["rust_gbps"] = row["rust_ops"] * size / 1e9
+                row["ratio"] = row["python_ops"] / row["rust_ops"]
+                rows.append(row)
+                print(f"  {mode:>8} {human(size):>8} x{window:<3} python {row['python_ops']:>10.0f} "
+                      f"ops/s  rust {row['rust_ops']:>10.0f} ops/s  ratio {row['ratio']:.2f}",
+                      flush=True)
+    return rows
+
+
+def human(size):
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def table(rows):
+    lines = [f"{'case':<24}{'python ops/s':>14}{'rust ops/s':>14}{'python GB/s':>13}"
+             f"{'rust GB/s':>11}{'py/rust':>9}"]
+    for r in rows:
+        case = f"{r['mode']} {human(r['size'])} x{r['window']}"
+        lines.append(f"{case:<24}{r['python_ops']:>14,.0f}{r['rust_ops']:>14,.0f}"
+                     f"{r['python_gbps']:>13.3f}{r['rust_gbps']:>11.3f}{r['ratio']:>9.2f}")
+    return "\n".join(lines)
+
+
+def node_main(o):
+    node = vans.Node()
+    if node.role == "server":
+        vans.Server(node, dtype="float32", app_id=0)
+        vans.Server(node, dtype="float32", app_id=1).serve()
+    elif node.role == "worker":
+        print(f"vans.bench: worker on {node.num_servers} server(s); each case: python, then "
+              f"rust, {o.repeat} rounds, best of each", flush=True)
+        rows = run_worker(o, node)
+        print("\n" + table(rows), flush=True)
+        if o.json:
+            with open(o.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        node.finalize()
+    else:
+        node.finalize()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    o = options(argv)
+    if os.environ.get("DMLC_ROLE"):
+        node_main(o)
+        return 0
+    vans.launch(o.servers, 1, program=sys.executable, args=["-m", "vans.bench", *argv],
+                timeout=3600)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""vans.launch: a local cluster of Python processes (1 scheduler, 2 servers, 2 workers), as
+ps-lite's test_kv_app does it, and a failing node reported as a LaunchError."""
+
+import textwrap
+
+import pytest
+
+import vans
+from vans import errors
+
+KV_APP = """
+import numpy as np, vans
+
+def main(worker):
+    keys = np.arange(0, 2**64 - 2**60, 2**59, dtype=np.uint64)  # spread over both servers
+    vals = np.arange(len(keys), dtype=np.float32)
+    repeat = 5
+    for _ in range(repeat):
+        worker.push(keys, vals)
+    worker.node.barrier()
+    expected = vals * repeat * worker.node.num_workers
+    np.testing.assert_array_equal(worker.pull(keys), expected)
+    print(f"worker {worker.node.rank}: {len(keys)} sums exact", flush=True)
+
+vans.run_node(main)
+"""
+
+
+def test_launch_runs_a_local_cluster(tmp_path, capfd):
+    script = tmp_path / "kv_app.py"
+    script.write_text(textwrap.dedent(KV_APP))
+    nodes = vans.launch(2, 2, script=script, timeout=120)
+    assert [(n["role"], n["rank"]) for n in nodes] == [
+        ("scheduler", 0), ("server", 0), ("server", 1), ("worker", 0), ("worker", 1)]
+    assert all(n["code"] == 0 for n in nodes), nodes
+    out = capfd.readouterr().out
+    assert "[worker 0] worker 0: 30 sums exact" in out
+    assert "[worker 1] worker 1: 30 sums exact" in out
+
+
+def test_a_failing_node_is_a_launch_error(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        sys.exit(3 if os.environ["DMLC_ROLE"] == "worker" else 0)
+    """))
+    with pytest.raises(errors.LaunchError, match="worker 0 exited with code 3"):
+        vans.launch(1, 1, script=script, timeout=120)
+    with pytest.raises(ValueError, match="exactly one"):
+        vans.launch(1, 1)
