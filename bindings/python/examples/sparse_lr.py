@@ -227,10 +227,13 @@ def plot(results, path):
         color, line = styles.get(name, (None, "-"))
         label = {"baseline": "single-process numpy", "sync": "vans sync (2x2)",
                  "async": "vans async (2x2)"}.get(name, name)
+        # The baseline hollow and larger: synchronous training lies exactly under it.
+        marker = dict(marker="o", markersize=9, markerfacecolor="none") \
+            if name == "baseline" else dict(marker="o")
         loss_ax.plot(epochs, [m["train_loss"] for m in metrics], line, color=color,
-                     marker="o", label=label)
-        acc_ax.plot(epochs, [m["test_acc"] for m in metrics], line, color=color, marker="o",
-                    label=label)
+                     label=label, **marker)
+        acc_ax.plot(epochs, [m["test_acc"] for m in metrics], line, color=color, label=label,
+                    **marker)
     loss_ax.set(xlabel="epoch", ylabel="training log-loss", title="Training loss")
     acc_ax.set(xlabel="epoch", ylabel="held-out accuracy", title="Held-out accuracy")
     for ax in (loss_ax, acc_ax):

@@ -6,11 +6,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use ps::launcher::{self, LaunchError, LaunchSpec};
+use ps::PsError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// How often the launch wakes to let Python handle signals.
-const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+use crate::node::wait_for;
 
 fn launch_error(py: Python<'_>, err: &LaunchError) -> PyErr {
     let made = py
@@ -59,16 +59,12 @@ pub(crate) fn launch(
         .build()
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
     let mut job = Box::pin(launcher::launch(&spec));
-    let report = loop {
+    let report = wait_for(py, None, |slice| {
         // The timer is made inside the runtime (it needs its context).
-        let step = py.detach(|| {
-            runtime.block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut job).await })
-        });
-        match step {
-            Ok(result) => break result,
-            Err(_) => py.check_signals()?,
-        }
-    };
+        runtime
+            .block_on(async { tokio::time::timeout(slice, &mut job).await })
+            .map_err(|_| PsError::Timeout { waited: slice })
+    })?;
     let report = report.map_err(|e| launch_error(py, &e))?;
     report
         .nodes

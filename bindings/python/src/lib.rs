@@ -1,7 +1,8 @@
 //! `vans._native`: the extension module behind the `vans` Python package.
 //!
-//! - [`node`]: `Node`, `Worker`, `Server`, `Request` (the parameter server, over
-//!   `ps::embed`);
+//! - [`node`]: `Node`, and the wait every blocking call goes through (without the GIL);
+//! - [`worker`]: `Worker` and `Request` (push, pull, push-pull; requests in flight);
+//! - [`server`]: `Server` (ps-lite's sum, or a handler in Python);
 //! - [`rendezvous`]: `Rendezvous`, `create_key`, `cpu_device`;
 //! - [`launch`]: `launch`, a local cluster of processes;
 //! - [`bench`]: `RustBench`, the Rust reference loop of `vans.bench`;
@@ -16,14 +17,16 @@ mod errors;
 mod launch;
 mod node;
 mod rendezvous;
+mod server;
+mod worker;
 
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<node::Node>()?;
-    m.add_class::<node::Worker>()?;
-    m.add_class::<node::Server>()?;
-    m.add_class::<node::Request>()?;
+    m.add_class::<worker::Worker>()?;
+    m.add_class::<server::Server>()?;
+    m.add_class::<worker::Request>()?;
     m.add_class::<rendezvous::Rendezvous>()?;
     m.add_class::<bench::RustBench>()?;
     m.add_function(wrap_pyfunction!(rendezvous::create_key, m)?)?;

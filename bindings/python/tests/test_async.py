@@ -141,3 +141,31 @@ def test_wait_releases_the_gil_and_times_out(cluster):
     np.testing.assert_array_equal(request.wait(timeout=30), [1, 1, 1])
     w.node.finalize()
     c.join()
+
+
+INTERRUPTED_WORKER = """
+import sys, vans
+node = vans.Node()
+print("waiting", flush=True)
+try:
+    node.barrier("workers+servers")  # the servers never come: waits until interrupted
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    node.stop()
+    sys.exit(0)
+sys.exit(1)
+"""
+
+
+def test_ctrl_c_interrupts_a_blocking_wait(cluster):
+    import signal
+    import subprocess
+
+    c = cluster()
+    worker = c.start("worker", INTERRUPTED_WORKER, stdout=subprocess.PIPE, text=True)
+    assert worker.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)
+    worker.send_signal(signal.SIGINT)
+    out, _ = worker.communicate(timeout=30)
+    assert worker.returncode == 0 and "interrupted" in out
+    c.kill()
