@@ -13,6 +13,13 @@ missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# The C and C++ binding tests compile programs with the system `cc` and `c++`; the Python
+# stage needs python3 with venv and pip (the wheel's build tools come from PyPI).
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    missing+=(python3 python3-venv python3-pip)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${missing[*]}"
     sudo=""

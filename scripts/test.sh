@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start"; CI runs exactly this):
-# formatting, lints, every test of every crate with every feature, the RDMA tests again inside
-# a Soft-RoCE guest, then a short fuzz run.
+# formatting, lints, every test of every crate with every feature (the C and C++ programs of
+# bindings/c among them), the Python package built as a wheel and its pytest suite, the RDMA
+# tests again inside a Soft-RoCE guest, then a short fuzz run.
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 10; 0 skips fuzzing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,6 +14,8 @@ echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features
+echo "== Python bindings: the wheel in a virtual environment, then pytest"
+./scripts/python-tests.sh
 echo "== parameter-server cluster tests again with the io_uring stream van"
 # The same test binary (no rebuild): every cluster test, with VANS_STREAM_VAN=uring inherited
 # by the nodes it launches.

@@ -43,7 +43,11 @@ impl RendezvousHandle {
         node.spawn(async move {
             let mgr = RendezvousMgr::new(&po, protocol)
                 .await
-                .map_err(|e| PsError::InvalidArgument(e.to_string()))?;
+                .map_err(|e| match e {
+                    // Keep the postoffice's own kind (stopped, van, ...).
+                    crate::Error::Ps(e) => e,
+                    other => PsError::InvalidArgument(other.to_string()),
+                })?;
             Ok(RendezvousHandle {
                 node: owner,
                 mgr: Arc::new(mgr),

@@ -37,7 +37,8 @@ pub(crate) fn wait_for<T: Send>(
     };
     loop {
         let slice = deadline.map_or(SIGNAL_CHECK, |d| {
-            d.saturating_duration_since(Instant::now()).min(SIGNAL_CHECK)
+            d.saturating_duration_since(Instant::now())
+                .min(SIGNAL_CHECK)
         });
         match py.detach(|| attempt(slice)) {
             Err(PsError::Timeout { .. }) => {

@@ -71,6 +71,10 @@ def test_buffer_protocol_and_dlpack_inputs(cluster):
     w.push(memoryview(KEYS), memoryview(np.full(4, 3, dtype=np.float32)))
     w.push(KEYS.astype(np.int64), np.full(4, 5, dtype=np.float32))  # int64 keys are fine
     np.testing.assert_array_equal(w.pull(KEYS), [10, 10, 10, 10])
+    # A DLPack tensor as the output: written in place, no copy in between.
+    target = np.zeros(4, dtype=np.float32)
+    w.pull(KEYS, out=OnlyDlpack(target))
+    np.testing.assert_array_equal(target, [10, 10, 10, 10])
     w.node.finalize()
     c.join()
 
