@@ -3,8 +3,9 @@
 //! multi-thread), or another executor (`futures::executor::block_on`, smol).
 //!
 //! [`NodeHandle::start`] joins the cluster on a tokio runtime that the handle owns
-//! (`config.io_threads` threads, one by default); every operation is spawned onto that
-//! runtime and answered through a [`Call`], which is at once
+//! (`config.io_threads` threads, one by default). Operations run on that runtime, except that
+//! a worker's request is sent from the calling thread when the van can take it at once (no
+//! hop to the runtime and back); each is answered through a [`Call`], which is at once
 //!
 //! - a `Future` that any executor can poll (it needs no tokio context, so awaiting it on a
 //!   caller's runtime never blocks that runtime's workers),
@@ -151,10 +152,9 @@ impl NodeHandle {
                 node.inner.po.stop().await;
             }
         });
-        Ok(Call {
-            rx: Some(rx),
-            handle,
-        })
+        Ok(Call::new(handle, async move {
+            rx.await.unwrap_or(Err(PsError::Stopped))
+        }))
     }
 
     /// The node's postoffice, for Rust code that runs on [`runtime`](Self::runtime).
@@ -292,32 +292,77 @@ where
         // The caller may have dropped its call: the result is not wanted then.
         let _ = tx.send(future.await);
     });
-    Call {
-        rx: Some(rx),
-        handle: handle.clone(),
-    }
+    Call::new(handle.clone(), async move {
+        // The task ended without an answer: its runtime shut down.
+        rx.await.unwrap_or(Err(PsError::Stopped))
+    })
+}
+
+/// An operation's future, polled by whoever waits for the call.
+/// `Sync` too, so a call can sit in shared structures (a Python object, a C request table).
+type Operation<T> = Pin<Box<dyn Future<Output = Result<T>> + Send + Sync>>;
+
+/// Where a call stands.
+enum State<T> {
+    /// Not answered yet.
+    Running(Operation<T>),
+    /// Answered, not yet taken.
+    Answered(Result<T>),
+    /// Taken.
+    Taken,
 }
 
 /// The answer to an operation of a node handle: await it (on any executor), wait for it
 /// ([`wait`](Self::wait)), or have a callback run with it ([`on_complete`](Self::on_complete)).
 ///
-/// Dropping a call does not cancel the operation; its result is discarded.
+/// The operation's own future is polled by whoever waits, so an answer wakes the waiting
+/// thread directly (no hop through the node's runtime). Every future behind a call is
+/// runtime-agnostic. Dropping a call does not cancel the operation: what is left of it runs
+/// to the end on the node's runtime, and its result is discarded.
 #[must_use = "a call does nothing more once dropped: its result is discarded"]
-pub struct Call<T> {
-    /// `None` once the result has been taken.
-    rx: Option<oneshot::Receiver<Result<T>>>,
+pub struct Call<T: Send + 'static> {
+    state: State<T>,
     handle: tokio::runtime::Handle,
 }
 
-impl<T> std::fmt::Debug for Call<T> {
+impl<T: Send + 'static> std::fmt::Debug for Call<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Call")
-            .field("done", &self.rx.is_none())
+            .field("running", &matches!(self.state, State::Running(_)))
             .finish_non_exhaustive()
     }
 }
 
+// The operation is boxed and a result is only ever moved: nothing in a call is pinned in place.
+impl<T: Send + 'static> Unpin for Call<T> {}
+
+impl<T: Send + 'static> Drop for Call<T> {
+    fn drop(&mut self) {
+        // Let the operation finish (a request leaves its table only when waited for).
+        if let State::Running(operation) = std::mem::replace(&mut self.state, State::Taken) {
+            drop(self.handle.spawn(operation));
+        }
+    }
+}
+
 impl<T: Send + 'static> Call<T> {
+    fn new(
+        handle: tokio::runtime::Handle,
+        operation: impl Future<Output = Result<T>> + Send + Sync + 'static,
+    ) -> Call<T> {
+        Call {
+            state: State::Running(Box::pin(operation)),
+            handle,
+        }
+    }
+
+    fn answered(handle: tokio::runtime::Handle, result: Result<T>) -> Call<T> {
+        Call {
+            state: State::Answered(result),
+            handle,
+        }
+    }
+
     /// Blocks the calling thread until the operation completes. Fails with
     /// [`PsError::InvalidArgument`] on an async runtime thread (await the call there instead):
     /// blocking it could stall the very tasks that would complete the call.
@@ -350,23 +395,30 @@ impl<T: Send + 'static> Call<T> {
 
     /// Whether the result is there (a wait would not block).
     pub fn is_ready(&mut self) -> bool {
-        match &mut self.rx {
-            Some(rx) => !rx.is_empty() || rx.is_terminated(),
-            None => true,
+        if let State::Running(operation) = &mut self.state {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            match operation.as_mut().poll(&mut cx) {
+                Poll::Ready(result) => self.state = State::Answered(result),
+                Poll::Pending => return false,
+            }
         }
+        true
     }
 
     /// Runs `done` with the result on the node's runtime, once the operation completes. `done`
     /// must not block (it runs on an I/O thread).
     pub fn on_complete(mut self, done: impl FnOnce(Result<T>) + Send + 'static) {
-        let rx = self.rx.take();
-        self.handle.spawn(async move {
-            let result = match rx {
-                Some(rx) => rx.await.unwrap_or(Err(PsError::Stopped)),
-                None => Err(already_taken()),
-            };
-            done(result);
-        });
+        match std::mem::replace(&mut self.state, State::Taken) {
+            State::Running(operation) => {
+                drop(self.handle.spawn(async move { done(operation.await) }));
+            }
+            State::Answered(result) => {
+                drop(self.handle.spawn(async move { done(result) }));
+            }
+            State::Taken => {
+                drop(self.handle.spawn(async move { done(Err(already_taken())) }));
+            }
+        }
     }
 }
 
@@ -374,21 +426,23 @@ fn already_taken() -> PsError {
     PsError::InvalidArgument("the call's result was already taken".into())
 }
 
-impl<T> Future for Call<T> {
+impl<T: Send + 'static> Future for Call<T> {
     type Output = Result<T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        let Some(rx) = self.rx.as_mut() else {
-            return Poll::Ready(Err(already_taken()));
+        let result = match &mut self.state {
+            State::Running(operation) => match operation.as_mut().poll(cx) {
+                Poll::Ready(result) => result,
+                Poll::Pending => return Poll::Pending,
+            },
+            State::Answered(_) => match std::mem::replace(&mut self.state, State::Taken) {
+                State::Answered(result) => result,
+                _ => Err(already_taken()),
+            },
+            State::Taken => Err(already_taken()),
         };
-        match Pin::new(rx).poll(cx) {
-            Poll::Ready(result) => {
-                self.rx = None;
-                // The task ended without an answer: its runtime shut down.
-                Poll::Ready(result.unwrap_or(Err(PsError::Stopped)))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        self.state = State::Taken;
+        Poll::Ready(result)
     }
 }
 
@@ -438,16 +492,28 @@ macro_rules! any_kv {
                 }
             }
 
-            async fn request(&self, op: Op, pairs: KvPairs, cmd: i32) -> Result<KvPairs> {
+            /// Sends the request; its id, to wait for.
+            async fn issue(&self, op: Op, pairs: KvPairs, cmd: i32) -> Result<crate::RequestId> {
                 match self {
-                    $(AnyWorker::$variant(kv) => {
-                        let id = match op {
-                            Op::Push => kv.zpush(pairs, cmd).await?,
-                            Op::Pull => kv.zpull(pairs.keys, cmd).await?,
-                            Op::PushPull => kv.zpush_pull(pairs, cmd).await?,
-                        };
-                        kv.wait(id).await
-                    })*
+                    $(AnyWorker::$variant(kv) => match op {
+                        Op::Push => kv.zpush(pairs, cmd).await,
+                        Op::Pull => kv.zpull(pairs.keys, cmd).await,
+                        Op::PushPull => kv.zpush_pull(pairs, cmd).await,
+                    },)*
+                }
+            }
+
+            /// Requests issued and not yet answered and collected.
+            fn in_flight(&self) -> usize {
+                match self {
+                    $(AnyWorker::$variant(kv) => kv.pending(),)*
+                }
+            }
+
+            /// The answer to request `id`.
+            async fn wait(self, id: crate::RequestId) -> Result<KvPairs> {
+                match self {
+                    $(AnyWorker::$variant(kv) => kv.wait(id).await,)*
                 }
             }
         }
@@ -533,9 +599,17 @@ impl Worker {
     /// Pushes `pairs` (sorted keys; values of [`dtype`](Self::dtype); optional per-key
     /// lengths) without copying them: the bytes are held until the servers have answered.
     pub fn push(&self, pairs: KvPairs, cmd: i32) -> Call<()> {
-        let kv = self.kv.clone();
-        self.node
-            .spawn(async move { kv.request(Op::Push, pairs, cmd).await.map(|_| ()) })
+        let answer = self.call(Op::Push, pairs, cmd);
+        Call::new(
+            answer.handle.clone(),
+            async move { answer.await.map(|_| ()) },
+        )
+    }
+
+    /// Requests of this worker that are in flight (issued, answer not yet collected), for
+    /// diagnostics: a dropped call's request still counts until its answer arrives.
+    pub fn in_flight(&self) -> usize {
+        self.kv.in_flight()
     }
 
     /// Pulls the values of sorted `keys` (little-endian `u64` bytes).
@@ -553,9 +627,26 @@ impl Worker {
     }
 
     fn call(&self, op: Op, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
+        let handle = self.node.runtime_handle();
         let kv = self.kv.clone();
-        self.node
-            .spawn(async move { kv.request(op, pairs, cmd).await })
+        let mut issue: Pin<Box<dyn Future<Output = Result<crate::RequestId>> + Send>> = {
+            let kv = kv.clone();
+            Box::pin(async move { kv.issue(op, pairs, cmd).await })
+        };
+        // Sent from the calling thread, in the runtime's context: a request whose frames fit
+        // the van's queue (the common case) goes out without waking the runtime, and its
+        // answer wakes the waiter directly. One that has to wait (a first connection, a full
+        // queue) goes on as a task of the runtime.
+        let polled = {
+            let _context = handle.enter();
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            issue.as_mut().poll(&mut cx)
+        };
+        match polled {
+            Poll::Ready(Ok(id)) => Call::new(handle, kv.wait(id)),
+            Poll::Ready(Err(e)) => Call::answered(handle, Err(e)),
+            Poll::Pending => spawn_call(&handle, async move { kv.wait(issue.await?).await }),
+        }
     }
 }
 

@@ -116,6 +116,20 @@ fn plain_threads_block_and_call_back() {
         Err(PsError::InvalidArgument(_))
     ));
 
+    // Calls dropped without a wait: their requests still complete and leave the table.
+    for _ in 0..50 {
+        drop(worker.push(pairs(&[0.0; 4]), 0));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while worker.in_flight() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} requests left",
+            worker.in_flight()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
     // A wait with a time limit on something that cannot finish (a barrier nobody else
     // joins) times out and can be waited for again.
     let mut lonely = node.barrier(ps::node_ids::WORKER_GROUP | 2);
