@@ -63,6 +63,7 @@
 mod connection;
 mod mailbox;
 mod name;
+pub(crate) use name::random_u64;
 mod shm;
 mod stale;
 

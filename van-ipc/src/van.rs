@@ -242,22 +242,9 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 /// A fresh name for a ring or a listening socket: purpose, pid, and random bits so that
 /// names cannot be guessed by other local users (the segment module adds the `vans-` prefix
 /// to rings).
-fn unique_name(what: &str) -> String {
-    let mut random = [0u8; 8];
-    // SAFETY: getrandom writes at most `random.len()` bytes into the buffer we own.
-    let filled = unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
-    if filled != random.len() as isize {
-        // Fall back to the clock: the name is still unique per process and instant.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        random = nanos.to_le_bytes();
-    }
-    format!(
-        "{what}-{}-{:016x}",
-        std::process::id(),
-        u64::from_le_bytes(random)
-    )
+fn unique_name(what: &str) -> Result<String, crate::IpcError> {
+    let random = crate::named::random_u64()?;
+    Ok(format!("{what}-{}-{random:016x}", std::process::id()))
 }
 
 fn io_error(context: &str, error: impl std::fmt::Display) -> VanError {
@@ -719,7 +706,7 @@ impl Shared {
     fn new_table(&self, peer_pid: Option<i32>) -> Result<Option<Arc<RefTable>>, VanError> {
         self.arena
             .get()
-            .map(|arena| arena.new_table(&unique_name("refs"), peer_pid))
+            .map(|arena| arena.new_table(&unique_name("refs")?, peer_pid))
             .transpose()
             .map_err(|e| io_error("IPC reference table", e))
     }
@@ -1014,7 +1001,8 @@ impl Van for IpcVan {
             }
         }
         if self.shared.options.arena_bytes > 0 && self.shared.arena.get().is_none() {
-            let arena = Arena::create(&unique_name("arena"), self.shared.options.arena_bytes)
+            let arena = unique_name("arena")
+                .and_then(|name| Arena::create(&name, self.shared.options.arena_bytes))
                 .map_err(|e| VanError::Bind {
                     kind: VanKind::Ipc,
                     address: "shared arena".into(),
@@ -1026,7 +1014,10 @@ impl Van for IpcVan {
             return self.bind_named(inbox);
         }
         // Abstract namespace: no file to clean up, gone with the process.
-        let name = format!("vans-{}", unique_name("sock"));
+        let name = format!(
+            "vans-{}",
+            unique_name("sock").map_err(|e| io_error("IPC socket name", e))?
+        );
         let bind_error = |source| VanError::Bind {
             kind: VanKind::Ipc,
             address: format!("@{name}"),
@@ -1124,8 +1115,10 @@ impl Van for IpcVan {
             let socket = std::os::unix::net::UnixStream::connect_addr(&address)?;
             socket.set_nonblocking(true)?;
             let ring = |e: crate::IpcError| std::io::Error::other(e.to_string());
-            let outgoing = create_ring(&unique_name("ring"), ring_bytes).map_err(ring)?;
-            let incoming = create_ring(&unique_name("ring"), ring_bytes).map_err(ring)?;
+            let outgoing =
+                create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
+            let incoming =
+                create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
             let producer = Producer::new(Arc::clone(&outgoing), false).map_err(ring)?;
             let mut consumer = Consumer::new(Arc::clone(&incoming), false).map_err(ring)?;
             consumer.set_max_message(max_frame);

@@ -102,17 +102,9 @@ pub(crate) struct Setup {
     pub(crate) sizes: RingSizes,
 }
 
-fn random_psn() -> u32 {
-    let mut bytes = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into the buffer we own.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != 4 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        bytes = nanos.to_le_bytes();
-    }
-    u32::from_le_bytes(bytes) & 0x00ff_ffff
+/// A random initial packet sequence number (24 bits), from the kernel.
+fn random_psn() -> std::io::Result<u32> {
+    Ok(getrandom::u32().map_err(std::io::Error::from)? & 0x00ff_ffff)
 }
 
 impl Setup {
@@ -132,7 +124,7 @@ impl Setup {
             cq,
             rx,
             tx,
-            psn: random_psn(),
+            psn: random_psn()?,
             sizes,
         };
         for slot in 0..depth as usize {

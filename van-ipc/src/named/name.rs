@@ -2,7 +2,6 @@
 //! strictly.
 
 use std::fmt;
-use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -179,23 +178,12 @@ pub fn pid_namespace() -> u64 {
     *NAMESPACE.get_or_init(|| std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino()))
 }
 
-/// 64 random bits from the kernel.
-fn random_u64() -> Result<u64, IpcError> {
-    let mut bytes = [0u8; 8];
-    let mut filled = 0;
-    while filled < bytes.len() {
-        let rest = &mut bytes[filled..];
-        // SAFETY: `rest` is writable memory of `rest.len()` bytes that we own.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(IpcError::last_os("getrandom"));
-        }
-        filled += n.unsigned_abs();
-    }
-    Ok(u64::from_le_bytes(bytes))
+/// 64 random bits from the kernel: there is no fallback, a name must not be guessable.
+pub(crate) fn random_u64() -> Result<u64, IpcError> {
+    getrandom::u64().map_err(|e| IpcError::Os {
+        call: "getrandom",
+        source: e.into(),
+    })
 }
 
 #[cfg(test)]
