@@ -8,7 +8,6 @@
 //!   (request handler, sum aggregation, shared-nothing shards);
 //! - [`range`]: key ranges and slicing of requests across servers;
 //! - [`values`]: typed views of values carried as bytes;
-//! - [`launcher`]: starts a scheduler, servers and workers as local processes;
 //! - [`local`]: a whole cluster inside one process, over the in-process van;
 //! - [`simple_app`]: ps-lite's `SimpleApp`, request/response of (head, body) for commands;
 //! - [`netif`]: the address of a network interface (`DMLC_INTERFACE`);
@@ -24,7 +23,6 @@ pub mod embed;
 pub mod error;
 pub mod hash;
 pub mod kv;
-pub mod launcher;
 pub mod local;
 pub mod netif;
 mod pending;

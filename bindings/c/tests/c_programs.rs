@@ -1,6 +1,6 @@
 //! The C ABI from real C and C++ programs: each is compiled here with the system `cc` / `c++`
 //! against `include/vans.h` and `libvans.so`, then run as a local cluster of processes
-//! (`ps::launcher`) that read their roles from the environment. Every program checks its own
+//! (`launcher`) that read their roles from the environment. Every program checks its own
 //! results and exits non-zero on a mismatch; the tests also check what the programs printed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

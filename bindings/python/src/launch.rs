@@ -1,11 +1,11 @@
 //! `launch`: a local cluster (one scheduler, servers, workers) as processes of a program, with
-//! [`ps::launcher`], from Python.
+//! [`launcher`], from Python.
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
-use ps::launcher::{self, LaunchError, LaunchSpec};
+use launcher::{LaunchError, LaunchSpec};
 use ps::PsError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! or with no `DMLC_ROLE`, when it launches a local cluster of itself (1 scheduler,
-//! `--servers` servers, `--workers` workers) through `ps::launcher`. With no arguments it
+//! `--servers` servers, `--workers` workers) through `launcher`. With no arguments it
 //! runs a short benchmark (a few seconds) and every role exits 0.
 //!
 //! Every worker measures, for each mode × value size × in-flight window, one key per request
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use examples::raw::{echo_server, raw_socket_to, BoxError, Workload};
 use examples::Table;
-use ps::launcher::{launch, LaunchSpec};
+use launcher::{launch, LaunchSpec};
 use ps::local::LocalCluster;
 use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, Postoffice, Role};
 use std::sync::Arc;

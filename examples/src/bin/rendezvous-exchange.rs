@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use examples::raw::BoxError;
 use examples::Table;
-use ps::launcher::{launch, LaunchSpec};
+use launcher::{launch, LaunchSpec};
 use ps::{node_ids, Config, Postoffice, Role};
 use rendezvous::{
     cpu_device, create_key, parse_key, ParsedKey, Protocol, Rendezvous, RendezvousMgr,

@@ -7,14 +7,14 @@
 //! Every node gets the ps-lite environment (`DMLC_ROLE`, `DMLC_NUM_SERVER`, `DMLC_NUM_WORKER`,
 //! `DMLC_PS_ROOT_URI`, `DMLC_PS_ROOT_PORT`, ...) and its output is printed with a `[server 1] `
 //! style prefix. When a node fails, the timeout passes or Ctrl-C is pressed, every node is
-//! stopped; see `ps::launcher`. Exit code: 0 when every node exited 0, 1 when the job failed,
+//! stopped; see `launcher`. Exit code: 0 when every node exited 0, 1 when the job failed,
 //! 2 for a usage error.
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ps::launcher::{launch, LaunchSpec, DEFAULT_GRACE, DEFAULT_ROOT_URI};
+use launcher::{launch, LaunchSpec, DEFAULT_GRACE, DEFAULT_ROOT_URI};
 
 const USAGE: &str = "\
 usage: vans-launch -s N -w N [options] [--] PROGRAM [ARGS...]

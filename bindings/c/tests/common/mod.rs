@@ -1,5 +1,5 @@
 //! Compiling C and C++ programs against `include/vans.h` and `libvans.so` with the system
-//! compilers, and running them as a local cluster through `ps::launcher`.
+//! compilers, and running them as a local cluster through `launcher`.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ps::launcher::{launch, LaunchSpec};
+use launcher::{launch, LaunchSpec};
 
 /// How long one cluster may run: generous for a loaded 2-core machine.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(90);
@@ -173,7 +173,7 @@ impl ClusterRun {
 }
 
 /// Runs `program args` as a local cluster of one scheduler, `servers` servers and `workers`
-/// workers (`ps::launcher::launch`, which gives each its `DMLC_*` environment), each node's
+/// workers (`launcher::launch`, which gives each its `DMLC_*` environment), each node's
 /// output going to its own log.
 pub(crate) fn run_cluster(program: &Path, args: &[&str], servers: u32, workers: u32) -> ClusterRun {
     let name = program.file_name().unwrap().to_string_lossy().into_owned();

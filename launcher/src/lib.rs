@@ -43,9 +43,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ps::launcher::{launch, LaunchSpec};
+//! use launcher::{launch, LaunchSpec};
 //!
-//! # async fn run() -> Result<(), ps::launcher::LaunchError> {
+//! # async fn run() -> Result<(), launcher::LaunchError> {
 //! let mut spec = LaunchSpec::new(2, 3, "target/release/ps-bench");
 //! spec.args = vec!["--quick".into()];
 //! spec.env.push(("PS_VERBOSE".into(), "1".into()));
@@ -56,7 +56,9 @@
 //! # }
 //! ```
 //!
-//! The `vans-launch` binary in `examples` wraps this module in a command line.
+//! The `vans-launch` binary in `examples` wraps this crate in a command line. It is a crate of
+//! its own so that the parameter server (`ps`) does not need tokio's `process` and `signal`:
+//! the launcher decides where processes run, `ps` only reads the configuration it hands out.
 #![cfg(unix)]
 
 use std::fmt;
