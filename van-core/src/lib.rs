@@ -8,6 +8,7 @@
 //! - [`van`]: the [`Van`] trait, the [`Inbox`] vans deliver into, [`VanKind`] and [`VanError`];
 //! - [`rendezvous`]: the [`Rendezvous`] trait and TensorFlow's key format;
 //! - [`buf`]: [`SharedBuf`], buffers a van can send without copying ([`Van::alloc`]);
+//! - [`pool`]: [`FramePool`], reused buffers for large received frames;
 //! - [`select`]: the selection policy, which van carries each peer's traffic;
 //! - [`config`]: [`Config`], parsed once from `DMLC_*`/`PS_*` environment or built in code;
 //! - [`inproc`]: an in-process van (channels, no sockets) for tests, simulation and
@@ -21,6 +22,7 @@ pub mod endpoint_map;
 pub mod error;
 pub mod inproc;
 pub mod message;
+pub mod pool;
 pub mod rendezvous;
 pub mod select;
 #[cfg(feature = "testkit")]
@@ -36,6 +38,7 @@ pub use error::Error;
 pub use message::{
     node_ids, Command, Control, DataType, Endpoint, Message, Meta, Node, NodeId, Role,
 };
+pub use pool::FramePool;
 pub use rendezvous::{ParsedKey, Rendezvous, RendezvousError};
 pub use tf_config::{TfConfig, TfConfigError};
 pub use van::{inbox, Event, Inbox, InboxSender, PeerLost, Van, VanError, VanKind};
