@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use van_core::wire::{self, FrameHeader, Limits, HEADER_LEN};
-use van_core::{Event, InboxSender, Message, WireError};
+use van_core::{Event, FramePool, InboxSender, Message, WireError};
 
 /// An encoded frame waiting in a peer queue: its parts, ready for vectored I/O.
 pub(crate) type Frame = Vec<Bytes>;
@@ -97,6 +97,7 @@ async fn write_all_parts(socket: &mut OwnedWriteHalf, parts: &mut [Bytes]) -> io
 pub(crate) async fn read_loop(
     mut socket: OwnedReadHalf,
     limits: Limits,
+    pool: &FramePool,
     inbox: &InboxSender,
     mut on_message: impl FnMut(&Message),
 ) -> Closed {
@@ -134,7 +135,7 @@ pub(crate) async fn read_loop(
             return Closed::InboxGone;
         }
         if let Some(len) = large {
-            let frame = match read_large_frame(&mut socket, &mut buf, len).await {
+            let frame = match read_large_frame(&mut socket, &mut buf, len, pool).await {
                 Ok(frame) => frame,
                 Err(closed) => return closed,
             };
@@ -173,7 +174,8 @@ fn peek_len(buf: &[u8]) -> u64 {
         .map_or(HEADER_LEN as u64, u64::from_le_bytes)
 }
 
-/// Reads the rest of a `len`-byte frame whose start is in `buf` into a buffer of its own.
+/// Reads the rest of a `len`-byte frame whose start is in `buf` into a buffer of its own,
+/// from `pool` (it goes back there once the application drops the frame).
 ///
 /// The buffer grows with what has arrived (never more than [`LARGE_FRAME_WINDOW`] ahead of
 /// it); growth uses `realloc`, which for buffers this large moves pages instead of copying
@@ -182,8 +184,9 @@ async fn read_large_frame(
     socket: &mut OwnedReadHalf,
     buf: &mut BytesMut,
     len: usize,
+    pool: &FramePool,
 ) -> Result<Bytes, Closed> {
-    let mut frame: Vec<u8> = Vec::with_capacity(len.min(buf.len() + LARGE_FRAME_WINDOW));
+    let mut frame = pool.take(len.min(buf.len() + LARGE_FRAME_WINDOW));
     frame.extend_from_slice(buf);
     buf.clear();
     while frame.len() < len {
@@ -203,5 +206,5 @@ async fn read_large_frame(
             Err(e) => return Err(Closed::Io(e)),
         }
     }
-    Ok(Bytes::from(frame))
+    Ok(pool.freeze(frame))
 }

@@ -15,7 +15,8 @@ use tracing::{debug, info, warn};
 use van_core::van::{address_for, recipient_of};
 use van_core::wire::{self, Limits};
 use van_core::{
-    Config, Endpoint, Event, InboxSender, Message, Node, NodeId, PeerLost, Van, VanError, VanKind,
+    Config, Endpoint, Event, FramePool, InboxSender, Message, Node, NodeId, PeerLost, Van, VanError,
+    VanKind,
 };
 
 use crate::connection::{read_loop, write_loop, Closed, Frame};
@@ -49,6 +50,9 @@ pub struct TcpOptions {
     pub send_queue_depth: usize,
     /// How long `stop` waits for queued frames to be written.
     pub flush_timeout: Duration,
+    /// Idle bytes of received-frame buffers kept for reuse (0: every large frame gets a
+    /// fresh buffer); see [`FramePool`].
+    pub frame_pool_bytes: usize,
 }
 
 impl Default for TcpOptions {
@@ -58,6 +62,7 @@ impl Default for TcpOptions {
             connect_timeout: Duration::from_secs(10),
             send_queue_depth: 4096,
             flush_timeout: Duration::from_secs(10),
+            frame_pool_bytes: van_core::pool::DEFAULT_POOL_BYTES,
         }
     }
 }
@@ -82,6 +87,8 @@ pub struct TcpVan {
 #[derive(Debug)]
 struct Shared {
     options: TcpOptions,
+    /// Buffers of large received frames, shared by every connection.
+    pool: FramePool,
     state: Mutex<State>,
     next_connection: AtomicU64,
 }
@@ -156,7 +163,7 @@ impl Shared {
         let own_link = link.clone();
         let reader = tokio::spawn(async move {
             let mut peer = peer;
-            let closed = read_loop(read_half, shared.options.limits, &inbox, |msg| {
+            let closed = read_loop(read_half, shared.options.limits, &shared.pool, &inbox, |msg| {
                 if peer.is_none() {
                     if let Some(sender) = msg.meta.sender {
                         peer = Some(sender);
@@ -273,6 +280,7 @@ impl TcpVan {
     pub fn new(options: TcpOptions) -> TcpVan {
         TcpVan {
             shared: Arc::new(Shared {
+                pool: FramePool::new(options.frame_pool_bytes),
                 options,
                 state: Mutex::new(State::default()),
                 next_connection: AtomicU64::new(0),
@@ -283,6 +291,11 @@ impl TcpVan {
     /// The address the listener is bound to, once bound.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.shared.lock().local
+    }
+
+    /// What the pool of received-frame buffers has done, for diagnostics and tests.
+    pub fn frame_pool_stats(&self) -> van_core::pool::PoolStats {
+        self.shared.pool.stats()
     }
 
     /// Open connections (dialed and accepted), for diagnostics and tests.
