@@ -1,10 +1,13 @@
 //! `van-bench`: the vans side by side with a raw TCP socket, measured in one run.
 //!
-//! Three workloads, each through a plain tokio `TcpStream` (length-prefixed frames, one
-//! `write_all` per message: the reference), the TCP van and the in-process van:
+//! Four workloads, each through a plain tokio `TcpStream` (length-prefixed frames, one
+//! `write_all` per message: the reference), the TCP van, the TCP van without its pool of
+//! received-frame buffers (`frame_pool_bytes: 0`, every large frame in fresh memory) and the
+//! in-process van:
 //!
 //! - `rtt 8 B`: one 8-byte request, wait for the 8-byte echo, repeat (µs per round trip);
 //! - `8 B x64`: 8-byte requests with 64 in flight, each echoed (operations per second);
+//! - `1 MiB x64`: 1 MiB requests with 64 in flight, each acknowledged with 8 bytes (GB/s);
 //! - `4 MiB x4`: 4 MiB requests with 4 in flight, each acknowledged with 8 bytes (GB/s).
 //!
 //! Usage: `van-bench [--quick] [--json]`. Absolute figures on a shared machine are noise;
@@ -48,6 +51,13 @@ fn main() -> Result<(), BoxError> {
             reply: 8,
         },
         Workload {
+            name: "1 MiB x64 in flight",
+            size: 1 << 20,
+            window: 64,
+            count: 1_600 / scale,
+            reply: 8,
+        },
+        Workload {
             name: "4 MiB x4 in flight",
             size: 4 << 20,
             window: 4,
@@ -64,29 +74,40 @@ fn main() -> Result<(), BoxError> {
         "unit",
         "raw socket",
         "tcp van",
+        "tcp, no pool",
         "inproc van",
         "tcp van / raw",
+        "pool / no pool",
     ]);
     runtime.block_on(async {
         for w in workloads {
             eprintln!("running {} ({} requests) ...", w.name, w.count);
             let raw = w.figure(raw_socket(w).await?);
             let tcp = w.figure(van_pair(w, TcpVan::default).await?);
+            let unpooled = w.figure(
+                van_pair(w, || {
+                    TcpVan::new(van_tcp::TcpOptions {
+                        frame_pool_bytes: 0,
+                        ..van_tcp::TcpOptions::default()
+                    })
+                })
+                .await?,
+            );
             let hub = Hub::new();
             let inproc = w.figure(van_pair(w, || InProcessVan::new(&hub)).await?);
             // Lower is better for latency; express the ratio as "how many times better".
-            let speedup = if w.window == 1 {
-                ratio(raw, tcp)
-            } else {
-                ratio(tcp, raw)
-            };
+            let better = |a: f64, b: f64| if w.window == 1 { ratio(b, a) } else { ratio(a, b) };
+            let speedup = better(tcp, raw);
+            let pooling = better(tcp, unpooled);
             table.row(vec![
                 w.name.to_owned(),
                 w.unit().to_owned(),
                 format!("{raw:.3}"),
                 format!("{tcp:.3}"),
+                format!("{unpooled:.3}"),
                 format!("{inproc:.3}"),
                 format!("{speedup:.2}x"),
+                format!("{pooling:.2}x"),
             ]);
         }
         Ok::<_, BoxError>(())
