@@ -15,8 +15,8 @@ use tracing::{debug, info, warn};
 use van_core::van::{address_for, recipient_of};
 use van_core::wire::{self, Limits};
 use van_core::{
-    Config, Endpoint, Event, FramePool, InboxSender, Message, Node, NodeId, PeerLost, Van, VanError,
-    VanKind,
+    Config, Endpoint, Event, FramePool, InboxSender, Message, Node, NodeId, PeerLost, Van,
+    VanError, VanKind,
 };
 
 use crate::connection::{read_loop, write_loop, Closed, Frame};
@@ -163,14 +163,20 @@ impl Shared {
         let own_link = link.clone();
         let reader = tokio::spawn(async move {
             let mut peer = peer;
-            let closed = read_loop(read_half, shared.options.limits, &shared.pool, &inbox, |msg| {
-                if peer.is_none() {
-                    if let Some(sender) = msg.meta.sender {
-                        peer = Some(sender);
-                        shared.learn(sender, &own_link);
+            let closed = read_loop(
+                read_half,
+                shared.options.limits,
+                &shared.pool,
+                &inbox,
+                |msg| {
+                    if peer.is_none() {
+                        if let Some(sender) = msg.meta.sender {
+                            peer = Some(sender);
+                            shared.learn(sender, &own_link);
+                        }
                     }
-                }
-            })
+                },
+            )
             .await;
             drop(own_link);
             shared

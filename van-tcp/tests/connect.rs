@@ -47,8 +47,15 @@ async fn large_frame_buffers_return_to_the_pool_and_are_reused() {
         assert_eq!(msg.data_len(), 2 << 20);
     }
     let stats = b.van.frame_pool_stats();
-    assert_eq!(stats.allocated + stats.reused, u64::from(FRAMES), "{stats:?}");
-    assert!(stats.allocated <= 2, "fresh buffers for most frames: {stats:?}");
+    assert_eq!(
+        stats.allocated + stats.reused,
+        u64::from(FRAMES),
+        "{stats:?}"
+    );
+    assert!(
+        stats.allocated <= 2,
+        "fresh buffers for most frames: {stats:?}"
+    );
     assert!(stats.returned >= u64::from(FRAMES) - 1, "{stats:?}");
 
     // With the pool off every large frame gets a fresh buffer.

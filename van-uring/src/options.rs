@@ -46,6 +46,9 @@ pub struct UringOptions {
     pub recv_buffers: u16,
     /// Submission-queue entries per ring (the completion queue is four times larger).
     pub ring_entries: u32,
+    /// Idle bytes of large-frame buffers kept for reuse across the van's connections (0:
+    /// every large frame gets fresh memory); see [`van_core::FramePool`].
+    pub frame_pool_bytes: usize,
     /// Make ring setup fail as if io_uring were unavailable (for tests of the fallback path
     /// that cannot install a seccomp filter).
     pub simulate_unavailable: bool,
@@ -66,6 +69,7 @@ impl Default for UringOptions {
             recv_buffer_bytes: 64 << 10,
             recv_buffers: 64,
             ring_entries: 512,
+            frame_pool_bytes: van_core::pool::DEFAULT_POOL_BYTES,
             simulate_unavailable: false,
         }
     }

@@ -10,16 +10,17 @@
 //!   and complete frames are sliced off that buffer.
 //! - **A frame larger than [`LARGE_FRAME`]**: once its header is seen, the rest is received
 //!   straight into a buffer of its own ([`Reassembly::large_target`]), so its payload is
-//!   copied once, by the kernel. The buffer grows with what arrives (never more than
-//!   [`LARGE_FRAME_WINDOW`] ahead), so a peer declaring a huge frame cannot make us allocate
-//!   it up front.
+//!   copied once, by the kernel. The buffer comes from the van's [`FramePool`] (memory
+//!   already mapped by an earlier frame) and goes back once the application drops the frame;
+//!   it grows with what arrives (never more than [`LARGE_FRAME_WINDOW`] ahead), so a peer
+//!   declaring a huge frame cannot make us allocate it up front.
 //!
 //! Frames are multiples of 8 bytes and every buffer starts 8-aligned, so every frame, and
 //! every segment in it, is 8-aligned in memory.
 
 use bytes::{Bytes, BytesMut};
 use van_core::wire::{self, FrameHeader, Limits, HEADER_LEN};
-use van_core::{Message, WireError};
+use van_core::{FramePool, Message, WireError};
 
 /// Chunks at least this large are kept as they are instead of copied.
 pub(crate) const ADOPT_MIN: usize = 32 << 10;
@@ -36,6 +37,8 @@ pub(crate) struct Reassembly {
     pending: BytesMut,
     /// The large frame being received, if any.
     large: Option<LargeFrame>,
+    /// Where large frames' buffers come from and go back to.
+    pool: FramePool,
 }
 
 struct LargeFrame {
@@ -44,11 +47,12 @@ struct LargeFrame {
 }
 
 impl Reassembly {
-    pub(crate) fn new(limits: Limits) -> Reassembly {
+    pub(crate) fn new(limits: Limits, pool: FramePool) -> Reassembly {
         Reassembly {
             limits,
             pending: BytesMut::new(),
             large: None,
+            pool,
         }
     }
 
@@ -145,7 +149,9 @@ impl Reassembly {
                 continue;
             }
             if len > LARGE_FRAME {
-                let mut data = Vec::with_capacity(len.min(self.pending.len() + LARGE_FRAME_WINDOW));
+                let mut data = self
+                    .pool
+                    .take(len.min(self.pending.len() + LARGE_FRAME_WINDOW));
                 data.extend_from_slice(&self.pending);
                 self.pending = BytesMut::new();
                 self.large = Some(LargeFrame { data, len });
@@ -197,7 +203,7 @@ impl Reassembly {
 
     fn finish_large(&mut self, out: &mut impl FnMut(Message)) -> Result<(), WireError> {
         if let Some(large) = self.large.take() {
-            out(wire::decode(Bytes::from(large.data), &self.limits)?);
+            out(wire::decode(self.pool.freeze(large.data), &self.limits)?);
         }
         Ok(())
     }
@@ -228,7 +234,7 @@ mod tests {
 
     /// Feeds `stream` cut at every `cut` bytes through every path and checks the messages.
     fn feed(stream: &[u8], count: usize, cut: usize) {
-        let mut r = Reassembly::new(Limits::default());
+        let mut r = Reassembly::new(Limits::default(), FramePool::default());
         let mut got = Vec::new();
         let mut out = |m: Message| got.push(m);
         let mut rest = stream;
@@ -271,11 +277,11 @@ mod tests {
 
     #[test]
     fn garbage_and_truncation_are_typed_errors() {
-        let mut r = Reassembly::new(Limits::default());
+        let mut r = Reassembly::new(Limits::default(), FramePool::default());
         let err = r.push_slice(&[0xAB; 64], &mut |_| {}).unwrap_err();
         assert!(err.to_string().contains("bad magic"), "{err}");
         let (stream, _) = frames(&[1 << 20]);
-        let mut r = Reassembly::new(Limits::default());
+        let mut r = Reassembly::new(Limits::default(), FramePool::default());
         r.push_slice(&stream[..1000], &mut |_| {}).unwrap();
         assert!(r.in_large_frame());
         let err = r.truncated().unwrap();

@@ -80,6 +80,8 @@ pub struct UringStats {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) options: UringOptions,
+    /// Buffers of large received frames, shared by every connection of every I/O thread.
+    pub(crate) pool: van_core::FramePool,
     state: Mutex<State>,
     next_connection: AtomicU64,
     next_thread: AtomicUsize,
@@ -259,6 +261,7 @@ impl IoUringVan {
                 zc_copied: AtomicU64::new(0),
                 ring_lent: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
             },
+            pool: van_core::FramePool::new(options.frame_pool_bytes),
             options,
             state: Mutex::new(State::default()),
             next_connection: AtomicU64::new(0),
@@ -316,6 +319,11 @@ impl IoUringVan {
         let mut peers: Vec<NodeId> = self.shared.lock().links.keys().copied().collect();
         peers.sort_unstable();
         peers
+    }
+
+    /// What the pool of large-frame buffers has done, for diagnostics and tests.
+    pub fn frame_pool_stats(&self) -> van_core::pool::PoolStats {
+        self.shared.pool.stats()
     }
 
     /// Open connections (dialed and accepted), for diagnostics and tests.

@@ -579,7 +579,7 @@ impl Worker {
             queue: Some(new.queue),
             queue_done: false,
             waker,
-            reassembly: Reassembly::new(options.limits),
+            reassembly: Reassembly::new(options.limits, self.shared.pool.clone()),
             multishot: false,
             direct: false,
             cancel_sent: false,

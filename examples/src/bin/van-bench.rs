@@ -96,7 +96,13 @@ fn main() -> Result<(), BoxError> {
             let hub = Hub::new();
             let inproc = w.figure(van_pair(w, || InProcessVan::new(&hub)).await?);
             // Lower is better for latency; express the ratio as "how many times better".
-            let better = |a: f64, b: f64| if w.window == 1 { ratio(b, a) } else { ratio(a, b) };
+            let better = |a: f64, b: f64| {
+                if w.window == 1 {
+                    ratio(b, a)
+                } else {
+                    ratio(a, b)
+                }
+            };
             let speedup = better(tcp, raw);
             let pooling = better(tcp, unpooled);
             table.row(vec![
