@@ -8,6 +8,8 @@
 //! - [`van`]: the [`Van`] trait, the [`Inbox`] vans deliver into, [`VanKind`] and [`VanError`];
 //! - [`rendezvous`]: the [`Rendezvous`] trait and TensorFlow's key format;
 //! - [`buf`]: [`SharedBuf`], buffers a van can send without copying ([`Van::alloc`]);
+//! - [`budget`]: [`ByteBudget`](budget::ByteBudget), bytes of large frames a peer's send
+//!   queue may hold;
 //! - [`pool`]: [`FramePool`], reused buffers for large received frames;
 //! - [`select`]: the selection policy, which van carries each peer's traffic;
 //! - [`config`]: [`Config`], parsed once from `DMLC_*`/`PS_*` environment or built in code;
@@ -16,6 +18,7 @@
 //! - [`testkit`] (feature `testkit`): the conformance suite every van runs;
 //! - [`error`]: [`Error`], the umbrella every crate's error converts into.
 
+pub mod budget;
 pub mod buf;
 pub mod config;
 pub mod endpoint_map;

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
+use van_core::budget::ByteBudget;
 use van_core::van::{address_for, recipient_of};
 use van_core::wire::{self, Limits};
 use van_core::{
@@ -19,7 +20,7 @@ use van_core::{
     VanError, VanKind,
 };
 
-use crate::connection::{read_loop, write_loop, Closed, Frame};
+use crate::connection::{read_loop, write_loop, Closed, Frame, Queued};
 
 thread_local! {
     /// Where frame headers are encoded: each header is split off a shared chunk, so small
@@ -50,6 +51,9 @@ pub struct TcpOptions {
     pub send_queue_depth: usize,
     /// How long `stop` waits for queued frames to be written.
     pub flush_timeout: Duration,
+    /// Bytes of large frames (64 KiB and up) one peer's queue may hold before `send` waits
+    /// (0: no limit); small frames never wait for it. See [`ByteBudget`].
+    pub peer_budget_bytes: usize,
     /// Idle bytes of received-frame buffers kept for reuse (0: every large frame gets a
     /// fresh buffer); see [`FramePool`].
     pub frame_pool_bytes: usize,
@@ -62,6 +66,7 @@ impl Default for TcpOptions {
             connect_timeout: Duration::from_secs(10),
             send_queue_depth: 4096,
             flush_timeout: Duration::from_secs(10),
+            peer_budget_bytes: van_core::budget::DEFAULT_BUDGET_BYTES,
             frame_pool_bytes: van_core::pool::DEFAULT_POOL_BYTES,
         }
     }
@@ -115,7 +120,8 @@ struct State {
 #[derive(Debug, Clone)]
 struct Link {
     connection: u64,
-    queue: mpsc::Sender<Frame>,
+    queue: mpsc::Sender<Queued>,
+    budget: ByteBudget,
 }
 
 impl Shared {
@@ -152,10 +158,15 @@ impl Shared {
         let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
         let (read_half, write_half) = stream.into_split();
         let (queue, frames) = mpsc::channel(self.options.send_queue_depth.max(1));
-        let link = Link { connection, queue };
+        let budget = ByteBudget::new(self.options.peer_budget_bytes);
+        let link = Link {
+            connection,
+            queue,
+            budget: budget.clone(),
+        };
 
         let writer = tokio::spawn(async move {
-            if let Err(e) = write_loop(frames, write_half).await {
+            if let Err(e) = write_loop(frames, write_half, budget).await {
                 warn!(%remote, ?peer, "cannot write to the connection; queued frames are lost: {e}");
             }
         });
@@ -271,13 +282,16 @@ impl Shared {
     }
 
     async fn enqueue(&self, peer: NodeId, link: &Link, frame: Frame) -> Result<(), VanError> {
+        let gone = || VanError::PeerGone {
+            peer,
+            reason: "connection closed".into(),
+        };
+        let len = frame.iter().map(Bytes::len).sum();
+        let held = link.budget.reserve(len).await.ok_or_else(gone)?;
         link.queue
-            .send(frame)
+            .send(Queued { parts: frame, held })
             .await
-            .map_err(|_| VanError::PeerGone {
-                peer,
-                reason: "connection closed".into(),
-            })
+            .map_err(|_| gone())
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! Four workloads, each through a plain tokio `TcpStream` (length-prefixed frames, one
 //! `write_all` per message: the reference), the TCP van, the TCP van without its pool of
-//! received-frame buffers (`frame_pool_bytes: 0`, every large frame in fresh memory) and the
-//! in-process van:
+//! received-frame buffers (`frame_pool_bytes: 0`, every large frame in fresh memory), the TCP
+//! van without its per-peer byte budget (`peer_budget_bytes: 0`) and the in-process van:
 //!
 //! - `rtt 8 B`: one 8-byte request, wait for the 8-byte echo, repeat (µs per round trip);
 //! - `8 B x64`: 8-byte requests with 64 in flight, each echoed (operations per second);
@@ -75,9 +75,11 @@ fn main() -> Result<(), BoxError> {
         "raw socket",
         "tcp van",
         "tcp, no pool",
+        "tcp, no budget",
         "inproc van",
         "tcp van / raw",
         "pool / no pool",
+        "budget / none",
     ]);
     runtime.block_on(async {
         for w in workloads {
@@ -88,6 +90,15 @@ fn main() -> Result<(), BoxError> {
                 van_pair(w, || {
                     TcpVan::new(van_tcp::TcpOptions {
                         frame_pool_bytes: 0,
+                        ..van_tcp::TcpOptions::default()
+                    })
+                })
+                .await?,
+            );
+            let unbudgeted = w.figure(
+                van_pair(w, || {
+                    TcpVan::new(van_tcp::TcpOptions {
+                        peer_budget_bytes: 0,
                         ..van_tcp::TcpOptions::default()
                     })
                 })
@@ -105,15 +116,18 @@ fn main() -> Result<(), BoxError> {
             };
             let speedup = better(tcp, raw);
             let pooling = better(tcp, unpooled);
+            let budgeting = better(tcp, unbudgeted);
             table.row(vec![
                 w.name.to_owned(),
                 w.unit().to_owned(),
                 format!("{raw:.3}"),
                 format!("{tcp:.3}"),
                 format!("{unpooled:.3}"),
+                format!("{unbudgeted:.3}"),
                 format!("{inproc:.3}"),
                 format!("{speedup:.2}x"),
                 format!("{pooling:.2}x"),
+                format!("{budgeting:.2}x"),
             ]);
         }
         Ok::<_, BoxError>(())
