@@ -20,7 +20,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 pub mod garbage;
+mod pool;
 pub mod remote;
+
+pub use pool::check_frame_pool;
 
 use crate::message::{Command, Control, DataType, Message, Meta, Node, NodeId, Role};
 use crate::van::{inbox, Event, Inbox, Van, VanError};
