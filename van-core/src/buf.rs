@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 
 use bytes::Bytes;
 
-use crate::VanKind;
+use crate::message::VanKind;
 
 /// Keeps a [`SharedBuf`]'s memory allocated; dropped when the last `Bytes` made from the
 /// buffer is gone, which is when the owner may reuse the memory (once peers let go too).

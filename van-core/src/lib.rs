@@ -2,10 +2,11 @@
 //!
 //! Nothing here does network I/O. The crate holds:
 //!
-//! - [`message`]: [`Message`], [`Meta`], [`Control`], [`Node`], roles, commands, data types and
-//!   ps-lite's node-id numbering ([`node_ids`]);
+//! - [`message`]: [`Message`], [`Meta`], [`Control`], [`Node`], roles, commands, data types,
+//!   the kinds of van a node's endpoints are for ([`VanKind`]) and ps-lite's node-id numbering
+//!   ([`node_ids`]);
 //! - [`wire`]: the versioned frame format, byte by byte, with zero-copy encode and decode;
-//! - [`van`]: the [`Van`] trait, the [`Inbox`] vans deliver into, [`VanKind`] and [`VanError`];
+//! - [`van`]: the [`Van`] trait, the [`Inbox`] vans deliver into and [`VanError`];
 //! - [`rendezvous`]: the [`Rendezvous`] trait and TensorFlow's key format;
 //! - [`buf`]: [`SharedBuf`], buffers a van can send without copying ([`Van::alloc`]);
 //! - [`budget`]: [`ByteBudget`](budget::ByteBudget), bytes of large frames a peer's send
@@ -39,10 +40,10 @@ pub use config::{Config, ConfigError};
 pub use endpoint_map::{EndpointMap, EndpointMapError, HostPort};
 pub use error::Error;
 pub use message::{
-    node_ids, Command, Control, DataType, Endpoint, Message, Meta, Node, NodeId, Role,
+    node_ids, Command, Control, DataType, Endpoint, Message, Meta, Node, NodeId, Role, VanKind,
 };
 pub use pool::FramePool;
 pub use rendezvous::{ParsedKey, Rendezvous, RendezvousError};
 pub use tf_config::{TfConfig, TfConfigError};
-pub use van::{inbox, Event, Inbox, InboxSender, PeerLost, Van, VanError, VanKind};
+pub use van::{inbox, Event, Inbox, InboxSender, PeerLost, Van, VanError};
 pub use wire::{Limits, WireError};

@@ -14,8 +14,8 @@
 //!    in.
 
 use crate::config::{Config, RdmaFallback};
-use crate::message::{Node, Role};
-use crate::van::{VanError, VanKind};
+use crate::message::{Node, Role, VanKind};
+use crate::van::VanError;
 
 /// The vans compiled into this build (and usable in this process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -53,7 +53,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::RdmaMode;
+use crate::config::rdma::RdmaMode;
 use crate::endpoint_map::{AddressError, HostPort};
 use crate::message::Role;
 

@@ -18,84 +18,9 @@ use tokio::sync::mpsc;
 use crate::message::{Endpoint, Message, Node, NodeId};
 use crate::wire::WireError;
 
-/// The transports vans knows about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum VanKind {
-    /// Channels inside one process (`van_core::inproc`).
-    InProcess,
-    /// TCP on tokio (`van-tcp`).
-    Tcp,
-    /// io_uring sockets (`van-uring`).
-    Uring,
-    /// RDMA verbs (`van-rdma`).
-    Rdma,
-    /// Shared memory between processes on one host (`van-ipc`).
-    Ipc,
-}
-
-impl VanKind {
-    /// Every kind, in wire order.
-    pub const ALL: [VanKind; 5] = [
-        VanKind::InProcess,
-        VanKind::Tcp,
-        VanKind::Uring,
-        VanKind::Rdma,
-        VanKind::Ipc,
-    ];
-
-    /// The name used in configuration and logs (`inproc`, `tcp`, `uring`, `rdma`, `ipc`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VanKind::InProcess => "inproc",
-            VanKind::Tcp => "tcp",
-            VanKind::Uring => "uring",
-            VanKind::Rdma => "rdma",
-            VanKind::Ipc => "ipc",
-        }
-    }
-
-    /// The Cargo feature of `ps`/`rendezvous` that compiles this van in.
-    pub fn feature(self) -> &'static str {
-        match self {
-            VanKind::InProcess => "(always compiled)",
-            other => other.as_str(),
-        }
-    }
-
-    pub(crate) fn to_wire(self) -> u8 {
-        match self {
-            VanKind::InProcess => 0,
-            VanKind::Tcp => 1,
-            VanKind::Uring => 2,
-            VanKind::Rdma => 3,
-            VanKind::Ipc => 4,
-        }
-    }
-
-    pub(crate) fn from_wire(code: u8) -> Option<VanKind> {
-        Self::ALL.get(usize::from(code)).copied()
-    }
-}
-
-impl std::fmt::Display for VanKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for VanKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<VanKind, String> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.as_str().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| {
-                let names: Vec<_> = Self::ALL.iter().map(|k| k.as_str()).collect();
-                format!("unknown van `{s}` (expected one of {})", names.join(", "))
-            })
-    }
-}
+// `VanKind` is defined beside `Endpoint`, which names it, so that `message` need not import
+// this file; `van_core::van::VanKind` stays a path to it.
+pub use crate::message::VanKind;
 
 /// What can go wrong in a van. Every variant says what to do about it.
 #[derive(Debug, thiserror::Error)]

@@ -3,8 +3,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::WireError;
-use crate::message::{Command, Control, DataType, Endpoint, Meta, Node, NodeId, Role};
-use crate::van::VanKind;
+use crate::message::{Command, Control, DataType, Endpoint, Meta, Node, NodeId, Role, VanKind};
 
 /// ps-lite's `Meta::kEmpty`: the wire value of an absent node id.
 const NO_NODE: i32 = i32::MAX;

@@ -1,0 +1,52 @@
+//! [`ConfigError`]: a configuration that cannot be used, naming the variable(s) to fix.
+
+use crate::endpoint_map::EndpointMapError;
+use crate::tf_config::TfConfigError;
+
+/// A configuration that cannot be used. Every message names the variable(s) to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A variable that ps-lite requires for a cluster node is unset: set it on every node.
+    #[error("{var} is not set; it is required when DMLC_ROLE is set (export it on every node)")]
+    Missing {
+        /// The variable.
+        var: &'static str,
+    },
+    /// A value does not parse or is out of range: fix the value.
+    #[error("invalid value {value:?} for {var}: expected {expected}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// The value found (non-UTF-8 bytes shown as U+FFFD).
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// Values that are each valid but cannot hold together: change one of them.
+    #[error("{} contradict each other: {reason}", .vars.join(" and "))]
+    Contradiction {
+        /// The variables involved.
+        vars: &'static [&'static str],
+        /// Why, and what to change.
+        reason: &'static str,
+    },
+    /// `TF_CONFIG` does not parse, or cannot supply a variable that is not set explicitly:
+    /// fix it, or set that `DMLC_*` variable.
+    #[error("{error}; TF_CONFIG={value}")]
+    TfConfig {
+        /// The value of `TF_CONFIG` (cut after 1000 characters).
+        value: String,
+        /// What is wrong.
+        error: Box<TfConfigError>,
+    },
+    /// The endpoint map cannot be read or parsed: fix the file or `VANS_ENDPOINT_MAP`.
+    #[error("endpoint map {path} ({origin}): {error}")]
+    EndpointMap {
+        /// Where the path came from: `VANS_ENDPOINT_MAP` or the current directory.
+        origin: &'static str,
+        /// The file.
+        path: String,
+        /// What is wrong.
+        error: Box<EndpointMapError>,
+    },
+}

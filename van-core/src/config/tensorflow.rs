@@ -1,0 +1,252 @@
+//! What TensorFlow deployments give a node: `TF_CONFIG`, which stands in for the `DMLC_*`
+//! variables that are not set, and the endpoint map (`VANS_ENDPOINT_MAP`, or
+//! `./.endpoint_map` with [`Config::from_env`]).
+
+use std::path::Path;
+
+use super::error::ConfigError;
+use super::reader::Vars;
+use super::variables::known_name;
+use crate::endpoint_map::EndpointMap;
+use crate::tf_config::TfConfig;
+
+/// The endpoint map [`Config::from_env`](super::Config::from_env) reads from the current
+/// directory when `VANS_ENDPOINT_MAP` is unset and the file exists.
+pub const DEFAULT_ENDPOINT_MAP: &str = ".endpoint_map";
+
+impl Vars {
+    /// Fills the `DMLC_*` variables that `TF_CONFIG` stands for and that are not set
+    /// explicitly; returns whether `TF_CONFIG` makes this process host the scheduler.
+    pub(super) fn apply_tf_config(&mut self) -> Result<bool, ConfigError> {
+        let Some(json) = self.get("TF_CONFIG") else {
+            return Ok(false);
+        };
+        let wrap = |error| ConfigError::TfConfig {
+            value: json.chars().take(1000).collect(),
+            error: Box::new(error),
+        };
+        let tf = TfConfig::parse(json).map_err(wrap)?;
+        let derived = tf
+            .dmlc_vars_except(|var| self.map.contains_key(var))
+            .map_err(wrap)?;
+        // An explicit root address points at a scheduler run elsewhere.
+        let hosts = tf.hosts_scheduler()
+            && self.get("DMLC_PS_ROOT_URI").is_none()
+            && self.get("DMLC_PS_ROOT_PORT").is_none();
+        for (var, value) in derived {
+            if let Some(var) = known_name(var) {
+                self.map.insert(var, value);
+            }
+        }
+        Ok(hosts)
+    }
+
+    /// The endpoint map named by `VANS_ENDPOINT_MAP`, if set.
+    pub(super) fn endpoint_map(&self) -> Result<Option<EndpointMap>, ConfigError> {
+        let Some(path) = self.get("VANS_ENDPOINT_MAP") else {
+            return Ok(None);
+        };
+        EndpointMap::load(Path::new(path))
+            .map(Some)
+            .map_err(|error| ConfigError::EndpointMap {
+                origin: "from VANS_ENDPOINT_MAP",
+                path: path.to_owned(),
+                error: Box::new(error),
+            })
+    }
+}
+
+/// The endpoint map at `path` if that file exists (`./.endpoint_map` for
+/// [`Config::from_env`]).
+pub(super) fn default_endpoint_map(path: &Path) -> Result<Option<EndpointMap>, ConfigError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    EndpointMap::load(path)
+        .map(Some)
+        .map_err(|error| ConfigError::EndpointMap {
+            origin: "found in the current directory; set VANS_ENDPOINT_MAP to use another file",
+            path: path.display().to_string(),
+            error: Box::new(error),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::rdma::RdmaMode;
+    use crate::config::Config;
+    use crate::endpoint_map::EndpointMapError;
+    use crate::message::Role;
+
+    const TF_CLUSTER: &str = r#""cluster": {"chief": ["chief-0.ns:2222"],
+        "worker": ["worker-0.ns:2222", "worker-1.ns:2222"], "ps": ["ps-0.ns:2222"],
+        "evaluator": ["eval-0.ns:2222"]}"#;
+
+    fn tf_config(task_type: &str, index: u32, rest: &str) -> String {
+        format!(r#"{{{TF_CLUSTER}, "task": {{"type": "{task_type}", "index": {index}}}{rest}}}"#)
+    }
+
+    fn from_tf(json: &str, extra: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut vars = vec![("TF_CONFIG", json)];
+        vars.extend_from_slice(extra);
+        Config::from_vars(vars)
+    }
+
+    #[test]
+    fn tf_config_supplies_the_cluster_variables() {
+        let c = from_tf(
+            &tf_config("worker", 1, r#", "rpc_layer": "grpc+verbs""#),
+            &[],
+        )
+        .unwrap();
+        let expected = Config::builder()
+            .role(Role::Worker)
+            .num_workers(3)
+            .num_servers(1)
+            .root_uri("chief-0.ns")
+            .root_port(2222)
+            .node_host("worker-1.ns")
+            .enable_rdma(RdmaMode::Ibverbs)
+            .build()
+            .unwrap();
+        assert_eq!(c, expected);
+        assert!(!c.hosts_scheduler);
+
+        let c = from_tf(&tf_config("ps", 0, r#", "environment": "cloud""#), &[]).unwrap();
+        assert_eq!(c.role, Some(Role::Server));
+        assert_eq!(c.node_host.as_deref(), Some("ps-0.ns"));
+        assert_eq!(c.enable_rdma, RdmaMode::Off);
+        assert!(!c.hosts_scheduler);
+
+        // The chief hosts the scheduler on its own cluster address.
+        let c = from_tf(&tf_config("chief", 0, ""), &[]).unwrap();
+        assert_eq!(c.role, Some(Role::Worker));
+        assert!(c.hosts_scheduler);
+        assert_eq!((c.root_uri.as_str(), c.root_port), ("chief-0.ns", 2222));
+        assert_eq!(c.host(), Some("chief-0.ns"));
+        assert_eq!(c.port, 0);
+        // An empty TF_CONFIG is unset.
+        assert_eq!(from_tf(" ", &[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn explicit_dmlc_variables_override_tf_config() {
+        let c = from_tf(
+            &tf_config("worker", 0, r#", "rpc_layer": "grpc+verbs""#),
+            &[
+                ("DMLC_NUM_SERVER", "4"),
+                ("DMLC_NODE_HOST", "10.1.1.1"),
+                ("DMLC_ENABLE_RDMA", "0"),
+                ("DMLC_ROLE", "server"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.role, Some(Role::Server));
+        assert_eq!((c.num_workers, c.num_servers), (3, 4));
+        assert_eq!(c.node_host.as_deref(), Some("10.1.1.1"));
+        assert_eq!(c.enable_rdma, RdmaMode::Off);
+        assert_eq!(c.root_uri, "chief-0.ns");
+
+        // An explicit root points at a scheduler elsewhere: the chief does not host one.
+        for root in [("DMLC_PS_ROOT_URI", "sched"), ("DMLC_PS_ROOT_PORT", "9000")] {
+            let c = from_tf(&tf_config("chief", 0, ""), &[root]).unwrap();
+            assert!(!c.hosts_scheduler, "{root:?}");
+        }
+        // A scheduler role does not host a second scheduler.
+        let c = from_tf(&tf_config("chief", 0, ""), &[("DMLC_ROLE", "scheduler")]).unwrap();
+        assert_eq!((c.role, c.hosts_scheduler), (Some(Role::Scheduler), false));
+        // DMLC_INTERFACE keeps TF_CONFIG from setting DMLC_NODE_HOST.
+        let c = from_tf(&tf_config("ps", 0, ""), &[("DMLC_INTERFACE", "eth0")]).unwrap();
+        assert_eq!((c.interface.as_deref(), c.host()), (Some("eth0"), None));
+        // Explicit variables are not even derived: an evaluator with a role joins, and an
+        // unknown rpc_layer is ignored when DMLC_ENABLE_RDMA is set.
+        let c = from_tf(
+            &tf_config("evaluator", 0, r#", "rpc_layer": "grpc+gdr""#),
+            &[("DMLC_ROLE", "worker"), ("DMLC_ENABLE_RDMA", "1")],
+        )
+        .unwrap();
+        assert_eq!(c.node_host.as_deref(), Some("eval-0.ns"));
+        assert_eq!(c.enable_rdma, RdmaMode::Ibverbs);
+        // The chief's own role cannot take the scheduler's port.
+        let e = from_tf(&tf_config("chief", 0, ""), &[("DMLC_PORT", "2222")]).unwrap_err();
+        assert!(matches!(e, ConfigError::Contradiction { .. }), "{e:?}");
+        from_tf(&tf_config("chief", 0, ""), &[("DMLC_PORT", "2223")]).unwrap();
+    }
+
+    #[test]
+    fn tf_config_errors_name_tf_config() {
+        let cases = [
+            ("{not json".to_owned(), "not a valid TF_CONFIG"),
+            (tf_config("evaluator", 0, ""), "evaluators"),
+            (tf_config("worker", 5, ""), "worker:5"),
+            (
+                tf_config("ps", 0, r#", "rpc_layer": "carrier-pigeon""#),
+                "grpc+seastar",
+            ),
+        ];
+        for (json, expected) in cases {
+            let e = from_tf(&json, &[]).unwrap_err();
+            assert!(matches!(e, ConfigError::TfConfig { .. }), "{e:?}");
+            let message = e.to_string();
+            assert!(
+                message.contains("TF_CONFIG") && message.contains(expected),
+                "{message}"
+            );
+        }
+    }
+
+    fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("vans-config-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(DEFAULT_ENDPOINT_MAP);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn endpoint_map_from_variable_and_default_file() {
+        let good = temp_file("good", "127.0.0.1:3333=127.0.0.1:5555\n");
+        let path = good.to_str().unwrap();
+        let c = Config::from_vars([("VANS_ENDPOINT_MAP", path)]).unwrap();
+        let map = c.endpoint_map.as_ref().unwrap();
+        assert_eq!(map.len(), 1);
+        assert_eq!(map.get("127.0.0.1", 3333).map(|d| d.port), Some(5555));
+        assert_eq!(
+            Config::builder().endpoint_map(map.clone()).build().unwrap(),
+            c
+        );
+        assert_eq!(default_endpoint_map(&good).unwrap().as_ref(), Some(map));
+        assert_eq!(
+            default_endpoint_map(&good.with_extension("missing")).unwrap(),
+            None
+        );
+
+        let bad = temp_file("bad", "# header\n127.0.0.1:3333=127.0.0.1\n");
+        let bad_path = bad.to_str().unwrap();
+        let message = Config::from_vars([("VANS_ENDPOINT_MAP", bad_path)])
+            .unwrap_err()
+            .to_string();
+        for part in ["VANS_ENDPOINT_MAP", bad_path, "line 2", "port is missing"] {
+            assert!(message.contains(part), "{message:?} lacks {part:?}");
+        }
+        let message = default_endpoint_map(&bad).unwrap_err().to_string();
+        assert!(message.contains("current directory") && message.contains("line 2"));
+
+        let missing = "/nonexistent/vans/.endpoint_map";
+        let e = Config::from_vars([("VANS_ENDPOINT_MAP", missing)]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::EndpointMap { error, .. }
+                if matches!(**error, EndpointMapError::Io { .. })),
+            "{e:?}"
+        );
+        let message = e.to_string();
+        assert!(message.contains("VANS_ENDPOINT_MAP") && message.contains(missing));
+        for file in [good, bad] {
+            std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+        }
+        // Without the variable, from_vars reads no file.
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(Config::from_vars(none).unwrap().endpoint_map, None);
+    }
+}

@@ -1,0 +1,290 @@
+//! [`VARIABLES`]: every environment variable vans reads, with its default and effect (the
+//! rows of the README table), and [`EnvVar`], one row.
+
+/// One environment variable vans reads: the rows of the README table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvVar {
+    /// The variable's name.
+    pub name: &'static str,
+    /// Its value when unset, as a person would write it.
+    pub default: &'static str,
+    /// What it does and what it accepts.
+    pub effect: &'static str,
+}
+
+/// Every variable [`Config::from_env`](super::Config::from_env) reads, in the order it checks them.
+pub const VARIABLES: &[EnvVar] = &[
+    EnvVar {
+        name: "TF_CONFIG",
+        default: "unset",
+        effect: "TensorFlow cluster JSON (Kubeflow TFJob); supplies each of DMLC_ROLE (`ps`: \
+                 server; `chief` (or `master`), `worker`: worker; `evaluator`: error), \
+                 DMLC_NUM_WORKER (chief + worker tasks), DMLC_NUM_SERVER (ps tasks), DMLC_PS_ROOT_URI and \
+                 DMLC_PS_ROOT_PORT (the address of chief:0, else worker:0, whose process also \
+                 hosts the scheduler), DMLC_NODE_HOST (this task's host) and DMLC_ENABLE_RDMA \
+                 (`rpc_layer` containing `verbs` or `rdma`: 1; `grpc`, `grpc+seastar`, \
+                 `grpc+mpi`, `star_server`, unset: 0) that is not set explicitly; explicit \
+                 DMLC_* variables win",
+    },
+    EnvVar {
+        name: "DMLC_ROLE",
+        default: "unset",
+        effect: "`scheduler`, `server` or `worker` (any case); unset: single process, no cluster",
+    },
+    EnvVar {
+        name: "DMLC_NUM_WORKER",
+        default: "1 (required when DMLC_ROLE is set)",
+        effect: "number of worker processes; at least 1 when DMLC_ROLE=worker",
+    },
+    EnvVar {
+        name: "DMLC_NUM_SERVER",
+        default: "1 (required when DMLC_ROLE is set)",
+        effect: "number of server processes; at least 1 when DMLC_ROLE is worker or server",
+    },
+    EnvVar {
+        name: "DMLC_PS_ROOT_URI",
+        default: "127.0.0.1 (required when DMLC_ROLE is set)",
+        effect: "host or IP address of the scheduler",
+    },
+    EnvVar {
+        name: "DMLC_PS_ROOT_PORT",
+        default: "unset (required when DMLC_ROLE is set)",
+        effect: "port of the scheduler, 1..=65535",
+    },
+    EnvVar {
+        name: "DMLC_INTERFACE",
+        default: "unset",
+        effect: "network interface whose address this node announces (e.g. `eth5`); \
+                 ignored when DMLC_NODE_HOST is set",
+    },
+    EnvVar {
+        name: "DMLC_NODE_HOST",
+        default: "unset",
+        effect: "host or IP address this node announces; wins over DMLC_INTERFACE",
+    },
+    EnvVar {
+        name: "DMLC_PORT",
+        default: "0",
+        effect: "port this node listens on; 0: an ephemeral port",
+    },
+    EnvVar {
+        name: "PORT",
+        default: "0",
+        effect: "ps-lite's legacy name for DMLC_PORT; ignored when DMLC_PORT is set",
+    },
+    EnvVar {
+        name: "DMLC_ENABLE_RDMA",
+        default: "0",
+        effect: "`1`, `true` or `ibverbs`: the RDMA van for remote peers; `0` or `false`: \
+                 the stream van",
+    },
+    EnvVar {
+        name: "PS_VERBOSE",
+        default: "0",
+        effect: "logging: 0 quiet, 1 connection setup, 2 every message",
+    },
+    EnvVar {
+        name: "PS_HEARTBEAT_INTERVAL",
+        default: "0 (off)",
+        effect: "seconds between heartbeats a node sends to the scheduler; 0: none",
+    },
+    EnvVar {
+        name: "PS_HEARTBEAT_TIMEOUT",
+        default: "0 (off)",
+        effect: "seconds of silence after which the scheduler declares a node dead; 0: never; \
+                 must exceed PS_HEARTBEAT_INTERVAL when both are set",
+    },
+    EnvVar {
+        name: "VANS_STREAM_VAN",
+        default: "tcp",
+        effect: "van for remote peers without RDMA: `tcp`, `uring`, or `inproc` \
+                 (single process)",
+    },
+    EnvVar {
+        name: "VANS_MAX_FRAME_BYTES",
+        default: "1073741824 (1 GiB)",
+        effect: "largest frame sent or accepted, header included; at least 1",
+    },
+    EnvVar {
+        name: "VANS_MAX_SEGMENTS",
+        default: "1024",
+        effect: "largest number of data segments in one message; at least 1",
+    },
+    EnvVar {
+        name: "VANS_MAX_META_BYTES",
+        default: "4194304 (4 MiB)",
+        effect: "largest encoded meta (node tables included); at least 1",
+    },
+    EnvVar {
+        name: "VANS_CONNECT_TIMEOUT_MS",
+        default: "10000 (10 s)",
+        effect: "milliseconds allowed to open one connection; at least 1",
+    },
+    EnvVar {
+        name: "VANS_BOOTSTRAP_TIMEOUT_SECS",
+        default: "120",
+        effect: "seconds allowed to register with the scheduler and receive the node table; \
+                 at least 1",
+    },
+    EnvVar {
+        name: "DMLC_ENABLE_IPC",
+        default: "1",
+        effect: "`0` or `false`: never use shared memory, even for peers on this host; `1` or \
+                 `true`: use it when the IPC van is compiled in",
+    },
+    EnvVar {
+        name: "BYTEPS_ENABLE_IPC",
+        default: "1",
+        effect: "BytePS's name for DMLC_ENABLE_IPC; when both are set they must agree",
+    },
+    EnvVar {
+        name: "VANS_IPC_ARENA_BYTES",
+        default: "67108864 (64 MiB)",
+        effect: "bytes of shared memory each IPC van reserves for zero-copy buffers \
+                 (`Postoffice::alloc`); `0` turns zero-copy sends off",
+    },
+    EnvVar {
+        name: "VANS_IPC_NAMED",
+        default: "0",
+        effect: "`1`: the IPC van listens through a mailbox in `/dev/shm` instead of an \
+                 abstract Unix socket, for co-located peers in different network namespaces \
+                 (no zero-copy buffers then)",
+    },
+    EnvVar {
+        name: "VANS_BUSY_POLLING",
+        default: "0",
+        effect: "`1`: vans that can poll (shared memory, io_uring) spin instead of sleeping \
+                 between messages; lowest latency, one core busy per connection",
+    },
+    EnvVar {
+        name: "PS_ENABLE_POLLING",
+        default: "0",
+        effect: "StarServer's name for VANS_BUSY_POLLING on servers; any of the three set to 1 \
+                 turns polling on",
+    },
+    EnvVar {
+        name: "WORKER_ENABLE_POLLING",
+        default: "0",
+        effect: "StarServer's name for VANS_BUSY_POLLING on workers",
+    },
+    EnvVar {
+        name: "VANS_URING_THREADS",
+        default: "unset (1)",
+        effect: "I/O threads of the io_uring van, each with its own ring and connections; \
+                 wins over the Seastar/StarServer names below; at least 1",
+    },
+    EnvVar {
+        name: "SEASTAR_CORE_NUMBER",
+        default: "unset",
+        effect: "TensorFlow Seastar's name for VANS_URING_THREADS (any role)",
+    },
+    EnvVar {
+        name: "NETWORK_PS_CORE_NUMBER",
+        default: "unset",
+        effect: "StarServer's name for VANS_URING_THREADS on servers; wins over \
+                 SEASTAR_CORE_NUMBER there",
+    },
+    EnvVar {
+        name: "NETWORK_WORKER_CORE_NUMBER",
+        default: "unset",
+        effect: "StarServer's name for VANS_URING_THREADS on workers; wins over \
+                 SEASTAR_CORE_NUMBER there",
+    },
+    EnvVar {
+        name: "VANS_PIN_CORES",
+        default: "0",
+        effect: "`1`: pin each io_uring I/O thread to one core of the process's CPU set \
+                 (thread i to the i-th allowed core); wins over the StarServer names below",
+    },
+    EnvVar {
+        name: "PS_DISABLE_PIN_CORES",
+        default: "unset",
+        effect: "StarServer's switch on servers: `1` turns pinning off, `0` turns it on \
+                 (when VANS_PIN_CORES is unset)",
+    },
+    EnvVar {
+        name: "WORKER_DISABLE_PIN_CORES",
+        default: "unset",
+        effect: "StarServer's switch on workers: `1` turns pinning off, `0` turns it on \
+                 (when VANS_PIN_CORES is unset)",
+    },
+    EnvVar {
+        name: "VANS_URING_ZC_BYTES",
+        default: "65536",
+        effect: "the io_uring van sends batches of at least this many bytes with \
+                 SENDMSG_ZC (zero-copy) to peers that are not on loopback, and drops back to \
+                 plain sends on a connection whose kernel reports it copied anyway; `0`: never",
+    },
+    EnvVar {
+        name: "VANS_EAGER_CONNECT",
+        default: "0",
+        effect: "`1`: once the node table arrives, connect to every peer at once (as ps-lite \
+                 does) instead of on first use; setup errors then surface at start",
+    },
+    EnvVar {
+        name: "VANS_HOST_ID",
+        default: "unset (boot id and host name)",
+        effect: "this machine's identity as announced to the cluster: nodes with equal \
+                 identities share memory; override only to test selection",
+    },
+    EnvVar {
+        name: "VANS_ENDPOINT_MAP",
+        default: "unset (`./.endpoint_map` when that file exists)",
+        effect: "file mapping control addresses to data addresses, one \
+                 `host:port=host:port` per line, `#` comments, as in the TensorFlow \
+                 Seastar and StarServer deployments; a missing or invalid file is an error",
+    },
+    EnvVar {
+        name: "VANS_RDMA_FALLBACK",
+        default: "none",
+        effect: "what a node does when DMLC_ENABLE_RDMA asks for RDMA and it cannot be used (no \
+                 device, no driver, no kernel support, van not compiled in, or a peer without \
+                 RDMA): `none`: fail with an error naming the cause; `tcp`: warn and use the \
+                 stream van instead",
+    },
+    EnvVar {
+        name: "VANS_RDMA_DEVICE",
+        default: "unset (the first device whose port 1 is active)",
+        effect: "RDMA device the RDMA van opens, by name as `ibv_devices` lists it (e.g. \
+                 `mlx5_0`, `rxe0`)",
+    },
+    EnvVar {
+        name: "VANS_RDMA_GID_INDEX",
+        default: "unset (auto: the RoCE v2 IPv4-mapped GID, else the first RoCE v2, else 0)",
+        effect: "GID table index of port 1 the RDMA van uses; `vans-doctor` lists them",
+    },
+    EnvVar {
+        name: "VANS_RDMA_RX_DEPTH",
+        default: "128",
+        effect: "receive buffers each RDMA connection posts (and so the credits a sender has \
+                 for small messages); 4..=32768",
+    },
+    EnvVar {
+        name: "BYTEPS_RDMA_RX_DEPTH",
+        default: "128",
+        effect: "BytePS's name for VANS_RDMA_RX_DEPTH; when both are set they must agree",
+    },
+    EnvVar {
+        name: "VANS_RDMA_START_DEPTH",
+        default: "16",
+        effect: "large messages (RDMA write rendezvous) each RDMA connection keeps in flight \
+                 before later sends wait; 1..=4096",
+    },
+    EnvVar {
+        name: "BYTEPS_RDMA_START_DEPTH",
+        default: "16",
+        effect: "BytePS's name for VANS_RDMA_START_DEPTH; when both are set they must agree",
+    },
+    EnvVar {
+        name: "VANS_RDMA_POOL_BYTES",
+        default: "268435456 (256 MiB)",
+        effect: "registered memory each RDMA van keeps for reuse (large receives, staging, \
+                 `Postoffice::alloc`); more is registered on demand and released after use; \
+                 the memlock limit must allow it",
+    },
+];
+
+/// The `'static` name of a variable vans reads, or `None`.
+pub(super) fn known_name(name: &str) -> Option<&'static str> {
+    VARIABLES.iter().find(|v| v.name == name).map(|v| v.name)
+}
