@@ -73,11 +73,13 @@ impl Default for TcpOptions {
 }
 
 impl TcpOptions {
-    /// Options with the limits and connect timeout of `config`.
+    /// Options with the limits, connect timeout, peer budget and frame pool of `config`.
     pub fn from_config(config: &Config) -> TcpOptions {
         TcpOptions {
             limits: config.limits,
             connect_timeout: config.connect_timeout,
+            peer_budget_bytes: config.peer_budget_bytes,
+            frame_pool_bytes: config.frame_pool_bytes,
             ..TcpOptions::default()
         }
     }

@@ -88,6 +88,7 @@ impl UringOptions {
             pin_cores: config.pin_io_threads,
             busy_polling: config.busy_polling,
             zc_threshold: config.uring_zc_bytes,
+            frame_pool_bytes: config.frame_pool_bytes,
             ..UringOptions::default()
         }
     }

@@ -179,6 +179,12 @@ pub struct Config {
     /// `VANS_URING_ZC_BYTES`: smallest send batch the io_uring van sends with SENDMSG_ZC to a
     /// peer not on loopback; `None`: never.
     pub uring_zc_bytes: Option<usize>,
+    /// `VANS_FRAME_POOL_BYTES`: idle bytes of large received-frame buffers a stream van keeps
+    /// for reuse ([`FramePool`](crate::FramePool)); 0: none kept.
+    pub frame_pool_bytes: usize,
+    /// `VANS_PEER_BUDGET_BYTES`: bytes of large frames one peer's send queue may hold before a
+    /// send waits ([`ByteBudget`](crate::budget::ByteBudget)); 0: no limit.
+    pub peer_budget_bytes: usize,
 }
 
 impl Default for Config {
@@ -215,6 +221,8 @@ impl Default for Config {
             io_threads: None,
             pin_io_threads: false,
             uring_zc_bytes: Some(DEFAULT_URING_ZC_BYTES),
+            frame_pool_bytes: crate::pool::DEFAULT_POOL_BYTES,
+            peer_budget_bytes: crate::budget::DEFAULT_BUDGET_BYTES,
         }
     }
 }

@@ -30,6 +30,14 @@ impl Vars {
         c.eager_connect = self.flag("VANS_EAGER_CONNECT")?.unwrap_or(false);
         self.io_threads(c)?;
         c.ipc_named = self.flag("VANS_IPC_NAMED")?.unwrap_or(false);
+        if let Some(n) = self.number::<usize>("VANS_FRAME_POOL_BYTES", "a whole number of bytes")? {
+            c.frame_pool_bytes = n;
+        }
+        if let Some(n) =
+            self.number::<usize>("VANS_PEER_BUDGET_BYTES", "a whole number of bytes")?
+        {
+            c.peer_budget_bytes = n;
+        }
         c.rdma = self.rdma_settings()?;
         Ok(())
     }
@@ -124,6 +132,22 @@ impl Vars {
 mod tests {
     use super::*;
     use crate::config::tests::{err, with};
+
+    #[test]
+    fn frame_pool_and_peer_budget_bytes() {
+        let c = Config::default();
+        assert_eq!(c.frame_pool_bytes, crate::pool::DEFAULT_POOL_BYTES);
+        assert_eq!(c.peer_budget_bytes, crate::budget::DEFAULT_BUDGET_BYTES);
+        let c = Config::from_vars([
+            ("VANS_FRAME_POOL_BYTES", "0"),
+            ("VANS_PEER_BUDGET_BYTES", "1048576"),
+        ])
+        .unwrap();
+        assert_eq!((c.frame_pool_bytes, c.peer_budget_bytes), (0, 1 << 20));
+        let message = err(&[("VANS_PEER_BUDGET_BYTES", "lots")]);
+        assert!(message.contains("VANS_PEER_BUDGET_BYTES"), "{message}");
+        assert!(message.contains("whole number of bytes"), "{message}");
+    }
 
     #[test]
     fn rdma_settings_with_byteps_names_and_the_fallback() {

@@ -216,6 +216,22 @@ pub const VARIABLES: &[EnvVar] = &[
                  plain sends on a connection whose kernel reports it copied anyway; `0`: never",
     },
     EnvVar {
+        name: "VANS_FRAME_POOL_BYTES",
+        default: "67108864",
+        effect: "the TCP and io_uring vans keep up to this many bytes of large received-frame \
+                 buffers (256 KiB and up for TCP, 32 KiB for io_uring) once the application drops \
+                 the frames, and read the next large frames into them instead of fresh memory; \
+                 `0`: every large frame gets fresh memory",
+    },
+    EnvVar {
+        name: "VANS_PEER_BUDGET_BYTES",
+        default: "33554432",
+        effect: "the TCP van queues at most this many bytes of large frames (64 KiB and up) per \
+                 peer; a send that would exceed it waits until earlier frames are written, so \
+                 what a small request queues behind is bounded; small frames never wait for it; \
+                 `0`: no limit",
+    },
+    EnvVar {
         name: "VANS_EAGER_CONNECT",
         default: "0",
         effect: "`1`: once the node table arrives, connect to every peer at once (as ps-lite \
