@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Bytes of large frames a peer's queue holds by default.
@@ -65,6 +66,22 @@ impl ByteBudget {
         }
     }
 
+    /// Waits until `frame` (its encoded parts) fits, then ties what it takes to the frame's
+    /// own bytes: the budget comes back when the van drops the last of them, whenever that is
+    /// (after the kernel's completion, for a van that lends buffers to it). No byte is
+    /// copied. Ends with `None` only if the budget was closed.
+    pub async fn attach(&self, mut frame: Vec<Bytes>) -> Option<Vec<Bytes>> {
+        let len = frame.iter().map(Bytes::len).sum();
+        let held = self.reserve(len).await?;
+        if held._bytes.is_some() {
+            if let Some(last) = frame.iter_mut().rev().find(|part| !part.is_empty()) {
+                let bytes = std::mem::take(last);
+                *last = Bytes::from_owner(Budgeted { bytes, _held: held });
+            }
+        }
+        Some(frame)
+    }
+
     /// Bytes of large frames that could be queued now without waiting.
     pub fn available(&self) -> usize {
         self.bytes.available_permits()
@@ -73,6 +90,18 @@ impl ByteBudget {
     /// Wakes every sender waiting for room with `None` (the connection is gone).
     pub fn close(&self) {
         self.bytes.close();
+    }
+}
+
+/// A frame's part that holds the frame's budget for as long as it lives.
+struct Budgeted {
+    bytes: Bytes,
+    _held: Held,
+}
+
+impl AsRef<[u8]> for Budgeted {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
     }
 }
 
@@ -107,5 +136,29 @@ mod tests {
         drop(huge);
         budget.close();
         assert!(budget.reserve(1 << 20).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_attached_frame_holds_its_budget_until_its_bytes_are_dropped() {
+        let budget = ByteBudget::new(4 << 20);
+        let payload = Bytes::from(vec![5u8; 3 << 20]);
+        let frame = vec![Bytes::from_static(b"header"), payload.clone(), Bytes::new()];
+        let frame = budget.attach(frame).await.unwrap();
+        assert_eq!(budget.available(), (4 << 20) - (3 << 20) - 6);
+        // The same bytes, not a copy.
+        assert_eq!(frame[1].as_ptr(), payload.as_ptr());
+        let kept = frame[1].slice(10..20);
+        drop(frame);
+        // A slice the van still holds keeps the budget taken.
+        assert!(budget.available() < 4 << 20);
+        drop(kept);
+        assert_eq!(budget.available(), 4 << 20);
+        // Small frames take nothing.
+        let small = budget
+            .attach(vec![Bytes::from_static(b"tiny")])
+            .await
+            .unwrap();
+        assert_eq!(budget.available(), 4 << 20);
+        drop(small);
     }
 }

@@ -46,6 +46,9 @@ pub struct UringOptions {
     pub recv_buffers: u16,
     /// Submission-queue entries per ring (the completion queue is four times larger).
     pub ring_entries: u32,
+    /// Bytes of large frames (64 KiB and up) one peer's queue may hold before `send` waits
+    /// (0: no limit); small frames never wait for it. See [`van_core::budget::ByteBudget`].
+    pub peer_budget_bytes: usize,
     /// Idle bytes of large-frame buffers kept for reuse across the van's connections (0:
     /// every large frame gets fresh memory); see [`van_core::FramePool`].
     pub frame_pool_bytes: usize,
@@ -69,6 +72,7 @@ impl Default for UringOptions {
             recv_buffer_bytes: 64 << 10,
             recv_buffers: 64,
             ring_entries: 512,
+            peer_budget_bytes: van_core::budget::DEFAULT_BUDGET_BYTES,
             frame_pool_bytes: van_core::pool::DEFAULT_POOL_BYTES,
             simulate_unavailable: false,
         }
@@ -88,6 +92,7 @@ impl UringOptions {
             pin_cores: config.pin_io_threads,
             busy_polling: config.busy_polling,
             zc_threshold: config.uring_zc_bytes,
+            peer_budget_bytes: config.peer_budget_bytes,
             frame_pool_bytes: config.frame_pool_bytes,
             ..UringOptions::default()
         }

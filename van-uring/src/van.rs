@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
+use van_core::budget::ByteBudget;
 use van_core::van::{address_for, recipient_of};
 use van_core::wire;
 use van_core::{Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
@@ -44,6 +45,9 @@ const KEEPALIVE_PROBES: u32 = 3;
 pub(crate) struct Link {
     connection: u64,
     queue: mpsc::Sender<Frame>,
+    /// Bytes of large frames this peer's queue may hold; a frame's share comes back when the
+    /// I/O thread drops its bytes (after the kernel's completion).
+    budget: ByteBudget,
 }
 
 /// Counters the I/O threads keep, for diagnostics and the buffer-ownership tests.
@@ -145,6 +149,7 @@ impl Shared {
         let link = Link {
             connection: id,
             queue: tx,
+            budget: ByteBudget::new(self.options.peer_budget_bytes),
         };
         NewConnection {
             id,
@@ -208,13 +213,12 @@ impl Shared {
     }
 
     async fn enqueue(&self, peer: NodeId, link: &Link, frame: Frame) -> Result<(), VanError> {
-        link.queue
-            .send(frame)
-            .await
-            .map_err(|_| VanError::PeerGone {
-                peer,
-                reason: "connection closed".into(),
-            })
+        let gone = || VanError::PeerGone {
+            peer,
+            reason: "connection closed".into(),
+        };
+        let frame = link.budget.attach(frame).await.ok_or_else(gone)?;
+        link.queue.send(frame).await.map_err(|_| gone())
     }
 
     fn stop_threads(&self, flush: bool, deadline: Instant) {

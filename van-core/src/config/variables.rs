@@ -226,8 +226,8 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: "VANS_PEER_BUDGET_BYTES",
         default: "33554432",
-        effect: "the TCP van queues at most this many bytes of large frames (64 KiB and up) per \
-                 peer; a send that would exceed it waits until earlier frames are written, so \
+        effect: "the TCP and io_uring vans queue at most this many bytes of large frames (64 KiB \
+                 and up) per peer; a send that would exceed it waits until earlier frames are written, so \
                  what a small request queues behind is bounded; small frames never wait for it; \
                  `0`: no limit",
     },

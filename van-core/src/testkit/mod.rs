@@ -19,10 +19,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+mod budget;
 pub mod garbage;
 mod pool;
 pub mod remote;
 
+pub use budget::check_peer_budget;
 pub use pool::check_frame_pool;
 
 use crate::message::{Command, Control, DataType, Message, Meta, Node, NodeId, Role};
