@@ -5,7 +5,7 @@
 //! small request queued behind them waits for all of it to be written without any goodput
 //! gained (the socket was already full). With a budget, a large frame's sender waits until
 //! the frames ahead of it have been written down to the budget; small frames (below
-//! [`ByteBudget::small`]) never wait for it, so what they queue behind is bounded by the
+//! [`SMALL_FRAME`]) never wait for it, so what they queue behind is bounded by the
 //! budget, whatever the depth of large requests in flight.
 
 use std::sync::Arc;
@@ -27,8 +27,8 @@ pub struct ByteBudget {
 
 /// Budget held by a queued frame, given back when dropped (once the frame is written).
 #[derive(Debug)]
-pub struct Held {
-    _bytes: Option<OwnedSemaphorePermit>,
+struct Held {
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl ByteBudget {
@@ -45,51 +45,40 @@ impl ByteBudget {
         }
     }
 
-    /// The size from which a frame counts against the budget.
-    pub fn small(&self) -> usize {
-        SMALL_FRAME
-    }
-
     /// Waits until a frame of `len` bytes fits (at once for a small frame); the frame holds
     /// what it took until the returned value is dropped. A frame larger than the whole budget
-    /// takes all of it. Ends with `None` only if the budget was closed.
-    pub async fn reserve(&self, len: usize) -> Option<Held> {
-        if len < SMALL_FRAME {
-            return Some(Held { _bytes: None });
+    /// takes all of it.
+    async fn reserve(&self, len: usize) -> Held {
+        if len < SMALL_FRAME || self.capacity == Semaphore::MAX_PERMITS {
+            return Held { permit: None };
         }
         let take = u32::try_from(len.min(self.capacity)).unwrap_or(u32::MAX);
-        match Arc::clone(&self.bytes).acquire_many_owned(take).await {
-            Ok(permit) => Some(Held {
-                _bytes: Some(permit),
-            }),
-            Err(_) => None,
+        // The semaphore is never closed, so the acquire cannot fail; if it ever did, the frame
+        // would go out without holding budget rather than not at all.
+        Held {
+            permit: Arc::clone(&self.bytes).acquire_many_owned(take).await.ok(),
         }
     }
 
     /// Waits until `frame` (its encoded parts) fits, then ties what it takes to the frame's
     /// own bytes: the budget comes back when the van drops the last of them, whenever that is
     /// (after the kernel's completion, for a van that lends buffers to it). No byte is
-    /// copied. Ends with `None` only if the budget was closed.
-    pub async fn attach(&self, mut frame: Vec<Bytes>) -> Option<Vec<Bytes>> {
+    /// copied.
+    pub async fn attach(&self, mut frame: Vec<Bytes>) -> Vec<Bytes> {
         let len = frame.iter().map(Bytes::len).sum();
-        let held = self.reserve(len).await?;
-        if held._bytes.is_some() {
+        let held = self.reserve(len).await;
+        if held.permit.is_some() {
             if let Some(last) = frame.iter_mut().rev().find(|part| !part.is_empty()) {
                 let bytes = std::mem::take(last);
                 *last = Bytes::from_owner(Budgeted { bytes, _held: held });
             }
         }
-        Some(frame)
+        frame
     }
 
     /// Bytes of large frames that could be queued now without waiting.
     pub fn available(&self) -> usize {
         self.bytes.available_permits()
-    }
-
-    /// Wakes every sender waiting for room with `None` (the connection is gone).
-    pub fn close(&self) {
-        self.bytes.close();
     }
 }
 
@@ -112,38 +101,37 @@ mod tests {
     #[tokio::test]
     async fn large_frames_wait_for_room_small_ones_never_do() {
         let budget = ByteBudget::new(8 << 20);
-        let a = budget.reserve(4 << 20).await.unwrap();
-        let b = budget.reserve(4 << 20).await.unwrap();
+        let a = budget.reserve(4 << 20).await;
+        let b = budget.reserve(4 << 20).await;
         assert_eq!(budget.available(), 0);
         // A third large frame waits...
         let waiting = {
             let budget = budget.clone();
-            tokio::spawn(async move { budget.reserve(4 << 20).await.map(drop) })
+            tokio::spawn(async move { drop(budget.reserve(4 << 20).await) })
         };
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
         // ...a small one does not.
         let small = budget.reserve(100).await;
-        assert!(small.is_some());
+        assert!(small.permit.is_none());
         // Writing one frame makes room for the next.
         drop(a);
-        assert!(waiting.await.unwrap().is_some());
+        waiting.await.unwrap();
         drop(b);
         assert_eq!(budget.available(), 8 << 20);
         // A frame larger than the budget takes all of it rather than waiting forever.
-        let huge = budget.reserve(64 << 20).await.unwrap();
+        let huge = budget.reserve(64 << 20).await;
         assert_eq!(budget.available(), 0);
         drop(huge);
-        budget.close();
-        assert!(budget.reserve(1 << 20).await.is_none());
+        assert_eq!(budget.available(), 8 << 20);
     }
 
     #[tokio::test]
-    async fn an_attached_frame_holds_its_budget_until_its_bytes_are_dropped() {
+    async fn an_attached_frame_holds_its_budget_until_itspermit_are_dropped() {
         let budget = ByteBudget::new(4 << 20);
         let payload = Bytes::from(vec![5u8; 3 << 20]);
         let frame = vec![Bytes::from_static(b"header"), payload.clone(), Bytes::new()];
-        let frame = budget.attach(frame).await.unwrap();
+        let frame = budget.attach(frame).await;
         assert_eq!(budget.available(), (4 << 20) - (3 << 20) - 6);
         // The same bytes, not a copy.
         assert_eq!(frame[1].as_ptr(), payload.as_ptr());
@@ -154,10 +142,7 @@ mod tests {
         drop(kept);
         assert_eq!(budget.available(), 4 << 20);
         // Small frames take nothing.
-        let small = budget
-            .attach(vec![Bytes::from_static(b"tiny")])
-            .await
-            .unwrap();
+        let small = budget.attach(vec![Bytes::from_static(b"tiny")]).await;
         assert_eq!(budget.available(), 4 << 20);
         drop(small);
     }

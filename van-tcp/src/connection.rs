@@ -1,26 +1,18 @@
 //! One TCP connection: a writer task that drains a peer queue in batches with vectored
 //! writes, and a reader task that reassembles frames and delivers them in batches.
 
-use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
-use van_core::budget::{ByteBudget, Held};
 use van_core::wire::{self, FrameHeader, Limits, HEADER_LEN};
 use van_core::{Event, FramePool, InboxSender, Message, WireError};
 
-/// An encoded frame: its parts, ready for vectored I/O.
+/// An encoded frame waiting in a peer queue: its parts, ready for vectored I/O (its last
+/// part holds the frame's share of the peer's byte budget, see `ByteBudget::attach`).
 pub(crate) type Frame = Vec<Bytes>;
-
-/// A frame waiting in a peer queue, with the share of the peer's byte budget it holds until
-/// it has been written.
-pub(crate) struct Queued {
-    pub(crate) parts: Frame,
-    pub(crate) held: Held,
-}
 
 /// Most frames one writer batch takes from the queue (each is ≤ 1 + 2 × segments parts).
 const MAX_BATCH_FRAMES: usize = 256;
@@ -59,43 +51,28 @@ impl std::fmt::Display for Closed {
     }
 }
 
-/// Writes every queued frame until the queue closes, many frames per system call; each
-/// frame's budget is given back as soon as its last byte is written (not at the end of the
-/// batch, so senders refill the queue while the rest of a batch goes out). The budget is
-/// closed when the loop ends, so senders waiting for room learn that the connection is gone.
+/// Writes every queued frame until the queue closes, many frames per system call. Each part
+/// is dropped as soon as it is written, so a frame's budget comes back before the rest of the
+/// batch goes out and senders refill the queue meanwhile.
 pub(crate) async fn write_loop(
-    mut queue: mpsc::Receiver<Queued>,
+    mut queue: mpsc::Receiver<Frame>,
     mut socket: OwnedWriteHalf,
-    budget: ByteBudget,
 ) -> io::Result<()> {
     let mut frames = Vec::with_capacity(MAX_BATCH_FRAMES);
     let mut parts: Vec<Bytes> = Vec::new();
-    // Each frame's budget, with the index in `parts` just past the frame's last part.
-    let mut held: VecDeque<(usize, Held)> = VecDeque::with_capacity(MAX_BATCH_FRAMES);
-    let result = async {
-        while queue.recv_many(&mut frames, MAX_BATCH_FRAMES).await > 0 {
-            for frame in frames.drain(..) {
-                parts.extend(frame.parts);
-                held.push_back((parts.len(), frame.held));
-            }
-            write_all_parts(&mut socket, &mut parts, &mut held).await?;
-            parts.clear();
-            held.clear();
+    while queue.recv_many(&mut frames, MAX_BATCH_FRAMES).await > 0 {
+        for frame in frames.drain(..) {
+            parts.extend(frame);
         }
-        socket.shutdown().await
+        write_all_parts(&mut socket, &mut parts).await?;
+        parts.clear();
     }
-    .await;
-    budget.close();
-    result
+    socket.shutdown().await
 }
 
-/// Writes `parts` completely with vectored writes; no payload byte is copied. Gives back
-/// the budget of each frame in `held` once the parts before its index are written.
-async fn write_all_parts(
-    socket: &mut OwnedWriteHalf,
-    parts: &mut [Bytes],
-    held: &mut VecDeque<(usize, Held)>,
-) -> io::Result<()> {
+/// Writes `parts` completely with vectored writes; no payload byte is copied, and each part
+/// is released (replaced by an empty one) once written.
+async fn write_all_parts(socket: &mut OwnedWriteHalf, parts: &mut [Bytes]) -> io::Result<()> {
     let mut first = 0;
     while first < parts.len() {
         let end = (first + MAX_IOVECS).min(parts.len());
@@ -108,14 +85,12 @@ async fn write_all_parts(
             let len = parts[first].len();
             if written >= len {
                 written -= len;
+                parts[first] = Bytes::new();
                 first += 1;
             } else {
                 parts[first].advance(written);
                 written = 0;
             }
-        }
-        while held.front().is_some_and(|(end, _)| *end <= first) {
-            held.pop_front();
         }
     }
     Ok(())

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -20,7 +20,7 @@ use van_core::{
     VanError, VanKind,
 };
 
-use crate::connection::{read_loop, write_loop, Closed, Frame, Queued};
+use crate::connection::{read_loop, write_loop, Closed, Frame};
 
 thread_local! {
     /// Where frame headers are encoded: each header is split off a shared chunk, so small
@@ -122,7 +122,9 @@ struct State {
 #[derive(Debug, Clone)]
 struct Link {
     connection: u64,
-    queue: mpsc::Sender<Queued>,
+    queue: mpsc::Sender<Frame>,
+    /// Bytes of large frames this peer's queue may hold; a frame's share comes back when the
+    /// writer drops its bytes (once written).
     budget: ByteBudget,
 }
 
@@ -160,15 +162,14 @@ impl Shared {
         let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
         let (read_half, write_half) = stream.into_split();
         let (queue, frames) = mpsc::channel(self.options.send_queue_depth.max(1));
-        let budget = ByteBudget::new(self.options.peer_budget_bytes);
         let link = Link {
             connection,
             queue,
-            budget: budget.clone(),
+            budget: ByteBudget::new(self.options.peer_budget_bytes),
         };
 
         let writer = tokio::spawn(async move {
-            if let Err(e) = write_loop(frames, write_half, budget).await {
+            if let Err(e) = write_loop(frames, write_half).await {
                 warn!(%remote, ?peer, "cannot write to the connection; queued frames are lost: {e}");
             }
         });
@@ -288,12 +289,8 @@ impl Shared {
             peer,
             reason: "connection closed".into(),
         };
-        let len = frame.iter().map(Bytes::len).sum();
-        let held = link.budget.reserve(len).await.ok_or_else(gone)?;
-        link.queue
-            .send(Queued { parts: frame, held })
-            .await
-            .map_err(|_| gone())
+        let frame = link.budget.attach(frame).await;
+        link.queue.send(frame).await.map_err(|_| gone())
     }
 }
 

@@ -217,7 +217,7 @@ impl Shared {
             peer,
             reason: "connection closed".into(),
         };
-        let frame = link.budget.attach(frame).await.ok_or_else(gone)?;
+        let frame = link.budget.attach(frame).await;
         link.queue.send(frame).await.map_err(|_| gone())
     }
 
