@@ -1,9 +1,11 @@
 //! Shared pieces of the vans example and benchmark binaries.
 //!
 //! - `van-bench` (src/bin/van-bench.rs): the TCP and in-process vans beside a raw socket.
-//! - `ps-bench` (src/bin/ps-bench.rs): ps-lite's test_benchmark over the parameter server.
+//! - `ps-bench` (src/bin/ps-bench/): ps-lite's test_benchmark over the parameter server.
 
-pub mod raw;
+pub mod plot; // ps-bench's PNG: goodput and latency against value size
+pub mod raw; // the raw-socket reference every benchmark compares with
+pub mod report; // ps-bench's results: each worker's, the cluster's totals, tables, JSON
 
 use std::fmt;
 

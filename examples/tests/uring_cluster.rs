@@ -1,7 +1,7 @@
 //! The cluster checks of the parameter server with the stream van switched to io_uring
 //! (`VANS_STREAM_VAN=uring`, feature `uring`): real processes on 127.0.0.1 through
 //! `vans-launch`, exact sums read back, and `ps-bench --van tcp,uring` comparing both vans in
-//! one invocation.
+//! one invocation (and with 4 servers and 8 workers, gathered into one JSON document).
 
 #![cfg(all(feature = "uring", target_os = "linux"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -94,5 +94,61 @@ fn ps_bench_compares_tcp_and_uring_in_one_invocation() {
             assert!(ops.parse::<f64>().is_ok_and(|v| v > 0.0), "{row}");
         }
         assert!(row.matches("n/a").count() <= 1, "{row}");
+    }
+}
+
+#[test]
+fn many_peers_four_servers_eight_workers_over_tcp_and_uring_give_one_total_per_case() {
+    let out = wait_output(
+        Command::new(PS_BENCH)
+            .args([
+                "--van",
+                "tcp,uring",
+                "--servers",
+                "4",
+                "--workers",
+                "8",
+                "--mode",
+                "pushpull",
+                "--sizes",
+                "8,65536",
+                "--windows",
+                "4",
+                "--seconds",
+                "0.1",
+                "--no-raw",
+                "--json",
+            ])
+            .env_remove("DMLC_ROLE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "ps-bench",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {}", text(&out)));
+    let vans: Vec<&str> = value["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["van"].as_str().unwrap())
+        .collect();
+    assert_eq!(vans, ["tcp", "uring"]);
+    for run in value["runs"].as_array().unwrap() {
+        for case in run["cases"].as_array().unwrap() {
+            let rows = case["workers"].as_array().unwrap();
+            assert_eq!(rows.len(), 8, "{case}");
+            let sum: f64 = rows.iter().map(|r| r["ops_per_s"].as_f64().unwrap()).sum();
+            let total = case["total"]["ops_per_s"].as_f64().unwrap();
+            assert!(total > 0.0 && (total - sum).abs() <= 1e-9 * sum, "{case}");
+            // Every worker reached the servers and the cluster's CPU was read.
+            assert!(
+                rows.iter().all(|r| r["ops"].as_u64().unwrap() > 0),
+                "{case}"
+            );
+            assert!(case["total"]["cpu_us_per_op"].as_f64().is_some(), "{case}");
+        }
     }
 }

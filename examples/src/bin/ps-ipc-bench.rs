@@ -5,8 +5,8 @@
 //! It runs the sibling `ps-bench` binary (built with the `ipc` feature) as a local cluster
 //! three times: with `DMLC_ENABLE_IPC=1` (values copied into the rings), with IPC and
 //! `--zero-copy` (values allocated in the worker's shared arena: pushes move references, not
-//! bytes), and with `DMLC_ENABLE_IPC=0` (TCP); it reads worker 0's JSON and measures `memcpy`
-//! here.
+//! bytes), and with `DMLC_ENABLE_IPC=0` (TCP); it reads ps-bench's JSON report and measures
+//! `memcpy` here.
 //!
 //! Usage: `ps-ipc-bench [--sizes 8,1048576,4194304] [--windows 1,4] [--seconds 1]`.
 
@@ -14,8 +14,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use examples::raw::BoxError;
+use examples::report::{BenchReport, Figures};
 use examples::{ratio, Table};
-use serde_json::Value;
 
 fn main() {
     if let Err(e) = run() {
@@ -73,14 +73,14 @@ fn run() -> Result<(), BoxError> {
             )
             .into());
         }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json = stdout
-            .lines()
-            .filter_map(|l| l.find("{\"worker\":0").map(|at| &l[at..]))
-            .next()
-            .ok_or_else(|| format!("no results from worker 0 over {van}:\n{stdout}"))?;
-        let value: Value = serde_json::from_str(json)?;
-        runs.push(value["results"].as_array().cloned().unwrap_or_default());
+        let report: BenchReport = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "ps-bench over {van} printed no JSON report ({e}):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })?;
+        let cases = report.runs.into_iter().next().map(|r| r.cases);
+        runs.push(cases.unwrap_or_default());
     }
     let (ipc, zc, tcp) = (&runs[0], &runs[1], &runs[2]);
     let mut table = Table::new(&[
@@ -98,34 +98,33 @@ fn run() -> Result<(), BoxError> {
         "zc / tcp",
         "zc / memcpy",
     ]);
-    let number = |row: &Value, key: &str| row[key].as_f64().unwrap_or(0.0);
     for ((a, z), b) in ipc.iter().zip(zc).zip(tcp) {
-        let size = number(a, "size") as usize;
+        let case = a.case;
+        let size = case.size as usize;
         let copy = memcpy_gbps(size);
-        let (gbps_ipc, gbps_zc, gbps_tcp) =
-            (number(a, "GB/s"), number(z, "GB/s"), number(b, "GB/s"));
+        let (a, z, b) = (&a.total, &z.total, &b.total);
         // Small messages compare by latency, large ones by bandwidth.
-        let speedup = |fast: &Value| {
+        let speedup = |fast: &Figures| {
             if size < 4096 {
-                ratio(number(b, "p50 µs"), number(fast, "p50 µs"))
+                ratio(b.p50_us as f64, fast.p50_us as f64)
             } else {
-                ratio(number(fast, "GB/s"), gbps_tcp)
+                ratio(fast.gb_per_s, b.gb_per_s)
             }
         };
         table.row(vec![
-            a["mode"].as_str().unwrap_or("?").to_owned(),
+            case.mode.name().to_owned(),
             size.to_string(),
-            format!("{}", number(a, "in flight")),
-            format!("{gbps_ipc:.3}"),
-            format!("{gbps_zc:.3}"),
-            format!("{gbps_tcp:.3}"),
-            format!("{}", number(a, "p50 µs")),
-            format!("{}", number(z, "p50 µs")),
-            format!("{}", number(b, "p50 µs")),
+            case.window.to_string(),
+            format!("{:.3}", a.gb_per_s),
+            format!("{:.3}", z.gb_per_s),
+            format!("{:.3}", b.gb_per_s),
+            a.p50_us.to_string(),
+            z.p50_us.to_string(),
+            b.p50_us.to_string(),
             format!("{copy:.2}"),
             format!("{:.2}x", speedup(a)),
             format!("{:.2}x", speedup(z)),
-            format!("{:.2}x", ratio(gbps_zc, copy)),
+            format!("{:.2}x", ratio(z.gb_per_s, copy)),
         ]);
     }
     println!("{table}");

@@ -1,0 +1,159 @@
+//! What `ps-bench` shows when it launches its own cluster: `--json` is one JSON document on
+//! stdout whose totals add up the workers' rows, and `--plot` writes a PNG.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{text, wait_output};
+
+use std::process::{Command, Stdio};
+
+use examples::report::BenchReport;
+use serde_json::Value;
+
+const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
+
+/// `ps-bench` launching its own local cluster (no `DMLC_ROLE`) with `args`.
+fn ps_bench(args: &[&str]) -> std::process::Output {
+    let child = Command::new(PS_BENCH)
+        .args(args)
+        .env_remove("DMLC_ROLE")
+        // TCP whatever the environment of the test run selects (the rows name the van).
+        .env_remove("VANS_STREAM_VAN")
+        .env("DMLC_ENABLE_IPC", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, "ps-bench");
+    assert!(out.status.success(), "{}", text(&out));
+    out
+}
+
+/// Checks that `value` (stdout of `ps-bench --json`) has every case with one row per worker
+/// and a total that is their sum (rates) or their worst (latency).
+fn assert_totals_add_up(value: &Value, workers: usize) {
+    let runs = value["runs"].as_array().expect("runs");
+    assert!(!runs.is_empty(), "{value}");
+    for run in runs {
+        let cases = run["cases"].as_array().expect("cases");
+        assert!(!cases.is_empty(), "{run}");
+        for case in cases {
+            let rows = case["workers"].as_array().expect("workers");
+            assert_eq!(rows.len(), workers, "{case}");
+            let ranks: Vec<u64> = rows.iter().map(|r| r["worker"].as_u64().unwrap()).collect();
+            assert_eq!(ranks, (0..workers as u64).collect::<Vec<_>>(), "{case}");
+            let total = &case["total"];
+            let sum = |key: &str| rows.iter().map(|r| r[key].as_f64().unwrap()).sum::<f64>();
+            let max = |key: &str| rows.iter().map(|r| r[key].as_u64().unwrap()).max().unwrap();
+            for key in ["ops_per_s", "gb_per_s"] {
+                let (got, want) = (total[key].as_f64().unwrap(), sum(key));
+                assert!(
+                    (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                    "{key}: {got} != {want}"
+                );
+            }
+            assert_eq!(total["ops"].as_f64().unwrap(), sum("ops"), "{case}");
+            assert!(total["ops"].as_u64().unwrap() > 0, "{case}");
+            assert_eq!(total["p50_us"].as_u64().unwrap(), max("p50_us"), "{case}");
+            assert_eq!(total["p99_us"].as_u64().unwrap(), max("p99_us"), "{case}");
+        }
+    }
+}
+
+#[test]
+fn json_of_a_launched_two_worker_cluster_is_one_document_whose_totals_add_up() {
+    let out = ps_bench(&[
+        "--json",
+        "--workers",
+        "2",
+        "--mode",
+        "pushpull",
+        "--sizes",
+        "8,4096",
+        "--windows",
+        "1,4",
+        "--seconds",
+        "0.1",
+    ]);
+    // The whole of stdout is one document (no launcher prefix, no table, no log line).
+    let value: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {}", text(&out)));
+    assert_eq!(
+        (value["servers"].as_u64(), value["workers"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(value["runs"][0]["van"], "tcp", "{value}");
+    assert_eq!(value["runs"][0]["cases"].as_array().unwrap().len(), 4);
+    assert_totals_add_up(&value, 2);
+    // Worker 0's raw reference came along.
+    assert_eq!(value["runs"][0]["raw"][0]["name"], "ping-pong", "{value}");
+    // The library's types read it back.
+    let report: BenchReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report.runs[0].cases[0].workers.len(), 2);
+    // The progress went to stderr.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[worker 1] worker 1: pushpull"));
+}
+
+#[test]
+fn the_in_process_cluster_gathers_its_workers_the_same_way() {
+    let out = ps_bench(&[
+        "--van",
+        "inproc",
+        "--json",
+        "--workers",
+        "3",
+        "--servers",
+        "2",
+        "--mode",
+        "push",
+        "--sizes",
+        "8",
+        "--windows",
+        "2",
+        "--seconds",
+        "0.05",
+        "--no-raw",
+    ]);
+    let value: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(value["runs"][0]["van"], "inproc", "{value}");
+    assert_totals_add_up(&value, 3);
+}
+
+#[test]
+fn the_table_has_each_workers_row_and_a_total_and_plot_writes_a_png() {
+    let path = std::env::temp_dir().join(format!("ps-bench-test-{}.png", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let out = ps_bench(&[
+        "--workers",
+        "2",
+        "--mode",
+        "pull",
+        "--sizes",
+        "8,4096,65536",
+        "--windows",
+        "1,4",
+        "--seconds",
+        "0.05",
+        "--no-raw",
+        "--plot",
+        path.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("ps-bench over tcp: 1 server, 2 workers:"),
+        "{stdout}"
+    );
+    let rows = |who: &str| {
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("| pull") && l.split('|').nth(4).map(str::trim) == Some(who))
+            .count()
+    };
+    assert_eq!((rows("0"), rows("1"), rows("total")), (6, 6, 6), "{stdout}");
+    let png = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(png.len() > 1000, "{} bytes", png.len());
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+}
