@@ -25,6 +25,19 @@ fn config(role: Role, port: u16) -> Config {
         .unwrap()
 }
 
+/// A free port for the scheduler, below Linux's ephemeral range (see ps/tests/embed.rs).
+fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        let port = 20_000 + (hasher.finish() % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 fn key(from: u32, to: u32, name: &str, step: u64) -> String {
     create_key(
         &cpu_device(from as i32).unwrap(),
@@ -36,10 +49,7 @@ fn key(from: u32, to: u32, name: &str, step: u64) -> String {
 }
 
 fn exchange(protocol: Protocol) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
+    let port = free_port();
     let scheduler = std::thread::spawn(move || {
         let node = NodeHandle::start(config(Role::Scheduler, port)).unwrap();
         node.finalize().wait().unwrap();

@@ -40,7 +40,18 @@ pub trait RequestHandler: Send + 'static {
 /// pushed); a push-pull does both.
 #[derive(Debug)]
 pub struct SumHandler<T: Value> {
-    store: IntMap<u64, Vec<T>>,
+    /// Each key's sum. Shared with the responses of pulls still being sent (a single-key pull
+    /// answers with the stored values themselves, no copy); a push then copies first.
+    store: IntMap<u64, Arc<Vec<T>>>,
+}
+
+/// Stored values lent to a response as bytes.
+struct Lent<T: Value>(Arc<Vec<T>>);
+
+impl<T: Value> AsRef<[u8]> for Lent<T> {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(self.0.as_slice())
+    }
 }
 
 impl<T: Value> Default for SumHandler<T> {
@@ -72,7 +83,9 @@ impl<T: Value> RequestHandler for SumHandler<T> {
             for (i, key) in keys.iter().enumerate() {
                 let value = &vals[offsets[i] / elem..offsets[i + 1] / elem];
                 match self.store.get_mut(key) {
-                    Some(acc) if acc.len() == value.len() => T::add_assign(acc, value),
+                    Some(acc) if acc.len() == value.len() => {
+                        T::add_assign(Arc::make_mut(acc).as_mut_slice(), value)
+                    }
                     Some(acc) => {
                         return Err(format!(
                             "key {key}: pushed {} values onto {} stored",
@@ -81,7 +94,7 @@ impl<T: Value> RequestHandler for SumHandler<T> {
                         ))
                     }
                     None => {
-                        self.store.insert(*key, value.to_vec());
+                        self.store.insert(*key, Arc::new(value.to_vec()));
                     }
                 }
             }
@@ -89,12 +102,25 @@ impl<T: Value> RequestHandler for SumHandler<T> {
         if !meta.pull {
             return Ok(KvPairs::default());
         }
+        let len_of = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        // One key (a tensor, a large value): its stored values go out as they are.
+        if let [key] = &keys[..] {
+            let (vals, n) = match self.store.get(key) {
+                Some(stored) => (Bytes::from_owner(Lent(Arc::clone(stored))), stored.len()),
+                None => (Bytes::new(), 0),
+            };
+            return Ok(KvPairs {
+                keys: request.keys.clone(),
+                vals,
+                lens: Some(values::to_bytes(&[len_of(n)])),
+            });
+        }
         let mut vals = BytesMut::new();
         let mut lens = Vec::with_capacity(keys.len());
         for key in keys.iter() {
-            let value = self.store.get(key).map_or(&[][..], Vec::as_slice);
+            let value = self.store.get(key).map_or(&[][..], |v| v.as_slice());
             vals.extend_from_slice(bytemuck::cast_slice(value));
-            lens.push(i32::try_from(value.len()).unwrap_or(i32::MAX));
+            lens.push(len_of(value.len()));
         }
         Ok(KvPairs {
             keys: request.keys.clone(),
@@ -396,5 +422,48 @@ impl ServerInner {
             .send(job)
             .await
             .map_err(|_| format!("shard {shard} has stopped"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use van_core::DataType;
+
+    fn meta(push: bool, pull: bool) -> KvMeta {
+        KvMeta {
+            cmd: 0,
+            push,
+            pull,
+            sender: 9,
+            request_id: 0,
+            app_id: 0,
+            customer_id: 0,
+            val_type: DataType::F32,
+        }
+    }
+
+    #[test]
+    fn a_single_key_pull_lends_the_stored_values_and_a_later_push_does_not_change_them() {
+        let mut sum = SumHandler::<f32>::default();
+        let push = |vals: &[f32]| KvPairs::from_slices(&[7u64], vals, None);
+        sum.handle(&meta(true, false), push(&[1.0, 2.0])).unwrap();
+        let pull = KvPairs::from_slices::<f32>(&[7u64], &[], None);
+        let answer = sum.handle(&meta(false, true), pull.clone()).unwrap();
+        // The response's bytes are the store's own (no copy).
+        let stored = sum.store.get(&7).unwrap();
+        assert_eq!(answer.vals.as_ptr(), stored.as_ptr().cast::<u8>());
+        // A push while the response is still held copies first: the response keeps the sum it
+        // answered with, the store gets the new one.
+        sum.handle(&meta(true, false), push(&[10.0, 20.0])).unwrap();
+        assert_eq!(&*answer.vals::<f32>().unwrap(), &[1.0, 2.0]);
+        let again = sum.handle(&meta(false, true), pull).unwrap();
+        assert_eq!(&*again.vals::<f32>().unwrap(), &[11.0, 22.0]);
+        assert_eq!(&*again.lens().unwrap().unwrap(), &[2]);
+        // Several keys (and a key never pushed) are answered as before.
+        let both = KvPairs::from_slices::<f32>(&[7u64, 8], &[], None);
+        let answer = sum.handle(&meta(false, true), both).unwrap();
+        assert_eq!(&*answer.vals::<f32>().unwrap(), &[11.0, 22.0]);
+        assert_eq!(&*answer.lens().unwrap().unwrap(), &[2, 0]);
     }
 }
