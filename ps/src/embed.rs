@@ -34,6 +34,7 @@
 //! ```
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -406,18 +407,40 @@ impl<T: Send + 'static> Call<T> {
     }
 
     /// Runs `done` with the result on the node's runtime, once the operation completes. `done`
-    /// must not block (it runs on an I/O thread).
+    /// must not block (it runs on an I/O thread). It runs exactly once: if the node's runtime
+    /// shuts down before the operation completes, it runs with [`PsError::Stopped`] on the
+    /// thread that shuts the runtime down.
     pub fn on_complete(mut self, done: impl FnOnce(Result<T>) + Send + 'static) {
-        match std::mem::replace(&mut self.state, State::Taken) {
+        let done = Once(Some(done), PhantomData);
+        let result = match std::mem::replace(&mut self.state, State::Taken) {
             State::Running(operation) => {
-                drop(self.handle.spawn(async move { done(operation.await) }));
+                drop(self.handle.spawn(async move { done.call(operation.await) }));
+                return;
             }
-            State::Answered(result) => {
-                drop(self.handle.spawn(async move { done(result) }));
-            }
-            State::Taken => {
-                drop(self.handle.spawn(async move { done(Err(already_taken())) }));
-            }
+            State::Answered(result) => result,
+            State::Taken => Err(already_taken()),
+        };
+        drop(self.handle.spawn(async move { done.call(result) }));
+    }
+}
+
+/// A completion callback that runs exactly once: with the result, or with
+/// [`PsError::Stopped`] when it is dropped first (its task was dropped by a runtime shutting
+/// down), so nobody waits on a callback that will never come.
+struct Once<T, F: FnOnce(Result<T>)>(Option<F>, PhantomData<fn(T)>);
+
+impl<T, F: FnOnce(Result<T>)> Once<T, F> {
+    fn call(mut self, result: Result<T>) {
+        if let Some(done) = self.0.take() {
+            done(result);
+        }
+    }
+}
+
+impl<T, F: FnOnce(Result<T>)> Drop for Once<T, F> {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done(Err(PsError::Stopped));
         }
     }
 }

@@ -13,24 +13,10 @@ use std::time::Duration;
 use ps::embed::{Call, NodeHandle, Worker};
 use ps::values::to_bytes;
 use ps::{Config, KvPairs, PsError, Role};
+use van_core::testkit::free_port;
 use van_core::DataType;
 
 const KEYS: [u64; 4] = [1, 5, 1 << 40, u64::MAX - 1];
-
-/// A free port for a scheduler, below Linux's ephemeral range (32768 and up): a port the
-/// kernel handed out and took back could be handed to another test's node before the
-/// scheduler binds it; one picked at random down here only meets another test's pick.
-fn free_port() -> u16 {
-    use std::hash::{BuildHasher, Hasher};
-    loop {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u32(std::process::id());
-        let port = 20_000 + (hasher.finish() % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
 
 fn config(role: Role, port: u16, servers: u32) -> Config {
     Config::builder()
@@ -301,6 +287,25 @@ fn dropping_a_node_that_never_finalized_stops_it() {
     for _ in 0..2 {
         let result = rx.recv_timeout(Duration::from_secs(60)).unwrap();
         assert!(result.is_err(), "finalize without the worker succeeded");
+    }
+    join(others);
+}
+
+#[test]
+fn a_callback_runs_once_even_when_its_operation_never_finishes() {
+    let port = free_port();
+    let others = start_others(port, 1);
+    let node = NodeHandle::start(config(Role::Worker, port, 1)).unwrap();
+    node.finalize().wait().unwrap();
+    // An operation that never completes: only the runtime's shutdown ends it.
+    let (tx, rx) = mpsc::sync_channel(1);
+    node.spawn(std::future::pending::<ps::Result<()>>())
+        .on_complete(move |r| tx.send(r).unwrap());
+    assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+    drop(node);
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Err(PsError::Stopped)) => {}
+        other => panic!("expected the callback with Stopped, got {other:?}"),
     }
     join(others);
 }

@@ -12,6 +12,7 @@ use ps::embed::NodeHandle;
 use ps::{Config, PsError, Role};
 use rendezvous::embed::RendezvousHandle;
 use rendezvous::{cpu_device, create_key, Protocol};
+use van_core::testkit::free_port;
 
 fn config(role: Role, port: u16) -> Config {
     Config::builder()
@@ -23,19 +24,6 @@ fn config(role: Role, port: u16) -> Config {
         .bootstrap_timeout(Duration::from_secs(30))
         .build()
         .unwrap()
-}
-
-/// A free port for the scheduler, below Linux's ephemeral range (see ps/tests/embed.rs).
-fn free_port() -> u16 {
-    use std::hash::{BuildHasher, Hasher};
-    loop {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u32(std::process::id());
-        let port = 20_000 + (hasher.finish() % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
 }
 
 fn key(from: u32, to: u32, name: &str, step: u64) -> String {

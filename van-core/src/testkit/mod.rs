@@ -113,6 +113,22 @@ pub async fn within<T>(call: impl Future<Output = Result<T, VanError>>, what: &s
     }
 }
 
+/// A free port on 127.0.0.1 for a node that others must be told about before it binds (a
+/// scheduler), picked below Linux's ephemeral range (32768 and up): a port the kernel handed
+/// out and took back could be handed to another test's node before this one binds it; one
+/// picked at random down here only meets another test's pick.
+pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        let port = 20_000 + (hasher.finish() % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// The next message in `inbox`, failing the check on a deadline, a lost peer or the end.
 pub async fn expect_message(inbox: &mut Inbox) -> Message {
     match tokio::time::timeout(WAIT, inbox.recv()).await {
