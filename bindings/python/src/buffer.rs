@@ -192,8 +192,11 @@ pub(crate) fn parse_dtype(name: &str) -> PyResult<DataType> {
 }
 
 /// The value type a `dtype=` argument names: a numpy dtype, a numpy scalar type
-/// (`numpy.float32`) or its name.
-pub(crate) fn dtype_arg(dtype: &Bound<'_, PyAny>) -> PyResult<DataType> {
+/// (`numpy.float32`) or its name; float32 when not given.
+pub(crate) fn dtype_arg(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DataType> {
+    let Some(dtype) = dtype else {
+        return Ok(DataType::F32);
+    };
     if let Ok(name) = dtype.extract::<String>() {
         return parse_dtype(&name);
     }

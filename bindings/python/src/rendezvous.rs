@@ -40,9 +40,11 @@ impl Rendezvous {
     }
 
     /// Makes `value` (any buffer: a numpy array, bytes, ...) available under `key` in step
-    /// `step`; never blocks. The bytes are sent without a copy: do not modify the array
-    /// until the receiver has it.
-    #[pyo3(signature = (step, key, value, is_dead=false))]
+    /// `step`; never blocks. The bytes are copied once, so the array may be reused at once
+    /// (a pull-mode value waits for its receiver to ask, which can be long); with
+    /// `copy=False` they are lent instead, and the array must not change until the step is
+    /// cleaned up.
+    #[pyo3(signature = (step, key, value, is_dead=false, copy=true))]
     fn send(
         &self,
         py: Python<'_>,
@@ -50,9 +52,15 @@ impl Rendezvous {
         key: &str,
         value: &Bound<'_, PyAny>,
         is_dead: bool,
+        copy: bool,
     ) -> PyResult<()> {
         buffer::release_pending(py);
-        let bytes = Pinned::new(value, "value", false)?.into_bytes();
+        let lent = Pinned::new(value, "value", false)?.into_bytes();
+        let bytes = if copy {
+            bytes::Bytes::copy_from_slice(&lent)
+        } else {
+            lent
+        };
         self.inner.send(step, key, bytes, is_dead).map_err(to_py)
     }
 

@@ -56,6 +56,8 @@ impl PyHandler {
             Ok((vals, lens)) => (vals, Some(lens)),
             Err(_) => (answer.clone(), None),
         };
+        // Copied, not lent: a handler often answers with a view of its own store, which the
+        // next push (run before this response is written) would change under the socket.
         Ok(KvPairs {
             keys: request.keys.clone(),
             vals: Bytes::copy_from_slice(buffer::values(&vals, self.dtype)?.as_ref()),
@@ -96,10 +98,7 @@ impl Server {
         shards: usize,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Server> {
-        let dtype = match dtype {
-            Some(d) => buffer::dtype_arg(d)?,
-            None => DataType::F32,
-        };
+        let dtype = buffer::dtype_arg(dtype)?;
         let node_ref = node_or_start(py, node, "server", config)?;
         let node = node_ref.get();
         let call = match handler {

@@ -233,10 +233,7 @@ impl Worker {
         customer_id: i32,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Worker> {
-        let dtype = match dtype {
-            Some(d) => buffer::dtype_arg(d)?,
-            None => DataType::F32,
-        };
+        let dtype = buffer::dtype_arg(dtype)?;
         let node = node_or_start(py, node, "worker", config)?;
         let call = node.get().handle.worker(dtype, app_id, customer_id);
         Ok(Worker {

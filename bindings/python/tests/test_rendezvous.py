@@ -28,7 +28,13 @@ def test_send_and_receive_arrays(cluster, protocol):
     assert server == "/job:ps/replica:0/task:0/device:CPU:0"
     for step in range(5):
         x = np.arange(1000 * step + 1, dtype=np.float32)
-        rdv.send(step, vans.create_key(me, server, "x", iter=step), x)
+        if step % 2:
+            rdv.send(step, vans.create_key(me, server, "x", iter=step), x, copy=False)
+        else:
+            # Copied: the caller's buffer may be reused at once without changing what is sent.
+            reused = x.copy()
+            rdv.send(step, vans.create_key(me, server, "x", iter=step), reused)
+            reused[:] = -1
         if step % 2:
             out = np.empty_like(x)
             y = rdv.recv(step, vans.create_key(server, me, "y", iter=step), out=out)
