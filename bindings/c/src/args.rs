@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, CStr};
 
-use crate::error::Failure;
+use crate::error::{guard, Failure};
 
 /// The object behind a handle, or an error naming `what` when it is null.
 ///
@@ -38,6 +38,39 @@ pub(crate) unsafe fn write_out<T>(ptr: *mut T, what: &str, value: T) -> Result<(
     // drop whatever garbage was there.
     unsafe { ptr.write(value) };
     Ok(())
+}
+
+/// Boxes `value` and writes the box through `ptr` as a handle the caller owns (released with
+/// [`free_handle`]), or fails naming `what` when `ptr` is null (then nothing is boxed).
+///
+/// # Safety
+///
+/// A non-null `ptr` must be valid for writing one pointer.
+pub(crate) unsafe fn write_handle<T>(
+    ptr: *mut *mut T,
+    what: &str,
+    value: T,
+) -> Result<(), Failure> {
+    check_out(ptr, what)?;
+    // SAFETY: non-null (checked, so the box is not leaked) and writable by the caller's
+    // contract.
+    unsafe { write_out(ptr, what, Box::into_raw(Box::new(value))) }
+}
+
+/// The body of the `*_free` entry point `name`: releases a handle made by [`write_handle`];
+/// NULL is ignored.
+///
+/// # Safety
+///
+/// `ptr` must be NULL or come from [`write_handle`], and not be used after this call.
+pub(crate) unsafe fn free_handle<T>(name: &str, ptr: *mut T) {
+    let _ = guard(name, || {
+        if !ptr.is_null() {
+            // SAFETY: from `Box::into_raw` in `write_handle`, released once (contract).
+            drop(unsafe { Box::from_raw(ptr) });
+        }
+        Ok(())
+    });
 }
 
 /// Fails naming `what` when the out-pointer `ptr` is null (checked before any work is done).

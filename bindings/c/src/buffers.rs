@@ -142,11 +142,11 @@ impl Output {
         if self.lens.is_null() || self.num_keys == 0 {
             return Ok(());
         }
-        let lens: Vec<i32> = match pulled.lens()? {
-            Some(lens) => lens.into_owned(),
+        let lens = match pulled.lens()? {
+            Some(lens) => lens,
             None => {
                 let per_key = pulled.vals.len() / value_size / self.num_keys;
-                vec![i32::try_from(per_key).unwrap_or(i32::MAX); self.num_keys]
+                vec![i32::try_from(per_key).unwrap_or(i32::MAX); self.num_keys].into()
             }
         };
         if lens.len() != self.num_keys {

@@ -40,10 +40,8 @@ impl Config {
 #[no_mangle]
 pub unsafe extern "C" fn vans_config_new(out: *mut *mut Config) -> c_int {
     guard("vans_config_new", || {
-        args::check_out(out, "out")?;
-        let config = Box::into_raw(Box::default());
-        // SAFETY: checked non-null; writable by the caller's contract.
-        unsafe { args::write_out(out, "out", config) }
+        // SAFETY: writable by the caller's contract.
+        unsafe { args::write_handle(out, "out", Config::default()) }
     })
 }
 
@@ -101,11 +99,6 @@ pub unsafe extern "C" fn vans_config_set(
 /// `config` must come from `vans_config_new` and not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn vans_config_free(config: *mut Config) {
-    let _ = guard("vans_config_free", || {
-        if !config.is_null() {
-            // SAFETY: from `Box::into_raw` in `vans_config_new`, released once (contract).
-            drop(unsafe { Box::from_raw(config) });
-        }
-        Ok(())
-    });
+    // SAFETY: forwarded contract.
+    unsafe { args::free_handle("vans_config_free", config) }
 }

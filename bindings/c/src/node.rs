@@ -19,10 +19,8 @@ pub struct Node {
 
 /// Starts `node` and stores it in `out`: joined the cluster, or failed.
 fn start(out: *mut *mut Node, node: ps::Result<NodeHandle>) -> Outcome {
-    let handle = node?;
-    let node = Box::into_raw(Box::new(Node { handle }));
-    // SAFETY: `out` was checked non-null before the node started; writable by contract.
-    unsafe { args::write_out(out, "out", node) }
+    // SAFETY: writable by the caller's contract.
+    unsafe { args::write_handle(out, "out", Node { handle: node? }) }
 }
 
 /// Joins the cluster described by the environment (`DMLC_ROLE`, `DMLC_NUM_SERVER`,
@@ -77,8 +75,7 @@ unsafe fn query<T>(
 ) -> Outcome {
     // SAFETY: live or NULL by the caller's contract.
     let node = unsafe { args::handle(node, "node") }?;
-    args::check_out(out, "out")?;
-    // SAFETY: non-null (checked) and writable by the caller's contract.
+    // SAFETY: writable by the caller's contract (NULL is refused).
     unsafe { args::write_out(out, "out", query(&node.handle)) }
 }
 
@@ -219,11 +216,6 @@ pub unsafe extern "C" fn vans_node_stop(node: *const Node) -> c_int {
 /// by another thread).
 #[no_mangle]
 pub unsafe extern "C" fn vans_node_free(node: *mut Node) {
-    let _ = guard("vans_node_free", || {
-        if !node.is_null() {
-            // SAFETY: from `Box::into_raw` in `start`, released once (contract).
-            drop(unsafe { Box::from_raw(node) });
-        }
-        Ok(())
-    });
+    // SAFETY: forwarded contract.
+    unsafe { args::free_handle("vans_node_free", node) }
 }

@@ -84,9 +84,8 @@ pub unsafe extern "C" fn vans_rendezvous_start(
         };
         args::check_out(out, "out")?;
         let handle = RendezvousHandle::start(&node.handle, protocol).wait()?;
-        let rendezvous = Box::into_raw(Box::new(Rendezvous { handle }));
-        // SAFETY: checked non-null; writable by contract.
-        unsafe { args::write_out(out, "out", rendezvous) }
+        // SAFETY: writable by the caller's contract.
+        unsafe { args::write_handle(out, "out", Rendezvous { handle }) }
     })
 }
 
@@ -98,13 +97,8 @@ pub unsafe extern "C" fn vans_rendezvous_start(
 /// `rendezvous` must come from `vans_rendezvous_start` and not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn vans_rendezvous_free(rendezvous: *mut Rendezvous) {
-    let _ = guard("vans_rendezvous_free", || {
-        if !rendezvous.is_null() {
-            // SAFETY: from `Box::into_raw` in vans_rendezvous_start, released once (contract).
-            drop(unsafe { Box::from_raw(rendezvous) });
-        }
-        Ok(())
-    });
+    // SAFETY: forwarded contract.
+    unsafe { args::free_handle("vans_rendezvous_free", rendezvous) }
 }
 
 /// Writes the rendezvous key of tensor `name` sent by node `src_node` (incarnation
@@ -259,11 +253,11 @@ pub unsafe extern "C" fn vans_rendezvous_recv(
             // SAFETY: non-null and writable by the caller's contract.
             unsafe { is_dead.write(received.is_dead) };
         }
-        let buffer = Box::into_raw(Box::new(Buffer {
+        let buffer = Buffer {
             bytes: received.value,
-        }));
-        // SAFETY: checked non-null; writable by contract.
-        unsafe { args::write_out(value, "value", buffer) }
+        };
+        // SAFETY: writable by the caller's contract.
+        unsafe { args::write_handle(value, "value", buffer) }
     })
 }
 
@@ -427,11 +421,6 @@ pub unsafe extern "C" fn vans_buffer_len(buffer: *const Buffer) -> usize {
 /// `buffer` must come from the library and not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn vans_buffer_free(buffer: *mut Buffer) {
-    let _ = guard("vans_buffer_free", || {
-        if !buffer.is_null() {
-            // SAFETY: from `Box::into_raw` in this module, released once (contract).
-            drop(unsafe { Box::from_raw(buffer) });
-        }
-        Ok(())
-    });
+    // SAFETY: forwarded contract.
+    unsafe { args::free_handle("vans_buffer_free", buffer) }
 }

@@ -57,7 +57,8 @@ pub struct Response {
     num_keys: usize,
     value_size: usize,
     vals: Option<Words>,
-    lens: Option<Vec<i32>>,
+    /// `num_keys` `i32`s, once set.
+    lens: Option<Words>,
     error: Option<String>,
 }
 
@@ -74,6 +75,11 @@ impl Words {
             words: vec![0; len.div_ceil(8)],
             len,
         }
+    }
+
+    /// The `i32`s these words hold (aligned, since words are).
+    fn as_i32s(&self) -> &[i32] {
+        &bytemuck::cast_slice(&self.words)[..self.len / 4]
     }
 
     fn copy_of(bytes: &[u8]) -> Words {
@@ -99,7 +105,7 @@ impl Response {
     fn into_pairs(self, keys: Bytes) -> Result<KvPairs, String> {
         let vals = self.vals.map_or_else(Bytes::new, Bytes::from_owner);
         let expected = match &self.lens {
-            Some(lens) => lens.iter().try_fold(0usize, |total, len| {
+            Some(lens) => lens.as_i32s().iter().try_fold(0usize, |total, len| {
                 let len = usize::try_from(*len)
                     .map_err(|_| format!("negative length {len} in the response"))?;
                 Ok::<usize, String>(total.saturating_add(len.saturating_mul(self.value_size)))
@@ -127,9 +133,7 @@ impl Response {
         Ok(KvPairs {
             keys,
             vals,
-            lens: self
-                .lens
-                .map(|lens| Bytes::copy_from_slice(bytemuck::cast_slice(&lens))),
+            lens: self.lens.map(Bytes::from_owner),
         })
     }
 }
@@ -264,9 +268,8 @@ unsafe fn server_args<'a>(
 }
 
 fn store(out: *mut *mut Server, server: ps::embed::Server) -> crate::error::Outcome {
-    let server = Box::into_raw(Box::new(Server { _server: server }));
-    // SAFETY: checked non-null in `server_args`; writable by the caller's contract.
-    unsafe { args::write_out(out, "out", server) }
+    // SAFETY: writable by the caller's contract.
+    unsafe { args::write_handle(out, "out", Server { _server: server }) }
 }
 
 /// Starts a server application of type `dtype` for `app_id` / `customer_id` that sums pushed
@@ -356,13 +359,8 @@ pub unsafe extern "C" fn vans_server_new(
 /// `server` must come from `vans_server_new*` and not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn vans_server_free(server: *mut Server) {
-    let _ = guard("vans_server_free", || {
-        if !server.is_null() {
-            // SAFETY: from `Box::into_raw` in `store`, released once (contract).
-            drop(unsafe { Box::from_raw(server) });
-        }
-        Ok(())
-    });
+    // SAFETY: forwarded contract.
+    unsafe { args::free_handle("vans_server_free", server) }
 }
 
 /// Gives the response a value buffer of `vals_bytes` bytes (a whole number of values),
@@ -418,8 +416,8 @@ pub unsafe extern "C" fn vans_response_lens(response: *mut Response, lens: *mut 
         let response = unsafe { args::handle_mut(response, "response") }?;
         args::check_out(lens, "lens")?;
         let num_keys = response.num_keys;
-        let array = response.lens.insert(vec![0; num_keys]);
-        let address = array.as_mut_ptr();
+        let array = response.lens.insert(Words::zeroed(num_keys * 4));
+        let address = array.words.as_mut_ptr().cast::<i32>();
         // SAFETY: checked non-null; writable by contract.
         unsafe { args::write_out(lens, "lens", address) }
     })
@@ -447,4 +445,59 @@ pub unsafe extern "C" fn vans_response_error(
         response.error = Some(message.to_owned());
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_values_and_lens_go_out_without_a_copy() {
+        let mut response = Response {
+            num_keys: 2,
+            value_size: 4,
+            vals: None,
+            lens: None,
+            error: None,
+        };
+        let mut vals: *mut c_void = std::ptr::null_mut();
+        let mut lens: *mut i32 = std::ptr::null_mut();
+        // SAFETY: a live response and out-pointers, as in a handler call.
+        unsafe {
+            assert_eq!(vans_response_values(&mut response, 12, &mut vals), 0);
+            assert_eq!(vans_response_lens(&mut response, &mut lens), 0);
+            vals.cast::<f32>().write(1.0);
+            lens.write(1);
+            lens.add(1).write(2);
+        }
+        let keys = Bytes::from_static(&[0; 16]);
+        let pairs = response.into_pairs(keys).unwrap();
+        assert_eq!(pairs.vals.as_ptr(), vals.cast::<u8>().cast_const());
+        let sent = pairs.lens.unwrap();
+        assert_eq!(sent.as_ptr(), lens.cast::<u8>().cast_const());
+        assert_eq!(&sent[..], bytemuck::cast_slice::<i32, u8>(&[1, 2]));
+        assert_eq!(&pairs.vals[..4], &1.0f32.to_ne_bytes());
+    }
+
+    #[test]
+    fn response_lens_must_cover_the_values() {
+        let mut response = Response {
+            num_keys: 2,
+            value_size: 4,
+            vals: None,
+            lens: None,
+            error: None,
+        };
+        let mut vals: *mut c_void = std::ptr::null_mut();
+        let mut lens: *mut i32 = std::ptr::null_mut();
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(vans_response_values(&mut response, 8, &mut vals), 0);
+            assert_eq!(vans_response_lens(&mut response, &mut lens), 0);
+            lens.write(1);
+            lens.add(1).write(2);
+        }
+        let error = response.into_pairs(Bytes::new()).unwrap_err();
+        assert!(error.contains("cover 12 bytes"), "{error}");
+    }
 }

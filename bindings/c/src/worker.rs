@@ -23,8 +23,7 @@ use tokio::sync::oneshot;
 use crate::args;
 use crate::buffers::{lend, pairs_in, Output, UserData};
 use crate::error::{
-    guard, report, set_last_error, Failure, Outcome, VANS_ERR_PANIC, VANS_ERR_UNKNOWN_REQUEST,
-    VANS_OK,
+    guard, set_last_error, Failure, Outcome, VANS_ERR_PANIC, VANS_ERR_UNKNOWN_REQUEST, VANS_OK,
 };
 use crate::node::Node;
 
@@ -204,13 +203,13 @@ pub unsafe extern "C" fn vans_worker_new(
         let value_size = ps::embed::value_size(dtype)
             .ok_or_else(|| Failure::invalid(format!("no size for {dtype:?}")))?;
         let kv = node.handle.worker(dtype, app_id, customer_id).wait()?;
-        let worker = Box::into_raw(Box::new(Worker {
+        let worker = Worker {
             kv,
             value_size,
             requests: Arc::default(),
-        }));
-        // SAFETY: checked non-null; writable by contract.
-        unsafe { args::write_out(out, "out", worker) }
+        };
+        // SAFETY: writable by the caller's contract.
+        unsafe { args::write_handle(out, "out", worker) }
     })
 }
 
@@ -223,13 +222,8 @@ pub unsafe extern "C" fn vans_worker_new(
 /// `worker` must come from `vans_worker_new` and not be used after this call (nor during it).
 #[no_mangle]
 pub unsafe extern "C" fn vans_worker_free(worker: *mut Worker) {
-    let _ = guard("vans_worker_free", || {
-        if !worker.is_null() {
-            // SAFETY: from `Box::into_raw` in `vans_worker_new`, released once (contract).
-            drop(unsafe { Box::from_raw(worker) });
-        }
-        Ok(())
-    });
+    // SAFETY: forwarded contract.
+    unsafe { args::free_handle("vans_worker_free", worker) }
 }
 
 /// Pushes values (ps-lite's `ZPush`): `num_keys` keys, sorted ascending, and their values,
@@ -427,8 +421,7 @@ unsafe fn wait(
     timeout: Option<Duration>,
     name: &str,
 ) -> c_int {
-    let mut waited: Option<(c_int, String)> = None;
-    let status = guard(name, || {
+    guard(name, || {
         // SAFETY: live or NULL by the caller's contract.
         let worker = unsafe { args::handle(worker, "worker") }?;
         if tokio::runtime::Handle::try_current().is_ok() {
@@ -461,7 +454,7 @@ unsafe fn wait(
                 status
             }
         };
-        let Some(result) = status.clone() else {
+        let Some((code, message)) = status.clone() else {
             return Err(PsError::Timeout {
                 waited: timeout.unwrap_or_default(),
             }
@@ -469,11 +462,9 @@ unsafe fn wait(
         };
         drop(status);
         lock(&worker.requests.waitable).remove(&request_id);
-        waited = Some(result);
-        Ok(())
-    });
-    match waited {
-        Some((VANS_OK, _)) | None => status,
-        Some((code, message)) => report(Err(Failure { code, message })),
-    }
+        match code {
+            VANS_OK => Ok(()),
+            code => Err(Failure { code, message }),
+        }
+    })
 }
