@@ -14,7 +14,6 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 echo "== python: building and installing the wheel (pip install ./bindings/python[test,plot])"
 start=$(date +%s)
-"$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "./bindings/python[test,plot]"
 echo "== python: wheel built and installed in $(( $(date +%s) - start ))s"
 echo "== python: pytest bindings/python/tests"

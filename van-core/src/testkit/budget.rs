@@ -72,28 +72,34 @@ pub async fn check_peer_budget<V: Van + 'static>(make: impl Fn(usize) -> V, budg
         Err(_) => panic!("a small frame waited behind the budget"),
     }
 
-    // Read the stream: the small frame comes right after the large ones queued before it.
-    let mut position = 0;
-    let mut header = [0u8; HEADER_LEN];
-    loop {
-        let read = socket.read_exact(&mut header).await;
-        read.unwrap_or_else(|e| panic!("read: {e}"));
-        let len = FrameHeader::parse(&header, &Limits::default())
-            .unwrap_or_else(|e| panic!("header: {e}"))
-            .frame_len as usize;
-        let mut rest = vec![0u8; len - HEADER_LEN];
-        let read = socket.read_exact(&mut rest).await;
-        read.unwrap_or_else(|e| panic!("read: {e}"));
-        if len < LARGE {
-            let mut frame = header.to_vec();
-            frame.extend_from_slice(&rest);
-            let msg = wire::decode(frame.into(), &Limits::default())
-                .unwrap_or_else(|e| panic!("decode: {e}"));
-            assert_eq!(msg.meta.request_id, 1000);
-            break;
+    // Read the stream: the small frame comes right after the large ones queued before it
+    // (bounded: a van that lost the small frame fails here instead of hanging).
+    let read = async {
+        let mut position = 0;
+        let mut header = [0u8; HEADER_LEN];
+        loop {
+            let read = socket.read_exact(&mut header).await;
+            read.unwrap_or_else(|e| panic!("read: {e}"));
+            let len = FrameHeader::parse(&header, &Limits::default())
+                .unwrap_or_else(|e| panic!("header: {e}"))
+                .frame_len as usize;
+            let mut rest = vec![0u8; len - HEADER_LEN];
+            let read = socket.read_exact(&mut rest).await;
+            read.unwrap_or_else(|e| panic!("read: {e}"));
+            if len < LARGE {
+                let mut frame = header.to_vec();
+                frame.extend_from_slice(&rest);
+                let msg = wire::decode(frame.into(), &Limits::default())
+                    .unwrap_or_else(|e| panic!("decode: {e}"));
+                assert_eq!(msg.meta.request_id, 1000);
+                return position;
+            }
+            position += 1;
         }
-        position += 1;
-    }
+    };
+    let position = tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .unwrap_or_else(|_| panic!("the small frame did not arrive within 60 s"));
     assert!(
         position <= bound,
         "the small frame waited behind {position} large ones"
