@@ -165,10 +165,6 @@ impl NodeHandle {
 
     /// The node's runtime, to spawn Rust tasks next to the node's own.
     pub fn runtime(&self) -> tokio::runtime::Handle {
-        self.runtime_handle()
-    }
-
-    fn runtime_handle(&self) -> tokio::runtime::Handle {
         self.inner.runtime.handle()
     }
 
@@ -178,7 +174,7 @@ impl NodeHandle {
         T: Send + 'static,
         F: Future<Output = Result<T>> + Send + 'static,
     {
-        spawn_call(&self.runtime_handle(), future)
+        spawn_call(&self.runtime(), future)
     }
 
     /// This node's role.
@@ -573,16 +569,6 @@ fn unsupported(dtype: DataType) -> PsError {
     ))
 }
 
-/// The size in bytes of one value of `dtype`, for the types of [`VALUE_TYPES`].
-pub fn value_size(dtype: DataType) -> Option<usize> {
-    match dtype {
-        DataType::F32 | DataType::I32 => Some(4),
-        DataType::F64 | DataType::I64 | DataType::U64 => Some(8),
-        DataType::U8 => Some(1),
-        _ => None,
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Push,
@@ -650,7 +636,7 @@ impl Worker {
     }
 
     fn call(&self, op: Op, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
-        let handle = self.node.runtime_handle();
+        let handle = self.node.runtime();
         let kv = self.kv.clone();
         let mut issue: Pin<Box<dyn Future<Output = Result<crate::RequestId>> + Send>> = {
             let kv = kv.clone();

@@ -332,8 +332,7 @@ pub unsafe extern "C" fn vans_server_new(
         // SAFETY: forwarded contract.
         let (node, dtype, shards) = unsafe { server_args(node, dtype, shards, out) }?;
         let handler = handler.ok_or_else(|| Failure::invalid("handler is NULL"))?;
-        let value_size = ps::embed::value_size(dtype)
-            .ok_or_else(|| Failure::invalid(format!("no size for {dtype:?}")))?;
+        let value_size = dtype.size();
         let template = CHandler {
             handler,
             user_data,

@@ -41,7 +41,6 @@ pub type Callback =
 #[derive(Debug)]
 pub struct Worker {
     kv: ps::embed::Worker,
-    value_size: usize,
     requests: Arc<Requests>,
 }
 
@@ -166,10 +165,10 @@ impl Worker {
     }
 
     fn check_values(&self, vals_bytes: usize) -> Outcome {
-        if vals_bytes % self.value_size != 0 {
+        if vals_bytes % self.kv.dtype().size() != 0 {
             return Err(Failure::invalid(format!(
                 "vals_bytes {vals_bytes} is not a multiple of the value size {}",
-                self.value_size
+                self.kv.dtype().size()
             )));
         }
         Ok(())
@@ -200,12 +199,9 @@ pub unsafe extern "C" fn vans_worker_new(
         let node = unsafe { args::handle(node, "node") }?;
         let dtype = crate::data_type(dtype)?;
         args::check_out(out, "out")?;
-        let value_size = ps::embed::value_size(dtype)
-            .ok_or_else(|| Failure::invalid(format!("no size for {dtype:?}")))?;
         let kv = node.handle.worker(dtype, app_id, customer_id).wait()?;
         let worker = Worker {
             kv,
-            value_size,
             requests: Arc::default(),
         };
         // SAFETY: writable by the caller's contract.
@@ -308,7 +304,7 @@ pub unsafe extern "C" fn vans_pull(
     guard("vans_pull", || {
         // SAFETY: live or NULL by the caller's contract.
         let worker = unsafe { args::handle(worker, "worker") }?;
-        let value_size = worker.value_size;
+        let value_size = worker.kv.dtype().size();
         let output = Output::new(vals, vals_bytes, lens, num_keys, value_size)?;
         // SAFETY: readable for `num_keys` elements by the caller's contract.
         let pairs = unsafe { pairs_in(keys, num_keys, std::ptr::null()) }?;
@@ -356,7 +352,7 @@ pub unsafe extern "C" fn vans_push_pull(
         // SAFETY: live or NULL by the caller's contract.
         let worker = unsafe { args::handle(worker, "worker") }?;
         worker.check_values(vals_bytes)?;
-        let value_size = worker.value_size;
+        let value_size = worker.kv.dtype().size();
         let output = Output::new(out_vals, out_bytes, out_lens, num_keys, value_size)?;
         // SAFETY: readable for `num_keys` elements by the caller's contract.
         let pairs = unsafe { pairs_in(keys, num_keys, lens) }?;

@@ -274,7 +274,7 @@ pub(crate) fn new_array<'py>(
     data: &[u8],
     dtype: DataType,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let size = ps::embed::value_size(dtype).unwrap_or(1);
+    let size = dtype.size();
     if data.len() % size != 0 {
         return Err(PyValueError::new_err(format!(
             "{} bytes arrived, not a whole number of {}",
