@@ -9,6 +9,24 @@ pub mod report; // ps-bench's results: each worker's, the cluster's totals, tabl
 
 use std::fmt;
 
+/// Logs to stderr at the level `PS_VERBOSE` asks for (0 or unset: warn, 1: info, 2: debug),
+/// unless `RUST_LOG` says otherwise; colored when `ansi`.
+pub fn init_logging(ansi: bool) {
+    let filter = match std::env::var("PS_VERBOSE").as_deref() {
+        Ok("2") => "debug",
+        Ok("1") => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
+}
+
 /// `a / b`, or 0 when `b` is 0 (a failed or empty measurement).
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b == 0.0 {

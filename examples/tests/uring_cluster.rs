@@ -10,7 +10,7 @@ mod common;
 
 use common::{text, wait_output};
 
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
@@ -45,30 +45,33 @@ fn two_servers_two_workers_read_back_exact_sums_over_io_uring() {
     assert!(vans.iter().all(|l| l.ends_with("via uring")), "{vans:?}");
 }
 
+/// `ps-bench` launching its own local cluster (no `DMLC_ROLE`) with `args`, waited for.
+fn ps_bench(args: &[&str]) -> Output {
+    let child = Command::new(PS_BENCH)
+        .args(args)
+        .env_remove("DMLC_ROLE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_output(child, "ps-bench")
+}
+
 #[test]
 fn ps_bench_compares_tcp_and_uring_in_one_invocation() {
-    let out = wait_output(
-        Command::new(PS_BENCH)
-            .args([
-                "--van",
-                "tcp,uring",
-                "--mode",
-                "pushpull",
-                "--sizes",
-                "8,65536",
-                "--windows",
-                "8",
-                "--seconds",
-                "0.1",
-                "--no-raw",
-            ])
-            .env_remove("DMLC_ROLE")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-        "ps-bench",
-    );
+    let out = ps_bench(&[
+        "--van",
+        "tcp,uring",
+        "--mode",
+        "pushpull",
+        "--sizes",
+        "8,65536",
+        "--windows",
+        "8",
+        "--seconds",
+        "0.1",
+        "--no-raw",
+    ]);
     let all = text(&out);
     assert!(out.status.success(), "{all}");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -99,33 +102,24 @@ fn ps_bench_compares_tcp_and_uring_in_one_invocation() {
 
 #[test]
 fn many_peers_four_servers_eight_workers_over_tcp_and_uring_give_one_total_per_case() {
-    let out = wait_output(
-        Command::new(PS_BENCH)
-            .args([
-                "--van",
-                "tcp,uring",
-                "--servers",
-                "4",
-                "--workers",
-                "8",
-                "--mode",
-                "pushpull",
-                "--sizes",
-                "8,65536",
-                "--windows",
-                "4",
-                "--seconds",
-                "0.1",
-                "--no-raw",
-                "--json",
-            ])
-            .env_remove("DMLC_ROLE")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-        "ps-bench",
-    );
+    let out = ps_bench(&[
+        "--van",
+        "tcp,uring",
+        "--servers",
+        "4",
+        "--workers",
+        "8",
+        "--mode",
+        "pushpull",
+        "--sizes",
+        "8,65536",
+        "--windows",
+        "4",
+        "--seconds",
+        "0.1",
+        "--no-raw",
+        "--json",
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     let value: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {}", text(&out)));
@@ -137,7 +131,10 @@ fn many_peers_four_servers_eight_workers_over_tcp_and_uring_give_one_total_per_c
         .collect();
     assert_eq!(vans, ["tcp", "uring"]);
     for run in value["runs"].as_array().unwrap() {
-        for case in run["cases"].as_array().unwrap() {
+        let cases = run["cases"].as_array().unwrap();
+        // One case per size: an empty run would pass every check below.
+        assert_eq!(cases.len(), 2, "{run}");
+        for case in cases {
             let rows = case["workers"].as_array().unwrap();
             assert_eq!(rows.len(), 8, "{case}");
             let sum: f64 = rows.iter().map(|r| r["ops_per_s"].as_f64().unwrap()).sum();

@@ -184,19 +184,7 @@ fn parse_args(args: Vec<String>) -> Result<Options, String> {
 }
 
 fn main() -> ExitCode {
-    let filter = match std::env::var("PS_VERBOSE").as_deref() {
-        Ok("2") => "debug",
-        Ok("1") => "info",
-        _ => "warn",
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+    examples::init_logging(false);
     let options = match parse_args(std::env::args().skip(1).collect()) {
         Ok(o) => o,
         Err(e) => {

@@ -21,7 +21,7 @@ use examples::raw::{raw_socket, Workload};
 use examples::{ratio, Table};
 use van_core::inproc::{Hub, InProcessVan};
 use van_core::{inbox, Event, Inbox, Message, Node, Role, Van};
-use van_tcp::TcpVan;
+use van_tcp::{TcpOptions, TcpVan};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -85,25 +85,17 @@ fn main() -> Result<(), BoxError> {
         for w in workloads {
             eprintln!("running {} ({} requests) ...", w.name, w.count);
             let raw = w.figure(raw_socket(w).await?);
-            let tcp = w.figure(van_pair(w, TcpVan::default).await?);
-            let unpooled = w.figure(
-                van_pair(w, || {
-                    TcpVan::new(van_tcp::TcpOptions {
-                        frame_pool_bytes: 0,
-                        ..van_tcp::TcpOptions::default()
-                    })
-                })
-                .await?,
-            );
-            let unbudgeted = w.figure(
-                van_pair(w, || {
-                    TcpVan::new(van_tcp::TcpOptions {
-                        peer_budget_bytes: 0,
-                        ..van_tcp::TcpOptions::default()
-                    })
-                })
-                .await?,
-            );
+            let tcp = w.figure(tcp_pair(w, TcpOptions::default()).await?);
+            let unpooled = TcpOptions {
+                frame_pool_bytes: 0,
+                ..TcpOptions::default()
+            };
+            let unpooled = w.figure(tcp_pair(w, unpooled).await?);
+            let unbudgeted = TcpOptions {
+                peer_budget_bytes: 0,
+                ..TcpOptions::default()
+            };
+            let unbudgeted = w.figure(tcp_pair(w, unbudgeted).await?);
             let hub = Hub::new();
             let inproc = w.figure(van_pair(w, || InProcessVan::new(&hub)).await?);
             // Lower is better for latency; express the ratio as "how many times better".
@@ -139,6 +131,11 @@ fn main() -> Result<(), BoxError> {
         println!("(\"tcp van / raw\" > 1 means the van is better; the raw socket writes each message with its own system call)");
     }
     Ok(())
+}
+
+/// [`van_pair`] over two TCP vans with `options`.
+async fn tcp_pair(w: Workload, options: TcpOptions) -> Result<Duration, BoxError> {
+    van_pair(w, || TcpVan::new(options.clone())).await
 }
 
 /// Two vans made by `make`, one echoing, the other driving the workload.

@@ -49,19 +49,7 @@ use van_core::VanKind;
 use crate::options::{Options, VanArg, RESULTS_DIR_ENV};
 
 fn main() {
-    let filter = match std::env::var("PS_VERBOSE").as_deref() {
-        Ok("2") => "debug",
-        Ok("1") => "info",
-        _ => "warn",
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::from_command_line();
     // One thread per node by default: with several nodes per machine, extra runtime threads
     // mostly add cross-thread wake-ups.

@@ -179,22 +179,23 @@ async fn benchmark(
     let n = o.keys;
     let keys: Vec<u64> = (0..n).map(|i| key(i, n)).collect();
     let together = po.num_workers() > 1;
+    let length = match o.iters {
+        Some(n) => format!("{n} requests"),
+        None => format!("{:.1} s", o.seconds),
+    };
     for size in &o.sizes {
         // Each size has its own keys (a key's length is fixed by its first push), stored
         // once before any case so that pulls return `size` bytes.
         let keys: Vec<u64> = keys.iter().map(|k| k.wrapping_add(*size as u64)).collect();
+        let zeros = vec![0f32; size / 4];
         for k in &keys {
-            let id = worker.push(&[*k], &vec![0f32; size / 4], None, 0).await?;
+            let id = worker.push(&[*k], &zeros, None, 0).await?;
             worker.wait(id).await?;
         }
+        let vals = values(po, *size, o);
         for mode in o.modes() {
             for window in &o.windows {
-                let length = match o.iters {
-                    Some(n) => format!("{n} requests"),
-                    None => format!("{:.1} s", o.seconds),
-                };
                 eprintln!("worker {rank}: {mode} {size} B x{window} in flight for {length} ...");
-                let vals = values(po, *size, o);
                 if together {
                     po.barrier(node_ids::WORKER_GROUP).await?;
                 }
@@ -265,7 +266,7 @@ struct CaseResult {
     latencies_us: Vec<u32>,
 }
 
-/// The values every request of a case pushes: `size` bytes of `1f32`, written once (in the
+/// The values every request of a size's cases pushes: `size` bytes of `1f32`, written once (in the
 /// IPC van's shared arena with `--zero-copy`, when it has room).
 fn values(po: &Postoffice, size: usize, o: &Options) -> Bytes {
     if !o.zero_copy {
