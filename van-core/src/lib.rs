@@ -12,6 +12,9 @@
 //! - [`budget`]: [`ByteBudget`](budget::ByteBudget), bytes of large frames a peer's send
 //!   queue may hold;
 //! - [`pool`]: [`FramePool`], reused buffers for large received frames;
+//! - [`link`]: [`Links`](link::Links), the table of connections every van keeps the same way
+//!   (routes by peer, one dial per peer, spares, lost peers, stop), and the per-peer
+//!   [`FrameQueue`](link::FrameQueue);
 //! - [`select`]: the selection policy, which van carries each peer's traffic;
 //! - [`config`]: [`Config`], parsed once from `DMLC_*`/`PS_*` environment or built in code;
 //! - [`inproc`]: an in-process van (channels, no sockets) for tests, simulation and
@@ -25,6 +28,7 @@ pub mod config;
 pub mod endpoint_map;
 pub mod error;
 pub mod inproc;
+pub mod link;
 pub mod message;
 pub mod pool;
 pub mod rendezvous;

@@ -7,12 +7,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
+use van_core::link::stream::Closed;
+use van_core::link::Frame;
 use van_core::wire::{self, FrameHeader, Limits, HEADER_LEN};
 use van_core::{Event, FramePool, InboxSender, Message, WireError};
-
-/// An encoded frame waiting in a peer queue: its parts, ready for vectored I/O (its last
-/// part holds the frame's share of the peer's byte budget, see `ByteBudget::attach`).
-pub(crate) type Frame = Vec<Bytes>;
 
 /// Most frames one writer batch takes from the queue (each is ≤ 1 + 2 × segments parts).
 const MAX_BATCH_FRAMES: usize = 256;
@@ -26,30 +24,6 @@ pub(crate) const LARGE_FRAME: usize = 256 * 1024;
 /// How far a large frame's buffer may run ahead of the bytes that have arrived: a peer that
 /// declares a huge frame and sends nothing makes us allocate at most this much.
 const LARGE_FRAME_WINDOW: usize = 4 << 20;
-
-/// Why a connection ended.
-#[derive(Debug)]
-pub(crate) enum Closed {
-    /// The peer closed the connection between frames.
-    Eof,
-    /// The socket failed.
-    Io(io::Error),
-    /// The peer sent a bad frame (or closed in the middle of one).
-    Wire(WireError),
-    /// Our node's inbox is gone: the node is shutting down.
-    InboxGone,
-}
-
-impl std::fmt::Display for Closed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Closed::Eof => f.write_str("connection closed by peer"),
-            Closed::Io(e) => write!(f, "socket error: {e}"),
-            Closed::Wire(e) => write!(f, "bad frame from peer: {e}"),
-            Closed::InboxGone => f.write_str("local inbox closed"),
-        }
-    }
-}
 
 /// Writes every queued frame until the queue closes, many frames per system call. Each part
 /// is dropped as soon as it is written, so a frame's budget comes back before the rest of the

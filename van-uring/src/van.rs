@@ -1,18 +1,15 @@
 //! [`IoUringVan`]: the routes to peers, the I/O threads, and the `Van` implementation.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
-use van_core::budget::ByteBudget;
-use van_core::van::{address_for, recipient_of};
-use van_core::wire;
+use van_core::link::{stream, Connection, FrameQueue, Links};
+use van_core::van::address_for;
 use van_core::{Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
 
 use crate::mailbox::{Command, Mailbox};
@@ -20,34 +17,12 @@ use crate::options::UringOptions;
 use crate::worker::{allowed_cpus, NewConnection, Worker, WorkerSetup, DRAIN_TIMEOUT};
 use crate::UringError;
 
-/// An encoded frame waiting in a peer queue: its parts, ready for vectored I/O.
-pub(crate) type Frame = Vec<Bytes>;
+/// A connection as the link table sees it: its I/O thread ends it when the van stops the
+/// threads, so there is nothing to do per connection.
+struct OnRing;
 
-thread_local! {
-    /// Where frame headers are encoded: each header is split off a shared chunk, so small
-    /// messages cost no allocation of their own (a chunk is freed when its last frame is).
-    static ARENA: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
-}
-/// Size of an encoding chunk.
-const ARENA_CHUNK: usize = 64 * 1024;
-/// Below this much room, a fresh chunk is taken.
-const ARENA_REFILL: usize = 4 * 1024;
-
-/// Idle time before the first keepalive probe.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
-/// Time between keepalive probes.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-/// Unanswered probes before the connection is declared dead.
-const KEEPALIVE_PROBES: u32 = 3;
-
-/// The sending side of one connection.
-#[derive(Debug, Clone)]
-pub(crate) struct Link {
-    connection: u64,
-    queue: mpsc::Sender<Frame>,
-    /// Bytes of large frames this peer's queue may hold; a frame's share comes back when the
-    /// I/O thread drops its bytes (after the kernel's completion).
-    budget: ByteBudget,
+impl Connection for OnRing {
+    fn abort(&self) {}
 }
 
 /// Counters the I/O threads keep, for diagnostics and the buffer-ownership tests.
@@ -86,26 +61,14 @@ pub(crate) struct Shared {
     pub(crate) options: UringOptions,
     /// Buffers of large received frames, shared by every connection of every I/O thread.
     pub(crate) pool: van_core::FramePool,
-    state: Mutex<State>,
-    next_connection: AtomicU64,
+    pub(crate) links: Links<FrameQueue>,
+    /// The address the listener is bound to, once bound.
+    local: OnceLock<SocketAddr>,
+    /// One per I/O thread: fires when the thread has exited.
+    exited: Mutex<Vec<oneshot::Receiver<()>>>,
     next_thread: AtomicUsize,
     pub(crate) mailboxes: Vec<Arc<Mailbox>>,
     pub(crate) stats: Stats,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    stopped: bool,
-    bound: bool,
-    local: Option<SocketAddr>,
-    /// The link used to send to each peer; at most one per peer.
-    links: HashMap<NodeId, Link>,
-    /// Why the link to a peer went away, so later sends can say so.
-    lost: HashMap<NodeId, String>,
-    /// One gate per peer, so concurrent `connect`s to it dial once.
-    dialing: HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>,
-    /// One per I/O thread: fires when the thread has exited.
-    exited: Vec<oneshot::Receiver<()>>,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -115,110 +78,36 @@ impl std::fmt::Debug for Mailbox {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every critical section is a few map operations; a panic inside one cannot leave the
-        // state half-updated in a way later calls would trip on, so poison is ignored.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The thread the next connection goes to (round robin).
     pub(crate) fn pick_thread(&self) -> usize {
         self.next_thread.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len().max(1)
     }
 
-    /// Prepares a connection for an I/O thread: socket options, its queue and its link.
+    /// Prepares a connection for an I/O thread: socket options, its queue, and its entry in
+    /// the link table (a route when `peer` is the node dialed). `None` (closing the socket)
+    /// when the van has stopped.
     pub(crate) fn new_connection(
         &self,
         stream: std::net::TcpStream,
         remote: SocketAddr,
         peer: Option<NodeId>,
-    ) -> NewConnection {
-        if let Err(e) = stream.set_nodelay(true) {
-            warn!(%remote, "cannot set TCP_NODELAY: {e}");
-        }
-        // A peer whose host vanishes without a reset is noticed in ~25 s, not ~15 min.
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(KEEPALIVE_PROBES);
-        if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
-            warn!(%remote, "cannot enable TCP keepalive: {e}");
-        }
-        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        let (tx, queue) = mpsc::channel(self.options.send_queue_depth.max(1));
-        let link = Link {
-            connection: id,
-            queue: tx,
-            budget: ByteBudget::new(self.options.peer_budget_bytes),
-        };
-        NewConnection {
+    ) -> Option<NewConnection> {
+        stream::tune(&stream, &remote);
+        let id = self.links.next_id();
+        let (link, queue) = FrameQueue::new(
+            self.options.send_queue_depth,
+            self.options.peer_budget_bytes,
+        );
+        self.links
+            .add(id, peer, link, Arc::new(OnRing), None)
+            .ok()?;
+        Some(NewConnection {
             id,
             stream,
             remote,
             peer,
             queue,
-            link: Some(link),
-        }
-    }
-
-    /// A peer identified itself on a connection: reply over it unless we have a link already.
-    pub(crate) fn learn(&self, peer: NodeId, link: &Link) {
-        let mut state = self.lock();
-        if !state.stopped && !state.links.contains_key(&peer) {
-            debug!(peer, "learned link from incoming connection");
-            state.links.insert(peer, link.clone());
-            state.lost.remove(&peer);
-        }
-    }
-
-    /// Connection `connection` ended: drops the routes over it. Returns whether the loss is
-    /// to be reported (an unidentified connection, or the route of its peer — a spare
-    /// connection of a peer whose route lives on is not that peer's loss).
-    pub(crate) fn connection_closed(
-        &self,
-        connection: u64,
-        peer: Option<NodeId>,
-        reason: &str,
-    ) -> bool {
-        let mut state = self.lock();
-        let dropped: Vec<NodeId> = state
-            .links
-            .iter()
-            .filter(|(_, link)| link.connection == connection)
-            .map(|(peer, _)| *peer)
-            .collect();
-        for peer in &dropped {
-            state.links.remove(peer);
-            state.lost.insert(*peer, reason.to_owned());
-        }
-        !state.stopped && (peer.is_none() || !dropped.is_empty())
-    }
-
-    /// The link to `peer`, or why there is none.
-    fn link(&self, peer: NodeId) -> Result<Link, VanError> {
-        let state = self.lock();
-        if state.stopped {
-            return Err(VanError::Stopped(VanKind::Uring));
-        }
-        if let Some(link) = state.links.get(&peer) {
-            return Ok(link.clone());
-        }
-        Err(match state.lost.get(&peer) {
-            Some(reason) => VanError::PeerGone {
-                peer,
-                reason: reason.clone(),
-            },
-            None => VanError::UnknownPeer { peer },
         })
-    }
-
-    async fn enqueue(&self, peer: NodeId, link: &Link, frame: Frame) -> Result<(), VanError> {
-        let gone = || VanError::PeerGone {
-            peer,
-            reason: "connection closed".into(),
-        };
-        let frame = link.budget.attach(frame).await;
-        link.queue.send(frame).await.map_err(|_| gone())
     }
 
     fn stop_threads(&self, flush: bool, deadline: Instant) {
@@ -267,8 +156,9 @@ impl IoUringVan {
             },
             pool: van_core::FramePool::new(options.frame_pool_bytes),
             options,
-            state: Mutex::new(State::default()),
-            next_connection: AtomicU64::new(0),
+            links: Links::new(VanKind::Uring),
+            local: OnceLock::new(),
+            exited: Mutex::new(Vec::new()),
             next_thread: AtomicUsize::new(0),
             mailboxes,
         });
@@ -309,20 +199,18 @@ impl IoUringVan {
                 }
             }
         }
-        shared.lock().exited = exited;
+        *shared.exited.lock().unwrap_or_else(|e| e.into_inner()) = exited;
         Ok(van)
     }
 
     /// The address the listener is bound to, once bound.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.shared.lock().local
+        self.shared.local.get().copied()
     }
 
     /// Peers this van currently has a link to.
     pub fn connected_peers(&self) -> Vec<NodeId> {
-        let mut peers: Vec<NodeId> = self.shared.lock().links.keys().copied().collect();
-        peers.sort_unstable();
-        peers
+        self.shared.links.peers()
     }
 
     /// What the pool of large-frame buffers has done, for diagnostics and tests.
@@ -360,18 +248,6 @@ impl IoUringVan {
             shared: Arc::downgrade(&self.shared),
         }
     }
-
-    fn encode(&self, msg: &Message) -> Result<Frame, VanError> {
-        let mut parts = Vec::with_capacity(1 + 2 * msg.data.len());
-        ARENA.with(|arena| {
-            let mut arena = arena.borrow_mut();
-            if arena.capacity() < ARENA_REFILL {
-                *arena = BytesMut::with_capacity(ARENA_CHUNK);
-            }
-            wire::encode_into(msg, &self.shared.options.limits, &mut arena, &mut parts)
-        })?;
-        Ok(parts)
-    }
 }
 
 /// Reads a van's [`UringStats`] without keeping the van alive; see
@@ -403,11 +279,7 @@ impl Drop for IoUringVan {
     /// (without flushing). Its threads finish on their own: each keeps every buffer until
     /// the kernel has returned it, then exits.
     fn drop(&mut self) {
-        {
-            let mut state = self.shared.lock();
-            state.stopped = true;
-            state.links.clear();
-        }
+        self.shared.links.abort();
         self.shared.stop_threads(false, Instant::now());
     }
 }
@@ -419,15 +291,7 @@ impl Van for IoUringVan {
     }
 
     async fn bind(&self, host: &str, port: u16, inbox: InboxSender) -> Result<Endpoint, VanError> {
-        {
-            let state = self.shared.lock();
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Uring));
-            }
-            if state.bound {
-                return Err(VanError::AlreadyBound(VanKind::Uring));
-            }
-        }
+        self.shared.links.check_bindable()?;
         let bind_error = |source| VanError::Bind {
             kind: VanKind::Uring,
             address: Endpoint::stream(VanKind::Uring, host, port).address,
@@ -439,17 +303,8 @@ impl Van for IoUringVan {
             .into_std()
             .map_err(bind_error)?;
         let local = listener.local_addr().map_err(bind_error)?;
-        {
-            let mut state = self.shared.lock();
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Uring));
-            }
-            if state.bound {
-                return Err(VanError::AlreadyBound(VanKind::Uring));
-            }
-            state.bound = true;
-            state.local = Some(local);
-        }
+        self.shared.links.bound(inbox.clone(), None)?;
+        let _ = self.shared.local.set(local);
         for mailbox in &self.shared.mailboxes {
             mailbox.post(Command::Inbox(inbox.clone()));
         }
@@ -462,96 +317,59 @@ impl Van for IoUringVan {
 
     async fn connect(&self, node: &Node) -> Result<(), VanError> {
         let (peer, address) = address_for(node, VanKind::Uring)?;
-        let gate = Arc::clone(self.shared.lock().dialing.entry(peer).or_default());
-        // Held across the dial on purpose: it only orders connects to this one peer.
-        let _dialing = gate.lock().await;
-        {
-            let state = self.shared.lock();
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Uring));
-            }
-            if state.links.contains_key(&peer) {
-                return Ok(());
-            }
-            if !state.bound {
-                return Err(VanError::NotBound(VanKind::Uring));
-            }
-        }
-        let connect_error = |source| VanError::Connect {
-            kind: VanKind::Uring,
-            peer,
-            address: address.clone(),
-            source,
-        };
-        let stream = tokio::time::timeout(
-            self.shared.options.connect_timeout,
-            tokio::net::TcpStream::connect(address.as_str()),
-        )
-        .await
-        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-        .map_err(connect_error)?;
-        let remote = stream.peer_addr().map_err(connect_error)?;
-        // From here on the ring drives the socket; tokio lets go of it.
-        let stream = stream.into_std().map_err(connect_error)?;
-        let mut new = self.shared.new_connection(stream, remote, Some(peer));
-        // A dialed connection's route is known; it needs no link of its own to learn with.
-        let Some(link) = new.link.take() else {
-            return Err(VanError::Stopped(VanKind::Uring));
-        };
-        let thread = self.shared.pick_thread();
-        {
-            let mut state = self.shared.lock();
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Uring));
-            }
-            // A concurrent connect (or a learned link) may have won; keep that one so the
-            // order of messages to this peer never depends on two connections.
-            state.links.entry(peer).or_insert(link);
-            state.lost.remove(&peer);
-        }
-        if let Some(mailbox) = self.shared.mailboxes.get(thread) {
-            mailbox.post(Command::Adopt(new));
-        }
-        debug!(peer, %remote, thread, "connected");
-        Ok(())
+        self.shared
+            .links
+            .connect(peer, |_inbox| async move {
+                let connect_error = |source| VanError::Connect {
+                    kind: VanKind::Uring,
+                    peer,
+                    address: address.clone(),
+                    source,
+                };
+                let stream = tokio::time::timeout(
+                    self.shared.options.connect_timeout,
+                    tokio::net::TcpStream::connect(address.as_str()),
+                )
+                .await
+                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+                .map_err(connect_error)?;
+                let remote = stream.peer_addr().map_err(connect_error)?;
+                // From here on the ring drives the socket; tokio lets go of it.
+                let stream = stream.into_std().map_err(connect_error)?;
+                let new = self
+                    .shared
+                    .new_connection(stream, remote, Some(peer))
+                    .ok_or(VanError::Stopped(VanKind::Uring))?;
+                let thread = self.shared.pick_thread();
+                if let Some(mailbox) = self.shared.mailboxes.get(thread) {
+                    mailbox.post(Command::Adopt(new));
+                }
+                debug!(peer, %remote, thread, "connected");
+                Ok(())
+            })
+            .await
     }
 
     async fn send(&self, msg: Message) -> Result<(), VanError> {
-        let peer = recipient_of(&msg)?;
-        let link = self.shared.link(peer)?;
-        let frame = self.encode(&msg)?;
-        self.shared.enqueue(peer, &link, frame).await
+        self.shared
+            .links
+            .send(&msg, &self.shared.options.limits)
+            .await
     }
 
     async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), VanError> {
-        let mut link: Option<(NodeId, Link)> = None;
-        for msg in msgs {
-            let peer = recipient_of(&msg)?;
-            let current = match &link {
-                Some((p, l)) if *p == peer => l.clone(),
-                _ => {
-                    let l = self.shared.link(peer)?;
-                    link = Some((peer, l.clone()));
-                    l
-                }
-            };
-            let frame = self.encode(&msg)?;
-            self.shared.enqueue(peer, &current, frame).await?;
-        }
-        Ok(())
+        self.shared
+            .links
+            .send_batch(&msgs, &self.shared.options.limits)
+            .await
     }
 
     async fn stop(&self) -> Result<(), VanError> {
-        let (links, exited) = {
-            let mut state = self.shared.lock();
-            state.stopped = true;
-            (
-                std::mem::take(&mut state.links),
-                std::mem::take(&mut state.exited),
-            )
-        };
-        // Closing the routes lets each connection's queue end once drained.
-        drop(links);
+        // Closing the routes lets each connection's queue end once drained; the threads
+        // flush them.
+        self.shared.links.stop(Duration::ZERO).await;
+        let exited =
+            std::mem::take(&mut *self.shared.exited.lock().unwrap_or_else(|e| e.into_inner()));
         let flush = self.shared.options.flush_timeout;
         self.shared.stop_threads(true, Instant::now() + flush);
         let all = async {

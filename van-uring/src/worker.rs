@@ -32,13 +32,15 @@ use bytes::Bytes;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
+use van_core::link::stream::Closed;
+use van_core::link::Frame;
 use van_core::van::InboxClosed;
-use van_core::{Event, InboxSender, NodeId, PeerLost, VanKind, WireError};
+use van_core::{Event, InboxSender, NodeId};
 
 use crate::bufring::BufRing;
 use crate::mailbox::{Command, DeliveryWaker, Mailbox, QueueWaker};
 use crate::reassembly::Reassembly;
-use crate::van::{Frame, Link, Shared};
+use crate::van::Shared;
 
 mod recv;
 mod send;
@@ -85,33 +87,6 @@ pub(crate) struct NewConnection {
     /// The node dialed, or `None` for an accepted connection (learned from its first message).
     pub(crate) peer: Option<NodeId>,
     pub(crate) queue: mpsc::Receiver<Frame>,
-    /// The connection's own route, offered to the van when the peer identifies itself
-    /// (accepted connections only).
-    pub(crate) link: Option<Link>,
-}
-
-/// Why a connection ended.
-#[derive(Debug)]
-pub(crate) enum Closed {
-    /// The peer closed the connection between frames.
-    Eof,
-    /// The socket failed.
-    Io(std::io::Error),
-    /// The peer sent a bad frame (or closed in the middle of one).
-    Wire(WireError),
-    /// The van is stopping.
-    Stopped,
-}
-
-impl std::fmt::Display for Closed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Closed::Eof => f.write_str("connection closed by peer"),
-            Closed::Io(e) => write!(f, "socket error: {e}"),
-            Closed::Wire(e) => write!(f, "bad frame from peer: {e}"),
-            Closed::Stopped => f.write_str("van stopped"),
-        }
-    }
 }
 
 struct Conn {
@@ -123,7 +98,6 @@ struct Conn {
     raw_fd: i32,
     remote: SocketAddr,
     peer: Option<NodeId>,
-    link: Option<Link>,
     queue: Option<mpsc::Receiver<Frame>>,
     queue_done: bool,
     waker: Waker,
@@ -575,7 +549,6 @@ impl Worker {
             stream: Some(new.stream),
             remote: new.remote,
             peer: new.peer,
-            link: new.link,
             queue: Some(new.queue),
             queue_done: false,
             waker,
@@ -652,7 +625,9 @@ impl Worker {
             }
         };
         debug!(%remote, "accepted connection");
-        let new = self.shared.new_connection(stream, remote, None);
+        let Some(new) = self.shared.new_connection(stream, remote, None) else {
+            return;
+        };
         let target = self.shared.pick_thread();
         if target == self.index {
             self.adopt(new);
@@ -679,7 +654,6 @@ impl Worker {
         }
         conn.closing = true;
         conn.queue = None;
-        conn.link = None;
         conn.out.clear();
         if let Some(stream) = &conn.stream {
             if !graceful {
@@ -708,21 +682,15 @@ impl Worker {
             self.cancel(target, id);
         }
         let reason = closed.to_string();
-        match &closed {
-            Closed::Eof | Closed::Stopped => debug!(%remote, ?peer, "connection closed: {reason}"),
-            Closed::Io(_) | Closed::Wire(_) => {
-                warn!(%remote, ?peer, "dropping connection: {reason}")
-            }
+        if closed.is_failure() {
+            warn!(%remote, ?peer, "dropping connection: {reason}");
+        } else {
+            debug!(%remote, ?peer, "connection closed: {reason}");
         }
-        if !matches!(closed, Closed::Stopped)
-            && self.shared.connection_closed(id, peer, &reason)
-            && self.inbox.is_some()
-        {
-            self.batch.push(Event::PeerLost(PeerLost {
-                peer,
-                kind: VanKind::Uring,
-                reason,
-            }));
+        if let Some(lost) = self.shared.links.closed(id, &reason) {
+            if self.inbox.is_some() {
+                self.batch.push(Event::PeerLost(lost));
+            }
         }
         self.reap_connection(id);
     }
@@ -790,8 +758,6 @@ impl Worker {
             let Some(conn) = self.conns.get_mut(&id) else {
                 continue;
             };
-            // The queue closes once the van's routes and pending sends are gone.
-            conn.link = None;
             let mut cancels = Vec::new();
             if conn.multishot && !conn.cancel_sent {
                 conn.cancel_sent = true;

@@ -395,10 +395,27 @@ pub fn encode_into(
     Ok(frame_len)
 }
 
-/// Encodes `msg` into a fresh list of parts; see [`encode_into`].
+thread_local! {
+    /// Where [`encode`] writes frame headers: each is split off a shared chunk, so a small
+    /// message costs no allocation of its own (a chunk is freed with its last frame).
+    static ARENA: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+}
+/// Size of an encoding chunk.
+const ARENA_CHUNK: usize = 64 * 1024;
+/// Below this much room, a fresh chunk is taken.
+const ARENA_REFILL: usize = 4 * 1024;
+
+/// Encodes `msg` into a fresh list of parts (see [`encode_into`]), its header taken from a
+/// per-thread chunk shared with other frames.
 pub fn encode(msg: &Message, limits: &Limits) -> Result<Vec<Bytes>, WireError> {
-    let mut parts = Vec::new();
-    encode_into(msg, limits, &mut BytesMut::new(), &mut parts)?;
+    let mut parts = Vec::with_capacity(1 + 2 * msg.data.len());
+    ARENA.with(|arena| {
+        let mut arena = arena.borrow_mut();
+        if arena.capacity() < ARENA_REFILL {
+            *arena = BytesMut::with_capacity(ARENA_CHUNK);
+        }
+        encode_into(msg, limits, &mut arena, &mut parts)
+    })?;
     Ok(parts)
 }
 

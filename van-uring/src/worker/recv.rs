@@ -9,7 +9,7 @@ use van_core::{Event, Message, NodeId, WireError};
 
 use super::{user_data, Closed, Conn, Worker, K_RECV_DIRECT, K_RECV_MULTI};
 use crate::bufring::GROUP;
-use crate::van::{Link, Shared};
+use crate::van::Shared;
 
 impl Worker {
     // ---- receiving --------------------------------------------------------------------
@@ -88,14 +88,14 @@ impl Worker {
                 self.bufs.give_back(bid, buf);
             } else {
                 let Conn {
+                    id,
                     reassembly,
                     peer,
-                    link,
                     ..
                 } = conn;
                 let shared = &self.shared;
                 let batch = &mut self.batch;
-                let mut out = |msg: Message| on_message(msg, peer, link, shared, batch);
+                let mut out = |msg: Message| on_message(msg, *id, peer, shared, batch);
                 let result = if reassembly.adopts(buf.len()) {
                     // The buffer becomes the messages' storage; the ring gets a fresh one.
                     reassembly.push_owned(Bytes::from(buf), &mut out)
@@ -158,14 +158,14 @@ impl Worker {
         let closed = match result {
             n if n > 0 => {
                 let Conn {
+                    id,
                     reassembly,
                     peer,
-                    link,
                     ..
                 } = conn;
                 let shared = &self.shared;
                 let batch = &mut self.batch;
-                let mut out = |msg: Message| on_message(msg, peer, link, shared, batch);
+                let mut out = |msg: Message| on_message(msg, *id, peer, shared, batch);
                 reassembly
                     .large_filled(n as usize, &mut out)
                     .err()
@@ -190,17 +190,15 @@ impl Worker {
 /// A message arrived on a connection: learn who is on it, and queue it for the inbox.
 fn on_message(
     msg: Message,
+    id: u64,
     peer: &mut Option<NodeId>,
-    link: &Option<Link>,
     shared: &Shared,
     batch: &mut Vec<Event>,
 ) {
     if peer.is_none() {
         if let Some(sender) = msg.meta.sender {
             *peer = Some(sender);
-            if let Some(link) = link {
-                shared.learn(sender, link);
-            }
+            shared.links.learn(id, sender);
         }
     }
     batch.push(Event::Message(msg));

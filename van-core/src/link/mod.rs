@@ -1,0 +1,496 @@
+//! The link layer every van shares: which connection carries the traffic to each peer.
+//!
+//! A van moves bytes over its connections; [`Links`] keeps the book on them, the same way
+//! for every van:
+//!
+//! - **One table of connections.** Every open connection is registered with the sending
+//!   side of its queue (the van's link type `L`) and, once known, the peer on the other end.
+//!   A peer's *route* is the connection its messages go out on: at most one per peer, so the
+//!   order of messages to a peer never depends on two connections.
+//! - **One dial per peer.** [`Links::connect`] lets one caller dial a peer at a time; the
+//!   others wait and find the route made.
+//! - **The spare rule.** When two nodes dial each other at once, each ends up with two
+//!   connections to the other. The first registered becomes the route; the other stays open
+//!   (the peer may be sending over it) and is a *spare*. An accepted connection becomes a
+//!   peer's route when the peer identifies itself on it ([`Links::learn`]) and no route
+//!   exists yet, so a node can answer a peer it never dialed.
+//! - **Lost peers.** When a connection ends, [`Links::closed`] removes it and says whether
+//!   its end is a loss to report: the route of a peer (the peer is gone) or a connection
+//!   nobody identified (the peer is unknown). A spare's end is no loss while the route lives,
+//!   and nothing is a loss once the van stops. Later sends to a lost peer fail with the
+//!   reason.
+//! - **Stop and drop.** [`Links::stop`] refuses new connections, closes every queue (so each
+//!   writer flushes and ends), waits for the writers up to the flush timeout, then ends every
+//!   connection and task. [`Links::abort`] (for `Drop`) ends them at once.
+//!
+//! [`FrameQueue`] is the bounded per-peer send queue with its byte budget, and
+//! [`stream`] holds what the two stream vans (TCP and io_uring) share.
+
+pub mod stream;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use crate::budget::ByteBudget;
+use crate::message::{Message, NodeId, VanKind};
+use crate::van::{recipient_of, InboxSender, PeerLost, VanError};
+use crate::wire::{self, Limits};
+
+/// Identifies one connection of a van (unique for the van's life).
+pub type ConnectionId = u64;
+
+/// An encoded frame on its way to a peer: its parts, ready for vectored I/O.
+pub type Frame = Vec<Bytes>;
+
+/// What the table may ask of one connection's I/O (its tasks, threads or queue pair).
+pub trait Connection: Send + Sync + 'static {
+    /// The connection's queue has been closed by a stop: write what it holds, then end.
+    /// Writers that end when their queue closes need nothing more (the default).
+    fn finish(&self) {}
+
+    /// End now, without flushing (after a stop's flush timeout, or when the van is dropped).
+    fn abort(&self);
+
+    /// Whether the connection has ended (its route is no longer used for sending).
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// One open connection.
+struct Entry<L> {
+    /// The node on the other end, once known (dialed, or learned from its first message).
+    peer: Option<NodeId>,
+    /// The sending side; dropping the last copy closes the connection's queue.
+    link: L,
+    io: Arc<dyn Connection>,
+    /// Fires when the connection's writer has flushed and ended.
+    flushed: Option<oneshot::Receiver<()>>,
+}
+
+struct State<L> {
+    stopped: bool,
+    inbox: Option<InboxSender>,
+    /// Every open connection.
+    connections: HashMap<ConnectionId, Entry<L>>,
+    /// The connection each peer's messages go out on.
+    routes: HashMap<NodeId, ConnectionId>,
+    /// Why the route to a peer went away, so later sends can say so.
+    lost: HashMap<NodeId, String>,
+    /// One gate per peer, so concurrent connects to it dial once. Bounded by the peers.
+    dialing: HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>,
+    /// Accept loops, handshakes and watchers: aborted on stop.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The table of a van's connections; see the [module docs](self).
+pub struct Links<L> {
+    kind: VanKind,
+    state: Mutex<State<L>>,
+    next_id: AtomicU64,
+}
+
+impl<L> std::fmt::Debug for Links<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("Links")
+            .field("kind", &self.kind)
+            .field("stopped", &state.stopped)
+            .field("connections", &state.connections.len())
+            .field("routes", &state.routes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: Clone + Send + 'static> Links<L> {
+    /// An empty table for a van of `kind` (named in its errors).
+    pub fn new(kind: VanKind) -> Links<L> {
+        Links {
+            kind,
+            state: Mutex::new(State {
+                stopped: false,
+                inbox: None,
+                connections: HashMap::new(),
+                routes: HashMap::new(),
+                lost: HashMap::new(),
+                dialing: HashMap::new(),
+                tasks: Vec::new(),
+            }),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<L>> {
+        // Every critical section is a few map operations; a panic inside one cannot leave
+        // the table half-updated in a way later calls would trip on, so poison is ignored.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The van this table belongs to.
+    pub fn kind(&self) -> VanKind {
+        self.kind
+    }
+
+    /// A fresh connection id.
+    pub fn next_id(&self) -> ConnectionId {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether the van has stopped (or was dropped).
+    pub fn is_stopped(&self) -> bool {
+        self.lock().stopped
+    }
+
+    /// Fails when the van cannot bind now: it stopped, or it is bound already.
+    pub fn check_bindable(&self) -> Result<(), VanError> {
+        let state = self.lock();
+        if state.stopped {
+            return Err(VanError::Stopped(self.kind));
+        }
+        if state.inbox.is_some() {
+            return Err(VanError::AlreadyBound(self.kind));
+        }
+        Ok(())
+    }
+
+    /// Records a successful bind: the inbox connections deliver into, and the task that
+    /// accepts them (if the van has one). Fails (aborting the task) when the van stopped or
+    /// another bind won meanwhile.
+    pub fn bound(
+        &self,
+        inbox: InboxSender,
+        accept: Option<JoinHandle<()>>,
+    ) -> Result<(), VanError> {
+        let mut state = self.lock();
+        let refused = if state.stopped {
+            Some(VanError::Stopped(self.kind))
+        } else if state.inbox.is_some() {
+            Some(VanError::AlreadyBound(self.kind))
+        } else {
+            None
+        };
+        if let Some(error) = refused {
+            if let Some(task) = accept {
+                task.abort();
+            }
+            return Err(error);
+        }
+        state.inbox = Some(inbox);
+        state.tasks.extend(accept);
+        Ok(())
+    }
+
+    /// The inbox of a bound, running van.
+    pub fn inbox(&self) -> Result<InboxSender, VanError> {
+        let state = self.lock();
+        if state.stopped {
+            return Err(VanError::Stopped(self.kind));
+        }
+        state.inbox.clone().ok_or(VanError::NotBound(self.kind))
+    }
+
+    /// Keeps `task` (a handshake, a watcher) to abort on stop; aborts it at once when the
+    /// van has stopped already.
+    pub fn track(&self, task: JoinHandle<()>) {
+        let mut state = self.lock();
+        if state.stopped {
+            task.abort();
+            return;
+        }
+        state.tasks.retain(|t| !t.is_finished());
+        state.tasks.push(task);
+    }
+
+    /// Opens the route to `peer` unless it exists: one caller at a time dials a given peer
+    /// (the others wait, then find its route). `dial` gets the inbox, opens the connection
+    /// and registers it with [`add`](Self::add).
+    pub async fn connect<F, Fut>(&self, peer: NodeId, dial: F) -> Result<(), VanError>
+    where
+        F: FnOnce(InboxSender) -> Fut,
+        Fut: Future<Output = Result<(), VanError>>,
+    {
+        let gate = Arc::clone(self.lock().dialing.entry(peer).or_default());
+        // Held across the dial on purpose: it only orders connects to this one peer.
+        let _dialing = gate.lock().await;
+        let inbox = {
+            let state = self.lock();
+            if state.stopped {
+                return Err(VanError::Stopped(self.kind));
+            }
+            if live_route(&state, peer).is_some() {
+                return Ok(());
+            }
+            state.inbox.clone().ok_or(VanError::NotBound(self.kind))?
+        };
+        dial(inbox).await
+    }
+
+    /// Registers a new connection: `peer` is the node dialed (it becomes the peer's route
+    /// unless a live one exists, in which case this connection is a spare), or `None` for an
+    /// accepted connection (a route once [`learn`](Self::learn)ed). `flushed` fires when its
+    /// writer has written everything and ended. Fails (aborting the connection) when the van
+    /// has stopped.
+    pub fn add(
+        &self,
+        id: ConnectionId,
+        peer: Option<NodeId>,
+        link: L,
+        io: Arc<dyn Connection>,
+        flushed: Option<oneshot::Receiver<()>>,
+    ) -> Result<(), VanError> {
+        let mut state = self.lock();
+        if state.stopped {
+            drop(state);
+            io.abort();
+            return Err(VanError::Stopped(self.kind));
+        }
+        state.connections.insert(
+            id,
+            Entry {
+                peer,
+                link,
+                io,
+                flushed,
+            },
+        );
+        if let Some(peer) = peer {
+            route(&mut state, peer, id);
+        }
+        Ok(())
+    }
+
+    /// The peer on connection `id` identified itself: it becomes the peer's route unless a
+    /// live one exists (then we answer over the connection we already have).
+    pub fn learn(&self, id: ConnectionId, peer: NodeId) {
+        let mut state = self.lock();
+        if state.stopped {
+            return;
+        }
+        let Some(entry) = state.connections.get_mut(&id) else {
+            return;
+        };
+        entry.peer.get_or_insert(peer);
+        if route(&mut state, peer, id) {
+            debug!(peer, kind = %self.kind, "learned a route from an accepted connection");
+        }
+    }
+
+    /// Connection `id` ended for `reason`: forgets it and the route over it. Returns the loss
+    /// to report, if it is one (see the [module docs](self)).
+    pub fn closed(&self, id: ConnectionId, reason: &str) -> Option<PeerLost> {
+        let mut state = self.lock();
+        let entry = state.connections.remove(&id)?;
+        let was_route = match entry.peer {
+            Some(peer) if state.routes.get(&peer) == Some(&id) => {
+                state.routes.remove(&peer);
+                state.lost.insert(peer, reason.to_owned());
+                true
+            }
+            _ => false,
+        };
+        if state.stopped || (entry.peer.is_some() && !was_route) {
+            return None;
+        }
+        Some(PeerLost {
+            peer: entry.peer,
+            kind: self.kind,
+            reason: reason.to_owned(),
+        })
+    }
+
+    /// The link to send to `peer` over, or why there is none.
+    pub fn link(&self, peer: NodeId) -> Result<L, VanError> {
+        let state = self.lock();
+        if state.stopped {
+            return Err(VanError::Stopped(self.kind));
+        }
+        if let Some(entry) = live_route(&state, peer) {
+            return Ok(entry.link.clone());
+        }
+        Err(match state.lost.get(&peer) {
+            Some(reason) => VanError::PeerGone {
+                peer,
+                reason: reason.clone(),
+            },
+            None if state.routes.contains_key(&peer) => VanError::PeerGone {
+                peer,
+                reason: "the connection closed".into(),
+            },
+            None => VanError::UnknownPeer { peer },
+        })
+    }
+
+    /// Peers with a live route, in order.
+    pub fn peers(&self) -> Vec<NodeId> {
+        let state = self.lock();
+        let mut peers: Vec<NodeId> = state
+            .routes
+            .keys()
+            .copied()
+            .filter(|peer| live_route(&state, *peer).is_some())
+            .collect();
+        peers.sort_unstable();
+        peers
+    }
+
+    /// Open connections: routes and spares, dialed and accepted.
+    pub fn connections(&self) -> usize {
+        self.lock().connections.len()
+    }
+
+    /// Stops: refuses new connections and binds, closes every queue so each writer flushes
+    /// and ends, waits up to `flush` for them, then ends every connection and task. Returns
+    /// whether everything was flushed in time. Idempotent.
+    pub async fn stop(&self, flush: Duration) -> bool {
+        let (connections, tasks) = {
+            let mut state = self.lock();
+            state.stopped = true;
+            state.inbox = None;
+            state.routes.clear();
+            (
+                std::mem::take(&mut state.connections),
+                std::mem::take(&mut state.tasks),
+            )
+        };
+        let mut ios = Vec::with_capacity(connections.len());
+        let mut flushed = Vec::with_capacity(connections.len());
+        for (_, entry) in connections {
+            // Dropping the link closes the queue (the writer's copy is the last reader).
+            drop(entry.link);
+            entry.io.finish();
+            flushed.extend(entry.flushed);
+            ios.push(entry.io);
+        }
+        let all = async {
+            for done in flushed {
+                let _ = done.await;
+            }
+        };
+        let in_time = tokio::time::timeout(flush, all).await.is_ok();
+        for io in &ios {
+            io.abort();
+        }
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        in_time
+    }
+
+    /// Ends every connection and task at once, without flushing (for a van's `Drop`).
+    pub fn abort(&self) {
+        let (connections, tasks) = {
+            let mut state = self.lock();
+            state.stopped = true;
+            state.inbox = None;
+            state.routes.clear();
+            (
+                std::mem::take(&mut state.connections),
+                std::mem::take(&mut state.tasks),
+            )
+        };
+        for (_, entry) in connections {
+            entry.io.abort();
+        }
+        for task in tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The entry of `peer`'s route, if it is live.
+fn live_route<L>(state: &State<L>, peer: NodeId) -> Option<&Entry<L>> {
+    let id = state.routes.get(&peer)?;
+    state
+        .connections
+        .get(id)
+        .filter(|entry| !entry.io.is_closed())
+}
+
+/// Makes connection `id` the route to `peer` unless a live route exists; whether it did.
+fn route<L>(state: &mut State<L>, peer: NodeId, id: ConnectionId) -> bool {
+    if live_route(state, peer).is_some() {
+        return false;
+    }
+    state.routes.insert(peer, id);
+    state.lost.remove(&peer);
+    true
+}
+
+/// A peer's bounded send queue of encoded frames, with the [`ByteBudget`] that keeps a deep
+/// queue of large frames from holding more than its share of bytes. Clones share the queue.
+#[derive(Debug, Clone)]
+pub struct FrameQueue {
+    queue: mpsc::Sender<Frame>,
+    budget: ByteBudget,
+}
+
+impl FrameQueue {
+    /// A queue of at most `depth` frames and `budget_bytes` of large frames (0: no byte
+    /// limit), and the receiving end its writer drains.
+    pub fn new(depth: usize, budget_bytes: usize) -> (FrameQueue, mpsc::Receiver<Frame>) {
+        let (queue, frames) = mpsc::channel(depth.max(1));
+        let queue = FrameQueue {
+            queue,
+            budget: ByteBudget::new(budget_bytes),
+        };
+        (queue, frames)
+    }
+
+    /// Queues `frame` for `peer`, waiting while the queue or the byte budget is full.
+    pub async fn push(&self, peer: NodeId, frame: Frame) -> Result<(), VanError> {
+        let frame = self.budget.attach(frame).await;
+        self.queue
+            .send(frame)
+            .await
+            .map_err(|_| VanError::PeerGone {
+                peer,
+                reason: "the connection closed".into(),
+            })
+    }
+
+    /// Whether the writer has gone (the queue's receiving end is closed).
+    pub fn is_closed(&self) -> bool {
+        self.queue.is_closed()
+    }
+}
+
+impl Links<FrameQueue> {
+    /// Encodes `msg` and queues it on its recipient's route: the whole of a stream van's
+    /// `send`.
+    pub async fn send(&self, msg: &Message, limits: &Limits) -> Result<(), VanError> {
+        let peer = recipient_of(msg)?;
+        let queue = self.link(peer)?;
+        let frame = wire::encode(msg, limits)?;
+        queue.push(peer, frame).await
+    }
+
+    /// Encodes and queues `msgs` in order, looking each recipient's route up once per run of
+    /// messages to it; stops at the first error (earlier messages stay queued).
+    pub async fn send_batch(&self, msgs: &[Message], limits: &Limits) -> Result<(), VanError> {
+        let mut current: Option<(NodeId, FrameQueue)> = None;
+        for msg in msgs {
+            let peer = recipient_of(msg)?;
+            let queue = match &current {
+                Some((p, queue)) if *p == peer => queue,
+                _ => &current.insert((peer, self.link(peer)?)).1,
+            };
+            let frame = wire::encode(msg, limits)?;
+            queue.push(peer, frame).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
