@@ -1,9 +1,8 @@
 //! [`IpcVan`]: the van over shared-memory rings (see the crate docs for the design).
 
-use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use std::os::linux::net::SocketAddrExt;
@@ -13,10 +12,11 @@ use bytes::{Bytes, BytesMut};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
+use van_core::link::{self, Links};
 use van_core::van::{address_for, recipient_of};
 use van_core::wire::{self, Limits};
 use van_core::{
-    Config, Endpoint, Event, InboxSender, Message, Node, NodeId, PeerLost, Van, VanError, VanKind,
+    Config, Endpoint, Event, InboxSender, Message, Node, NodeId, Van, VanError, VanKind,
 };
 
 use crate::arena::{self, Arena, PeerArena, Ref, RefTable};
@@ -115,26 +115,12 @@ pub struct IpcVan {
 #[derive(Debug)]
 struct Shared {
     options: IpcOptions,
-    state: Mutex<State>,
-    next_connection: AtomicU64,
+    links: Links<Link>,
     /// Our arena, created by `bind` when `arena_bytes > 0`.
     arena: OnceLock<Arc<Arena>>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    stopped: bool,
-    inbox: Option<InboxSender>,
-    links: HashMap<NodeId, Link>,
-    /// Accepted connections whose peer has not identified itself yet, by connection id:
-    /// holding their link keeps their writer (and so the peer's reading side) open.
-    accepted: HashMap<u64, Link>,
-    lost: HashMap<NodeId, String>,
-    connections: Vec<Arc<Connection>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Named mode: the thread accepting from the mailbox; joined by `stop` and `Drop` so the
     /// mailbox is removed before they return.
-    accept_thread: Option<std::thread::JoinHandle<()>>,
+    accept_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// The sending side of one connection.
@@ -207,13 +193,8 @@ struct Arenas {
 /// One connection's shared flags.
 #[derive(Debug)]
 struct Connection {
-    id: u64,
     /// Set when the connection ends for any reason; threads exit when they see it.
     closed: AtomicBool,
-    /// Set when another connection to the same peer won a race: its end is not a loss.
-    superseded: AtomicBool,
-    /// Signalled by the writer thread when it has flushed and exited.
-    writer_done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     /// Why the liveness watcher ended the connection, when it did (named mode: "no
     /// heartbeat for …"); reported instead of the reader's generic reason.
     lost_reason: Mutex<Option<String>>,
@@ -234,9 +215,15 @@ impl Connection {
     }
 }
 
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // Map operations only; a poisoned lock still holds consistent data.
-    state.lock().unwrap_or_else(|e| e.into_inner())
+impl link::Connection for Connection {
+    /// The writer thread flushes and ends once its queue closes; nothing more to do.
+    fn abort(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    fn is_closed(&self) -> bool {
+        Connection::is_closed(self)
+    }
 }
 
 /// A fresh name for a ring or a listening socket: purpose, pid, and random bits so that
@@ -260,9 +247,9 @@ impl IpcVan {
         IpcVan {
             shared: Arc::new(Shared {
                 options,
-                state: Mutex::new(State::default()),
-                next_connection: AtomicU64::new(0),
+                links: Links::new(VanKind::Ipc),
                 arena: OnceLock::new(),
+                accept_thread: Mutex::new(None),
             }),
         }
     }
@@ -278,9 +265,7 @@ impl IpcVan {
 
     /// Peers this van currently has a link to.
     pub fn connected_peers(&self) -> Vec<NodeId> {
-        let mut peers: Vec<NodeId> = lock(&self.shared.state).links.keys().copied().collect();
-        peers.sort_unstable();
-        peers
+        self.shared.links.peers()
     }
 }
 
@@ -304,16 +289,7 @@ impl IpcVan {
         // Dialers size their rings as we do; refuse what is far larger.
         listener.set_max_ring_bytes(self.shared.options.ring_bytes.max(DEFAULT_RING_BYTES) * 4);
         let address = listener.address().to_owned();
-        {
-            let mut state = lock(&self.shared.state);
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Ipc));
-            }
-            if state.inbox.is_some() {
-                return Err(VanError::AlreadyBound(VanKind::Ipc));
-            }
-            state.inbox = Some(inbox.clone());
-        }
+        self.shared.links.bound(inbox.clone(), None)?;
         let shared = Arc::clone(&self.shared);
         let runtime = tokio::runtime::Handle::current();
         let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
@@ -322,7 +298,7 @@ impl IpcVan {
             .spawn(move || {
                 let _runtime = runtime.enter();
                 // Dropping the listener at the end closes and removes the mailbox.
-                while !lock(&shared.state).stopped {
+                while !shared.links.is_stopped() {
                     match listener.accept(WAIT_SLICE) {
                         Ok(Some(mut connection)) => {
                             connection.consumer.set_max_message(max_frame);
@@ -344,7 +320,11 @@ impl IpcVan {
                 }
             })
             .map_err(|e| io_error("cannot start the IPC accept thread", e))?;
-        lock(&self.shared.state).accept_thread = Some(accept);
+        *self
+            .shared
+            .accept_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(accept);
         info!("ipc van listening at {address}");
         Ok(Endpoint {
             kind: VanKind::Ipc,
@@ -352,25 +332,13 @@ impl IpcVan {
         })
     }
 
-    /// `connect` to a named-mode address (`shm:…`).
-    async fn connect_named(&self, peer: NodeId, address: String) -> Result<(), VanError> {
-        let inbox = {
-            let state = lock(&self.shared.state);
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Ipc));
-            }
-            if state
-                .links
-                .get(&peer)
-                .is_some_and(|l| !l.connection.is_closed())
-            {
-                return Ok(());
-            }
-            state
-                .inbox
-                .clone()
-                .ok_or(VanError::NotBound(VanKind::Ipc))?
-        };
+    /// Dials a named-mode address (`shm:…`) and starts the connection.
+    async fn connect_named(
+        &self,
+        peer: NodeId,
+        address: String,
+        inbox: InboxSender,
+    ) -> Result<(), VanError> {
         let ring_bytes = self.shared.options.ring_bytes;
         let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
         let dial = address.clone();
@@ -402,21 +370,9 @@ impl Drop for IpcVan {
     /// A van dropped without [`Van::stop`] still ends its connections: threads see the
     /// closed flags within a wait slice and exit; nothing is flushed.
     fn drop(&mut self) {
-        let mut state = lock(&self.shared.state);
-        state.stopped = true;
-        state.inbox = None;
-        state.links.clear();
-        state.accepted.clear();
-        for connection in state.connections.drain(..) {
-            connection.closed.store(true, Ordering::Release);
-        }
-        for task in state.tasks.drain(..) {
-            task.abort();
-        }
-        let accept = state.accept_thread.take();
-        drop(state);
-        if let Some(accept) = accept {
-            // It sees `stopped` within one wait slice and removes the mailbox.
+        self.shared.links.abort();
+        if let Some(accept) = self.shared.take_accept_thread() {
+            // It sees the stop within one wait slice and removes the mailbox.
             let _ = accept.join();
         }
     }
@@ -429,7 +385,16 @@ impl Default for IpcVan {
 }
 
 impl Shared {
-    /// Starts the threads and the liveness watcher of a connection; returns its link.
+    /// The named-mode accept thread, if it runs (taken: joined once).
+    fn take_accept_thread(&self) -> Option<std::thread::JoinHandle<()>> {
+        self.accept_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Registers a connection with the link table, then starts its threads and liveness
+    /// watcher.
     fn start_connection(
         self: &Arc<Self>,
         watch: Watch,
@@ -438,14 +403,11 @@ impl Shared {
         peer: Option<NodeId>,
         arenas: Arenas,
         inbox: InboxSender,
-    ) -> Result<Link, VanError> {
-        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+    ) -> Result<(), VanError> {
+        let id = self.links.next_id();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let connection = Arc::new(Connection {
-            id,
             closed: AtomicBool::new(false),
-            superseded: AtomicBool::new(false),
-            writer_done: Mutex::new(Some(done_rx)),
             lost_reason: Mutex::new(None),
         });
         let (queue, frames) = mpsc::channel(SEND_QUEUE);
@@ -463,9 +425,12 @@ impl Shared {
         };
         let peer_arena = arenas.theirs;
         let spins = self.options.spins();
+        // Registered before the threads start, so that what the reader learns finds it.
+        self.links
+            .add(id, peer, link, Arc::clone(&connection) as _, Some(done_rx))?;
 
         let writer_connection = Arc::clone(&connection);
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name(format!("vans-ipc-w{id}"))
             .spawn(move || {
                 write_loop(frames, &writer_direct, &writer_connection, spins);
@@ -473,19 +438,16 @@ impl Shared {
                     table.close();
                 }
                 let _ = done_tx.send(());
-            })
-            .map_err(|e| io_error("cannot start the IPC writer thread", e))?;
+            });
+        if let Err(e) = writer {
+            connection.closed.store(true, Ordering::Release);
+            self.links.closed(id, "no writer thread");
+            return Err(io_error("cannot start the IPC writer thread", e));
+        }
 
         let shared = Arc::clone(self);
         let reader_connection = Arc::clone(&connection);
-        // Weak: a reader must not keep its own connection's queue open (stop waits for the
-        // writer to see the queue close).
-        let reader_queue = link.queue.downgrade();
-        let reader_table = link.table.clone();
-        let reader_direct = Arc::clone(&link.direct);
-        let reader_link_connection = Arc::clone(&connection);
-        let reader_inbox = inbox.clone();
-        std::thread::Builder::new()
+        let reader = std::thread::Builder::new()
             .name(format!("vans-ipc-r{id}"))
             .spawn(move || {
                 let mut peer = peer;
@@ -494,145 +456,52 @@ impl Shared {
                     peer_arena.as_ref(),
                     &reader_connection,
                     &shared,
-                    &reader_inbox,
+                    &inbox,
                     |sender| {
                         if peer.is_none() {
                             peer = Some(sender);
-                            if let Some(queue) = reader_queue.upgrade() {
-                                let link = Link {
-                                    connection: Arc::clone(&reader_link_connection),
-                                    queue,
-                                    direct: Arc::clone(&reader_direct),
-                                    table: reader_table.clone(),
-                                };
-                                shared.learn(sender, &link);
-                            }
+                            shared.links.learn(id, sender);
                         }
                     },
                 );
-                shared.connection_closed(&reader_connection, peer, &reason, &reader_inbox);
-            })
-            .map_err(|e| io_error("cannot start the IPC reader thread", e))?;
-
-        let watcher = tokio::spawn(watch_connection(watch, Arc::clone(&connection)));
-        let mut state = lock(&self.state);
-        if state.stopped {
+                shared.connection_closed(id, &reader_connection, peer, &reason, &inbox);
+            });
+        if let Err(e) = reader {
             connection.closed.store(true, Ordering::Release);
-            watcher.abort();
-            return Err(VanError::Stopped(VanKind::Ipc));
+            self.links.closed(id, "no reader thread");
+            return Err(io_error("cannot start the IPC reader thread", e));
         }
-        state.tasks.retain(|t| !t.is_finished());
-        state.tasks.push(watcher);
-        state.connections.retain(|c| !c.is_closed());
-        state.connections.push(Arc::clone(&connection));
-        // Registered under the same lock that checks `stopped`, so `stop` always sees it.
-        if !connection.is_closed() {
-            match peer {
-                None => {
-                    state.accepted.insert(id, link.clone());
-                }
-                Some(peer) => {
-                    let live = state
-                        .links
-                        .get(&peer)
-                        .is_some_and(|l| !l.connection.is_closed());
-                    if live {
-                        // A connection the peer opened (or a concurrent connect) won: close
-                        // this one quietly; messages keep flowing over the winner.
-                        connection.superseded.store(true, Ordering::Release);
-                        connection.closed.store(true, Ordering::Release);
-                    } else {
-                        state.links.insert(peer, link.clone());
-                        state.lost.remove(&peer);
-                    }
-                }
-            }
-        }
-        Ok(link)
+        self.links
+            .track(tokio::spawn(watch_connection(watch, connection)));
+        Ok(())
     }
 
-    /// A peer identified itself on an accepted connection: reply over it.
-    fn learn(&self, peer: NodeId, link: &Link) {
-        let mut state = lock(&self.state);
-        if !state.stopped && !state.links.contains_key(&peer) {
-            debug!(peer, "learned IPC link from an accepted connection");
-            state.links.insert(peer, link.clone());
-            state.lost.remove(&peer);
-            state.accepted.remove(&link.connection.id);
-        }
-        // Otherwise we already send to this peer over another connection; this one stays
-        // open (held in `accepted`) because the peer sends over it.
-    }
-
-    /// Whether the van stopped (or was dropped).
-    fn is_stopped(&self) -> bool {
-        lock(&self.state).stopped
-    }
-
-    /// Forgets a closed connection's links and reports its peer lost (unless the van
-    /// stopped or another connection to the peer superseded it).
+    /// Forgets a closed connection and reports its peer lost (unless the van stopped or the
+    /// connection was a spare).
     fn connection_closed(
         &self,
+        id: link::ConnectionId,
         connection: &Connection,
         peer: Option<NodeId>,
         reason: &str,
         inbox: &InboxSender,
     ) {
         connection.closed.store(true, Ordering::Release);
-        let stopped = {
-            let mut state = lock(&self.state);
-            let dropped: Vec<NodeId> = state
-                .links
-                .iter()
-                .filter(|(_, l)| l.connection.id == connection.id)
-                .map(|(p, _)| *p)
-                .collect();
-            for p in dropped {
-                state.links.remove(&p);
-                state.lost.insert(p, reason.to_owned());
-            }
-            state.accepted.remove(&connection.id);
-            state.stopped
-        };
-        if stopped || connection.superseded.load(Ordering::Acquire) {
-            return;
-        }
+        // The liveness watcher's reason ("no heartbeat for …") says more than the reader's.
         let reason = connection
             .lost_reason
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .unwrap_or_else(|| reason.to_owned());
-        warn!(?peer, "IPC connection closed: {reason}");
-        let lost = PeerLost {
-            peer,
-            kind: VanKind::Ipc,
-            reason,
+        let Some(lost) = self.links.closed(id, &reason) else {
+            return;
         };
-        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || self.is_stopped());
-    }
-
-    fn link(&self, peer: NodeId) -> Result<Link, VanError> {
-        let state = lock(&self.state);
-        if state.stopped {
-            return Err(VanError::Stopped(VanKind::Ipc));
+        match peer {
+            Some(peer) => warn!(peer, "IPC connection closed: {reason}"),
+            None => debug!("unidentified IPC connection closed: {reason}"),
         }
-        if let Some(link) = state.links.get(&peer) {
-            if !link.connection.is_closed() {
-                return Ok(link.clone());
-            }
-        }
-        Err(match state.lost.get(&peer) {
-            Some(reason) => VanError::PeerGone {
-                peer,
-                reason: reason.clone(),
-            },
-            None if state.links.contains_key(&peer) => VanError::PeerGone {
-                peer,
-                reason: "the connection closed".into(),
-            },
-            None => VanError::UnknownPeer { peer },
-        })
+        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || self.links.is_stopped());
     }
 
     /// The listener side of the handshake.
@@ -868,7 +737,7 @@ fn read_loop(
     let limits = shared.options.limits;
     let spins = shared.options.spins();
     // A full inbox nobody drains holds this thread only until the van stops.
-    let abandon = || shared.is_stopped();
+    let abandon = || shared.links.is_stopped();
     let mut frame = BytesMut::new();
     let mut in_frame = false;
     let mut batch = Vec::new();
@@ -966,133 +835,15 @@ fn read_loop(
     }
 }
 
-/// Puts the referenced bytes of the peer's arena into the data segments they replace.
-fn resolve_refs(msg: &mut Message, refs: &[Ref], arena: &PeerArena) -> Result<(), String> {
-    for r in refs {
-        let slot = msg
-            .data
-            .get_mut(r.index as usize)
-            .filter(|d| d.is_empty())
-            .ok_or_else(|| format!("no empty data segment {} to fill", r.index))?;
-        *slot = arena.bytes(r).map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-#[async_trait]
-impl Van for IpcVan {
-    fn kind(&self) -> VanKind {
-        VanKind::Ipc
-    }
-
-    async fn bind(
+impl IpcVan {
+    /// Dials an abstract-socket address (`@name`), hands over the rings and starts the
+    /// connection.
+    async fn connect_socket(
         &self,
-        _host: &str,
-        _port: u16,
+        peer: NodeId,
+        address: String,
         inbox: InboxSender,
-    ) -> Result<Endpoint, VanError> {
-        {
-            let state = lock(&self.shared.state);
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Ipc));
-            }
-            if state.inbox.is_some() {
-                return Err(VanError::AlreadyBound(VanKind::Ipc));
-            }
-        }
-        if self.shared.options.arena_bytes > 0 && self.shared.arena.get().is_none() {
-            let arena = unique_name("arena")
-                .and_then(|name| Arena::create(&name, self.shared.options.arena_bytes))
-                .map_err(|e| VanError::Bind {
-                    kind: VanKind::Ipc,
-                    address: "shared arena".into(),
-                    source: std::io::Error::other(e.to_string()),
-                })?;
-            let _ = self.shared.arena.set(arena);
-        }
-        if self.shared.options.named {
-            return self.bind_named(inbox);
-        }
-        // Abstract namespace: no file to clean up, gone with the process.
-        let name = format!(
-            "vans-{}",
-            unique_name("sock").map_err(|e| io_error("IPC socket name", e))?
-        );
-        let bind_error = |source| VanError::Bind {
-            kind: VanKind::Ipc,
-            address: format!("@{name}"),
-            source,
-        };
-        let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-            .map_err(bind_error)?;
-        let listener = std::os::unix::net::UnixListener::bind_addr(&address).map_err(bind_error)?;
-        listener.set_nonblocking(true).map_err(bind_error)?;
-        let listener = UnixListener::from_std(listener).map_err(bind_error)?;
-        let shared = Arc::clone(&self.shared);
-        let accept_inbox = inbox.clone();
-        let accept = tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((socket, _)) => {
-                        let handshake_shared = Arc::clone(&shared);
-                        let inbox = accept_inbox.clone();
-                        let handshake = tokio::spawn(async move {
-                            if let Err(e) = handshake_shared.accept(socket, inbox).await {
-                                warn!("refused an IPC connection: {e}");
-                            }
-                        });
-                        // Tracked so `stop` ends a handshake that never completes.
-                        let mut state = lock(&shared.state);
-                        state.tasks.retain(|t| !t.is_finished());
-                        state.tasks.push(handshake);
-                    }
-                    Err(e) => {
-                        warn!("IPC accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-        });
-        let mut state = lock(&self.shared.state);
-        if state.stopped || state.inbox.is_some() {
-            accept.abort();
-            return Err(if state.stopped {
-                VanError::Stopped(VanKind::Ipc)
-            } else {
-                VanError::AlreadyBound(VanKind::Ipc)
-            });
-        }
-        state.inbox = Some(inbox);
-        state.tasks.push(accept);
-        info!("ipc van listening at @{name}");
-        Ok(Endpoint {
-            kind: VanKind::Ipc,
-            address: format!("@{name}"),
-        })
-    }
-
-    async fn connect(&self, node: &Node) -> Result<(), VanError> {
-        let (peer, address) = address_for(node, VanKind::Ipc)?;
-        if address.starts_with(named::ADDRESS_PREFIX) {
-            return self.connect_named(peer, address).await;
-        }
-        let inbox = {
-            let state = lock(&self.shared.state);
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Ipc));
-            }
-            if state
-                .links
-                .get(&peer)
-                .is_some_and(|l| !l.connection.is_closed())
-            {
-                return Ok(());
-            }
-            state
-                .inbox
-                .clone()
-                .ok_or(VanError::NotBound(VanKind::Ipc))?
-        };
+    ) -> Result<(), VanError> {
         let connect_error = |source| VanError::Connect {
             kind: VanKind::Ipc,
             peer,
@@ -1156,8 +907,6 @@ impl Van for IpcVan {
             ours: table,
             theirs: open_peer_arena(reply)?,
         };
-        // Registers the link (or, if another connection to this peer won meanwhile, closes
-        // this one quietly).
         self.shared.start_connection(
             Watch::Socket(socket),
             producer,
@@ -1169,10 +918,110 @@ impl Van for IpcVan {
         debug!(peer, "connected over shared memory");
         Ok(())
     }
+}
+
+/// Puts the referenced bytes of the peer's arena into the data segments they replace.
+fn resolve_refs(msg: &mut Message, refs: &[Ref], arena: &PeerArena) -> Result<(), String> {
+    for r in refs {
+        let slot = msg
+            .data
+            .get_mut(r.index as usize)
+            .filter(|d| d.is_empty())
+            .ok_or_else(|| format!("no empty data segment {} to fill", r.index))?;
+        *slot = arena.bytes(r).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Van for IpcVan {
+    fn kind(&self) -> VanKind {
+        VanKind::Ipc
+    }
+
+    async fn bind(
+        &self,
+        _host: &str,
+        _port: u16,
+        inbox: InboxSender,
+    ) -> Result<Endpoint, VanError> {
+        self.shared.links.check_bindable()?;
+        if self.shared.options.arena_bytes > 0 && self.shared.arena.get().is_none() {
+            let arena = unique_name("arena")
+                .and_then(|name| Arena::create(&name, self.shared.options.arena_bytes))
+                .map_err(|e| VanError::Bind {
+                    kind: VanKind::Ipc,
+                    address: "shared arena".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            let _ = self.shared.arena.set(arena);
+        }
+        if self.shared.options.named {
+            return self.bind_named(inbox);
+        }
+        // Abstract namespace: no file to clean up, gone with the process.
+        let name = format!(
+            "vans-{}",
+            unique_name("sock").map_err(|e| io_error("IPC socket name", e))?
+        );
+        let bind_error = |source| VanError::Bind {
+            kind: VanKind::Ipc,
+            address: format!("@{name}"),
+            source,
+        };
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(bind_error)?;
+        let listener = std::os::unix::net::UnixListener::bind_addr(&address).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let listener = UnixListener::from_std(listener).map_err(bind_error)?;
+        let shared = Arc::clone(&self.shared);
+        let accept_inbox = inbox.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((socket, _)) => {
+                        let handshake_shared = Arc::clone(&shared);
+                        let inbox = accept_inbox.clone();
+                        let handshake = tokio::spawn(async move {
+                            if let Err(e) = handshake_shared.accept(socket, inbox).await {
+                                warn!("refused an IPC connection: {e}");
+                            }
+                        });
+                        // Tracked so `stop` ends a handshake that never completes.
+                        shared.links.track(handshake);
+                    }
+                    Err(e) => {
+                        warn!("IPC accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        });
+        self.shared.links.bound(inbox, Some(accept))?;
+        info!("ipc van listening at @{name}");
+        Ok(Endpoint {
+            kind: VanKind::Ipc,
+            address: format!("@{name}"),
+        })
+    }
+
+    async fn connect(&self, node: &Node) -> Result<(), VanError> {
+        let (peer, address) = address_for(node, VanKind::Ipc)?;
+        self.shared
+            .links
+            .connect(peer, |inbox| async move {
+                if address.starts_with(named::ADDRESS_PREFIX) {
+                    self.connect_named(peer, address, inbox).await
+                } else {
+                    self.connect_socket(peer, address, inbox).await
+                }
+            })
+            .await
+    }
 
     async fn send(&self, msg: Message) -> Result<(), VanError> {
         let peer = recipient_of(&msg)?;
-        let link = self.shared.link(peer)?;
+        let link = self.shared.links.link(peer)?;
         let mut msg = msg;
         let refs = self.shared.take_refs(&link, &mut msg);
         let frame = wire::encode(&msg, &self.shared.options.limits)?;
@@ -1200,49 +1049,19 @@ impl Van for IpcVan {
     }
 
     async fn stop(&self) -> Result<(), VanError> {
-        let (links, accepted, connections, tasks, accept) = {
-            let mut state = lock(&self.shared.state);
-            state.stopped = true;
-            state.inbox = None;
-            (
-                std::mem::take(&mut state.links),
-                std::mem::take(&mut state.accepted),
-                std::mem::take(&mut state.connections),
-                std::mem::take(&mut state.tasks),
-                state.accept_thread.take(),
-            )
-        };
-        if let Some(accept) = accept {
-            // It sees `stopped` within one wait slice and removes the mailbox.
-            let _ = tokio::task::spawn_blocking(move || accept.join()).await;
-        }
         // Closing the queues lets each writer flush and exit (closing its ring, which tells
         // the peer's reader that nothing more comes); then the connections close.
-        drop(links);
-        drop(accepted);
-        let flush = async {
-            for connection in &connections {
-                let done = connection
-                    .writer_done
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                if let Some(done) = done {
-                    let _ = done.await;
-                }
-            }
-        };
-        if tokio::time::timeout(self.shared.options.flush_timeout, flush)
+        if !self
+            .shared
+            .links
+            .stop(self.shared.options.flush_timeout)
             .await
-            .is_err()
         {
             warn!("ipc van stop: queued frames not written in time; dropping them");
         }
-        for connection in &connections {
-            connection.closed.store(true, Ordering::Release);
-        }
-        for task in &tasks {
-            task.abort();
+        if let Some(accept) = self.shared.take_accept_thread() {
+            // It sees the stop within one wait slice and removes the mailbox.
+            let _ = tokio::task::spawn_blocking(move || accept.join()).await;
         }
         Ok(())
     }
