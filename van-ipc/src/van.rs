@@ -1,6 +1,5 @@
 //! [`IpcVan`]: the van over shared-memory rings (see the crate docs for the design).
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -8,8 +7,8 @@ use std::time::Duration;
 use std::os::linux::net::SocketAddrExt;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
-use tokio::net::{UnixListener, UnixStream};
+use bytes::Bytes;
+use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use van_core::link::{self, Links};
@@ -19,33 +18,24 @@ use van_core::{
     Config, Endpoint, Event, InboxSender, Message, Node, NodeId, Van, VanError, VanKind,
 };
 
-use crate::arena::{self, Arena, PeerArena, Ref, RefTable};
-use crate::fdpass;
-use crate::named::{self, Liveness, NamedListener, PeerStatus, HEARTBEAT_INTERVAL};
-use crate::ring::{create_ring, Consumer, Producer, DEFAULT_RING_BYTES, FIRST, LAST};
-use crate::segment::Segment;
-use crate::WaitResult;
+use crate::arena::{self, Arena, Ref, RefTable};
+use crate::named::{self};
+use crate::ring::{Consumer, Producer, DEFAULT_RING_BYTES};
 
-/// First handshake word.
-const HANDSHAKE_MAGIC: u64 = u64::from_le_bytes(*b"VANSIPC1");
-/// How long dialing a peer and creating the rings may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a connecting peer may take to hand over its rings.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+mod handshake;
+mod pipe;
+
+use handshake::{watch_connection, Arenas, Watch};
+use pipe::{read_loop, write_loop, Direct, Outgoing};
+
 /// Frames queued per peer before `send` waits.
 const SEND_QUEUE: usize = 4096;
-/// Messages a reader delivers in one batch at most.
-const MAX_BATCH: usize = 256;
 /// How long a waiting thread sleeps before it re-checks whether the van stopped.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// Spins per wait with busy polling (then the wait re-checks the connection).
 const BUSY_SPINS: u32 = 1 << 22;
 /// Spins before sleeping, in adaptive mode.
 const DEFAULT_SPINS: u32 = 2_000;
-/// Frames up to this size may be written into the ring by the sending task itself (when
-/// nothing is queued and the ring has room), saving the writer thread's wake-up.
-const DIRECT_MAX: usize = 64 << 10;
-
 /// Tuning of an [`IpcVan`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpcOptions {
@@ -134,62 +124,6 @@ struct Link {
     table: Option<Arc<RefTable>>,
 }
 
-/// The producing end of a connection's ring and what keeps its messages in order: a sender
-/// writes directly only while no queued message is pending (`pending == 0`, checked under
-/// the lock the writer thread holds while it writes one).
-#[derive(Debug)]
-struct Direct {
-    producer: Mutex<Producer>,
-    /// Messages queued for the writer thread and not yet completely written.
-    pending: std::sync::atomic::AtomicUsize,
-}
-
-impl Direct {
-    /// Writes a small frame into the ring from the calling task when nothing is queued and
-    /// the ring has room now; `false` when the caller must queue it instead.
-    fn try_write(&self, frame: &[Bytes], connection: &Connection) -> bool {
-        let total: usize = frame.iter().map(Bytes::len).sum();
-        if total > DIRECT_MAX || total == 0 || connection.is_closed() {
-            return false;
-        }
-        // Never wait for the lock: the writer may hold it while it waits for room.
-        let Ok(mut producer) = self.producer.try_lock() else {
-            return false;
-        };
-        if self.pending.load(Ordering::Acquire) != 0 || total > producer.max_record() {
-            return false;
-        }
-        let slices: Vec<&[u8]> = frame.iter().map(|p| p.as_ref()).collect();
-        match producer.try_push_message(&slices, 0) {
-            Ok(Some(written)) if written == total => {
-                producer.wake_consumer();
-                true
-            }
-            Ok(_) => false,
-            Err(e) => {
-                // A corrupt cursor: the queued path reports it and closes the connection.
-                debug!("IPC direct write refused: {e}");
-                false
-            }
-        }
-    }
-}
-
-/// One queued message: its encoded frame, preceded in the ring by a references record when
-/// some data segments travel by reference.
-#[derive(Debug)]
-struct Outgoing {
-    refs: Option<Bytes>,
-    frame: Vec<Bytes>,
-}
-
-/// The arenas of one connection: ours with the peer's reference table, and the peer's.
-#[derive(Debug, Default)]
-struct Arenas {
-    ours: Option<Arc<RefTable>>,
-    theirs: Option<PeerArena>,
-}
-
 /// One connection's shared flags.
 #[derive(Debug)]
 struct Connection {
@@ -198,15 +132,6 @@ struct Connection {
     /// Why the liveness watcher ended the connection, when it did (named mode: "no
     /// heartbeat for …"); reported instead of the reader's generic reason.
     lost_reason: Mutex<Option<String>>,
-}
-
-/// How a connection notices that its peer is gone.
-#[derive(Debug)]
-enum Watch {
-    /// The handshake socket's end of file (the kernel closes it when the peer dies).
-    Socket(UnixStream),
-    /// Heartbeats in a named segment (no socket is shared).
-    Heartbeat(Liveness),
 }
 
 impl Connection {
@@ -266,103 +191,6 @@ impl IpcVan {
     /// Peers this van currently has a link to.
     pub fn connected_peers(&self) -> Vec<NodeId> {
         self.shared.links.peers()
-    }
-}
-
-impl IpcVan {
-    /// `bind` in named mode: a mailbox in `/dev/shm` (after removing segments that dead
-    /// processes of ours left there) and a thread accepting from it until the van stops.
-    fn bind_named(&self, inbox: InboxSender) -> Result<Endpoint, VanError> {
-        let bind_error = |e: crate::IpcError| VanError::Bind {
-            kind: VanKind::Ipc,
-            address: named::SHM_DIR.into(),
-            source: std::io::Error::other(e.to_string()),
-        };
-        match named::clean_stale() {
-            Ok(report) if !report.removed.is_empty() => {
-                info!("removed {} stale vans segments", report.removed.len());
-            }
-            Ok(_) => {}
-            Err(e) => warn!("could not clean stale vans segments: {e}"),
-        }
-        let mut listener = NamedListener::bind().map_err(bind_error)?;
-        // Dialers size their rings as we do; refuse what is far larger.
-        listener.set_max_ring_bytes(self.shared.options.ring_bytes.max(DEFAULT_RING_BYTES) * 4);
-        let address = listener.address().to_owned();
-        self.shared.links.bound(inbox.clone(), None)?;
-        let shared = Arc::clone(&self.shared);
-        let runtime = tokio::runtime::Handle::current();
-        let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
-        let accept = std::thread::Builder::new()
-            .name("vans-ipc-accept".into())
-            .spawn(move || {
-                let _runtime = runtime.enter();
-                // Dropping the listener at the end closes and removes the mailbox.
-                while !shared.links.is_stopped() {
-                    match listener.accept(WAIT_SLICE) {
-                        Ok(Some(mut connection)) => {
-                            connection.consumer.set_max_message(max_frame);
-                            let started = shared.start_connection(
-                                Watch::Heartbeat(connection.liveness),
-                                connection.producer,
-                                connection.consumer,
-                                None,
-                                Arenas::default(),
-                                inbox.clone(),
-                            );
-                            if let Err(e) = started {
-                                warn!("named IPC connection not started: {e}");
-                            }
-                        }
-                        Ok(None) => {}
-                        Err(e) => warn!("refused a named IPC dialer: {e}"),
-                    }
-                }
-            })
-            .map_err(|e| io_error("cannot start the IPC accept thread", e))?;
-        *self
-            .shared
-            .accept_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(accept);
-        info!("ipc van listening at {address}");
-        Ok(Endpoint {
-            kind: VanKind::Ipc,
-            address,
-        })
-    }
-
-    /// Dials a named-mode address (`shm:…`) and starts the connection.
-    async fn connect_named(
-        &self,
-        peer: NodeId,
-        address: String,
-        inbox: InboxSender,
-    ) -> Result<(), VanError> {
-        let ring_bytes = self.shared.options.ring_bytes;
-        let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
-        let dial = address.clone();
-        let mut connection =
-            tokio::task::spawn_blocking(move || named::connect(&dial, ring_bytes, CONNECT_TIMEOUT))
-                .await
-                .map_err(|e| io_error("named IPC connect", e))?
-                .map_err(|e| VanError::Connect {
-                    kind: VanKind::Ipc,
-                    peer,
-                    address,
-                    source: std::io::Error::other(e.to_string()),
-                })?;
-        connection.consumer.set_max_message(max_frame);
-        self.shared.start_connection(
-            Watch::Heartbeat(connection.liveness),
-            connection.producer,
-            connection.consumer,
-            Some(peer),
-            Arenas::default(),
-            inbox,
-        )?;
-        debug!(peer, "connected over named shared memory");
-        Ok(())
     }
 }
 
@@ -504,73 +332,6 @@ impl Shared {
         let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || self.links.is_stopped());
     }
 
-    /// The listener side of the handshake.
-    async fn accept(
-        self: &Arc<Self>,
-        socket: UnixStream,
-        inbox: InboxSender,
-    ) -> Result<(), VanError> {
-        // Abstract sockets ignore file permissions: only our own user may connect.
-        let credentials = socket
-            .peer_cred()
-            .map_err(|e| io_error("IPC peer credentials", e))?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
-        if credentials.uid() != me {
-            return Err(io_error(
-                "IPC handshake",
-                format!(
-                    "refused a connection from uid {} (we are {me})",
-                    credentials.uid()
-                ),
-            ));
-        }
-        let (words, mut fds) = tokio::time::timeout(HANDSHAKE_TIMEOUT, fdpass::recv(&socket))
-            .await
-            .map_err(|_| io_error("IPC handshake", "no handshake within the timeout"))?
-            .map_err(|e| io_error("IPC handshake", e))?;
-        if words[0] != HANDSHAKE_MAGIC || (fds.len() != 2 && fds.len() != 4) {
-            return Err(io_error(
-                "IPC handshake",
-                format!("not a vans peer ({} descriptors)", fds.len()),
-            ));
-        }
-        let theirs = fds.remove(0);
-        let ours = fds.remove(0);
-        let peer_arena = open_peer_arena(fds)?;
-        // Reply with our arena and the table counting the peer's references into it.
-        let table = self.new_table(credentials.pid())?;
-        let reply: Vec<i32> = match (self.arena.get(), &table) {
-            (Some(arena), Some(table)) => vec![
-                arena.segment().fd().as_raw_fd(),
-                table.segment().fd().as_raw_fd(),
-            ],
-            _ => Vec::new(),
-        };
-        fdpass::send(&socket, [HANDSHAKE_MAGIC, 0, 0, 0], &reply)
-            .await
-            .map_err(|e| io_error("IPC handshake", e))?;
-        let incoming = Arc::new(Segment::open(theirs).map_err(|e| io_error("IPC ring", e))?);
-        let outgoing = Arc::new(Segment::open(ours).map_err(|e| io_error("IPC ring", e))?);
-        let mut consumer = Consumer::new(incoming, false).map_err(|e| io_error("IPC ring", e))?;
-        consumer
-            .set_max_message(usize::try_from(self.options.limits.max_frame).unwrap_or(usize::MAX));
-        let producer = Producer::new(outgoing, false).map_err(|e| io_error("IPC ring", e))?;
-        let arenas = Arenas {
-            ours: table,
-            theirs: peer_arena,
-        };
-        self.start_connection(
-            Watch::Socket(socket),
-            producer,
-            consumer,
-            None,
-            arenas,
-            inbox,
-        )?;
-        Ok(())
-    }
-
     /// A reference table for a new connection, when we have an arena.
     fn new_table(&self, peer_pid: Option<i32>) -> Result<Option<Arc<RefTable>>, VanError> {
         self.arena
@@ -599,338 +360,6 @@ impl Shared {
         }
         (!refs.is_empty()).then(|| arena::encode_refs(&refs))
     }
-}
-
-/// Marks `connection` closed when its peer is gone: the handshake socket's end of file, or
-/// (named mode) a peer whose heartbeat stopped.
-async fn watch_connection(watch: Watch, connection: Arc<Connection>) {
-    match watch {
-        Watch::Socket(socket) => {
-            // The socket carries nothing after the handshake: its end is the peer's end.
-            let mut buf = [0u8; 64];
-            while !connection.is_closed() {
-                match tokio::time::timeout(WAIT_SLICE * 5, socket.readable()).await {
-                    Err(_) => continue,
-                    Ok(Err(_)) => break,
-                    Ok(Ok(())) => match socket.try_read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(_) => continue,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Err(_) => break,
-                    },
-                }
-            }
-        }
-        Watch::Heartbeat(mut liveness) => {
-            while !connection.is_closed() {
-                liveness.beat();
-                match liveness.status() {
-                    PeerStatus::Alive => tokio::time::sleep(HEARTBEAT_INTERVAL).await,
-                    // An orderly close: the reader drains what was written, then reports the
-                    // end; keep beating so the peer does not take us for dead meanwhile.
-                    PeerStatus::Closed => tokio::time::sleep(WAIT_SLICE).await,
-                    PeerStatus::Silent { since } => {
-                        *connection
-                            .lost_reason
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner()) =
-                            Some(format!("no heartbeat from the peer for {since:?}"));
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    connection.closed.store(true, Ordering::Release);
-}
-
-/// Maps the arena and reference table a peer passed (none, or exactly both).
-fn open_peer_arena(fds: Vec<std::os::fd::OwnedFd>) -> Result<Option<PeerArena>, VanError> {
-    let mut fds = fds.into_iter();
-    let (Some(arena), Some(table)) = (fds.next(), fds.next()) else {
-        return Ok(None);
-    };
-    let arena = Segment::open(arena).map_err(|e| io_error("IPC arena", e))?;
-    let table = Segment::open(table).map_err(|e| io_error("IPC arena", e))?;
-    PeerArena::new(arena, table)
-        .map(Some)
-        .map_err(|e| io_error("IPC arena", e))
-}
-
-/// Copies queued frames into the ring until the queue closes or the connection ends: each
-/// frame's parts are copied once, straight into the ring, fragmented into records of at
-/// most `max_record` bytes when larger.
-fn write_loop(
-    mut frames: mpsc::Receiver<Outgoing>,
-    direct: &Direct,
-    connection: &Connection,
-    spins: u32,
-) {
-    let lock = || direct.producer.lock().unwrap_or_else(|e| e.into_inner());
-    while let Some(outgoing) = frames.blocking_recv() {
-        let mut producer = lock();
-        let sent = outgoing
-            .refs
-            .is_none_or(|refs| write_message(&mut producer, &[refs], connection, spins))
-            && write_message(&mut producer, &outgoing.frame, connection, spins);
-        // Under the lock: a direct sender sees the count and the ring change together.
-        direct.pending.fetch_sub(1, Ordering::AcqRel);
-        drop(producer);
-        if !sent {
-            break;
-        }
-    }
-    lock().close();
-}
-
-/// Copies one message into the ring, waiting for room; `false` when the connection ended.
-fn write_message(
-    producer: &mut Producer,
-    parts: &[Bytes],
-    connection: &Connection,
-    spins: u32,
-) -> bool {
-    {
-        let slices: Vec<&[u8]> = parts.iter().map(|p| p.as_ref()).collect();
-        let total: usize = slices.iter().map(|s| s.len()).sum();
-        let mut offset = 0;
-        loop {
-            if connection.is_closed() {
-                return false;
-            }
-            match producer.try_push_message(&slices, offset) {
-                Ok(Some(next)) => {
-                    offset = next;
-                    if offset >= total {
-                        break;
-                    }
-                }
-                Ok(None) => {
-                    producer.wake_consumer();
-                    let want = (total - offset).min(producer.max_record());
-                    if let WaitResult::Closed = producer.wait_for_space(want, spins, WAIT_SLICE) {
-                        connection.closed.store(true, Ordering::Release);
-                        return false;
-                    }
-                }
-                Err(e) => {
-                    warn!("IPC writer: {e}");
-                    connection.closed.store(true, Ordering::Release);
-                    return false;
-                }
-            }
-        }
-        producer.wake_consumer();
-    }
-    true
-}
-
-/// Reassembles frames from the ring and delivers them in batches; returns why it stopped.
-fn read_loop(
-    mut consumer: Consumer,
-    peer_arena: Option<&PeerArena>,
-    connection: &Connection,
-    shared: &Shared,
-    inbox: &InboxSender,
-    mut on_sender: impl FnMut(NodeId),
-) -> String {
-    let limits = shared.options.limits;
-    let spins = shared.options.spins();
-    // A full inbox nobody drains holds this thread only until the van stops.
-    let abandon = || shared.links.is_stopped();
-    let mut frame = BytesMut::new();
-    let mut in_frame = false;
-    let mut batch = Vec::new();
-    let mut ring_closed = false;
-    // References announced for the next frame.
-    let mut refs: Option<Vec<Ref>> = None;
-    loop {
-        match consumer.try_pop(&mut frame) {
-            Ok(Some(flags)) => {
-                if flags & FIRST != 0 {
-                    if in_frame {
-                        return "peer started a frame inside another".into();
-                    }
-                    in_frame = true;
-                } else if !in_frame {
-                    return "peer continued a frame it never started".into();
-                }
-                if frame.len() as u64 > limits.max_frame {
-                    return format!(
-                        "peer sent a frame over the limit of {} bytes",
-                        limits.max_frame
-                    );
-                }
-                if flags & LAST == 0 {
-                    // A fragmented frame: its header (in the first record) says how long it
-                    // is, so the rest lands in one buffer without reallocating (the length
-                    // was checked against the limits; a lie only costs this allocation).
-                    if flags & FIRST != 0 {
-                        if let Ok(header) = wire::FrameHeader::parse(&frame, &limits) {
-                            let total = usize::try_from(header.frame_len).unwrap_or(0);
-                            frame.reserve(total.saturating_sub(frame.len()));
-                        }
-                    }
-                    continue;
-                }
-                in_frame = false;
-                if frame.starts_with(&arena::REFS_MAGIC) {
-                    if refs.is_some() || peer_arena.is_none() {
-                        return "peer sent references it may not send".into();
-                    }
-                    match arena::decode_refs(&frame) {
-                        Ok(r) => refs = Some(r),
-                        Err(e) => return format!("peer corrupted the ring: {e}"),
-                    }
-                    frame.clear();
-                    continue;
-                }
-                match wire::decode(frame.split().freeze(), &limits) {
-                    Ok(mut msg) => {
-                        if let (Some(refs), Some(arena)) = (refs.take(), peer_arena) {
-                            if let Err(e) = resolve_refs(&mut msg, &refs, arena) {
-                                return format!("peer sent a bad reference: {e}");
-                            }
-                        }
-                        if let Some(sender) = msg.meta.sender {
-                            on_sender(sender);
-                        }
-                        batch.push(Event::Message(msg));
-                        if batch.len() >= MAX_BATCH
-                            && inbox
-                                .deliver_blocking(std::mem::take(&mut batch), abandon)
-                                .is_err()
-                        {
-                            return "the local inbox closed".into();
-                        }
-                    }
-                    Err(e) => return format!("bad frame from peer: {e}"),
-                }
-            }
-            Ok(None) => {
-                if !batch.is_empty()
-                    && inbox
-                        .deliver_blocking(std::mem::take(&mut batch), abandon)
-                        .is_err()
-                {
-                    return "the local inbox closed".into();
-                }
-                // Only an empty ring ends the connection: what was written before a close
-                // is always delivered.
-                if ring_closed {
-                    return "the peer closed the connection".into();
-                }
-                if connection.is_closed() {
-                    // Drain once more (records may have landed just before), then end.
-                    ring_closed = true;
-                    continue;
-                }
-                if let WaitResult::Closed = consumer.wait_for_data(spins, WAIT_SLICE) {
-                    // Drain once more: records may have landed just before the close.
-                    ring_closed = true;
-                }
-            }
-            Err(e) => return format!("peer corrupted the ring: {e}"),
-        }
-    }
-}
-
-impl IpcVan {
-    /// Dials an abstract-socket address (`@name`), hands over the rings and starts the
-    /// connection.
-    async fn connect_socket(
-        &self,
-        peer: NodeId,
-        address: String,
-        inbox: InboxSender,
-    ) -> Result<(), VanError> {
-        let connect_error = |source| VanError::Connect {
-            kind: VanKind::Ipc,
-            peer,
-            address: address.clone(),
-            source,
-        };
-        let name = address.strip_prefix('@').ok_or_else(|| {
-            connect_error(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not an IPC address (expected @name)",
-            ))
-        })?;
-        // The dial and the ring allocations block (briefly, or long if the peer's backlog is
-        // full): keep them off the runtime threads, and bound them like a TCP connect.
-        let name = name.to_owned();
-        let ring_bytes = self.shared.options.ring_bytes;
-        let max_frame = usize::try_from(self.shared.options.limits.max_frame).unwrap_or(usize::MAX);
-        let setup = tokio::task::spawn_blocking(move || {
-            let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-            let socket = std::os::unix::net::UnixStream::connect_addr(&address)?;
-            socket.set_nonblocking(true)?;
-            let ring = |e: crate::IpcError| std::io::Error::other(e.to_string());
-            let outgoing =
-                create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
-            let incoming =
-                create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
-            let producer = Producer::new(Arc::clone(&outgoing), false).map_err(ring)?;
-            let mut consumer = Consumer::new(Arc::clone(&incoming), false).map_err(ring)?;
-            consumer.set_max_message(max_frame);
-            Ok::<_, std::io::Error>((socket, outgoing, incoming, producer, consumer))
-        });
-        let (socket, outgoing, incoming, producer, consumer) =
-            tokio::time::timeout(CONNECT_TIMEOUT, setup)
-                .await
-                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-                .map_err(|e| connect_error(std::io::Error::other(e.to_string())))?
-                .map_err(connect_error)?;
-        let socket = UnixStream::from_std(socket).map_err(connect_error)?;
-        let peer_pid = socket.peer_cred().ok().and_then(|c| c.pid());
-        let table = self.shared.new_table(peer_pid)?;
-        let mut fds = vec![outgoing.fd().as_raw_fd(), incoming.fd().as_raw_fd()];
-        if let (Some(arena), Some(table)) = (self.shared.arena.get(), &table) {
-            fds.push(arena.segment().fd().as_raw_fd());
-            fds.push(table.segment().fd().as_raw_fd());
-        }
-        fdpass::send(&socket, [HANDSHAKE_MAGIC, ring_bytes as u64, 0, 0], &fds)
-            .await
-            .map_err(connect_error)?;
-        // The peer answers with its arena (or nothing) once it mapped the rings.
-        let (words, reply) = tokio::time::timeout(HANDSHAKE_TIMEOUT, fdpass::recv(&socket))
-            .await
-            .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-            .map_err(connect_error)?;
-        if words[0] != HANDSHAKE_MAGIC || (!reply.is_empty() && reply.len() != 2) {
-            return Err(io_error(
-                "IPC handshake",
-                format!("bad reply from peer {peer} ({} descriptors)", reply.len()),
-            ));
-        }
-        let arenas = Arenas {
-            ours: table,
-            theirs: open_peer_arena(reply)?,
-        };
-        self.shared.start_connection(
-            Watch::Socket(socket),
-            producer,
-            consumer,
-            Some(peer),
-            arenas,
-            inbox,
-        )?;
-        debug!(peer, "connected over shared memory");
-        Ok(())
-    }
-}
-
-/// Puts the referenced bytes of the peer's arena into the data segments they replace.
-fn resolve_refs(msg: &mut Message, refs: &[Ref], arena: &PeerArena) -> Result<(), String> {
-    for r in refs {
-        let slot = msg
-            .data
-            .get_mut(r.index as usize)
-            .filter(|d| d.is_empty())
-            .ok_or_else(|| format!("no empty data segment {} to fill", r.index))?;
-        *slot = arena.bytes(r).map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 #[async_trait]
