@@ -1,26 +1,18 @@
 //! One RDMA connection's resources and what the van shares with its engine: [`Setup`]
 //! creates the completion queue, the queue pair (in INIT) and both rings and posts every
-//! receive before the handshake; [`ConnShared`] holds the flags and the eventfd `send` rings.
+//! receive before the handshake; [`ConnShared`] holds the flag and the eventfd `send` rings,
+//! and is what the van's link table ends the connection through.
 //! The thread that drives a connected setup is [`crate::engine::Engine`].
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use bytes::Bytes;
+use van_core::link::Connection;
 
 use crate::device::Device;
 use crate::protocol::QpAttributes;
 use crate::verbs::{Cq, Mr, Qp, Remote};
-
-/// A frame queued for the peer.
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    /// The encoded parts.
-    pub(crate) frame: Vec<Bytes>,
-    /// Their total length.
-    pub(crate) len: usize,
-}
 
 /// A counter `send` rings to wake the engine (Linux eventfd).
 #[derive(Debug)]
@@ -61,21 +53,35 @@ impl EventFd {
 /// What the van and the engine share about one connection.
 #[derive(Debug)]
 pub(crate) struct ConnShared {
-    /// Unique per van.
-    pub(crate) id: u64,
     /// Set when the connection ends for any reason (or must end: stop, drop).
     pub(crate) closed: AtomicBool,
-    /// Another connection to the same peer won a race: this one's end is not a loss.
-    pub(crate) superseded: AtomicBool,
-    /// Rung by `send` after queueing.
+    /// Rung by `send` after queueing, and by the link table when the queue closes.
     pub(crate) wake: EventFd,
-    /// Signalled when the engine thread has exited.
-    pub(crate) done: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
 }
 
 impl ConnShared {
-    /// Whether the connection has ended.
-    pub(crate) fn is_closed(&self) -> bool {
+    /// Flags of an open connection.
+    pub(crate) fn new() -> std::io::Result<ConnShared> {
+        Ok(ConnShared {
+            closed: AtomicBool::new(false),
+            wake: EventFd::new()?,
+        })
+    }
+}
+
+impl Connection for ConnShared {
+    /// The queue was closed by a stop: the engine, woken, sees it, flushes and tells the peer.
+    fn finish(&self) {
+        self.wake.notify();
+    }
+
+    /// The engine, woken, sees the flag and ends without flushing.
+    fn abort(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify();
+    }
+
+    fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
 }

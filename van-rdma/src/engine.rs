@@ -8,8 +8,8 @@
 //! Order per peer: small frames go out in queue order; a large frame is announced (`START`)
 //! in its place and written when the peer replies, while later frames keep flowing. The
 //! receiver delivers in announcement order, holding frames that arrive behind an unwritten
-//! large one. Memory stays bounded: the send queue, `rx_depth` receive buffers, at most
-//! `start_depth` large frames in flight.
+//! large one. Memory stays bounded: the send queue (its frames, and the peer's byte budget
+//! for large ones), `rx_depth` receive buffers, at most `start_depth` large frames in flight.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
+use van_core::link::{Connection, Frame};
 use van_core::wire::{self, Limits, HEADER_LEN};
 use van_core::{Event, InboxSender, Message, NodeId};
 
-use crate::connection::{post_receive, ConnShared, Outgoing, Setup};
+use crate::connection::{post_receive, ConnShared, Setup};
 use crate::device::Device;
 use crate::pool::{Lease, Pool};
 use crate::protocol::{Header, Kind, QpAttributes, BYE};
@@ -39,6 +40,22 @@ const SEND: u64 = 1 << 62;
 const WRITE: u64 = 2 << 62;
 /// A piece of a large frame written before its last piece (which carries the immediate).
 const WRITE_PART: u64 = 3 << 62;
+
+/// A frame taken from the queue, with its length.
+struct Outgoing {
+    /// The encoded parts (the last may hold the frame's share of the peer's byte budget,
+    /// given back when the parts are dropped: once sent or written).
+    frame: Frame,
+    /// Their total length.
+    len: usize,
+}
+
+impl Outgoing {
+    fn new(frame: Frame) -> Outgoing {
+        let len = frame.iter().map(Bytes::len).sum();
+        Outgoing { frame, len }
+    }
+}
 
 /// A frame the receiver must deliver in order.
 enum Pending {
@@ -105,8 +122,8 @@ pub(crate) fn start_limit(start_depth: u32, peer_rx_depth: u32) -> usize {
 
 /// What the engine needs beyond the setup.
 pub(crate) struct EngineContext {
-    /// Frames to send.
-    pub(crate) queue: mpsc::Receiver<Outgoing>,
+    /// Frames to send; closed by the van's stop.
+    pub(crate) queue: mpsc::Receiver<Frame>,
     /// The side channel (non-blocking).
     pub(crate) tcp: std::net::TcpStream,
     /// Where messages go.
@@ -213,12 +230,14 @@ impl Engine {
         }
     }
 
-    /// Runs until the connection ends.
-    pub(crate) fn run(mut self) -> End {
-        match self.run_loop() {
+    /// Runs until the connection ends; returns how, and the peer if it was known (dialed,
+    /// or learned from its messages).
+    pub(crate) fn run(mut self) -> (End, Option<NodeId>) {
+        let end = match self.run_loop() {
             Ok(()) => End::Flushed,
             Err(reason) => End::Lost(reason),
-        }
+        };
+        (end, self.ctx.peer)
     }
 
     fn run_loop(&mut self) -> Result<(), String> {
@@ -649,7 +668,7 @@ impl Engine {
             let item = match self.held.take() {
                 Some(item) => item,
                 None => match self.ctx.queue.try_recv() {
-                    Ok(item) => item,
+                    Ok(frame) => Outgoing::new(frame),
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => {
                         self.queue_closed = true;

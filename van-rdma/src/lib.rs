@@ -38,6 +38,10 @@
 //!   ([`memlock`]) are [`RdmaError`]s naming the cause and the fix, at start.
 //! - **Threads:** one per connection, sleeping in `poll(2)` on its completion channel, an
 //!   eventfd rung by `send`, and the side channel. Every wait is bounded.
+//! - **Connections** are kept in van-core's link table ([`van_core::link`]), as in every
+//!   van: one route per peer, one dial per peer, a spare kept open when two nodes dial each
+//!   other at once, lost peers reported. A peer's send queue holds at most 1024 frames, and
+//!   at most `VANS_PEER_BUDGET_BYTES` of large ones.
 //!
 //! Without the `rdma` feature the crate is only [`RdmaError`], the sysfs diagnosis
 //! ([`sysfs`]), the memlock check and the protocol codec: a default build needs no RDMA

@@ -1,25 +1,22 @@
 //! [`RdmaVan`]: the van over RC queue pairs (see the crate docs for the design).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use van_core::config::RdmaSettings;
+use van_core::link::{stream, FrameQueue, Links};
 use van_core::van::{address_for, recipient_of};
 use van_core::wire::{self, Limits};
 use van_core::{
-    Config, Endpoint, Event, InboxSender, Message, Node, NodeId, PeerLost, SharedBuf, Van,
-    VanError, VanKind,
+    Config, Endpoint, Event, InboxSender, Message, Node, NodeId, SharedBuf, Van, VanError, VanKind,
 };
 
-use crate::connection::{ConnShared, EventFd, Outgoing, RingSizes, Setup};
+use crate::connection::{ConnShared, RingSizes, Setup};
 use crate::device::{self, Device};
 use crate::engine::{End, Engine, EngineContext};
 use crate::memlock;
@@ -29,13 +26,6 @@ use crate::RdmaError;
 
 /// Frames queued per peer before `send` waits.
 const SEND_QUEUE: usize = 1024;
-/// Keepalive of the side channel (as van-tcp and van-uring): its end is how a connection
-/// learns that the peer's host vanished, which an idle RC queue pair never notices.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
-/// Time between keepalive probes.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-/// Unanswered probes before the side channel is declared dead.
-const KEEPALIVE_PROBES: u32 = 3;
 /// Default bytes of each receive buffer: frames up to this size (less a 16-byte header) go
 /// by SEND, larger ones by RDMA WRITE.
 pub const DEFAULT_SLOT_BYTES: usize = 8192;
@@ -53,6 +43,9 @@ pub struct RdmaOptions {
     pub connect_timeout: Duration,
     /// How long `stop` waits for queued frames to be acknowledged.
     pub flush_timeout: Duration,
+    /// Bytes of large frames (64 KiB and up) one peer's queue may hold before `send` waits
+    /// (0: no limit); small frames never wait for it. See [`van_core::budget::ByteBudget`].
+    pub peer_budget_bytes: usize,
 }
 
 impl Default for RdmaOptions {
@@ -63,17 +56,19 @@ impl Default for RdmaOptions {
             slot_bytes: DEFAULT_SLOT_BYTES,
             connect_timeout: van_core::config::DEFAULT_CONNECT_TIMEOUT,
             flush_timeout: Duration::from_secs(10),
+            peer_budget_bytes: van_core::budget::DEFAULT_BUDGET_BYTES,
         }
     }
 }
 
 impl RdmaOptions {
-    /// Options with the limits, timeouts and RDMA settings of `config`.
+    /// Options with the limits, connect timeout, peer budget and RDMA settings of `config`.
     pub fn from_config(config: &Config) -> RdmaOptions {
         RdmaOptions {
             limits: config.limits,
             settings: config.rdma.clone(),
             connect_timeout: config.connect_timeout,
+            peer_budget_bytes: config.peer_budget_bytes,
             ..RdmaOptions::default()
         }
     }
@@ -111,31 +106,15 @@ struct Shared {
     options: RdmaOptions,
     device: Arc<Device>,
     pool: Arc<Pool>,
-    state: Mutex<State>,
-    next_connection: AtomicU64,
+    links: Links<Link>,
 }
 
-#[derive(Default)]
-struct State {
-    stopped: bool,
-    inbox: Option<InboxSender>,
-    links: HashMap<NodeId, Link>,
-    /// Accepted connections whose peer has not identified itself yet.
-    accepted: HashMap<u64, Link>,
-    lost: HashMap<NodeId, String>,
-    connections: Vec<Arc<ConnShared>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
+/// The sending side of one connection: its queue, and the flags whose eventfd wakes its
+/// engine.
 #[derive(Clone)]
 struct Link {
+    queue: FrameQueue,
     connection: Arc<ConnShared>,
-    queue: mpsc::Sender<Outgoing>,
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // Map operations only: a poisoned lock still holds consistent data.
-    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn io_error(context: &str, error: impl std::fmt::Display) -> VanError {
@@ -159,8 +138,7 @@ impl RdmaVan {
                 options,
                 device: Arc::new(device),
                 pool,
-                state: Mutex::new(State::default()),
-                next_connection: AtomicU64::new(0),
+                links: Links::new(VanKind::Rdma),
             }),
         })
     }
@@ -177,34 +155,15 @@ impl RdmaVan {
 
     /// Peers this van has a live connection to.
     pub fn connected_peers(&self) -> Vec<NodeId> {
-        let state = lock(&self.shared.state);
-        let mut peers: Vec<NodeId> = state
-            .links
-            .iter()
-            .filter(|(_, l)| !l.connection.is_closed())
-            .map(|(p, _)| *p)
-            .collect();
-        peers.sort_unstable();
-        peers
+        self.shared.links.peers()
     }
 }
 
 impl Drop for RdmaVan {
-    /// A van dropped without [`Van::stop`] still ends its connections: their threads see
-    /// the closed flag within a wait slice and exit; nothing is flushed.
+    /// A van dropped without [`Van::stop`] still ends its connections: their threads, woken,
+    /// see the closed flag and exit; nothing is flushed.
     fn drop(&mut self) {
-        let mut state = lock(&self.shared.state);
-        state.stopped = true;
-        state.inbox = None;
-        state.links.clear();
-        state.accepted.clear();
-        for connection in state.connections.drain(..) {
-            connection.closed.store(true, Ordering::Release);
-            connection.wake.notify();
-        }
-        for task in state.tasks.drain(..) {
-            task.abort();
-        }
+        self.shared.links.abort();
     }
 }
 
@@ -269,20 +228,13 @@ impl Shared {
             .map_err(|e| fail(format!("side channel: {e}")))?;
         tcp.set_nonblocking(true)
             .map_err(|e| fail(format!("side channel: {e}")))?;
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(KEEPALIVE_PROBES);
-        if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive) {
-            warn!(
-                peer = address,
-                "cannot enable TCP keepalive on the side channel: {e}"
-            );
-        }
+        // The side channel's end is how a connection learns that the peer's host vanished,
+        // which an idle RC queue pair never notices.
+        stream::keepalive(&socket2::SockRef::from(&tcp), &address);
         self.start_connection(setup, theirs, tcp, peer, inbox)
     }
 
-    /// Starts the engine thread of a connected setup and registers its link.
+    /// Registers a connected setup in the link table, then starts its engine thread.
     fn start_connection(
         self: &Arc<Self>,
         setup: Setup,
@@ -291,35 +243,19 @@ impl Shared {
         peer: Option<NodeId>,
         inbox: InboxSender,
     ) -> Result<(), VanError> {
-        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let id = self.links.next_id();
+        let connection = Arc::new(ConnShared::new().map_err(|e| io_error("eventfd", e))?);
+        let (queue, frames) = FrameQueue::new(SEND_QUEUE, self.options.peer_budget_bytes);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let connection = Arc::new(ConnShared {
-            id,
-            closed: AtomicBool::new(false),
-            superseded: AtomicBool::new(false),
-            wake: EventFd::new().map_err(|e| io_error("eventfd", e))?,
-            done: Mutex::new(Some(done_rx)),
-        });
-        let (queue, frames) = mpsc::channel(SEND_QUEUE);
         let link = Link {
-            connection: Arc::clone(&connection),
             queue,
+            connection: Arc::clone(&connection),
         };
-        // Weak: the engine must not keep its own queue open (stop waits for it to close).
-        let weak_queue = link.queue.downgrade();
+        // Registered before the engine starts, so that what it learns finds the connection.
+        self.links
+            .add(id, peer, link, Arc::clone(&connection) as _, Some(done_rx))?;
         let learner = Arc::clone(self);
-        let learn_connection = Arc::clone(&connection);
-        let on_peer = Box::new(move |sender: NodeId| {
-            if let Some(queue) = weak_queue.upgrade() {
-                learner.learn(
-                    sender,
-                    Link {
-                        connection: Arc::clone(&learn_connection),
-                        queue,
-                    },
-                );
-            }
-        });
+        let on_peer = Box::new(move |sender: NodeId| learner.links.learn(id, sender));
         let engine = Engine::new(
             setup,
             &theirs,
@@ -337,123 +273,44 @@ impl Shared {
         );
         let shared = Arc::clone(self);
         let thread_connection = Arc::clone(&connection);
-        std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name(format!("vans-rdma-{id}"))
             .spawn(move || {
-                let end = engine.run();
-                shared.connection_closed(&thread_connection, peer, end, &inbox);
+                let (end, peer) = engine.run();
+                thread_connection.closed.store(true, Ordering::Release);
+                shared.connection_ended(id, peer, end, &inbox);
                 let _ = done_tx.send(());
-            })
-            .map_err(|e| io_error("cannot start the RDMA connection thread", e))?;
-        let mut state = lock(&self.state);
-        if state.stopped {
+            });
+        if let Err(e) = started {
+            let error = io_error("cannot start the RDMA connection thread", e);
             connection.closed.store(true, Ordering::Release);
-            return Err(VanError::Stopped(VanKind::Rdma));
-        }
-        state.connections.retain(|c| !c.is_closed());
-        state.connections.push(Arc::clone(&connection));
-        match peer {
-            None => {
-                state.accepted.insert(id, link);
-            }
-            Some(peer) => {
-                let live = state
-                    .links
-                    .get(&peer)
-                    .is_some_and(|l| !l.connection.is_closed());
-                if live {
-                    // A concurrent connect won: close this one quietly.
-                    connection.superseded.store(true, Ordering::Release);
-                    connection.closed.store(true, Ordering::Release);
-                } else {
-                    state.links.insert(peer, link);
-                    state.lost.remove(&peer);
-                }
-            }
+            let _ = self.links.closed(id, &error.to_string());
+            return Err(error);
         }
         Ok(())
     }
 
-    /// A peer identified itself on an accepted connection: reply over it.
-    fn learn(&self, peer: NodeId, link: Link) {
-        let mut state = lock(&self.state);
-        if state.stopped {
-            return;
-        }
-        if state
-            .links
-            .get(&peer)
-            .is_none_or(|l| l.connection.is_closed())
-        {
-            debug!(peer, "learned RDMA link from an accepted connection");
-            state.accepted.remove(&link.connection.id);
-            state.links.insert(peer, link);
-            state.lost.remove(&peer);
-        }
-    }
-
-    /// Called by a connection's thread when it ends.
-    fn connection_closed(
-        &self,
-        connection: &ConnShared,
-        peer: Option<NodeId>,
-        end: End,
-        inbox: &InboxSender,
-    ) {
-        connection.closed.store(true, Ordering::Release);
+    /// Called by a connection's thread when its engine has ended: forgets the connection and
+    /// reports the loss, if it is one (our stop's flush is none).
+    fn connection_ended(&self, id: u64, peer: Option<NodeId>, end: End, inbox: &InboxSender) {
         let reason = match end {
-            End::Flushed => return,
+            End::Flushed => {
+                let _ = self.links.closed(id, "flushed on stop");
+                return;
+            }
             End::Lost(reason) => reason,
         };
-        let (stopped, learned) = {
-            let mut state = lock(&self.state);
-            let dropped: Vec<NodeId> = state
-                .links
-                .iter()
-                .filter(|(_, l)| l.connection.id == connection.id)
-                .map(|(p, _)| *p)
-                .collect();
-            for p in &dropped {
-                state.links.remove(p);
-                state.lost.insert(*p, reason.clone());
-            }
-            state.accepted.remove(&connection.id);
-            (state.stopped, dropped.first().copied())
-        };
-        if stopped || connection.superseded.load(Ordering::Acquire) {
+        let Some(lost) = self.links.closed(id, &reason) else {
+            // A spare connection, or the van stopped: nothing lost.
+            debug!(?peer, "RDMA connection closed: {reason}");
             return;
-        }
-        let peer = peer.or(learned);
-        warn!(?peer, "RDMA connection closed: {reason}");
-        let lost = PeerLost {
-            peer,
-            kind: VanKind::Rdma,
-            reason,
         };
-        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || lock(&self.state).stopped);
-    }
-
-    fn link(&self, peer: NodeId) -> Result<Link, VanError> {
-        let state = lock(&self.state);
-        if state.stopped {
-            return Err(VanError::Stopped(VanKind::Rdma));
+        if let Some(peer) = lost.peer {
+            warn!(peer, "RDMA connection lost: {reason}");
+        } else {
+            debug!("RDMA connection from an unidentified peer closed: {reason}");
         }
-        if let Some(link) = state.links.get(&peer) {
-            if !link.connection.is_closed() {
-                return Ok(link.clone());
-            }
-        }
-        Err(match state.lost.get(&peer) {
-            Some(reason) => VanError::PeerGone {
-                peer,
-                reason: reason.clone(),
-            },
-            None if state.links.contains_key(&peer) => VanError::PeerGone {
-                peer,
-                reason: "the connection closed".into(),
-            },
-            None => VanError::UnknownPeer { peer },
-        })
+        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || self.links.is_stopped());
     }
 }
 
@@ -464,15 +321,7 @@ impl Van for RdmaVan {
     }
 
     async fn bind(&self, host: &str, port: u16, inbox: InboxSender) -> Result<Endpoint, VanError> {
-        {
-            let state = lock(&self.shared.state);
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Rdma));
-            }
-            if state.inbox.is_some() {
-                return Err(VanError::AlreadyBound(VanKind::Rdma));
-            }
-        }
+        self.shared.links.check_bindable()?;
         let bind_error = |source| VanError::Bind {
             kind: VanKind::Rdma,
             address: format!("{host}:{port}"),
@@ -498,9 +347,7 @@ impl Van for RdmaVan {
                                 warn!("refused an RDMA connection: {e}");
                             }
                         });
-                        let mut state = lock(&shared.state);
-                        state.tasks.retain(|t| !t.is_finished());
-                        state.tasks.push(handshake);
+                        shared.links.track(handshake);
                     }
                     Err(e) => {
                         warn!("RDMA side-channel accept failed: {e}");
@@ -509,17 +356,7 @@ impl Van for RdmaVan {
                 }
             }
         });
-        let mut state = lock(&self.shared.state);
-        if state.stopped || state.inbox.is_some() {
-            accept.abort();
-            return Err(if state.stopped {
-                VanError::Stopped(VanKind::Rdma)
-            } else {
-                VanError::AlreadyBound(VanKind::Rdma)
-            });
-        }
-        state.inbox = Some(inbox);
-        state.tasks.push(accept);
+        self.shared.links.bound(inbox, Some(accept))?;
         info!(
             "rdma van listening at {} on {}",
             endpoint.address,
@@ -530,55 +367,36 @@ impl Van for RdmaVan {
 
     async fn connect(&self, node: &Node) -> Result<(), VanError> {
         let (peer, address) = address_for(node, VanKind::Rdma)?;
-        let inbox = {
-            let state = lock(&self.shared.state);
-            if state.stopped {
-                return Err(VanError::Stopped(VanKind::Rdma));
-            }
-            if state
-                .links
-                .get(&peer)
-                .is_some_and(|l| !l.connection.is_closed())
-            {
-                return Ok(());
-            }
-            state
-                .inbox
-                .clone()
-                .ok_or(VanError::NotBound(VanKind::Rdma))?
-        };
-        let connect_error = |source| VanError::Connect {
-            kind: VanKind::Rdma,
-            peer,
-            address: address.clone(),
-            source,
-        };
-        let stream = tokio::time::timeout(
-            self.shared.options.connect_timeout,
-            TcpStream::connect(address.as_str()),
-        )
-        .await
-        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-        .map_err(connect_error)?;
         self.shared
-            .handshake(stream, Some(peer), inbox, &address)
-            .await?;
-        debug!(peer, "connected over RDMA");
-        Ok(())
+            .links
+            .connect(peer, |inbox| async move {
+                let connect_error = |source| VanError::Connect {
+                    kind: VanKind::Rdma,
+                    peer,
+                    address: address.clone(),
+                    source,
+                };
+                let stream = tokio::time::timeout(
+                    self.shared.options.connect_timeout,
+                    TcpStream::connect(address.as_str()),
+                )
+                .await
+                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+                .map_err(connect_error)?;
+                self.shared
+                    .handshake(stream, Some(peer), inbox, &address)
+                    .await?;
+                debug!(peer, "connected over RDMA");
+                Ok(())
+            })
+            .await
     }
 
     async fn send(&self, msg: Message) -> Result<(), VanError> {
         let peer = recipient_of(&msg)?;
-        let link = self.shared.link(peer)?;
+        let link = self.shared.links.link(peer)?;
         let frame = wire::encode(&msg, &self.shared.options.limits)?;
-        let len: usize = frame.iter().map(Bytes::len).sum();
-        link.queue
-            .send(Outgoing { frame, len })
-            .await
-            .map_err(|_| VanError::PeerGone {
-                peer,
-                reason: "the connection closed".into(),
-            })?;
+        link.queue.push(peer, frame).await?;
         link.connection.wake.notify();
         Ok(())
     }
@@ -603,47 +421,9 @@ impl Van for RdmaVan {
     }
 
     async fn stop(&self) -> Result<(), VanError> {
-        let (links, accepted, connections, tasks) = {
-            let mut state = lock(&self.shared.state);
-            state.stopped = true;
-            state.inbox = None;
-            (
-                std::mem::take(&mut state.links),
-                std::mem::take(&mut state.accepted),
-                std::mem::take(&mut state.connections),
-                std::mem::take(&mut state.tasks),
-            )
-        };
-        for task in &tasks {
-            task.abort();
-        }
-        // Closing the queues lets each engine flush, tell its peer and exit.
-        drop(links);
-        drop(accepted);
-        for connection in &connections {
-            connection.wake.notify();
-        }
-        let flush = async {
-            for connection in &connections {
-                let done = connection
-                    .done
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                if let Some(done) = done {
-                    let _ = done.await;
-                }
-            }
-        };
-        if tokio::time::timeout(self.shared.options.flush_timeout, flush)
-            .await
-            .is_err()
-        {
-            warn!("rdma van stop: queued frames not acknowledged in time; dropping them");
-        }
-        for connection in &connections {
-            connection.closed.store(true, Ordering::Release);
-            connection.wake.notify();
+        let flush = self.shared.options.flush_timeout;
+        if !self.shared.links.stop(flush).await {
+            warn!("rdma van stop: queued frames not acknowledged within {flush:?}; dropping them");
         }
         Ok(())
     }
