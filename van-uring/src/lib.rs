@@ -71,13 +71,15 @@
 #[cfg(target_os = "linux")]
 mod bufring;
 #[cfg(target_os = "linux")]
-mod error;
+mod command_queue;
 #[cfg(target_os = "linux")]
-mod mailbox;
+mod error;
 #[cfg(target_os = "linux")]
 mod options;
 #[cfg(target_os = "linux")]
 mod reassembly;
+#[cfg(target_os = "linux")]
+mod shared;
 #[cfg(target_os = "linux")]
 mod van;
 #[cfg(target_os = "linux")]

@@ -1,40 +1,21 @@
 //! [`IoUringVan`]: the routes to peers, the I/O threads, and the `Van` implementation.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
-use van_core::link::{stream, Connection, FrameQueue, Links};
 use van_core::van::address_for;
 use van_core::{Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
 
-use crate::mailbox::{Command, Mailbox};
+use crate::command_queue::{Command, CommandQueue};
+use crate::error::UringError;
 use crate::options::UringOptions;
-use crate::worker::{allowed_cpus, NewConnection, Worker, WorkerSetup, DRAIN_TIMEOUT};
-use crate::UringError;
-
-/// A connection as the link table sees it: its I/O thread ends it when the van stops the
-/// threads, so there is nothing to do per connection.
-struct OnRing;
-
-impl Connection for OnRing {
-    fn abort(&self) {}
-}
-
-/// Counters the I/O threads keep, for diagnostics and the buffer-ownership tests.
-#[derive(Debug)]
-pub(crate) struct Stats {
-    pub(crate) connections: AtomicUsize,
-    pub(crate) send_ops: AtomicUsize,
-    pub(crate) recv_ops: AtomicUsize,
-    pub(crate) zc_sends: AtomicU64,
-    pub(crate) zc_copied: AtomicU64,
-    pub(crate) ring_lent: Vec<AtomicUsize>,
-}
+use crate::shared::Shared;
+use crate::worker::{allowed_cpus, Worker, WorkerSetup, DRAIN_TIMEOUT};
 
 /// What the I/O threads of a van hold in the kernel right now; see [`IoUringVan::stats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,67 +37,6 @@ pub struct UringStats {
     pub zc_copied: u64,
 }
 
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) options: UringOptions,
-    /// Buffers of large received frames, shared by every connection of every I/O thread.
-    pub(crate) pool: van_core::FramePool,
-    pub(crate) links: Links<FrameQueue>,
-    /// The address the listener is bound to, once bound.
-    local: OnceLock<SocketAddr>,
-    /// One per I/O thread: fires when the thread has exited.
-    exited: Mutex<Vec<oneshot::Receiver<()>>>,
-    next_thread: AtomicUsize,
-    pub(crate) mailboxes: Vec<Arc<Mailbox>>,
-    pub(crate) stats: Stats,
-}
-
-impl std::fmt::Debug for Mailbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Mailbox")
-    }
-}
-
-impl Shared {
-    /// The thread the next connection goes to (round robin).
-    pub(crate) fn pick_thread(&self) -> usize {
-        self.next_thread.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len().max(1)
-    }
-
-    /// Prepares a connection for an I/O thread: socket options, its queue, and its entry in
-    /// the link table (a route when `peer` is the node dialed). `None` (closing the socket)
-    /// when the van has stopped.
-    pub(crate) fn new_connection(
-        &self,
-        stream: std::net::TcpStream,
-        remote: SocketAddr,
-        peer: Option<NodeId>,
-    ) -> Option<NewConnection> {
-        stream::tune(&stream, &remote);
-        let id = self.links.next_id();
-        let (link, queue) = FrameQueue::new(
-            self.options.send_queue_depth,
-            self.options.peer_budget_bytes,
-        );
-        self.links
-            .add(id, peer, link, Arc::new(OnRing), None)
-            .ok()?;
-        Some(NewConnection {
-            id,
-            stream,
-            remote,
-            peer,
-            queue,
-        })
-    }
-
-    fn stop_threads(&self, flush: bool, deadline: Instant) {
-        for mailbox in &self.mailboxes {
-            mailbox.post(Command::Stop { flush, deadline });
-        }
-    }
-}
-
 /// A van over TCP sockets driven by io_uring; see the [crate docs](crate).
 #[derive(Debug)]
 pub struct IoUringVan {
@@ -135,9 +55,9 @@ impl IoUringVan {
     pub fn new(options: UringOptions) -> Result<IoUringVan, UringError> {
         crate::error::check_kernel()?;
         let threads = options.thread_count();
-        let mut mailboxes = Vec::with_capacity(threads);
+        let mut command_queues = Vec::with_capacity(threads);
         for _ in 0..threads {
-            mailboxes.push(Arc::new(Mailbox::new().map_err(UringError::Thread)?));
+            command_queues.push(Arc::new(CommandQueue::new().map_err(UringError::Thread)?));
         }
         let cpus = if options.pin_cores {
             allowed_cpus()
@@ -145,23 +65,7 @@ impl IoUringVan {
             Vec::new()
         };
         let busy_polling = options.busy_polling;
-        let shared = Arc::new(Shared {
-            stats: Stats {
-                connections: AtomicUsize::new(0),
-                send_ops: AtomicUsize::new(0),
-                recv_ops: AtomicUsize::new(0),
-                zc_sends: AtomicU64::new(0),
-                zc_copied: AtomicU64::new(0),
-                ring_lent: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
-            },
-            pool: van_core::FramePool::new(options.frame_pool_bytes),
-            options,
-            links: Links::new(VanKind::Uring),
-            local: OnceLock::new(),
-            exited: Mutex::new(Vec::new()),
-            next_thread: AtomicUsize::new(0),
-            mailboxes,
-        });
+        let shared = Arc::new(Shared::new(options, command_queues));
         let van = IoUringVan {
             shared: Arc::clone(&shared),
         };
@@ -172,21 +76,23 @@ impl IoUringVan {
                 busy_polling,
                 pin_to: (!cpus.is_empty()).then(|| cpus[index % cpus.len()]),
             };
-            let mailbox = Arc::clone(&shared.mailboxes[index]);
+            let command_queue = Arc::clone(&shared.command_queues[index]);
             let thread_shared = Arc::clone(&shared);
             let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
             let (done_tx, done_rx) = oneshot::channel();
             std::thread::Builder::new()
                 .name(format!("vans-uring-{index}"))
-                .spawn(move || match Worker::new(&setup, mailbox, thread_shared) {
-                    Ok(worker) => {
-                        let _ = ready_tx.send(Ok(()));
-                        worker.run(done_tx);
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                    }
-                })
+                .spawn(
+                    move || match Worker::new(&setup, command_queue, thread_shared) {
+                        Ok(worker) => {
+                            let _ = ready_tx.send(Ok(()));
+                            worker.run(done_tx);
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    },
+                )
                 .map_err(UringError::Thread)?;
             // A thread that fails to report (it panicked) counts as unavailable.
             match ready_rx.recv() {
@@ -305,13 +211,13 @@ impl Van for IoUringVan {
         let local = listener.local_addr().map_err(bind_error)?;
         self.shared.links.bound(inbox.clone(), None)?;
         let _ = self.shared.local.set(local);
-        for mailbox in &self.shared.mailboxes {
-            mailbox.post(Command::Inbox(inbox.clone()));
+        for command_queue in &self.shared.command_queues {
+            command_queue.post(Command::Inbox(inbox.clone()));
         }
-        if let Some(first) = self.shared.mailboxes.first() {
+        if let Some(first) = self.shared.command_queues.first() {
             first.post(Command::Listen(listener));
         }
-        info!(%local, threads = self.shared.mailboxes.len(), "uring van listening");
+        info!(%local, threads = self.shared.command_queues.len(), "uring van listening");
         Ok(Endpoint::stream(VanKind::Uring, host, local.port()))
     }
 
@@ -341,8 +247,8 @@ impl Van for IoUringVan {
                     .new_connection(stream, remote, Some(peer))
                     .ok_or(VanError::Stopped(VanKind::Uring))?;
                 let thread = self.shared.pick_thread();
-                if let Some(mailbox) = self.shared.mailboxes.get(thread) {
-                    mailbox.post(Command::Adopt(new));
+                if let Some(command_queue) = self.shared.command_queues.get(thread) {
+                    command_queue.post(Command::Adopt(new));
                 }
                 debug!(peer, %remote, thread, "connected");
                 Ok(())

@@ -1,12 +1,13 @@
 //! One I/O thread: its ring, its provided-buffer ring, and the connections it owns.
 //!
-//! Nothing here is shared with other threads except through the [`Mailbox`] (commands in,
-//! ready connections in) and the van's [`Shared`] state (routes, counters). Every operation
-//! the kernel may still be working on owns its memory through this thread's tables:
+//! Nothing here is shared with other threads except through the thread's [`CommandQueue`]
+//! (commands in, ready connections in) and the van's [`Shared`] state (routes, counters).
+//! Every operation the kernel may still be working on owns its memory through this thread's
+//! tables (in [`state`]):
 //!
-//! - a send owns its frames' `Bytes`, its iovec array and its `msghdr` in a [`SendOp`] slot
-//!   of its connection until the completion arrives — and, for `SENDMSG_ZC`, until the
-//!   notification arrives too;
+//! - a send owns its frames' `Bytes`, its iovec array and its `msghdr` in a
+//!   [`SendOp`](state::SendOp) slot of its connection until the completion arrives — and, for
+//!   `SENDMSG_ZC`, until the notification arrives too;
 //! - a multishot receive writes only into provided buffers, which belong to the [`BufRing`]
 //!   until a completion hands one back;
 //! - a direct receive of a large frame writes into that frame's buffer, owned by the
@@ -19,38 +20,36 @@
 //! leak what is left rather than free memory the kernel may still use.
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 use van_core::link::stream::Closed;
-use van_core::link::Frame;
 use van_core::van::InboxClosed;
-use van_core::{Event, InboxSender, NodeId};
+use van_core::Event;
 
 use crate::bufring::BufRing;
-use crate::mailbox::{Command, DeliveryWaker, Mailbox, QueueWaker};
+use crate::command_queue::{Command, CommandQueue, DeliveryWaker, NewConnection, QueueWaker};
+use crate::error::{setup_failed, UringError};
 use crate::reassembly::Reassembly;
-use crate::van::Shared;
+use crate::shared::Shared;
 
 mod recv;
 mod send;
+mod state;
 
-use send::SendOp;
+pub(crate) use state::Worker;
+use state::{
+    user_data, Conn, Delivery, Stopping, K_ACCEPT, K_CANCEL, K_EVENTFD, K_RECV_DIRECT,
+    K_RECV_MULTI, K_SEND,
+};
 
-/// Most frames one send takes from a peer queue.
-const MAX_BATCH_FRAMES: usize = 256;
-/// Most iovecs per `sendmsg` (Linux `UIO_MAXIOV`).
-const MAX_IOVECS: usize = 1024;
 /// Send slots per connection: one send in flight, the others zero-copy sends waiting for
 /// their notification.
 const SEND_SLOTS: usize = 16;
@@ -61,98 +60,6 @@ const BUSY_SPIN: Duration = Duration::from_millis(2);
 /// Pause before accepting again after accept failed (out of descriptors, …).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 
-/// `IORING_SEND_ZC_REPORT_USAGE`: ask the notification to say whether the kernel copied.
-const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
-/// `IORING_NOTIF_USAGE_ZC_COPIED`, in a notification's result.
-const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
-
-// What a completion is for: the low 8 bits of its user data. Bits 8..24 hold a send slot,
-// bits 24.. the connection id.
-const K_EVENTFD: u64 = 1;
-const K_ACCEPT: u64 = 2;
-const K_RECV_MULTI: u64 = 3;
-const K_RECV_DIRECT: u64 = 4;
-const K_SEND: u64 = 5;
-const K_CANCEL: u64 = 6;
-
-fn user_data(kind: u64, connection: u64, slot: usize) -> u64 {
-    (connection << 24) | ((slot as u64 & 0xffff) << 8) | kind
-}
-
-/// A connection handed to an I/O thread.
-pub(crate) struct NewConnection {
-    pub(crate) id: u64,
-    pub(crate) stream: TcpStream,
-    pub(crate) remote: SocketAddr,
-    /// The node dialed, or `None` for an accepted connection (learned from its first message).
-    pub(crate) peer: Option<NodeId>,
-    pub(crate) queue: mpsc::Receiver<Frame>,
-}
-
-struct Conn {
-    id: u64,
-    /// The socket; closed (taken) once only zero-copy notifications are outstanding, since
-    /// an abortive close is what makes the kernel release the pages those wait for.
-    stream: Option<TcpStream>,
-    /// Its descriptor, valid while `stream` is `Some` (operations are only submitted then).
-    raw_fd: i32,
-    remote: SocketAddr,
-    peer: Option<NodeId>,
-    queue: Option<mpsc::Receiver<Frame>>,
-    queue_done: bool,
-    waker: Waker,
-    reassembly: Reassembly,
-    /// A multishot receive is in the kernel (no final completion yet).
-    multishot: bool,
-    /// A direct receive (into the large frame's buffer) is in the kernel.
-    direct: bool,
-    /// A cancel of the multishot receive was submitted and its target has not ended.
-    cancel_sent: bool,
-    /// Parts not yet submitted, in order.
-    out: VecDeque<Bytes>,
-    sends: Vec<Option<SendOp>>,
-    /// A send (not a notification) is outstanding: the next waits, to keep the order.
-    sending: bool,
-    zc: bool,
-    closing: bool,
-}
-
-impl Conn {
-    /// No operation of this connection is in the kernel: its memory may be freed.
-    fn idle(&self) -> bool {
-        !self.multishot && !self.direct && self.sends.iter().all(Option::is_none)
-    }
-
-    /// Only zero-copy notifications (if anything) are outstanding: the socket may close.
-    fn only_notifications(&self) -> bool {
-        !self.multishot
-            && !self.direct
-            && self
-                .sends
-                .iter()
-                .all(|op| op.as_ref().is_none_or(|op| op.completed))
-    }
-
-    fn fd(&self) -> types::Fd {
-        types::Fd(self.raw_fd)
-    }
-
-    /// Everything queued was written (the queue is closed and drained).
-    fn flushed(&self) -> bool {
-        self.queue_done && self.out.is_empty() && !self.sending
-    }
-}
-
-type Delivery = Pin<Box<dyn Future<Output = Result<(), InboxClosed>> + Send>>;
-
-struct Stopping {
-    flush: bool,
-    deadline: Instant,
-    /// Set once every connection was closed without waiting for flushes: the kernel has
-    /// until then to end every operation.
-    forced_until: Option<Instant>,
-}
-
 /// Settings of one thread.
 pub(crate) struct WorkerSetup {
     pub(crate) index: usize,
@@ -160,49 +67,18 @@ pub(crate) struct WorkerSetup {
     pub(crate) pin_to: Option<usize>,
 }
 
-/// One I/O thread.
-pub(crate) struct Worker {
-    index: usize,
-    ring: IoUring,
-    bufs: BufRing,
-    mailbox: Arc<Mailbox>,
-    shared: Arc<Shared>,
-    conns: HashMap<u64, Conn>,
-    listener: Option<TcpListener>,
-    accept_armed: bool,
-    accept_retry: Option<Instant>,
-    inbox: Option<InboxSender>,
-    batch: Vec<Event>,
-    delivering: Option<Delivery>,
-    delivery_waker: Waker,
-    eventfd_buf: Box<u64>,
-    eventfd_armed: bool,
-    stopping: Option<Stopping>,
-    /// Connections waiting to receive again once the inbox has room.
-    parked: Vec<u64>,
-    /// Entries that did not fit in the submission queue, in order.
-    overflow: VecDeque<squeue::Entry>,
-    busy: bool,
-    zc_supported: bool,
-    // Scratch space, reused.
-    commands: Vec<Command>,
-    ready: Vec<u64>,
-    cqes: Vec<(u64, i32, u32)>,
-    frames: Vec<Frame>,
-}
-
 impl Worker {
     /// Sets up the ring and the buffer ring on the calling thread (the I/O thread).
     pub(crate) fn new(
         setup: &WorkerSetup,
-        mailbox: Arc<Mailbox>,
+        command_queue: Arc<CommandQueue>,
         shared: Arc<Shared>,
-    ) -> Result<Worker, crate::UringError> {
+    ) -> Result<Worker, UringError> {
         let options = &shared.options;
         if options.simulate_unavailable {
-            return Err(crate::error::setup_failed(
-                &std::io::Error::from_raw_os_error(libc::ENOSYS),
-            ));
+            return Err(setup_failed(&std::io::Error::from_raw_os_error(
+                libc::ENOSYS,
+            )));
         }
         if let Some(cpu) = setup.pin_to {
             pin_to_cpu(cpu);
@@ -230,10 +106,10 @@ impl Worker {
         } else {
             builder.build(entries)
         }
-        .map_err(|e| crate::error::setup_failed(&e))?;
+        .map_err(|e| setup_failed(&e))?;
         let mut probe = io_uring::Probe::new();
         if let Err(e) = ring.submitter().register_probe(&mut probe) {
-            return Err(crate::UringError::Unavailable {
+            return Err(UringError::Unavailable {
                 reason: format!("cannot probe io_uring operations: {e}"),
             });
         }
@@ -245,7 +121,7 @@ impl Worker {
             (opcode::Read::CODE, "READ"),
         ] {
             if !probe.is_supported(code) {
-                return Err(crate::UringError::Unavailable {
+                return Err(UringError::Unavailable {
                     reason: format!("the kernel's io_uring lacks {name}"),
                 });
             }
@@ -253,7 +129,7 @@ impl Worker {
         let zc_supported = probe.is_supported(opcode::SendMsgZc::CODE);
         let bufs =
             BufRing::new(&ring, options.ring_buffers(), options.buffer_bytes()).map_err(|e| {
-                crate::UringError::Unavailable {
+                UringError::Unavailable {
                     reason: format!("cannot register a provided-buffer ring (kernel 5.19+): {e}"),
                 }
             })?;
@@ -262,13 +138,13 @@ impl Worker {
             sqpoll, zc_supported, "io_uring thread ready"
         );
         let delivery_waker = Waker::from(Arc::new(DeliveryWaker {
-            mailbox: Arc::clone(&mailbox),
+            command_queue: Arc::clone(&command_queue),
         }));
         Ok(Worker {
             index: setup.index,
             ring,
             bufs,
-            mailbox,
+            command_queue,
             shared,
             conns: HashMap::new(),
             listener: None,
@@ -295,7 +171,7 @@ impl Worker {
     /// The event loop; returns when stopped and every operation has ended.
     pub(crate) fn run(mut self, done: oneshot::Sender<()>) {
         loop {
-            self.mailbox.begin();
+            self.command_queue.begin();
             self.handle_commands();
             self.handle_ready();
             self.deliver();
@@ -371,7 +247,7 @@ impl Worker {
         self.flush_overflow();
         if !self.eventfd_armed {
             let entry = opcode::Read::new(
-                types::Fd(self.mailbox.eventfd()),
+                types::Fd(self.command_queue.eventfd()),
                 (&mut *self.eventfd_buf as *mut u64).cast(),
                 8,
             )
@@ -382,17 +258,17 @@ impl Worker {
             unsafe { self.push(entry) };
             self.eventfd_armed = true;
         }
-        if !self.ring.completion().is_empty() || !self.mailbox.arm() {
+        if !self.ring.completion().is_empty() || !self.command_queue.arm() {
             let _ = self.ring.submit();
-            self.mailbox.disarm();
+            self.command_queue.disarm();
             return;
         }
         if self.busy {
             let spin_until = Instant::now() + BUSY_SPIN;
             let _ = self.ring.submit();
             while Instant::now() < spin_until {
-                if !self.ring.completion().is_empty() || self.mailbox.has_work() {
-                    self.mailbox.disarm();
+                if !self.ring.completion().is_empty() || self.command_queue.has_work() {
+                    self.command_queue.disarm();
                     return;
                 }
                 std::hint::spin_loop();
@@ -427,7 +303,7 @@ impl Worker {
                 }
             }
         }
-        self.mailbox.disarm();
+        self.command_queue.disarm();
     }
 
     fn reap(&mut self) {
@@ -502,7 +378,7 @@ impl Worker {
 
     fn handle_commands(&mut self) {
         let mut commands = std::mem::take(&mut self.commands);
-        self.mailbox.take_commands(&mut commands);
+        self.command_queue.take_commands(&mut commands);
         for command in commands.drain(..) {
             match command {
                 Command::Inbox(inbox) => {
@@ -524,7 +400,7 @@ impl Worker {
 
     fn handle_ready(&mut self) {
         let mut ready = std::mem::take(&mut self.ready);
-        self.mailbox.take_ready(&mut ready);
+        self.command_queue.take_ready(&mut ready);
         for id in ready.drain(..) {
             self.pump_send(id);
         }
@@ -536,7 +412,7 @@ impl Worker {
             return; // dropping it closes the socket; its sends fail
         }
         let waker = Waker::from(Arc::new(QueueWaker {
-            mailbox: Arc::clone(&self.mailbox),
+            command_queue: Arc::clone(&self.command_queue),
             connection: new.id,
         }));
         let options = &self.shared.options;
@@ -631,8 +507,8 @@ impl Worker {
         let target = self.shared.pick_thread();
         if target == self.index {
             self.adopt(new);
-        } else if let Some(mailbox) = self.shared.mailboxes.get(target) {
-            mailbox.post(Command::Adopt(new));
+        } else if let Some(command_queue) = self.shared.command_queues.get(target) {
+            command_queue.post(Command::Adopt(new));
         }
     }
 

@@ -5,11 +5,12 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use io_uring::{cqueue, opcode};
+use van_core::link::stream::Closed;
 use van_core::{Event, Message, NodeId, WireError};
 
-use super::{user_data, Closed, Conn, Worker, K_RECV_DIRECT, K_RECV_MULTI};
+use super::state::{user_data, Conn, Worker, K_RECV_DIRECT, K_RECV_MULTI};
 use crate::bufring::GROUP;
-use crate::van::Shared;
+use crate::shared::Shared;
 
 impl Worker {
     // ---- receiving --------------------------------------------------------------------

@@ -7,25 +7,18 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use io_uring::{cqueue, opcode};
 use tracing::{debug, warn};
+use van_core::link::stream::Closed;
 
-use super::{
-    user_data, Closed, Worker, K_SEND, MAX_BATCH_FRAMES, MAX_IOVECS, NOTIF_USAGE_ZC_COPIED,
-    SEND_ZC_REPORT_USAGE,
-};
+use super::state::{user_data, SendOp, Worker, K_SEND};
 
-/// A send the kernel may still read: everything its SQE points to.
-pub(super) struct SendOp {
-    pub(super) parts: Vec<Bytes>,
-    /// Pointed to by `msg`; points into `parts`.
-    #[allow(dead_code)]
-    iov: Vec<libc::iovec>,
-    /// Pointed to by the SQE.
-    #[allow(dead_code)]
-    msg: Box<libc::msghdr>,
-    pub(super) zc: bool,
-    pub(super) completed: bool,
-    notification_pending: bool,
-}
+/// Most frames one send takes from a peer queue.
+const MAX_BATCH_FRAMES: usize = 256;
+/// Most iovecs per `sendmsg` (Linux `UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
+/// `IORING_SEND_ZC_REPORT_USAGE`: ask the notification to say whether the kernel copied.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// `IORING_NOTIF_USAGE_ZC_COPIED`, in a notification's result.
+const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 
 impl Worker {
     // ---- sending ----------------------------------------------------------------------

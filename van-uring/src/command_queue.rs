@@ -1,5 +1,6 @@
-//! How async callers reach an I/O thread: a [`Mailbox`] of commands and ready connections,
-//! and an eventfd the thread's ring reads, written only when the thread is about to sleep.
+//! How async callers reach an I/O thread: its [`CommandQueue`] of commands and ready
+//! connections, and an eventfd the thread's ring reads, written only when the thread is about
+//! to sleep.
 //!
 //! This is the whole bridge between the `Van` API and a ring: a sender puts a frame in the
 //! peer's bounded queue (a tokio channel); the queue's waker (registered by the I/O thread
@@ -7,13 +8,26 @@
 //! the thread is waiting. A busy thread is never woken by a system call, and one wake-up
 //! covers every frame queued meanwhile.
 
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Wake;
 use std::time::Instant;
 
-use crate::worker::NewConnection;
+use tokio::sync::mpsc;
+use van_core::link::Frame;
+use van_core::NodeId;
+
+/// A connection handed to an I/O thread.
+pub(crate) struct NewConnection {
+    pub(crate) id: u64,
+    pub(crate) stream: TcpStream,
+    pub(crate) remote: SocketAddr,
+    /// The node dialed, or `None` for an accepted connection (learned from its first message).
+    pub(crate) peer: Option<NodeId>,
+    pub(crate) queue: mpsc::Receiver<Frame>,
+}
 
 /// What an async caller asks of an I/O thread.
 pub(crate) enum Command {
@@ -34,8 +48,8 @@ pub(crate) enum Command {
     },
 }
 
-/// One I/O thread's mailbox.
-pub(crate) struct Mailbox {
+/// One I/O thread's queue of commands and ready connections, with the eventfd that wakes it.
+pub(crate) struct CommandQueue {
     eventfd: OwnedFd,
     /// The thread is waiting (or about to): a poster must write the eventfd.
     armed: AtomicBool,
@@ -51,15 +65,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Mailbox {
-    /// A mailbox with a fresh non-blocking eventfd.
-    pub(crate) fn new() -> std::io::Result<Mailbox> {
+impl std::fmt::Debug for CommandQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommandQueue")
+    }
+}
+
+impl CommandQueue {
+    /// An empty queue with a fresh non-blocking eventfd.
+    pub(crate) fn new() -> std::io::Result<CommandQueue> {
         // SAFETY: eventfd takes no pointers; a non-negative result is a descriptor we own.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Mailbox {
+        Ok(CommandQueue {
             // SAFETY: `fd` was just created and is owned by nothing else.
             eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
             armed: AtomicBool::new(false),
@@ -145,7 +165,7 @@ impl Mailbox {
 
 /// The waker of one connection's send queue.
 pub(crate) struct QueueWaker {
-    pub(crate) mailbox: Arc<Mailbox>,
+    pub(crate) command_queue: Arc<CommandQueue>,
     pub(crate) connection: u64,
 }
 
@@ -154,20 +174,20 @@ impl Wake for QueueWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        self.mailbox.ready(self.connection);
+        self.command_queue.ready(self.connection);
     }
 }
 
 /// The waker of a pending inbox delivery.
 pub(crate) struct DeliveryWaker {
-    pub(crate) mailbox: Arc<Mailbox>,
+    pub(crate) command_queue: Arc<CommandQueue>,
 }
 
 impl Wake for DeliveryWaker {
     fn wake(self: Arc<Self>) {
-        self.mailbox.wake();
+        self.command_queue.wake();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        self.mailbox.wake();
+        self.command_queue.wake();
     }
 }

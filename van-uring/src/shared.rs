@@ -1,0 +1,120 @@
+//! [`Shared`]: what the van and its I/O threads both hold — the options, the link table, the
+//! threads' command queues and the counters ([`Stats`]) — and how a new connection is
+//! prepared for a thread.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+use van_core::link::{stream, Connection, FrameQueue, Links};
+use van_core::{NodeId, VanKind};
+
+use crate::command_queue::{Command, CommandQueue, NewConnection};
+use crate::options::UringOptions;
+
+/// A connection as the link table sees it: its I/O thread ends it when the van stops the
+/// threads, so there is nothing to do per connection.
+struct OnRing;
+
+impl Connection for OnRing {
+    fn abort(&self) {}
+}
+
+/// Counters the I/O threads keep, for diagnostics and the buffer-ownership tests.
+#[derive(Debug)]
+pub(crate) struct Stats {
+    pub(crate) connections: AtomicUsize,
+    pub(crate) send_ops: AtomicUsize,
+    pub(crate) recv_ops: AtomicUsize,
+    pub(crate) zc_sends: AtomicU64,
+    pub(crate) zc_copied: AtomicU64,
+    pub(crate) ring_lent: Vec<AtomicUsize>,
+}
+
+impl Stats {
+    /// All zero, with a lent-buffer counter for each of `threads` threads.
+    fn new(threads: usize) -> Stats {
+        Stats {
+            connections: AtomicUsize::new(0),
+            send_ops: AtomicUsize::new(0),
+            recv_ops: AtomicUsize::new(0),
+            zc_sends: AtomicU64::new(0),
+            zc_copied: AtomicU64::new(0),
+            ring_lent: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+}
+
+/// The state the van and every I/O thread share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) options: UringOptions,
+    /// Buffers of large received frames, shared by every connection of every I/O thread.
+    pub(crate) pool: van_core::FramePool,
+    pub(crate) links: Links<FrameQueue>,
+    /// The address the listener is bound to, once bound.
+    pub(crate) local: OnceLock<SocketAddr>,
+    /// One per I/O thread: fires when the thread has exited.
+    pub(crate) exited: Mutex<Vec<oneshot::Receiver<()>>>,
+    next_thread: AtomicUsize,
+    /// One per I/O thread, in thread order.
+    pub(crate) command_queues: Vec<Arc<CommandQueue>>,
+    pub(crate) stats: Stats,
+}
+
+impl Shared {
+    /// The shared state of a van whose threads read `command_queues` (one each, in order).
+    pub(crate) fn new(options: UringOptions, command_queues: Vec<Arc<CommandQueue>>) -> Shared {
+        Shared {
+            stats: Stats::new(command_queues.len()),
+            pool: van_core::FramePool::new(options.frame_pool_bytes),
+            options,
+            links: Links::new(VanKind::Uring),
+            local: OnceLock::new(),
+            exited: Mutex::new(Vec::new()),
+            next_thread: AtomicUsize::new(0),
+            command_queues,
+        }
+    }
+
+    /// The thread the next connection goes to (round robin).
+    pub(crate) fn pick_thread(&self) -> usize {
+        self.next_thread.fetch_add(1, Ordering::Relaxed) % self.command_queues.len().max(1)
+    }
+
+    /// Prepares a connection for an I/O thread: socket options, its queue, and its entry in
+    /// the link table (a route when `peer` is the node dialed). `None` (closing the socket)
+    /// when the van has stopped.
+    pub(crate) fn new_connection(
+        &self,
+        stream: std::net::TcpStream,
+        remote: SocketAddr,
+        peer: Option<NodeId>,
+    ) -> Option<NewConnection> {
+        stream::tune(&stream, &remote);
+        let id = self.links.next_id();
+        let (link, queue) = FrameQueue::new(
+            self.options.send_queue_depth,
+            self.options.peer_budget_bytes,
+        );
+        self.links
+            .add(id, peer, link, Arc::new(OnRing), None)
+            .ok()?;
+        Some(NewConnection {
+            id,
+            stream,
+            remote,
+            peer,
+            queue,
+        })
+    }
+
+    /// Tells every I/O thread to stop (see [`Command::Stop`]).
+    pub(crate) fn stop_threads(&self, flush: bool, deadline: Instant) {
+        for command_queue in &self.command_queues {
+            command_queue.post(Command::Stop { flush, deadline });
+        }
+    }
+}
