@@ -14,15 +14,15 @@
 //! - **Named mode** ([`named`]): abstract Unix sockets belong to a network namespace, so two
 //!   containers that share `/dev/shm` but not a network namespace (`docker run
 //!   --ipc=container:…`, a host `/dev/shm` mounted into both) cannot pass memfds. There the
-//!   listener creates a *mailbox* file in `/dev/shm` whose name is its address
+//!   listener creates an *accept queue* file in `/dev/shm` whose name is its address
 //!   (`shm:vans-<uid>-<pid>-<pid namespace>-<random>`); a dialer creates a connection
-//!   segment holding both rings, posts its name in a mailbox slot and wakes the listener
-//!   with a futex; both unlink the name as soon as both mapped it. Liveness is a heartbeat
-//!   word per side in the segment (pids mean nothing across pid namespaces). Files are
-//!   0600, created exclusively under unguessable names, and reserved up front after a
+//!   segment holding both rings, posts its name in a slot of the queue and wakes the
+//!   listener with a futex; both unlink the name as soon as both mapped it. Liveness is a
+//!   heartbeat word per side in the segment (pids mean nothing across pid namespaces). Files
+//!   are 0600, created exclusively under unguessable names, and reserved up front after a
 //!   `statvfs` check (a small `/dev/shm` is an [`IpcError::ShmTooSmall`] naming the bytes
-//!   needed). What a crash leaves — a dead listener's mailbox, a segment never taken — is
-//!   listed and removed by [`named::list_segments`]/[`named::clean_stale`] and the
+//!   needed). What a crash leaves — a dead listener's accept queue, a segment never taken —
+//!   is listed and removed by [`named::list_segments`]/[`named::clean_stale`] and the
 //!   `vans-shm list|clean` command. It uses the `shared_memory` crate (pinned 0.12.4,
 //!   unmaintained since 2022) for `shm_open` and the mapping, wrapped to be `Send` and
 //!   completed with what it lacks (reservation, owner checks, timely unlinking): see the
@@ -56,8 +56,8 @@ pub mod arena;
 mod error;
 #[cfg(target_os = "linux")]
 mod fdpass;
-// Named /dev/shm segments for processes without a shared Unix socket: mailbox rendezvous,
-// heartbeats, and the stale-segment lister and cleaner.
+// Named /dev/shm segments for processes without a shared Unix socket: an accept queue for
+// the rendezvous, heartbeats, and the stale-segment lister and cleaner.
 #[cfg(target_os = "linux")]
 pub mod named;
 // Futex wake-ups and the spin-then-sleep wait.

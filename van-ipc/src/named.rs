@@ -10,17 +10,17 @@
 //! a host `/dev/shm` mounted into both) cannot meet that way. Here they meet through files in
 //! `/dev/shm` instead:
 //!
-//! - [`NamedListener::bind`] creates a **mailbox** segment; its name is the address
+//! - [`NamedListener::bind`] creates an **accept queue** segment; its name is the address
 //!   (`shm:vans-…`), announced however the ps layer announces endpoints.
 //! - [`connect`] creates a **connection** segment holding both rings, posts its name in a
-//!   free mailbox slot and wakes the listener through a futex in the mailbox;
+//!   free slot of the accept queue and wakes the listener through a futex in the queue;
 //!   [`NamedListener::accept`] opens it, validates it, and both sides **unlink the name as
 //!   soon as both have mapped it**, so a crash after the handshake leaves nothing behind.
 //! - **Liveness** cannot use a socket's end-of-file, and a peer's pid means nothing across
 //!   pid namespaces, so each side bumps a heartbeat word in the connection segment
 //!   ([`Liveness::beat`], every [`HEARTBEAT_INTERVAL`]) and polls the other's
 //!   ([`Liveness::status`]): no change for [`HEARTBEAT_TIMEOUT`] means the peer is dead.
-//! - What a crash can leave — a mailbox whose listener died, a connection segment whose
+//! - What a crash can leave — an accept queue whose listener died, a connection segment whose
 //!   dialer died before the handshake — is found by [`list_segments`] and removed by
 //!   [`clean_stale`] (and the `vans-shm list|clean` command).
 //!
@@ -60,8 +60,9 @@
 //! - it unlinks on drop only as a flag it cannot time: we clear its ownership at once and
 //!   unlink ourselves, as soon as both peers have mapped a connection segment.
 
+mod accept_queue;
 mod connection;
-mod mailbox;
+mod listener;
 mod name;
 pub(crate) use name::random_u64;
 mod shm;
@@ -71,7 +72,7 @@ pub use connection::{
     connect, Liveness, NamedConnection, PeerStatus, Side, DEFAULT_CONNECT_TIMEOUT,
     HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT,
 };
-pub use mailbox::NamedListener;
+pub use listener::NamedListener;
 pub use name::{pid_namespace, SegmentName};
 pub use shm::{shm_free_bytes, NamedSegment};
 pub use stale::{clean_stale, list_segments, stale_segments, CleanReport, OwnerStatus, ShmEntry};
@@ -81,6 +82,10 @@ pub(crate) use shm::is_not_found;
 
 /// Where named segments live: the tmpfs that `shm_open` uses.
 pub const SHM_DIR: &str = "/dev/shm";
+/// Every name vans gives shared memory starts with this: named segments
+/// ([`SegmentName`]: `vans-<uid>-…`) and memfds ([`crate::segment`]), so that `/dev/shm`,
+/// `/proc/<pid>/fd` and `/proc/<pid>/maps` show which are ours.
+pub const NAME_PREFIX: &str = "vans-";
 /// The prefix of a listener's address: `shm:vans-…`.
 pub const ADDRESS_PREFIX: &str = "shm:";
 /// Longest valid segment name (`vans-` and four maximal fields).
@@ -89,12 +94,14 @@ pub const MAX_NAME_BYTES: usize = 64;
 /// Byte layouts of the two kinds of named segment. Every integer is in the host's byte order
 /// (both sides run on one host) and is read and written only through atomics.
 pub mod layout {
-    /// The listener's mailbox: a header page, then [`SLOT_COUNT`](mailbox::SLOT_COUNT)
-    /// slots of [`SLOT_BYTES`](mailbox::SLOT_BYTES).
+    /// The listener's accept queue: a header page, then
+    /// [`SLOT_COUNT`](accept_queue::SLOT_COUNT) slots of
+    /// [`SLOT_BYTES`](accept_queue::SLOT_BYTES). Dialers post the names of their connection
+    /// segments in the slots; the listener takes them.
     ///
     /// | offset | size | field |
     /// | --- | --- | --- |
-    /// | 0 | 8 | magic `b"VANSMBOX"`, written last with `Release` |
+    /// | 0 | 8 | magic `b"VANSMBOX"` (see [`MAGIC`](accept_queue::MAGIC)), written last with `Release` |
     /// | 8 | 4 | version |
     /// | 12 | 4 | slot count |
     /// | 16 | 4 | bytes per slot |
@@ -102,13 +109,15 @@ pub mod layout {
     /// | 128 | 4 | `closed`: 1 once the listener is gone |
     /// | 4096 + 128·i | 128 | slot `i`: state word, name length, name (120 bytes) |
     ///
-    /// A slot's state word holds the state in its low 8 bits ([`EMPTY`](mailbox::EMPTY),
-    /// [`CLAIMED`](mailbox::CLAIMED), [`POSTED`](mailbox::POSTED)) and a generation in the
-    /// rest, bumped by every claim so that a stale compare-and-swap cannot hit a reused slot.
-    pub mod mailbox {
-        /// `b"VANSMBOX"` read as a little-endian u64.
+    /// A slot's state word holds the state in its low 8 bits ([`EMPTY`](accept_queue::EMPTY),
+    /// [`CLAIMED`](accept_queue::CLAIMED), [`POSTED`](accept_queue::POSTED)) and a generation
+    /// in the rest, bumped by every claim so that a stale compare-and-swap cannot hit a
+    /// reused slot.
+    pub mod accept_queue {
+        /// `b"VANSMBOX"` read as a little-endian u64 (unchanged since the format was called a
+        /// mailbox, so files of earlier builds still validate).
         pub const MAGIC: u64 = u64::from_le_bytes(*b"VANSMBOX");
-        /// The mailbox format this build speaks.
+        /// The accept-queue format this build speaks.
         pub const VERSION: u32 = 1;
         /// Offset of the magic (u64).
         pub const MAGIC_OFFSET: usize = 0;
@@ -124,7 +133,7 @@ pub mod layout {
         pub const CLOSED_OFFSET: usize = 128;
         /// Offset of slot 0.
         pub const SLOTS_OFFSET: usize = 4096;
-        /// Slots per mailbox: dialers posting at the same moment beyond this wait for one.
+        /// Slots per accept queue: dialers posting at the same moment beyond this wait for one.
         pub const SLOT_COUNT: usize = 64;
         /// Bytes per slot.
         pub const SLOT_BYTES: usize = 128;
@@ -136,7 +145,7 @@ pub mod layout {
         pub const SLOT_NAME_OFFSET: usize = 8;
         /// Room for the name in a slot.
         pub const SLOT_NAME_BYTES: usize = SLOT_BYTES - SLOT_NAME_OFFSET;
-        /// Total bytes of a mailbox segment.
+        /// Total bytes of an accept-queue segment.
         pub const BYTES: usize = SLOTS_OFFSET + SLOT_COUNT * SLOT_BYTES;
         /// Slot state: free.
         pub const EMPTY: u32 = 0;

@@ -20,8 +20,9 @@ use std::sync::Arc;
 use crate::error::IpcError;
 use crate::named::NamedSegment;
 
-/// Every segment's name starts with this (it shows in `/proc/<pid>/fd` and `/proc/<pid>/maps`).
-pub const NAME_PREFIX: &str = "vans-";
+/// Every segment's name starts with this (it shows in `/proc/<pid>/fd` and `/proc/<pid>/maps`);
+/// named segments share it, which is why it is defined in [`crate::named`].
+pub use crate::named::NAME_PREFIX;
 
 /// Longest memfd name the kernel accepts (`NAME_MAX` minus the `memfd:` it prepends).
 const MAX_NAME_BYTES: usize = 249;

@@ -1,7 +1,7 @@
 //! The named-segment mode with real `/dev/shm` files and real processes: permissions and
 //! round trips, a listener and a dialer in a child process, crashes before and after the
 //! handshake (listed, cleaned, detected by heartbeat), a `/dev/shm` too small, garbage in
-//! the mailbox and in connection segments, and the `vans-shm` command.
+//! the accept queue and in connection segments, and the `vans-shm` command.
 
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use van_ipc::named::layout::{connection as conn_layout, mailbox as mbox_layout};
+use van_ipc::named::layout::{accept_queue as queue_layout, connection as conn_layout};
 use van_ipc::named::{
     self, connect, NamedListener, NamedSegment, OwnerStatus, PeerStatus, SegmentName,
 };
@@ -244,10 +244,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Reading and writing the mailbox file directly, as another process would.
+// Reading and writing the accept-queue file directly, as another process would.
 
 fn slot_offset(index: usize) -> u64 {
-    (mbox_layout::SLOTS_OFFSET + index * mbox_layout::SLOT_BYTES) as u64
+    (queue_layout::SLOTS_OFFSET + index * queue_layout::SLOT_BYTES) as u64
 }
 
 fn open_rw(path: &std::path::Path) -> std::fs::File {
@@ -258,34 +258,34 @@ fn open_rw(path: &std::path::Path) -> std::fs::File {
         .unwrap()
 }
 
-/// Writes `name` into mailbox slot `index` as a dialer would, state last.
-fn post_raw(mailbox: &std::path::Path, index: usize, name: &[u8], len: u32, state: u32) {
-    let file = open_rw(mailbox);
+/// Writes `name` into accept-queue slot `index` as a dialer would, state last.
+fn post_raw(queue: &std::path::Path, index: usize, name: &[u8], len: u32, state: u32) {
+    let file = open_rw(queue);
     let base = slot_offset(index);
-    file.write_at(name, base + mbox_layout::SLOT_NAME_OFFSET as u64)
+    file.write_at(name, base + queue_layout::SLOT_NAME_OFFSET as u64)
         .unwrap();
     file.write_at(
         &len.to_ne_bytes(),
-        base + mbox_layout::SLOT_NAME_LEN_OFFSET as u64,
+        base + queue_layout::SLOT_NAME_LEN_OFFSET as u64,
     )
     .unwrap();
     file.write_at(
         &state.to_ne_bytes(),
-        base + mbox_layout::SLOT_STATE_OFFSET as u64,
+        base + queue_layout::SLOT_STATE_OFFSET as u64,
     )
     .unwrap();
 }
 
-/// The first name posted in the mailbox, once one shows up.
-fn wait_for_posted_name(mailbox: &std::path::Path) -> SegmentName {
-    let file = open_rw(mailbox);
+/// The first name posted in the accept queue, once one shows up.
+fn wait_for_posted_name(queue: &std::path::Path) -> SegmentName {
+    let file = open_rw(queue);
     let deadline = Instant::now() + WAIT;
     loop {
-        for index in 0..mbox_layout::SLOT_COUNT {
+        for index in 0..queue_layout::SLOT_COUNT {
             let base = slot_offset(index);
             let mut word = [0u8; 4];
             file.read_exact_at(&mut word, base).unwrap();
-            if u32::from_ne_bytes(word) & mbox_layout::STATE_MASK == mbox_layout::POSTED {
+            if u32::from_ne_bytes(word) & queue_layout::STATE_MASK == queue_layout::POSTED {
                 file.read_exact_at(&mut word, base + 4).unwrap();
                 let len = u32::from_ne_bytes(word) as usize;
                 let mut name = vec![0u8; len];
@@ -404,11 +404,11 @@ fn opening_refuses_permissive_or_foreign_files() {
 #[test]
 fn listener_and_child_dialer_exchange_messages() {
     let mut listener = NamedListener::bind().unwrap();
-    let mailbox_mode = std::fs::metadata(listener.name().path())
+    let queue_mode = std::fs::metadata(listener.name().path())
         .unwrap()
         .permissions()
         .mode();
-    assert_eq!(mailbox_mode & 0o7777, 0o600);
+    assert_eq!(queue_mode & 0o7777, 0o600);
     let mut child = ChildProcess::spawn("echo", listener.address());
     let connection = listener
         .accept(WAIT)
@@ -531,14 +531,14 @@ fn a_dialer_killed_mid_handshake_is_listed_dead_and_cleaned() {
     assert_eq!(entry.owner_pid(), Some(child.pid()));
     assert!(entry.size > 0);
     assert!(entry.is_ours() && entry.is_stale());
-    // Our own mailbox is listed too, alive, and not stale.
-    let mailbox = named::list_segments()
+    // Our own accept queue is listed too, alive, and not stale.
+    let queue = named::list_segments()
         .unwrap()
         .into_iter()
         .find(|e| e.name.as_ref() == Some(listener.name()))
-        .expect("the mailbox is listed");
-    assert_eq!(mailbox.owner, OwnerStatus::Alive);
-    assert!(!mailbox.is_stale());
+        .expect("the accept queue is listed");
+    assert_eq!(queue.owner, OwnerStatus::Alive);
+    assert!(!queue.is_stale());
 
     assert!(named::stale_segments().unwrap().contains(&entry));
     let report = named::clean_stale().unwrap();
@@ -549,7 +549,7 @@ fn a_dialer_killed_mid_handshake_is_listed_dead_and_cleaned() {
         listener.name().path().exists(),
         "a live owner's segment stays"
     );
-    // The post is still in the mailbox; taking it finds the file gone and moves on.
+    // The post is still in the accept queue; taking it finds the file gone and moves on.
     assert!(listener
         .accept(Duration::from_millis(200))
         .unwrap()
@@ -629,40 +629,40 @@ fn a_small_dev_shm_is_an_error_naming_the_bytes() {
 }
 
 #[test]
-fn garbage_in_mailbox_slots_is_a_typed_error() {
+fn garbage_in_accept_queue_slots_is_a_typed_error() {
     let mut listener = NamedListener::bind().unwrap();
-    let mailbox = listener.name().path();
+    let queue = listener.name().path();
     let short = Duration::from_millis(100);
     let generation = 1 << 8;
 
     // An unknown state.
-    post_raw(&mailbox, 0, b"", 0, generation | 0x7f);
+    post_raw(&queue, 0, b"", 0, generation | 0x7f);
     let err = listener.accept(short).unwrap_err();
     assert!(matches!(err, IpcError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("unknown state"), "{err}");
 
     // A name longer than a slot.
-    post_raw(&mailbox, 1, b"vans-", 500, generation | mbox_layout::POSTED);
+    post_raw(&queue, 1, b"vans-", 500, generation | queue_layout::POSTED);
     let err = listener.accept(short).unwrap_err();
     assert!(matches!(err, IpcError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("500 bytes"), "{err}");
 
     // A malformed name, and one that is not UTF-8.
     post_raw(
-        &mailbox,
+        &queue,
         2,
         b"vans-../../etc/passwd",
         21,
-        generation | mbox_layout::POSTED,
+        generation | queue_layout::POSTED,
     );
     let err = listener.accept(short).unwrap_err();
     assert!(matches!(err, IpcError::BadName { .. }), "{err}");
     post_raw(
-        &mailbox,
+        &queue,
         3,
         b"vans-\xff\xfe",
         7,
-        generation | mbox_layout::POSTED,
+        generation | queue_layout::POSTED,
     );
     let err = listener.accept(short).unwrap_err();
     assert!(matches!(err, IpcError::BadName { .. }), "{err}");
@@ -674,11 +674,11 @@ fn garbage_in_mailbox_slots_is_a_typed_error() {
     }
     .to_string();
     post_raw(
-        &mailbox,
+        &queue,
         4,
         foreign.as_bytes(),
         foreign.len() as u32,
-        generation | mbox_layout::POSTED,
+        generation | queue_layout::POSTED,
     );
     let err = listener.accept(short).unwrap_err();
     assert!(matches!(err, IpcError::BadSegment { .. }), "{err}");
@@ -686,11 +686,11 @@ fn garbage_in_mailbox_slots_is_a_typed_error() {
     // A well-formed name of a file that does not exist: skipped quietly.
     let missing = SegmentName::fresh().unwrap().to_string();
     post_raw(
-        &mailbox,
+        &queue,
         5,
         missing.as_bytes(),
         missing.len() as u32,
-        generation | mbox_layout::POSTED,
+        generation | queue_layout::POSTED,
     );
     assert!(listener.accept(short).unwrap().is_none());
 
@@ -707,7 +707,7 @@ fn garbage_in_mailbox_slots_is_a_typed_error() {
 fn garbage_connection_segments_are_refused_and_removed() {
     use conn_layout::{CAPACITY_OFFSET, MAGIC, POSTED, STATE_OFFSET, VERSION, VERSION_OFFSET};
     let mut listener = NamedListener::bind().unwrap();
-    let mailbox = listener.name().path();
+    let queue = listener.name().path();
     let capacity = 4096usize;
     let total = conn_layout::HEADER_BYTES + 2 * (van_ipc::ring::layout::HEADER_BYTES + capacity);
 
@@ -749,11 +749,11 @@ fn garbage_connection_segments_are_refused_and_removed() {
         write(&open_rw(&segment.path()));
         let name = segment.name().to_string();
         post_raw(
-            &mailbox,
+            &queue,
             i,
             name.as_bytes(),
             name.len() as u32,
-            (1 << 8) | mbox_layout::POSTED,
+            (1 << 8) | queue_layout::POSTED,
         );
         let err = listener.accept(Duration::from_millis(100)).unwrap_err();
         assert!(
@@ -783,7 +783,7 @@ fn garbage_connection_segments_are_refused_and_removed() {
 }
 
 #[test]
-fn bad_addresses_and_garbage_mailboxes_are_refused() {
+fn bad_addresses_and_garbage_accept_queues_are_refused() {
     for address in [
         "",
         "shm:",
@@ -804,17 +804,18 @@ fn bad_addresses_and_garbage_mailboxes_are_refused() {
         "{err}"
     );
     // Right size, no magic.
-    let zeros = NamedSegment::create(mbox_layout::BYTES).unwrap();
+    let zeros = NamedSegment::create(queue_layout::BYTES).unwrap();
     let err = connect(&zeros.name().address(), 4096, Duration::from_millis(100)).unwrap_err();
-    assert!(err.to_string().contains("not a vans mailbox"), "{err}");
+    assert!(err.to_string().contains("not a vans accept queue"), "{err}");
     // Wrong size.
     let small = NamedSegment::create(4096).unwrap();
     let err = connect(&small.name().address(), 4096, Duration::from_millis(100)).unwrap_err();
     assert!(matches!(err, IpcError::BadSegment { .. }), "{err}");
     // Right magic, wrong geometry.
     let file = open_rw(&zeros.path());
-    file.write_at(&mbox_layout::MAGIC.to_ne_bytes(), 0).unwrap();
-    file.write_at(&mbox_layout::VERSION.to_ne_bytes(), 8)
+    file.write_at(&queue_layout::MAGIC.to_ne_bytes(), 0)
+        .unwrap();
+    file.write_at(&queue_layout::VERSION.to_ne_bytes(), 8)
         .unwrap();
     file.write_at(&7u32.to_ne_bytes(), 12).unwrap();
     let err = connect(&zeros.name().address(), 4096, Duration::from_millis(100)).unwrap_err();
@@ -843,9 +844,9 @@ fn an_abandoned_connect_leaves_nothing_behind() {
         (connect(&address, 4096, WAIT), start.elapsed())
     });
     let posted = wait_for_posted_name(&listener.name().path());
-    let mailbox = listener.name().path();
+    let queue = listener.name().path();
     drop(listener);
-    assert!(!mailbox.exists(), "the listener removed its mailbox");
+    assert!(!queue.exists(), "the listener removed its accept queue");
     let (result, waited) = dialer.join().unwrap();
     let err = result.unwrap_err();
     assert!(err.to_string().contains("closed"), "{err}");

@@ -1,6 +1,6 @@
 //! The van-core conformance suite over van-ipc's named mode: rings in `/dev/shm` files met
-//! through a mailbox, liveness by heartbeats (no Unix socket), within this process and with
-//! the peer in another process.
+//! through an accept queue, liveness by heartbeats (no Unix socket), within this process and
+//! with the peer in another process.
 
 #![cfg(target_os = "linux")]
 

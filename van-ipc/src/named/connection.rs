@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::accept_queue::AcceptQueue;
 use super::layout::connection::{
     ABANDONED, ACCEPTED, CAPACITY_OFFSET, DIALER_BEAT_OFFSET, DIALER_WAITING_OFFSET, HEADER_BYTES,
     LISTENER_BEAT_OFFSET, MAGIC, MAGIC_OFFSET, POSTED, REFUSED, STATE_OFFSET, VERSION,
     VERSION_OFFSET,
 };
-use super::mailbox::Mailbox;
 use super::{is_not_found, NamedSegment, SegmentName};
 use crate::error::IpcError;
 use crate::notify::{self, WaitResult};
@@ -26,7 +26,7 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Spins before the dialer sleeps while waiting for the listener.
 const HANDSHAKE_SPINS: u32 = 100;
-/// Longest single sleep of the dialer, so that a closed mailbox is noticed.
+/// Longest single sleep of the dialer, so that a closed accept queue is noticed.
 const HANDSHAKE_SLICE: Duration = Duration::from_millis(100);
 
 /// One side of a connection.
@@ -273,7 +273,7 @@ fn ring_windows(
 
 /// Connects to the listener at `address` (`shm:vans-…`): creates a connection segment with
 /// two rings of `ring_bytes` each (rounded up to a power of two, as
-/// [`crate::ring::create_ring`] does), posts its name in the listener's mailbox, and waits
+/// [`crate::ring::create_ring`] does), posts its name in the listener's accept queue, and waits
 /// up to `timeout` for the listener to take it. Blocks: call it from a blocking thread.
 ///
 /// ```no_run
@@ -289,18 +289,18 @@ fn ring_windows(
 /// # Errors
 ///
 /// [`IpcError::BadName`] for a malformed address; [`IpcError::Os`] (`NotFound`) when no
-/// such mailbox exists; [`IpcError::BadSegment`] when it is not a valid mailbox (or belongs
-/// to another uid); [`IpcError::ShmTooSmall`] when `/dev/shm` cannot hold the rings;
-/// [`IpcError::TooLarge`] for rings over [`MAX_RING_BYTES`]; [`IpcError::Rendezvous`] when
-/// the listener closed, refused the segment or did not accept in time. Nothing is left in
-/// `/dev/shm` after an error.
+/// such accept queue exists; [`IpcError::BadSegment`] when it is not a valid accept queue
+/// (or belongs to another uid); [`IpcError::ShmTooSmall`] when `/dev/shm` cannot hold the
+/// rings; [`IpcError::TooLarge`] for rings over [`MAX_RING_BYTES`]; [`IpcError::Rendezvous`]
+/// when the listener closed, refused the segment or did not accept in time. Nothing is left
+/// in `/dev/shm` after an error.
 pub fn connect(
     address: &str,
     ring_bytes: usize,
     timeout: Duration,
 ) -> Result<NamedConnection, IpcError> {
     let deadline = Instant::now().checked_add(timeout);
-    let mailbox = Mailbox::open(&SegmentName::from_address(address)?)?;
+    let queue = AcceptQueue::open(&SegmentName::from_address(address)?)?;
     let capacity = ring_capacity(ring_bytes)?;
     let len = total_len(capacity).ok_or(IpcError::TooLarge {
         len: capacity,
@@ -325,7 +325,7 @@ pub fn connect(
     header.u64_at(MAGIC_OFFSET).store(MAGIC, Ordering::Release);
 
     let refused = |reason: String| IpcError::Rendezvous {
-        address: mailbox.name().address(),
+        address: queue.name().address(),
         reason,
     };
     // With no representable deadline, post without a bound on busy slots too.
@@ -333,7 +333,7 @@ pub fn connect(
         let now = Instant::now();
         now.checked_add(Duration::from_secs(86_400)).unwrap_or(now)
     });
-    mailbox.post(segment.name(), post_deadline)?;
+    queue.post(segment.name(), post_deadline)?;
     loop {
         match header.state().load(Ordering::Acquire) {
             ACCEPTED => break,
@@ -351,7 +351,7 @@ pub fn connect(
                 )))
             }
         }
-        let closed = mailbox.is_closed();
+        let closed = queue.is_closed();
         let now = Instant::now();
         let expired = deadline.is_some_and(|d| now >= d);
         if closed || expired {
@@ -389,7 +389,7 @@ pub fn connect(
     })
 }
 
-/// The listener's half: opens the connection segment `name` posted in its mailbox,
+/// The listener's half: opens the connection segment `name` posted in its accept queue,
 /// validates it, attaches the rings, marks it accepted, removes its name and wakes the
 /// dialer. `Ok(None)` when the dialer already gave up (the segment is gone or abandoned).
 pub(crate) fn accept(

@@ -7,9 +7,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-use super::{ADDRESS_PREFIX, MAX_NAME_BYTES, SHM_DIR};
+use super::{ADDRESS_PREFIX, MAX_NAME_BYTES, NAME_PREFIX, SHM_DIR};
 use crate::error::IpcError;
-use crate::segment::NAME_PREFIX;
 
 /// The name of a named segment: `vans-<uid>-<pid>-<pid namespace>-<16 hex digits>`.
 ///
@@ -117,7 +116,7 @@ impl SegmentName {
         SegmentName::parse(address.strip_prefix(ADDRESS_PREFIX).unwrap_or(address))
     }
 
-    /// The address a listener with this mailbox name announces: `shm:<name>`.
+    /// The address a listener whose accept queue has this name announces: `shm:<name>`.
     pub fn address(&self) -> String {
         format!("{ADDRESS_PREFIX}{self}")
     }

@@ -1,9 +1,9 @@
 //! Finding and removing what crashed processes left in `/dev/shm`.
 //!
 //! A named segment outlives its creator only when the creator died before the handshake
-//! removed the name (a listener's mailbox, a dialer's connection segment never taken). The
-//! owner is judged by the pid in the name with `kill(pid, 0)`: `ESRCH` means dead. That is
-//! only meaningful in the creator's pid namespace, which the name also records; a segment
+//! removed the name (a listener's accept queue, a dialer's connection segment never taken).
+//! The owner is judged by the pid in the name with `kill(pid, 0)`: `ESRCH` means dead. That
+//! is only meaningful in the creator's pid namespace, which the name also records; a segment
 //! from another pid namespace (or when `/proc` cannot tell ours) is reported as unknown and
 //! never removed. Only segments of our own uid are ever removed.
 
@@ -12,9 +12,8 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use super::{effective_uid, pid_namespace, SegmentName, SHM_DIR};
+use super::{effective_uid, pid_namespace, SegmentName, NAME_PREFIX, SHM_DIR};
 use crate::error::IpcError;
-use crate::segment::NAME_PREFIX;
 
 /// Whether the creator of a listed segment still runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
