@@ -49,7 +49,7 @@ impl ConfigBuilder {
         self
     }
 
-    /// Whether the IPC van listens through a mailbox in `/dev/shm` (`VANS_IPC_NAMED`).
+    /// Whether the IPC van listens through an accept queue in `/dev/shm` (`VANS_IPC_NAMED`).
     pub fn ipc_named(mut self, on: bool) -> Self {
         self.config.ipc_named = on;
         self

@@ -163,7 +163,7 @@ pub struct Config {
     pub host_id: Option<String>,
     /// `VANS_IPC_ARENA_BYTES`: shared memory per IPC van for zero-copy buffers (0: none).
     pub ipc_arena_bytes: usize,
-    /// `VANS_IPC_NAMED`: the IPC van listens through a mailbox in `/dev/shm`.
+    /// `VANS_IPC_NAMED`: the IPC van listens through an accept queue in `/dev/shm`.
     pub ipc_named: bool,
     /// `VANS_EAGER_CONNECT`: connect to every peer when the node table arrives.
     pub eager_connect: bool,

@@ -146,7 +146,7 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: "VANS_IPC_NAMED",
         default: "0",
-        effect: "`1`: the IPC van listens through a mailbox in `/dev/shm` instead of an \
+        effect: "`1`: the IPC van listens through an accept queue in `/dev/shm` instead of an \
                  abstract Unix socket, for co-located peers in different network namespaces \
                  (no zero-copy buffers then)",
     },
