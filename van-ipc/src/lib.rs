@@ -74,7 +74,7 @@ mod van;
 
 pub use error::IpcError;
 #[cfg(target_os = "linux")]
-pub use notify::WaitResult;
+pub use notify::{Doorbell, WaitResult};
 #[cfg(target_os = "linux")]
 pub use ring::{create_ring, Consumer, Producer};
 #[cfg(target_os = "linux")]

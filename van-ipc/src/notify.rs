@@ -20,11 +20,92 @@
 //! (no `FUTEX_PRIVATE_FLAG`): the word lives in a `MAP_SHARED` mapping and the kernel keys
 //! the wait on the file and offset, so the two processes meet on it. The timeout bounds
 //! every wait, so a peer that vanished, or that scribbled on the word, cannot hang us.
+//!
+//! # Doorbells
+//!
+//! A waiter that runs on an async runtime cannot sleep on a futex without stalling the
+//! runtime thread. It sleeps on a [`Doorbell`] instead (an eventfd the runtime's reactor
+//! watches, handed to the other side at the handshake) and announces it with
+//! `word = DOORBELL` instead of 1; the waker sees which and rings the doorbell instead of the
+//! futex. The protocol is otherwise the same.
 
 use std::hint::spin_loop;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use rustix::event::{eventfd, EventfdFlags};
+use rustix::thread::futex;
+
+/// Value of a wait word whose waiter sleeps on the futex.
+const FUTEX: u32 = 1;
+/// Value of a wait word whose waiter sleeps on its doorbell.
+pub(crate) const DOORBELL: u32 = 2;
+
+/// An eventfd one process rings and another awaits on its async runtime; see the
+/// [module docs](self).
+#[derive(Debug)]
+pub struct Doorbell {
+    fd: OwnedFd,
+}
+
+impl Doorbell {
+    /// A fresh doorbell (non-blocking, close-on-exec).
+    ///
+    /// # Errors
+    ///
+    /// When the kernel refuses an eventfd (descriptor limit).
+    pub fn new() -> io::Result<Doorbell> {
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(Doorbell { fd })
+    }
+
+    /// The doorbell a peer handed over. It must be an eventfd: anything else (a file, a
+    /// socket) is refused, so a confused peer cannot make us write into it.
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::InvalidData`] when `fd` is not an eventfd.
+    pub fn from_peer(fd: OwnedFd) -> io::Result<Doorbell> {
+        let link = rustix::fs::readlinkat(
+            rustix::fs::CWD,
+            format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)),
+            Vec::new(),
+        )?;
+        if link.as_bytes() != b"anon_inode:[eventfd]" {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the peer's doorbell is not an eventfd ({link:?})"),
+            ));
+        }
+        Ok(Doorbell { fd })
+    }
+
+    /// Rings: the waiter's runtime sees the descriptor readable. A full counter (the waiter
+    /// has not read 2^64 - 2 rings) is as good as a ring, so errors are ignored.
+    pub fn ring(&self) {
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+
+    /// Consumes the rings so far (the waiter's side), so the next wait sleeps until a new one.
+    pub fn clear(&self) {
+        let mut count = [0u8; 8];
+        let _ = rustix::io::read(&self.fd, &mut count);
+    }
+}
+
+impl AsFd for Doorbell {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl std::os::fd::AsRawFd for Doorbell {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+}
 
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +140,7 @@ pub(crate) fn wait_adaptive(
     // `None` when the deadline is beyond what `Instant` represents: wait without a bound.
     let deadline = Instant::now().checked_add(timeout);
     loop {
-        word.store(1, Ordering::Relaxed);
+        word.store(FUTEX, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         if let Some(result) = check() {
             word.store(0, Ordering::Relaxed);
@@ -76,83 +157,71 @@ pub(crate) fn wait_adaptive(
             }
             None => None,
         };
-        if futex_wait(word, 1, remaining).is_err() {
+        if futex_wait(word, FUTEX, remaining).is_err() {
             std::thread::sleep(remaining.map_or(FALLBACK_SLEEP, |r| r.min(FALLBACK_SLEEP)));
         }
     }
 }
 
 /// The waker's half of the protocol: call right after publishing. Costs a fence and a load
-/// when nobody sleeps on `word`, a system call when somebody does.
+/// when nobody sleeps on `word`, a system call when somebody does: a futex wake, or a ring
+/// of `bell` when the waiter sleeps on its doorbell.
 pub(crate) fn wake_if_waiting(word: &AtomicU32) {
+    wake_or_ring(word, None);
+}
+
+/// [`wake_if_waiting`] for a word whose waiter may sleep on `bell`.
+pub(crate) fn wake_or_ring(word: &AtomicU32, bell: Option<&Doorbell>) {
     fence(Ordering::SeqCst);
-    if word.load(Ordering::Relaxed) != 0 && word.swap(0, Ordering::Relaxed) != 0 {
-        futex_wake(word);
+    if word.load(Ordering::Relaxed) != 0 {
+        match (word.swap(0, Ordering::Relaxed), bell) {
+            (0, _) => {}
+            (DOORBELL, Some(bell)) => bell.ring(),
+            _ => futex_wake(word),
+        }
     }
 }
 
 /// Wakes whoever sleeps on `word`, unconditionally (for `close`, where the cost is paid once).
 pub(crate) fn wake_always(word: &AtomicU32) {
+    always_wake_or_ring(word, None);
+}
+
+/// [`wake_always`] for a word whose waiter may sleep on `bell`.
+pub(crate) fn always_wake_or_ring(word: &AtomicU32, bell: Option<&Doorbell>) {
     fence(Ordering::SeqCst);
     word.store(0, Ordering::Relaxed);
     futex_wake(word);
+    if let Some(bell) = bell {
+        bell.ring();
+    }
 }
 
 /// `FUTEX_WAIT` (shared) while `*word == expected`, for at most `timeout`. A wake, a changed
 /// value, a signal and the timeout all return `Ok`: the caller re-checks its condition.
 fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> io::Result<()> {
-    let timespec = timeout.map(|t| {
-        // SAFETY: `timespec` is plain old data (integers, and padding on some targets) for
-        // which all-zero bytes are a valid value.
-        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        ts.tv_sec = libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX);
-        // Below 10^9, so it fits a c_long of any width.
-        ts.tv_nsec = t.subsec_nanos() as libc::c_long;
-        ts
+    let timeout = timeout.map(|t| futex::Timespec {
+        tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(t.subsec_nanos()),
     });
-    let timespec_ptr = timespec
-        .as_ref()
-        .map_or(std::ptr::null(), |ts| ts as *const libc::timespec);
-    // SAFETY: `word` is a live, aligned u32 (for a ring, inside a mapping that outlives the
-    // call); the kernel only reads it. `timespec_ptr` is null or points to a timespec that
-    // lives until the call returns. The last two arguments are unused by FUTEX_WAIT.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            timespec_ptr,
-            std::ptr::null::<u32>(),
-            0u32,
-        )
-    };
-    if r == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::EAGAIN | libc::EINTR | libc::ETIMEDOUT) => Ok(()),
-        _ => Err(err),
+    // Shared (no PRIVATE flag): the word lives in a mapping two processes share.
+    match futex::wait(word, futex::Flags::empty(), expected, timeout.as_ref()) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if e == rustix::io::Errno::AGAIN
+                || e == rustix::io::Errno::INTR
+                || e == rustix::io::Errno::TIMEDOUT =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
 /// `FUTEX_WAKE` (shared) of one waiter on `word`; there is at most one (single consumer or
 /// single producer per word). Failure is ignored: the waiter's timeout covers it.
 fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only uses its address as a key and
-    // ignores the remaining arguments.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            1u32,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    let _ = futex::wake(word, futex::Flags::empty(), 1);
 }
 
 #[cfg(test)]

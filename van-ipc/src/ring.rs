@@ -56,7 +56,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 
 use crate::error::IpcError;
-use crate::notify::{self, WaitResult};
+use crate::notify::{self, Doorbell, WaitResult};
 use crate::segment::Segment;
 
 /// Record flag: the first record of a message.
@@ -378,6 +378,8 @@ unsafe fn gather(mut dst: *mut u8, parts: &[&[u8]], mut skip: usize, mut len: us
 #[derive(Debug)]
 pub struct Producer {
     shared: Shared,
+    /// The consumer's doorbell, when it waits on an async runtime (see [`Doorbell`]).
+    consumer_bell: Option<Doorbell>,
     /// Bytes ever written; only this end writes `head`, so it is never re-read.
     head: u64,
     /// The last `tail` read from the ring (validated).
@@ -397,6 +399,7 @@ impl Producer {
         let (head, tail) = shared.initial_cursors()?;
         Ok(Producer {
             shared,
+            consumer_bell: None,
             head,
             cached_tail: tail,
         })
@@ -508,7 +511,13 @@ impl Producer {
 
     /// Wakes the consumer if it sleeps; a fence and a load when it does not.
     pub fn wake_consumer(&self) {
-        notify::wake_if_waiting(self.shared.consumer_waiting());
+        notify::wake_or_ring(self.shared.consumer_waiting(), self.consumer_bell.as_ref());
+    }
+
+    /// Wakes the consumer through `bell` when it sleeps on it ([`Consumer::sleep_on_doorbell`])
+    /// rather than on the futex: the doorbell its side passed at the handshake.
+    pub fn set_consumer_doorbell(&mut self, bell: Doorbell) {
+        self.consumer_bell = Some(bell);
     }
 
     /// Waits until a record of `bytes` payload bytes (at most [`Producer::max_record`]) would
@@ -537,6 +546,7 @@ impl Producer {
     /// Marks the ring closed and wakes both sides. Records already pushed stay readable.
     pub fn close(&self) {
         self.shared.close();
+        notify::always_wake_or_ring(self.shared.consumer_waiting(), self.consumer_bell.as_ref());
     }
 
     /// Ring bytes a record of `len` payload bytes needs at the current head, counting the
@@ -790,21 +800,42 @@ impl Consumer {
     /// passes.
     pub fn wait_for_data(&self, spins: u32, timeout: Duration) -> WaitResult {
         notify::wait_adaptive(self.shared.consumer_waiting(), spins, timeout, || {
-            if self.cached_head != self.tail
-                || self.shared.head().load(Ordering::Acquire) != self.tail
-            {
-                Some(WaitResult::Ready)
-            } else if self.shared.is_closed() {
-                Some(WaitResult::Closed)
-            } else {
-                None
-            }
+            self.poll_data()
         })
     }
 
     /// Whether either side closed the ring (records may still be waiting to be read).
     pub fn is_closed(&self) -> bool {
         self.shared.is_closed()
+    }
+
+    /// What [`Consumer::wait_for_data`] would return now without waiting: `Some(Ready)`
+    /// when a record is available, `Some(Closed)` when the ring is closed and drained,
+    /// `None` when there is nothing yet.
+    pub fn poll_data(&self) -> Option<WaitResult> {
+        if self.cached_head != self.tail || self.shared.head().load(Ordering::Acquire) != self.tail
+        {
+            Some(WaitResult::Ready)
+        } else if self.shared.is_closed() {
+            Some(WaitResult::Closed)
+        } else {
+            None
+        }
+    }
+
+    /// Announces that this consumer is about to sleep on its doorbell (the one its producer
+    /// got with [`Producer::set_consumer_doorbell`]) and checks once more: `None` means
+    /// sleep (the producer will ring it after its next publication), `Some` that there is no
+    /// need. Await the doorbell, [`clear`](Doorbell::clear) it, then pop again.
+    pub fn sleep_on_doorbell(&self) -> Option<WaitResult> {
+        let word = self.shared.consumer_waiting();
+        word.store(notify::DOORBELL, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let ready = self.poll_data();
+        if ready.is_some() {
+            word.store(0, Ordering::Relaxed);
+        }
+        ready
     }
 
     /// Marks the ring closed and wakes both sides.

@@ -1,6 +1,6 @@
 //! [`IpcVan`]: the van over shared-memory rings (see the crate docs for the design).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -11,90 +11,33 @@ use bytes::Bytes;
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
-use van_core::link::{self, Links};
+use van_core::link::{ConnectionId, Links};
 use van_core::van::{address_for, recipient_of};
-use van_core::wire::{self, Limits};
+use van_core::wire;
 use van_core::{
-    Config, Endpoint, Event, InboxSender, Message, Node, NodeId, Van, VanError, VanKind,
+    Endpoint, Event, InboxSender, Message, Node, NodeId, PeerLost, Van, VanError, VanKind,
 };
 
 use crate::arena::{self, Arena, Ref, RefTable};
-use crate::named::{self};
-use crate::ring::{Consumer, Producer, DEFAULT_RING_BYTES};
+use crate::named;
 
+mod conn;
 mod handshake;
+mod options;
 mod pipe;
 
-use handshake::{watch_connection, Arenas, Watch};
-use pipe::{read_loop, write_loop, Direct, Outgoing};
+use conn::{io_error, unique_name, Connection, Established};
+pub use options::IpcOptions;
+use pipe::{read_async, read_blocking, write_loop, Direct, Outgoing, Reader, PEER_CLOSED};
 
+/// Data segments at least this large travel through the shared arena (one copy) rather
+/// than through the ring (two copies).
+const ARENA_STAGE_MIN: usize = 64 << 10;
 /// Frames queued per peer before `send` waits.
 const SEND_QUEUE: usize = 4096;
-/// How long a waiting thread sleeps before it re-checks whether the van stopped.
-const WAIT_SLICE: Duration = Duration::from_millis(100);
-/// Spins per wait with busy polling (then the wait re-checks the connection).
-const BUSY_SPINS: u32 = 1 << 22;
-/// Spins before sleeping, in adaptive mode.
-const DEFAULT_SPINS: u32 = 2_000;
-/// Tuning of an [`IpcVan`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpcOptions {
-    /// Frame size limits.
-    pub limits: Limits,
-    /// Bytes of each ring (per direction, per connection); a power of two.
-    pub ring_bytes: usize,
-    /// Spin forever instead of sleeping on a futex (`VANS_BUSY_POLLING` and the StarServer
-    /// names): lowest latency, one core per waiting thread.
-    pub busy_polling: bool,
-    /// Spins before sleeping in adaptive mode.
-    pub spins: u32,
-    /// How long `stop` waits for queued frames to be written.
-    pub flush_timeout: Duration,
-    /// Bytes of the shared arena that [`Van::alloc`] carves zero-copy buffers from (see
-    /// [`crate::arena`]); 0 disables zero-copy sends. Reserved when the van binds.
-    pub arena_bytes: usize,
-    /// Listen through a mailbox in `/dev/shm` instead of an abstract Unix socket
-    /// (`VANS_IPC_NAMED`): for peers that share `/dev/shm` but not a network namespace (see
-    /// [`crate::named`]). Dialers follow the address they are given either way. Zero-copy
-    /// buffers need the socket (they travel as memfds), so named connections copy.
-    pub named: bool,
-}
-
-impl Default for IpcOptions {
-    fn default() -> IpcOptions {
-        IpcOptions {
-            limits: Limits::default(),
-            ring_bytes: DEFAULT_RING_BYTES,
-            busy_polling: false,
-            spins: DEFAULT_SPINS,
-            flush_timeout: Duration::from_secs(10),
-            arena_bytes: van_core::config::DEFAULT_IPC_ARENA_BYTES,
-            named: false,
-        }
-    }
-}
-
-impl IpcOptions {
-    /// Options with the limits and polling switch of `config`.
-    pub fn from_config(config: &Config) -> IpcOptions {
-        IpcOptions {
-            limits: config.limits,
-            busy_polling: config.busy_polling,
-            arena_bytes: config.ipc_arena_bytes,
-            named: config.ipc_named,
-            ..IpcOptions::default()
-        }
-    }
-
-    fn spins(&self) -> u32 {
-        if self.busy_polling {
-            // Long enough to never sleep under load, short enough to notice a stop.
-            BUSY_SPINS
-        } else {
-            self.spins
-        }
-    }
-}
+/// Spins of a reader task on the runtime before it sleeps on its doorbell (it holds a
+/// runtime thread while it spins, so far fewer than a reader thread's).
+const TASK_SPINS: u32 = 256;
 
 /// A van over shared memory; see the [crate docs](crate).
 #[derive(Debug)]
@@ -122,48 +65,6 @@ struct Link {
     direct: Arc<Direct>,
     /// Counts references into our arena held by the peer (when both sides have arenas).
     table: Option<Arc<RefTable>>,
-}
-
-/// One connection's shared flags.
-#[derive(Debug)]
-struct Connection {
-    /// Set when the connection ends for any reason; threads exit when they see it.
-    closed: AtomicBool,
-    /// Why the liveness watcher ended the connection, when it did (named mode: "no
-    /// heartbeat for …"); reported instead of the reader's generic reason.
-    lost_reason: Mutex<Option<String>>,
-}
-
-impl Connection {
-    fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-}
-
-impl link::Connection for Connection {
-    /// The writer thread flushes and ends once its queue closes; nothing more to do.
-    fn abort(&self) {
-        self.closed.store(true, Ordering::Release);
-    }
-
-    fn is_closed(&self) -> bool {
-        Connection::is_closed(self)
-    }
-}
-
-/// A fresh name for a ring or a listening socket: purpose, pid, and random bits so that
-/// names cannot be guessed by other local users (the segment module adds the `vans-` prefix
-/// to rings).
-fn unique_name(what: &str) -> Result<String, crate::IpcError> {
-    let random = crate::named::random_u64()?;
-    Ok(format!("{what}-{}-{random:016x}", std::process::id()))
-}
-
-fn io_error(context: &str, error: impl std::fmt::Display) -> VanError {
-    VanError::Io {
-        kind: VanKind::Ipc,
-        source: std::io::Error::other(format!("{context}: {error}")),
-    }
 }
 
 impl IpcVan {
@@ -194,6 +95,38 @@ impl IpcVan {
     }
 }
 
+impl IpcVan {
+    /// `bind` in named mode: a listening file in `/dev/shm` and a thread accepting from it
+    /// until the van stops.
+    fn bind_named(&self, inbox: InboxSender) -> Result<Endpoint, VanError> {
+        let listener = handshake::named_listener(&self.shared.options)?;
+        let address = listener.address().to_owned();
+        self.shared.links.bound(inbox.clone(), None)?;
+        let shared = Arc::clone(&self.shared);
+        let stopped = Arc::clone(&self.shared);
+        let accept = handshake::accept_named(
+            listener,
+            &self.shared.options,
+            move |established| {
+                if let Err(e) = shared.start_connection(established, None, inbox.clone()) {
+                    warn!("named IPC connection not started: {e}");
+                }
+            },
+            move || stopped.links.is_stopped(),
+        )?;
+        *self
+            .shared
+            .accept_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(accept);
+        info!("ipc van listening at {address}");
+        Ok(Endpoint {
+            kind: VanKind::Ipc,
+            address,
+        })
+    }
+}
+
 impl Drop for IpcVan {
     /// A van dropped without [`Van::stop`] still ends its connections: threads see the
     /// closed flags within a wait slice and exit; nothing is flushed.
@@ -221,23 +154,24 @@ impl Shared {
             .take()
     }
 
-    /// Registers a connection with the link table, then starts its threads and liveness
-    /// watcher.
+    /// Registers a connection with the link table, then starts its writer thread, its
+    /// reader (a task on this runtime, or a thread in named mode) and its liveness watcher.
     fn start_connection(
         self: &Arc<Self>,
-        watch: Watch,
-        producer: Producer,
-        consumer: Consumer,
+        established: Established,
         peer: Option<NodeId>,
-        arenas: Arenas,
         inbox: InboxSender,
     ) -> Result<(), VanError> {
+        let Established {
+            watch,
+            producer,
+            consumer,
+            doorbell,
+            arenas,
+        } = established;
         let id = self.links.next_id();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let connection = Arc::new(Connection {
-            closed: AtomicBool::new(false),
-            lost_reason: Mutex::new(None),
-        });
+        let connection = Connection::new();
         let (queue, frames) = mpsc::channel(SEND_QUEUE);
         let table = arenas.ours;
         let direct = Arc::new(Direct {
@@ -251,9 +185,9 @@ impl Shared {
             direct,
             table: table.clone(),
         };
-        let peer_arena = arenas.theirs;
+        let reader = Reader::new(consumer, self.options.limits, arenas.theirs);
         let spins = self.options.spins();
-        // Registered before the threads start, so that what the reader learns finds it.
+        // Registered before the reader starts, so that what it learns finds the connection.
         self.links
             .add(id, peer, link, Arc::clone(&connection) as _, Some(done_rx))?;
 
@@ -268,77 +202,119 @@ impl Shared {
                 let _ = done_tx.send(());
             });
         if let Err(e) = writer {
-            connection.closed.store(true, Ordering::Release);
+            connection.close();
             self.links.closed(id, "no writer thread");
             return Err(io_error("cannot start the IPC writer thread", e));
         }
 
         let shared = Arc::clone(self);
         let reader_connection = Arc::clone(&connection);
-        let reader = std::thread::Builder::new()
-            .name(format!("vans-ipc-r{id}"))
-            .spawn(move || {
-                let mut peer = peer;
-                let reason = read_loop(
-                    consumer,
-                    peer_arena.as_ref(),
-                    &reader_connection,
-                    &shared,
-                    &inbox,
-                    |sender| {
-                        if peer.is_none() {
-                            peer = Some(sender);
-                            shared.links.learn(id, sender);
+        match doorbell {
+            Some(doorbell) => {
+                let busy = self.options.busy_polling;
+                let spins = self.options.spins.min(TASK_SPINS);
+                self.links.track(tokio::spawn(async move {
+                    let mut peer = peer;
+                    let reason = read_async(
+                        reader,
+                        doorbell,
+                        &reader_connection,
+                        spins,
+                        busy,
+                        &inbox,
+                        |sender| {
+                            if peer.is_none() {
+                                peer = Some(sender);
+                                shared.links.learn(id, sender);
+                            }
+                        },
+                    )
+                    .await;
+                    if let Some(lost) =
+                        shared.connection_closed(id, &reader_connection, peer, &reason)
+                    {
+                        let _ = inbox.deliver(vec![Event::PeerLost(lost)]).await;
+                    }
+                }));
+            }
+            None => {
+                let started = std::thread::Builder::new()
+                    .name(format!("vans-ipc-r{id}"))
+                    .spawn(move || {
+                        let mut peer = peer;
+                        // A full inbox nobody drains holds this thread only until the van stops.
+                        let abandon = || shared.links.is_stopped();
+                        let reason = read_blocking(
+                            reader,
+                            &reader_connection,
+                            spins,
+                            &inbox,
+                            abandon,
+                            |sender| {
+                                if peer.is_none() {
+                                    peer = Some(sender);
+                                    shared.links.learn(id, sender);
+                                }
+                            },
+                        );
+                        if let Some(lost) =
+                            shared.connection_closed(id, &reader_connection, peer, &reason)
+                        {
+                            let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], abandon);
                         }
-                    },
-                );
-                shared.connection_closed(id, &reader_connection, peer, &reason, &inbox);
-            });
-        if let Err(e) = reader {
-            connection.closed.store(true, Ordering::Release);
-            self.links.closed(id, "no reader thread");
-            return Err(io_error("cannot start the IPC reader thread", e));
+                    });
+                if let Err(e) = started {
+                    connection.close();
+                    self.links.closed(id, "no reader thread");
+                    return Err(io_error("cannot start the IPC reader thread", e));
+                }
+            }
         }
         self.links
-            .track(tokio::spawn(watch_connection(watch, connection)));
+            .track(tokio::spawn(handshake::watch_connection(watch, connection)));
         Ok(())
     }
 
-    /// Forgets a closed connection and reports its peer lost (unless the van stopped or the
-    /// connection was a spare).
+    /// Forgets a closed connection; returns the loss to report, unless the van stopped or
+    /// the connection was a spare.
     fn connection_closed(
         &self,
-        id: link::ConnectionId,
+        id: ConnectionId,
         connection: &Connection,
         peer: Option<NodeId>,
         reason: &str,
-        inbox: &InboxSender,
-    ) {
-        connection.closed.store(true, Ordering::Release);
+    ) -> Option<PeerLost> {
+        connection.close();
         // The liveness watcher's reason ("no heartbeat for …") says more than the reader's.
-        let reason = connection
-            .lost_reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or_else(|| reason.to_owned());
-        let Some(lost) = self.links.closed(id, &reason) else {
-            return;
-        };
+        let reason = connection.end_reason(reason);
+        let lost = self.links.closed(id, &reason)?;
         match peer {
-            Some(peer) => warn!(peer, "IPC connection closed: {reason}"),
-            None => debug!("unidentified IPC connection closed: {reason}"),
+            Some(peer) if reason != PEER_CLOSED => warn!(peer, "IPC connection closed: {reason}"),
+            _ => debug!(?peer, "IPC connection closed: {reason}"),
         }
-        let _ = inbox.deliver_blocking(vec![Event::PeerLost(lost)], || self.links.is_stopped());
+        Some(lost)
     }
 
-    /// A reference table for a new connection, when we have an arena.
-    fn new_table(&self, peer_pid: Option<i32>) -> Result<Option<Arc<RefTable>>, VanError> {
-        self.arena
-            .get()
-            .map(|arena| arena.new_table(&unique_name("refs")?, peer_pid))
-            .transpose()
-            .map_err(|e| io_error("IPC reference table", e))
+    /// Copies each large data segment of `msg` that is not in our arena into it, so that it
+    /// travels by reference: the payload is copied once (here) instead of twice (into the
+    /// ring, and out of it on the other side). When the arena is full, the rest goes through
+    /// the ring.
+    fn stage_in_arena(&self, link: &Link, msg: &mut Message) {
+        let (Some(arena), Some(_)) = (self.arena.get(), &link.table) else {
+            return;
+        };
+        for data in msg.data.iter_mut() {
+            if data.len() < ARENA_STAGE_MIN || arena.locate(data).is_some() {
+                continue;
+            }
+            match arena.alloc(data.len()) {
+                Ok(mut staged) => {
+                    staged.as_mut_slice().copy_from_slice(data);
+                    *data = staged.freeze();
+                }
+                Err(_) => return,
+            }
+        }
     }
 
     /// Replaces the data segments of `msg` that lie in our arena with empty ones and returns
@@ -412,7 +388,14 @@ impl Van for IpcVan {
                         let handshake_shared = Arc::clone(&shared);
                         let inbox = accept_inbox.clone();
                         let handshake = tokio::spawn(async move {
-                            if let Err(e) = handshake_shared.accept(socket, inbox).await {
+                            let shared = handshake_shared;
+                            let accepted =
+                                handshake::accept(socket, &shared.options, shared.arena.get())
+                                    .await
+                                    .and_then(|established| {
+                                        shared.start_connection(established, None, inbox)
+                                    });
+                            if let Err(e) = accepted {
                                 warn!("refused an IPC connection: {e}");
                             }
                         });
@@ -439,11 +422,16 @@ impl Van for IpcVan {
         self.shared
             .links
             .connect(peer, |inbox| async move {
-                if address.starts_with(named::ADDRESS_PREFIX) {
-                    self.connect_named(peer, address, inbox).await
+                let options = &self.shared.options;
+                let established = if address.starts_with(named::ADDRESS_PREFIX) {
+                    handshake::dial_named(peer, &address, options).await?
                 } else {
-                    self.connect_socket(peer, address, inbox).await
-                }
+                    handshake::dial_socket(peer, &address, options, self.shared.arena.get()).await?
+                };
+                self.shared
+                    .start_connection(established, Some(peer), inbox)?;
+                debug!(peer, "connected over shared memory");
+                Ok(())
             })
             .await
     }
@@ -452,6 +440,7 @@ impl Van for IpcVan {
         let peer = recipient_of(&msg)?;
         let link = self.shared.links.link(peer)?;
         let mut msg = msg;
+        self.shared.stage_in_arena(&link, &mut msg);
         let refs = self.shared.take_refs(&link, &mut msg);
         let frame = wire::encode(&msg, &self.shared.options.limits)?;
         if refs.is_none() && link.direct.try_write(&frame, &link.connection) {

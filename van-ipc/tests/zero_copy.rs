@@ -126,3 +126,32 @@ async fn a_van_without_an_arena_still_receives_and_sends_by_copy() {
     }
     assert_eq!(VanKind::Ipc, a.kind());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_ordinary_payloads_travel_through_the_arena_and_small_ones_through_the_ring() {
+    let (a, _rx_a, _) = van(8 << 20).await;
+    let (_b, mut rx_b, node_b) = van(8 << 20).await;
+    a.connect(&node_b.with_id(9)).await.unwrap();
+    // Plain heap memory, not allocated from the arena: the van stages it there (one copy).
+    let large: Bytes = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let small = Bytes::from_static(b"a small segment stays in the ring");
+    let mut msg = numbered(8, 9, 0, 0);
+    msg.data = vec![small.clone(), large.clone()];
+    a.send(msg).await.unwrap();
+    let received = next(&mut rx_b).await;
+    assert_eq!(received.data[0], small);
+    assert_eq!(received.data[1], large);
+    // The receiver's copy of the large segment is the sender's arena: held until dropped.
+    assert_eq!(held(&a), 1_000_000usize.div_ceil(64 << 10) * (64 << 10));
+    drop(received);
+    assert_eq!(held(&a), 0);
+
+    // When the arena cannot take a payload, it goes through the ring instead.
+    let filler = a.alloc(8 << 20).unwrap().unwrap();
+    let mut msg = numbered(8, 9, 1, 0);
+    msg.data = vec![large.clone()];
+    a.send(msg).await.unwrap();
+    assert_eq!(next(&mut rx_b).await.data[0], large);
+    drop(filler);
+    assert_eq!(held(&a), 0);
+}

@@ -1,20 +1,26 @@
 //! The bytes of a connection: the writer thread copying queued frames into the ring, the
-//! direct path for small frames, and the reader thread reassembling and delivering them.
+//! direct path for small frames, and the reader reassembling and delivering them (a task on
+//! the runtime woken by a doorbell, or in named mode a thread sleeping on the ring's futex).
 
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use bytes::{Bytes, BytesMut};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
-use van_core::wire::{self};
+use van_core::wire::{self, Limits};
 use van_core::{Event, InboxSender, Message, NodeId};
 
-use super::{Connection, Shared, WAIT_SLICE};
+use super::conn::{Connection, WAIT_SLICE};
 use crate::arena::{self, PeerArena, Ref};
 use crate::ring::{Consumer, Producer, FIRST, LAST};
-use crate::WaitResult;
+use crate::{Doorbell, WaitResult};
 
+/// Why a reader ends when the peer closed its ring or went away (an orderly end as far as
+/// the ring can tell; the node decides whether the peer's departure is a failure).
+pub(super) const PEER_CLOSED: &str = "the peer closed the connection";
 /// Messages a reader delivers in one batch at most.
 const MAX_BATCH: usize = 256;
 /// Frames up to this size may be written into the ring by the sending task itself (when
@@ -122,13 +128,13 @@ fn write_message(
                     producer.wake_consumer();
                     let want = (total - offset).min(producer.max_record());
                     if let WaitResult::Closed = producer.wait_for_space(want, spins, WAIT_SLICE) {
-                        connection.closed.store(true, Ordering::Release);
+                        connection.close();
                         return false;
                     }
                 }
                 Err(e) => {
                     warn!("IPC writer: {e}");
-                    connection.closed.store(true, Ordering::Release);
+                    connection.close();
                     return false;
                 }
             }
@@ -138,112 +144,210 @@ fn write_message(
     true
 }
 
-/// Reassembles frames from the ring and delivers them in batches; returns why it stopped.
-pub(super) fn read_loop(
-    mut consumer: Consumer,
-    peer_arena: Option<&PeerArena>,
+/// Reassembles frames from a ring's records into messages.
+#[derive(Debug)]
+pub(super) struct Reader {
+    consumer: Consumer,
+    limits: Limits,
+    /// The peer's arena, where its references point.
+    peer_arena: Option<PeerArena>,
+    /// The frame being reassembled.
+    frame: BytesMut,
+    in_frame: bool,
+    /// References announced for the next frame.
+    refs: Option<Vec<Ref>>,
+}
+
+impl Reader {
+    pub(super) fn new(consumer: Consumer, limits: Limits, peer_arena: Option<PeerArena>) -> Reader {
+        Reader {
+            consumer,
+            limits,
+            peer_arena,
+            frame: BytesMut::new(),
+            in_frame: false,
+            refs: None,
+        }
+    }
+
+    /// Pops what the ring holds into `batch` until it is empty (`Ok(false)`) or the batch
+    /// is full (`Ok(true)`); `Err` says why the connection must end.
+    fn fill(
+        &mut self,
+        batch: &mut Vec<Event>,
+        on_sender: &mut impl FnMut(NodeId),
+    ) -> Result<bool, String> {
+        let limits = self.limits;
+        while batch.len() < MAX_BATCH {
+            let flags = match self.consumer.try_pop(&mut self.frame) {
+                Ok(Some(flags)) => flags,
+                Ok(None) => return Ok(false),
+                Err(e) => return Err(format!("peer corrupted the ring: {e}")),
+            };
+            if flags & FIRST != 0 {
+                if self.in_frame {
+                    return Err("peer started a frame inside another".into());
+                }
+                self.in_frame = true;
+            } else if !self.in_frame {
+                return Err("peer continued a frame it never started".into());
+            }
+            if self.frame.len() as u64 > limits.max_frame {
+                return Err(format!(
+                    "peer sent a frame over the limit of {} bytes",
+                    limits.max_frame
+                ));
+            }
+            if flags & LAST == 0 {
+                // A fragmented frame: its header (in the first record) says how long it is,
+                // so the rest lands in one buffer without reallocating (the length was
+                // checked against the limits; a lie only costs this allocation).
+                if flags & FIRST != 0 {
+                    if let Ok(header) = wire::FrameHeader::parse(&self.frame, &limits) {
+                        let total = usize::try_from(header.frame_len).unwrap_or(0);
+                        self.frame.reserve(total.saturating_sub(self.frame.len()));
+                    }
+                }
+                continue;
+            }
+            self.in_frame = false;
+            if self.frame.starts_with(&arena::REFS_MAGIC) {
+                if self.refs.is_some() || self.peer_arena.is_none() {
+                    return Err("peer sent references it may not send".into());
+                }
+                match arena::decode_refs(&self.frame) {
+                    Ok(r) => self.refs = Some(r),
+                    Err(e) => return Err(format!("peer corrupted the ring: {e}")),
+                }
+                self.frame.clear();
+                continue;
+            }
+            let mut msg = wire::decode(self.frame.split().freeze(), &limits)
+                .map_err(|e| format!("bad frame from peer: {e}"))?;
+            if let (Some(refs), Some(arena)) = (self.refs.take(), &self.peer_arena) {
+                resolve_refs(&mut msg, &refs, arena)
+                    .map_err(|e| format!("peer sent a bad reference: {e}"))?;
+            }
+            if let Some(sender) = msg.meta.sender {
+                on_sender(sender);
+            }
+            batch.push(Event::Message(msg));
+        }
+        Ok(true)
+    }
+}
+
+/// Reads on a thread of its own, sleeping on the ring's futex (named mode, where no doorbell
+/// can be passed): delivers batches until the ring is closed and drained or the connection
+/// ends; returns why it stopped. `abandon` says when a full inbox is no longer worth waiting
+/// for (the van stopped).
+pub(super) fn read_blocking(
+    mut reader: Reader,
     connection: &Connection,
-    shared: &Shared,
+    spins: u32,
+    inbox: &InboxSender,
+    abandon: impl Fn() -> bool,
+    mut on_sender: impl FnMut(NodeId),
+) -> String {
+    let mut batch = Vec::new();
+    let mut ring_closed = false;
+    loop {
+        let full = match reader.fill(&mut batch, &mut on_sender) {
+            Ok(full) => full,
+            Err(reason) => return reason,
+        };
+        if !batch.is_empty()
+            && inbox
+                .deliver_blocking(std::mem::take(&mut batch), &abandon)
+                .is_err()
+        {
+            return "the local inbox closed".into();
+        }
+        if full {
+            continue;
+        }
+        // Only an empty ring ends the connection: what was written before a close is always
+        // delivered.
+        if ring_closed {
+            return PEER_CLOSED.into();
+        }
+        if connection.is_closed() {
+            // Drain once more (records may have landed just before), then end.
+            ring_closed = true;
+            continue;
+        }
+        if let WaitResult::Closed = reader.consumer.wait_for_data(spins, WAIT_SLICE) {
+            // Drain once more: records may have landed just before the close.
+            ring_closed = true;
+        }
+    }
+}
+
+/// Reads on the caller's runtime: spins briefly when the ring is empty, then sleeps on
+/// `doorbell` (which the peer's producer rings when it publishes to a sleeping reader), so a
+/// message costs one wake of this runtime and no thread hop. With `busy` polling the task
+/// yields to the runtime instead of sleeping. Returns why it stopped, as
+/// [`read_blocking`] does.
+pub(super) async fn read_async(
+    mut reader: Reader,
+    doorbell: Doorbell,
+    connection: &Connection,
+    spins: u32,
+    busy: bool,
     inbox: &InboxSender,
     mut on_sender: impl FnMut(NodeId),
 ) -> String {
-    let limits = shared.options.limits;
-    let spins = shared.options.spins();
-    // A full inbox nobody drains holds this thread only until the van stops.
-    let abandon = || shared.links.is_stopped();
-    let mut frame = BytesMut::new();
-    let mut in_frame = false;
+    // SAFETY: the doorbell owns its descriptor for its whole life (nothing replaces or
+    // closes it while it is registered), so `as_raw_fd` always names the same open file.
+    let doorbell = match unsafe { AsyncFd::register_with_interest(doorbell, Interest::READABLE) } {
+        Ok(doorbell) => doorbell,
+        Err(e) => return format!("cannot watch the doorbell: {e}"),
+    };
     let mut batch = Vec::new();
     let mut ring_closed = false;
-    // References announced for the next frame.
-    let mut refs: Option<Vec<Ref>> = None;
     loop {
-        match consumer.try_pop(&mut frame) {
-            Ok(Some(flags)) => {
-                if flags & FIRST != 0 {
-                    if in_frame {
-                        return "peer started a frame inside another".into();
-                    }
-                    in_frame = true;
-                } else if !in_frame {
-                    return "peer continued a frame it never started".into();
-                }
-                if frame.len() as u64 > limits.max_frame {
-                    return format!(
-                        "peer sent a frame over the limit of {} bytes",
-                        limits.max_frame
-                    );
-                }
-                if flags & LAST == 0 {
-                    // A fragmented frame: its header (in the first record) says how long it
-                    // is, so the rest lands in one buffer without reallocating (the length
-                    // was checked against the limits; a lie only costs this allocation).
-                    if flags & FIRST != 0 {
-                        if let Ok(header) = wire::FrameHeader::parse(&frame, &limits) {
-                            let total = usize::try_from(header.frame_len).unwrap_or(0);
-                            frame.reserve(total.saturating_sub(frame.len()));
-                        }
-                    }
-                    continue;
-                }
-                in_frame = false;
-                if frame.starts_with(&arena::REFS_MAGIC) {
-                    if refs.is_some() || peer_arena.is_none() {
-                        return "peer sent references it may not send".into();
-                    }
-                    match arena::decode_refs(&frame) {
-                        Ok(r) => refs = Some(r),
-                        Err(e) => return format!("peer corrupted the ring: {e}"),
-                    }
-                    frame.clear();
-                    continue;
-                }
-                match wire::decode(frame.split().freeze(), &limits) {
-                    Ok(mut msg) => {
-                        if let (Some(refs), Some(arena)) = (refs.take(), peer_arena) {
-                            if let Err(e) = resolve_refs(&mut msg, &refs, arena) {
-                                return format!("peer sent a bad reference: {e}");
-                            }
-                        }
-                        if let Some(sender) = msg.meta.sender {
-                            on_sender(sender);
-                        }
-                        batch.push(Event::Message(msg));
-                        if batch.len() >= MAX_BATCH
-                            && inbox
-                                .deliver_blocking(std::mem::take(&mut batch), abandon)
-                                .is_err()
-                        {
-                            return "the local inbox closed".into();
-                        }
-                    }
-                    Err(e) => return format!("bad frame from peer: {e}"),
-                }
+        let full = match reader.fill(&mut batch, &mut on_sender) {
+            Ok(full) => full,
+            Err(reason) => return reason,
+        };
+        if !batch.is_empty() && inbox.deliver(std::mem::take(&mut batch)).await.is_err() {
+            return "the local inbox closed".into();
+        }
+        if full {
+            // Let the runtime run what was just delivered before reading on.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        if ring_closed {
+            return PEER_CLOSED.into();
+        }
+        if connection.is_closed() {
+            ring_closed = true;
+            continue;
+        }
+        let mut ready = None;
+        for _ in 0..spins {
+            ready = reader.consumer.poll_data();
+            if ready.is_some() {
+                break;
             }
-            Ok(None) => {
-                if !batch.is_empty()
-                    && inbox
-                        .deliver_blocking(std::mem::take(&mut batch), abandon)
-                        .is_err()
+            std::hint::spin_loop();
+        }
+        if ready.is_none() && busy {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        match ready.or_else(|| reader.consumer.sleep_on_doorbell()) {
+            Some(WaitResult::Closed) => ring_closed = true,
+            Some(_) => {}
+            None => {
+                if let Ok(Ok(mut guard)) =
+                    tokio::time::timeout(WAIT_SLICE, doorbell.readable()).await
                 {
-                    return "the local inbox closed".into();
-                }
-                // Only an empty ring ends the connection: what was written before a close
-                // is always delivered.
-                if ring_closed {
-                    return "the peer closed the connection".into();
-                }
-                if connection.is_closed() {
-                    // Drain once more (records may have landed just before), then end.
-                    ring_closed = true;
-                    continue;
-                }
-                if let WaitResult::Closed = consumer.wait_for_data(spins, WAIT_SLICE) {
-                    // Drain once more: records may have landed just before the close.
-                    ring_closed = true;
+                    guard.get_inner().clear();
+                    guard.clear_ready();
                 }
             }
-            Err(e) => return format!("peer corrupted the ring: {e}"),
         }
     }
 }
