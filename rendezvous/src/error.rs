@@ -2,11 +2,13 @@
 //! peer's rendezvous message was rejected.
 //!
 //! Failures of rendezvous *calls* (send, receive, abort, deadlines, dead peers) are
-//! [`RendezvousError`](van_core::RendezvousError), the contract's own error, so that code
-//! written against the [`Rendezvous`](van_core::Rendezvous) trait sees one type.
+//! [`RendezvousError`], the contract's own error, so that code written against the
+//! [`Rendezvous`](van_core::Rendezvous) trait sees one type; the crate builds the ones that
+//! name a peer here.
 
 use ps::PsError;
 use van_core::rendezvous::KeyError;
+use van_core::{node_ids, NodeId, RendezvousError};
 
 /// An error of the rendezvous crate outside the calls themselves: building a manager,
 /// parsing a protocol name.
@@ -83,4 +85,25 @@ pub enum MessageError {
     /// The message has no sender.
     #[error("rendezvous message without a sender")]
     NoSender,
+}
+
+/// `node 9 (worker)`: how errors name a peer.
+pub(crate) fn peer_name(node: NodeId) -> String {
+    let role = node_ids::role_of(node).map_or("group", |r| r.as_str());
+    format!("node {node} ({role})")
+}
+
+/// The error for a call on `key` of `step_id` that `peer` can no longer answer.
+pub(crate) fn remote_error(
+    step_id: i64,
+    key: &str,
+    peer: NodeId,
+    reason: String,
+) -> RendezvousError {
+    RendezvousError::Remote {
+        step_id,
+        key: key.to_owned(),
+        peer: peer_name(peer),
+        reason,
+    }
 }

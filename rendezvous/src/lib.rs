@@ -70,9 +70,16 @@ pub mod embed;
 pub mod error;
 pub mod local;
 pub mod mgr;
+// Messages waiting for the manager's sender task, with a byte bound (private).
+mod outbox;
 pub mod protocol;
 pub mod remote;
-// The mailbox, the tables of requests in flight both ways, and the outbox (private).
+// The manager's shared state: options, the step table, the tables of requests in flight
+// both ways, the outbox (private).
+mod state;
+// Locking that tolerates poisoning (private).
+mod sync;
+// The mailbox, the sender task, and pulls and served requests as they come and go (private).
 mod transport;
 pub mod wire;
 

@@ -2,24 +2,24 @@
 //! TensorFlow's `RendezvousMgrInterface` (`Find`, `RecvLocalAsync`, `RecvLocal`, `Cleanup`,
 //! `CleanupAll`), with a bound on steps that are never cleaned up.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
 use ps::Postoffice;
 use tokio::sync::oneshot;
-use tracing::warn;
 use van_core::rendezvous::DoneCallback;
 use van_core::rendezvous::Received;
-use van_core::{node_ids, NodeId, ParsedKey, Rendezvous, RendezvousError, Role};
+use van_core::{NodeId, ParsedKey, Rendezvous, RendezvousError};
 
 use crate::device::{default_resolver, DeviceResolver};
 use crate::error::Error;
 use crate::local::Done;
+use crate::outbox::Outbox;
 use crate::protocol::Protocol;
-use crate::remote::{lock, RemoteRendezvous, Route};
-use crate::transport::{Mailbox, Outbox, PendingPull, Served};
+use crate::remote::RemoteRendezvous;
+use crate::state::{MgrInner, Options};
+use crate::sync::lock;
+use crate::transport::{run_sender, Mailbox};
 
 /// Default application id of rendezvous messages (`"RV"`); every task of a job must use the
 /// same ids.
@@ -32,22 +32,6 @@ pub const DEFAULT_MAX_STEP_AGE: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_OUTBOX_BYTES: usize = 1 << 30;
 /// Default bound on calls queued by one step before it is initialized.
 pub const DEFAULT_MAX_DEFERRED_CALLS: usize = 1 << 20;
-/// Step ids remembered after their cleanup, so that late requests and values for them are
-/// answered with an error instead of re-creating the step.
-pub(crate) const RECENTLY_CLEANED: usize = 4096;
-
-/// The manager's options, set through [`RendezvousMgrBuilder`].
-#[derive(Clone)]
-pub(crate) struct Options {
-    pub(crate) protocol: Protocol,
-    pub(crate) app_id: i32,
-    pub(crate) customer_id: i32,
-    pub(crate) max_steps: usize,
-    pub(crate) max_step_age: Option<Duration>,
-    pub(crate) max_outbox_bytes: usize,
-    pub(crate) max_deferred_calls: usize,
-    pub(crate) resolver: DeviceResolver,
-}
 
 /// Builds a [`RendezvousMgr`]; from [`RendezvousMgr::builder`].
 #[must_use = "a builder does nothing until `build` is awaited"]
@@ -146,34 +130,10 @@ impl RendezvousMgrBuilder {
             ));
         }
         let po = self.po;
-        let me = po.my_id();
         let outbox = Arc::new(Outbox::new(self.options.max_outbox_bytes));
-        let tasks = po
-            .nodes()
-            .iter()
-            .filter(|n| n.role != Role::Scheduler)
-            .filter_map(|n| n.id)
-            .chain(std::iter::once(me))
-            .collect();
-        let inner = Arc::new(MgrInner {
-            po: po.clone(),
-            me,
-            tasks,
-            options: self.options,
-            steps: Mutex::new(Steps::default()),
-            pulls: Mutex::new(HashMap::new()),
-            served: Mutex::new(HashMap::new()),
-            next_request: AtomicI32::new(1),
-            next_incarnation: AtomicU64::new(1),
-            outbox: Arc::clone(&outbox),
-            stopped: Mutex::new(None),
-        });
+        let inner = Arc::new(MgrInner::new(po.clone(), self.options, Arc::clone(&outbox)));
         let weak = Arc::downgrade(&inner);
-        tokio::spawn(crate::transport::run_sender(
-            po.clone(),
-            outbox,
-            weak.clone(),
-        ));
+        tokio::spawn(run_sender(po.clone(), outbox, weak.clone()));
         if let Some(age) = inner.options.max_step_age {
             tokio::spawn(sweep(weak.clone(), age));
         }
@@ -198,38 +158,6 @@ async fn sweep(mgr: Weak<MgrInner>, max_age: Duration) {
     }
 }
 
-/// The live steps and the recently cleaned ones.
-#[derive(Default)]
-pub(crate) struct Steps {
-    live: HashMap<i64, Arc<RemoteRendezvous>>,
-    /// Live steps by incarnation, i.e. in creation order.
-    by_age: BTreeMap<u64, i64>,
-    /// Recently cleaned step ids, with how many times each is in `cleaned_order`.
-    cleaned: HashMap<i64, u32>,
-    cleaned_order: VecDeque<i64>,
-}
-
-impl Steps {
-    fn remove(&mut self, step_id: i64) -> Option<Arc<RemoteRendezvous>> {
-        let step = self.live.remove(&step_id)?;
-        self.by_age.remove(&step.incarnation());
-        *self.cleaned.entry(step_id).or_default() += 1;
-        self.cleaned_order.push_back(step_id);
-        while self.cleaned_order.len() > RECENTLY_CLEANED {
-            let Some(old) = self.cleaned_order.pop_front() else {
-                break;
-            };
-            if let Some(count) = self.cleaned.get_mut(&old) {
-                *count -= 1;
-                if *count == 0 {
-                    self.cleaned.remove(&old);
-                }
-            }
-        }
-        Some(step)
-    }
-}
-
 /// What [`RendezvousMgr::stats`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MgrStats {
@@ -241,222 +169,6 @@ pub struct MgrStats {
     pub served_requests: usize,
     /// Bytes queued for sending and not yet taken by a van.
     pub outbox_bytes: usize,
-}
-
-/// The manager's state, shared with its steps (which hold it weakly), its sender task and
-/// its postoffice mailbox.
-pub(crate) struct MgrInner {
-    pub(crate) po: Postoffice,
-    pub(crate) me: NodeId,
-    /// The tasks of the cluster (the node table, fixed once the postoffice has started).
-    tasks: HashSet<NodeId>,
-    pub(crate) options: Options,
-    pub(crate) steps: Mutex<Steps>,
-    /// This task's receives waiting for a RecvTensor response, by request id.
-    pub(crate) pulls: Mutex<HashMap<ps::RequestId, PendingPull>>,
-    /// Requests from other tasks waiting for a value here, by (requester, request id).
-    pub(crate) served: Mutex<HashMap<(NodeId, ps::RequestId), Served>>,
-    pub(crate) next_request: AtomicI32,
-    next_incarnation: AtomicU64,
-    pub(crate) outbox: Arc<Outbox>,
-    /// Set when the local postoffice stopped: every step is aborted with it.
-    pub(crate) stopped: Mutex<Option<RendezvousError>>,
-}
-
-impl MgrInner {
-    /// The tasks of `key`'s devices.
-    pub(crate) fn route(&self, key: &ParsedKey) -> Result<Route, RendezvousError> {
-        let task = |device: &str, which: &str| {
-            let node = (self.options.resolver)(device).ok_or_else(|| {
-                RendezvousError::InvalidArgument(format!(
-                    "no task owns the {which} device `{device}` of `{key}` (the resolver knows \
-                     /job:ps|server|worker/replica:R/task:T names by default)"
-                ))
-            })?;
-            if !self.tasks.contains(&node) {
-                return Err(RendezvousError::InvalidArgument(format!(
-                    "the {which} device `{device}` of `{key}` belongs to {}, which is not a \
-                     task of this cluster",
-                    peer_name(node)
-                )));
-            }
-            Ok(node)
-        };
-        Ok(Route {
-            src: task(&key.src_device, "source")?,
-            dst: task(&key.dst_device, "destination")?,
-        })
-    }
-
-    pub(crate) fn find(self: &Arc<Self>, step_id: i64) -> Arc<RemoteRendezvous> {
-        let steps = lock(&self.steps);
-        if let Some(step) = steps.live.get(&step_id) {
-            return Arc::clone(step);
-        }
-        self.create(steps, step_id)
-    }
-
-    /// The step for a message from a peer: `None` if it was cleaned up recently (the message
-    /// is late), else found or created (checked and created under one lock, so that a step
-    /// cleaned up meanwhile is not brought back).
-    pub(crate) fn find_for_peer(self: &Arc<Self>, step_id: i64) -> Option<Arc<RemoteRendezvous>> {
-        let steps = lock(&self.steps);
-        if let Some(step) = steps.live.get(&step_id) {
-            return Some(Arc::clone(step));
-        }
-        if steps.cleaned.contains_key(&step_id) {
-            return None;
-        }
-        Some(self.create(steps, step_id))
-    }
-
-    /// Creates step `step_id`, which is not live. Its id may stay among the recently cleaned
-    /// ones: their counts must match `cleaned_order`, and a live step is found before they
-    /// are looked at.
-    fn create(
-        self: &Arc<Self>,
-        mut steps: MutexGuard<'_, Steps>,
-        step_id: i64,
-    ) -> Arc<RemoteRendezvous> {
-        let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
-        let step = Arc::new(RemoteRendezvous::new(
-            step_id,
-            incarnation,
-            Arc::downgrade(self),
-        ));
-        steps.live.insert(step_id, Arc::clone(&step));
-        steps.by_age.insert(incarnation, step_id);
-        let evicted = self.evict_locked(&mut steps, StdInstant::now());
-        drop(steps);
-        for (old, error) in evicted {
-            old.start_abort(error);
-        }
-        if let Some(status) = lock(&self.stopped).clone() {
-            step.start_abort(status);
-        }
-        step
-    }
-
-    pub(crate) fn all_live_steps(&self) -> Vec<Arc<RemoteRendezvous>> {
-        lock(&self.steps).live.values().cloned().collect()
-    }
-
-    pub(crate) fn live_step(&self, step_id: i64) -> Option<Arc<RemoteRendezvous>> {
-        lock(&self.steps).live.get(&step_id).cloned()
-    }
-
-    /// Removes the steps over the count limit or the age limit; returns them with the error
-    /// to abort them with (outside the lock).
-    fn evict_locked(
-        &self,
-        steps: &mut Steps,
-        now: StdInstant,
-    ) -> Vec<(Arc<RemoteRendezvous>, RendezvousError)> {
-        let mut evicted = Vec::new();
-        let max = self.options.max_steps;
-        while steps.live.len() > max {
-            let Some((_, step_id)) = steps.by_age.first_key_value().map(|(k, v)| (*k, *v)) else {
-                break;
-            };
-            let Some(step) = steps.remove(step_id) else {
-                break;
-            };
-            let error = RendezvousError::Aborted(format!(
-                "step {step_id} aborted on node {}: it was never cleaned up and more than \
-                 {max} steps were live (RendezvousMgrBuilder::max_steps); call \
-                 RendezvousMgr::cleanup(step_id) when a step ends",
-                self.me
-            ));
-            evicted.push((step, error));
-        }
-        if let Some(max_age) = self.options.max_step_age {
-            while let Some(step_id) = steps.by_age.first_key_value().map(|(_, v)| *v) {
-                let Some(step) = steps.live.get(&step_id) else {
-                    break;
-                };
-                let age = now.saturating_duration_since(step.created());
-                if age <= max_age {
-                    break;
-                }
-                let Some(step) = steps.remove(step_id) else {
-                    break;
-                };
-                let error = RendezvousError::Aborted(format!(
-                    "step {step_id} aborted on node {}: it was created {:.1} s ago and never \
-                     cleaned up (RendezvousMgrBuilder::max_step_age is {:.1} s); call \
-                     RendezvousMgr::cleanup(step_id) when a step ends",
-                    self.me,
-                    age.as_secs_f64(),
-                    max_age.as_secs_f64()
-                ));
-                evicted.push((step, error));
-            }
-        }
-        evicted
-    }
-
-    pub(crate) fn evict(&self, now: StdInstant) {
-        let evicted = self.evict_locked(&mut lock(&self.steps), now);
-        for (step, error) in evicted {
-            warn!("{error}");
-            step.start_abort(error);
-        }
-    }
-
-    /// Aborts every step with `status` (the postoffice stopped, or the manager is going).
-    pub(crate) fn shut_down(&self, status: RendezvousError) {
-        lock(&self.stopped).get_or_insert(status.clone());
-        let steps: Vec<Arc<RemoteRendezvous>> = {
-            let mut steps = lock(&self.steps);
-            let ids: Vec<i64> = steps.live.keys().copied().collect();
-            ids.into_iter().filter_map(|id| steps.remove(id)).collect()
-        };
-        for step in steps {
-            step.start_abort(status.clone());
-        }
-        let pulls: Vec<PendingPull> = lock(&self.pulls).drain().map(|(_, p)| p).collect();
-        for pull in pulls {
-            pull.done.complete(Err(status.clone()));
-        }
-        lock(&self.served).clear();
-    }
-
-    /// The error for a call on `key` of `step_id` that `peer` can no longer answer.
-    pub(crate) fn remote_error(
-        &self,
-        step_id: i64,
-        key: &str,
-        peer: NodeId,
-        reason: String,
-    ) -> RendezvousError {
-        RendezvousError::Remote {
-            step_id,
-            key: key.to_owned(),
-            peer: peer_name(peer),
-            reason,
-        }
-    }
-
-    /// Why `peer` is known to be dead, if it is.
-    pub(crate) fn peer_dead(&self, peer: NodeId) -> Option<String> {
-        self.po.dead_error(peer).map(|e| e.to_string())
-    }
-}
-
-impl Drop for MgrInner {
-    fn drop(&mut self) {
-        self.outbox.close();
-        self.shut_down(RendezvousError::Aborted(format!(
-            "the rendezvous manager of node {} was dropped",
-            self.me
-        )));
-    }
-}
-
-/// `node 9 (worker)`: how errors name a peer.
-pub(crate) fn peer_name(node: NodeId) -> String {
-    let role = node_ids::role_of(node).map_or("group", |r| r.as_str());
-    format!("node {node} ({role})")
 }
 
 /// The rendezvous manager of one task: the step-keyed table of [`RemoteRendezvous`], as
@@ -569,8 +281,7 @@ impl RendezvousMgr {
     /// Aborts `step_id` (every pending call fails, remote requests are withdrawn) and
     /// removes it. Late requests and values for it from other tasks are refused.
     pub fn cleanup(&self, step_id: i64) {
-        let step = lock(&self.inner.steps).remove(step_id);
-        if let Some(step) = step {
+        if let Some(step) = self.inner.remove_step(step_id) {
             step.start_abort(RendezvousError::Aborted(format!(
                 "step {step_id} was cleaned up on node {}",
                 self.inner.me
@@ -580,12 +291,7 @@ impl RendezvousMgr {
 
     /// [`cleanup`](Self::cleanup) of every live step.
     pub fn cleanup_all(&self) {
-        let steps: Vec<Arc<RemoteRendezvous>> = {
-            let mut steps = lock(&self.inner.steps);
-            let ids: Vec<i64> = steps.live.keys().copied().collect();
-            ids.into_iter().filter_map(|id| steps.remove(id)).collect()
-        };
-        for step in steps {
+        for step in self.inner.remove_all_steps() {
             step.start_abort(RendezvousError::Aborted(format!(
                 "step {} was cleaned up on node {} (cleanup_all)",
                 step.step_id(),
@@ -596,7 +302,7 @@ impl RendezvousMgr {
 
     /// The steps created and not yet cleaned up, sorted.
     pub fn live_steps(&self) -> Vec<i64> {
-        let mut ids: Vec<i64> = lock(&self.inner.steps).live.keys().copied().collect();
+        let mut ids = self.inner.live_step_ids();
         ids.sort_unstable();
         ids
     }
@@ -619,7 +325,7 @@ impl RendezvousMgr {
     /// Counters for diagnostics and tests.
     pub fn stats(&self) -> MgrStats {
         MgrStats {
-            live_steps: lock(&self.inner.steps).live.len(),
+            live_steps: self.inner.live_step_count(),
             pending_pulls: lock(&self.inner.pulls).len(),
             served_requests: lock(&self.inner.served).len(),
             outbox_bytes: self.inner.outbox.bytes(),

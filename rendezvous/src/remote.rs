@@ -18,7 +18,7 @@
 //! run in order when it is called.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant as StdInstant;
 
 use bytes::Bytes;
@@ -29,9 +29,51 @@ use van_core::rendezvous::Received;
 use van_core::rendezvous::{DoneCallback, RecvFuture};
 use van_core::{NodeId, ParsedKey, Rendezvous, RendezvousError};
 
+use crate::error::remote_error;
 use crate::local::{Done, LocalRendezvous, WaiterId, PRUNE_FROM};
-use crate::mgr::MgrInner;
 use crate::protocol::Protocol;
+use crate::sync::lock;
+
+/// What a step needs of its manager: the manager's options, where a key's tasks are, and the
+/// wire (pushes, pulls and their withdrawal). Steps hold it weakly, so that dropping the
+/// manager aborts them. The manager's shared state implements it (in `transport`), so this
+/// module depends on neither.
+pub(crate) trait StepHost: Send + Sync {
+    /// This task.
+    fn me(&self) -> NodeId;
+    /// Pull or push.
+    fn protocol(&self) -> Protocol;
+    /// How many calls a step may queue before it is initialized.
+    fn max_deferred_calls(&self) -> usize;
+    /// The tasks of `key`'s devices.
+    fn route(&self, key: &ParsedKey) -> Result<Route, RendezvousError>;
+    /// Why `peer` is known to be dead, if it is.
+    fn peer_dead(&self, peer: NodeId) -> Option<String>;
+    /// Push mode: sends the value of `key` of `step` to its consumer `dst`.
+    fn push(
+        &self,
+        step: &RemoteRendezvous,
+        key: &ParsedKey,
+        value: Received,
+        dst: NodeId,
+    ) -> Result<(), RendezvousError>;
+    /// Pull mode: asks `src` for the value of `key` of `step`; `done` gets the answer, and
+    /// `ticket` tracks the request so that it can be withdrawn.
+    fn pull(
+        &self,
+        step: &RemoteRendezvous,
+        key: &ParsedKey,
+        src: NodeId,
+        done: Done,
+        ticket: Option<&TicketCell>,
+    );
+    /// Withdraws pull `request` (telling its owner), completing it with `error`; false if it
+    /// was no longer pending.
+    fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError) -> bool;
+    /// Withdraws every pull of the step `step_id` in its `incarnation`, failing them with
+    /// `status`.
+    fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError);
+}
 
 /// Where a cancellable receive is waiting, so that a deadline, a cancel from the requester or
 /// a dead peer can withdraw it. Moves only forward: `Pending` → (`Deferred` → `Pending`, when
@@ -58,12 +100,6 @@ pub(crate) type TicketCell = Arc<Mutex<Ticket>>;
 
 pub(crate) fn new_ticket() -> TicketCell {
     Arc::new(Mutex::new(Ticket::Pending))
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Critical sections in this crate are a few map or queue operations with no call out:
-    // a poisoned lock still holds consistent data.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A call made before the step was initialized.
@@ -151,7 +187,7 @@ pub struct RemoteRendezvous {
     /// then found again).
     incarnation: u64,
     created: StdInstant,
-    mgr: Weak<MgrInner>,
+    mgr: Weak<dyn StepHost>,
     local: LocalRendezvous,
     state: Mutex<StepState>,
 }
@@ -169,7 +205,7 @@ impl std::fmt::Debug for RemoteRendezvous {
 }
 
 impl RemoteRendezvous {
-    pub(crate) fn new(step_id: i64, incarnation: u64, mgr: Weak<MgrInner>) -> RemoteRendezvous {
+    pub(crate) fn new(step_id: i64, incarnation: u64, mgr: Weak<dyn StepHost>) -> RemoteRendezvous {
         RemoteRendezvous {
             step_id,
             incarnation,
@@ -286,7 +322,7 @@ impl RemoteRendezvous {
     fn gate(&self, call: Deferred) -> Result<Option<Deferred>, RendezvousError> {
         // Read before taking the lock: the manager must never be dropped (which aborts this
         // step, taking the lock) while the lock is held.
-        let limit = self.mgr.upgrade().map(|m| m.options.max_deferred_calls);
+        let limit = self.mgr.upgrade().map(|m| m.max_deferred_calls());
         let mut state = lock(&self.state);
         let error = if let Some(status) = state.aborted.clone() {
             status
@@ -317,7 +353,7 @@ impl RemoteRendezvous {
         Err(error)
     }
 
-    fn manager(&self) -> Result<Arc<MgrInner>, RendezvousError> {
+    fn manager(&self) -> Result<Arc<dyn StepHost>, RendezvousError> {
         self.mgr.upgrade().ok_or_else(|| {
             RendezvousError::Aborted(format!(
                 "step {}: the rendezvous manager was dropped",
@@ -327,7 +363,7 @@ impl RemoteRendezvous {
     }
 
     /// Where `key`'s tasks are, checking that this task may make `call` with it.
-    fn route(&self, key: &ParsedKey) -> Result<(Arc<MgrInner>, Route), RendezvousError> {
+    fn route(&self, key: &ParsedKey) -> Result<(Arc<dyn StepHost>, Route), RendezvousError> {
         let mgr = self.manager()?;
         let route = mgr.route(key)?;
         Ok((mgr, route))
@@ -340,7 +376,7 @@ impl RemoteRendezvous {
         route: Route,
     ) -> Result<(), RendezvousError> {
         let mgr = self.manager()?;
-        if mgr.options.protocol == Protocol::Push && route.dst != mgr.me {
+        if mgr.protocol() == Protocol::Push && route.dst != mgr.me() {
             return mgr.push(self, key, value, route.dst);
         }
         self.local.send_str(key.full_key(), value)
@@ -351,10 +387,10 @@ impl RemoteRendezvous {
             Ok(mgr) => mgr,
             Err(e) => return finish(done, ticket, Err(e)),
         };
-        if route.src == mgr.me {
+        if route.src == mgr.me() {
             return self.place_local(key, done, ticket);
         }
-        match mgr.options.protocol {
+        match mgr.protocol() {
             Protocol::Pull => mgr.pull(self, key, route.src, done, ticket),
             Protocol::Push => {
                 // The producer pushes into this table; watch for it dying meanwhile.
@@ -379,7 +415,7 @@ impl RemoteRendezvous {
                     });
                 }
                 if let Some(reason) = mgr.peer_dead(route.src) {
-                    let error = mgr.remote_error(self.step_id, key.full_key(), route.src, reason);
+                    let error = remote_error(self.step_id, key.full_key(), route.src, reason);
                     self.cancel(&ticket, error);
                 }
             }
@@ -460,13 +496,15 @@ impl RemoteRendezvous {
         ticket: Option<&TicketCell>,
     ) {
         let route = self.route(key).and_then(|(mgr, route)| {
-            if route.src == mgr.me {
+            if route.src == mgr.me() {
                 Ok(route)
             } else {
                 Err(RendezvousError::InvalidArgument(format!(
                     "step {}: a local receive of `{key}` on node {}, but its source device \
                      is on node {}",
-                    self.step_id, mgr.me, route.src
+                    self.step_id,
+                    mgr.me(),
+                    route.src
                 )))
             }
         });
@@ -485,10 +523,12 @@ impl RemoteRendezvous {
 
     pub(crate) fn recv_internal(&self, key: &ParsedKey, done: Done, ticket: Option<&TicketCell>) {
         let route = match self.route(key) {
-            Ok((mgr, route)) if route.dst != mgr.me => {
+            Ok((mgr, route)) if route.dst != mgr.me() => {
                 Err(RendezvousError::InvalidArgument(format!(
                     "step {}: node {} receives `{key}`, but its destination device is on node {}",
-                    self.step_id, mgr.me, route.dst
+                    self.step_id,
+                    mgr.me(),
+                    route.dst
                 )))
             }
             Ok((_, route)) => Ok(route),
@@ -570,7 +610,7 @@ impl RemoteRendezvous {
                 Ticket::Remote(request) => self
                     .mgr
                     .upgrade()
-                    .is_some_and(|m| m.cancel_pull(*request, error.clone(), true)),
+                    .is_some_and(|m| m.cancel_pull(*request, error.clone())),
                 _ => false,
             };
             let mut cell = lock(ticket);
@@ -606,7 +646,7 @@ impl RemoteRendezvous {
     }
 
     /// `peer` died: fails the receives waiting for values it would have pushed.
-    pub(crate) fn peer_failed(&self, mgr: &MgrInner, peer: NodeId, reason: &str) {
+    pub(crate) fn peer_failed(&self, peer: NodeId, reason: &str) {
         let watched: Vec<Watched> = {
             let mut state = lock(&self.state);
             let (dead, alive): (Vec<Watched>, Vec<Watched>) =
@@ -615,7 +655,7 @@ impl RemoteRendezvous {
             dead
         };
         for w in watched {
-            let error = mgr.remote_error(self.step_id, &w.key, peer, reason.to_owned());
+            let error = remote_error(self.step_id, &w.key, peer, reason.to_owned());
             self.cancel(&w.ticket, error);
         }
     }
@@ -650,10 +690,12 @@ impl Rendezvous for RemoteRendezvous {
             return Err(status);
         }
         let (mgr, route) = self.route(key)?;
-        if route.src != mgr.me {
+        if route.src != mgr.me() {
             return Err(RendezvousError::InvalidArgument(format!(
                 "step {}: node {} sends `{key}`, but its source device is on node {}",
-                self.step_id, mgr.me, route.src
+                self.step_id,
+                mgr.me(),
+                route.src
             )));
         }
         drop(mgr);

@@ -1,136 +1,36 @@
 //! The manager's side of the wire: its postoffice mailbox (requests, responses, pushed values
-//! and cancels from other tasks), the receives waiting on other tasks, the requests waiting on
-//! this one, and the outbox that a single sender task drains into the postoffice.
+//! and cancels from other tasks), the sender task that drains the outbox into the postoffice,
+//! and the receives waiting on other tasks and the requests waiting on this one as they are
+//! placed, answered and withdrawn. It also gives steps what they ask of their manager
+//! ([`StepHost`]), over these and the shared state's routes.
 //!
 //! Everything here runs without blocking: the postoffice calls the mailbox from its dispatch
 //! loop, and rendezvous callbacks may run on any thread, so messages are queued in the
 //! outbox and sent by the sender task, in order.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use ps::postoffice::Customer;
 use ps::{Postoffice, PsError};
-use tokio::sync::Notify;
 use tracing::{debug, warn};
 use van_core::rendezvous::Received;
 use van_core::{Message, NodeId, ParsedKey, Rendezvous, RendezvousError};
 
+use crate::error::{peer_name, remote_error};
 use crate::local::Done;
-use crate::mgr::{peer_name, MgrInner};
-use crate::remote::{finish, lock, new_ticket, RemoteRendezvous, Ticket, TicketCell};
+use crate::outbox::Outbox;
+use crate::protocol::Protocol;
+use crate::remote::{finish, new_ticket, RemoteRendezvous, Route, StepHost, Ticket, TicketCell};
+use crate::state::{MgrInner, PendingPull, Served};
+use crate::sync::lock;
 use crate::wire::{self, Address, RemoteStatus, RendezvousMessage, StatusCode};
 
 /// Requests from other tasks tracked at once (so that a cancel or the requester's death can
 /// withdraw them); requests beyond it are still answered, only not withdrawable.
 const MAX_SERVED: usize = 1 << 20;
-
-/// A receive of this task waiting for a RecvTensor response.
-pub(crate) struct PendingPull {
-    pub(crate) step_id: i64,
-    pub(crate) incarnation: u64,
-    pub(crate) key: String,
-    pub(crate) peer: NodeId,
-    pub(crate) done: Done,
-}
-
-/// A request from another task waiting for a value here.
-pub(crate) struct Served {
-    step: Weak<RemoteRendezvous>,
-    ticket: TicketCell,
-}
-
-/// Messages waiting for the sender task, with a bound on their bytes.
-pub(crate) struct Outbox {
-    state: Mutex<OutboxState>,
-    notify: Notify,
-    max_bytes: usize,
-}
-
-#[derive(Default)]
-struct OutboxState {
-    queue: VecDeque<Message>,
-    bytes: usize,
-    closed: bool,
-}
-
-fn message_bytes(msg: &Message) -> usize {
-    msg.data_len() + msg.meta.body.len()
-}
-
-impl Outbox {
-    pub(crate) fn new(max_bytes: usize) -> Outbox {
-        Outbox {
-            state: Mutex::new(OutboxState::default()),
-            notify: Notify::new(),
-            max_bytes,
-        }
-    }
-
-    /// Queues `msg`; fails (with the reason) when the outbox is closed or full.
-    pub(crate) fn push(&self, msg: Message) -> Result<(), String> {
-        self.queue(msg, true)
-    }
-
-    /// Queues an answer to a peer's request or a cancel, past the byte bound: refusing an
-    /// answer would lose its value (it already left the table, so queueing it adds no memory)
-    /// and leave the requester waiting; refusing a cancel would leave a withdrawn receive at
-    /// the owner, to swallow a later value. Each is bounded by a request of the peer's or of
-    /// this task's. Fails only when the outbox is closed.
-    pub(crate) fn push_reply(&self, msg: Message) -> Result<(), String> {
-        self.queue(msg, false)
-    }
-
-    fn queue(&self, msg: Message, bounded: bool) -> Result<(), String> {
-        let size = message_bytes(&msg);
-        {
-            let mut state = lock(&self.state);
-            if state.closed {
-                return Err("the rendezvous manager is shutting down".into());
-            }
-            if bounded && state.bytes > 0 && state.bytes + size > self.max_bytes {
-                return Err(format!(
-                    "{} bytes are already queued for sending (RendezvousMgrBuilder::\
-                     max_outbox_bytes is {}): the network does not keep up",
-                    state.bytes, self.max_bytes
-                ));
-            }
-            state.bytes += size;
-            state.queue.push_back(msg);
-        }
-        self.notify.notify_one();
-        Ok(())
-    }
-
-    pub(crate) fn close(&self) {
-        lock(&self.state).closed = true;
-        self.notify.notify_one();
-    }
-
-    pub(crate) fn bytes(&self) -> usize {
-        lock(&self.state).bytes
-    }
-
-    /// Everything queued, once there is something; `None` when closed and drained.
-    async fn next_batch(&self) -> Option<VecDeque<Message>> {
-        loop {
-            {
-                let mut state = lock(&self.state);
-                if !state.queue.is_empty() {
-                    state.bytes = 0;
-                    return Some(std::mem::take(&mut state.queue));
-                }
-                if state.closed {
-                    return None;
-                }
-            }
-            self.notify.notified().await;
-        }
-    }
-}
 
 /// What the sender remembers of a message, to fail the right calls if sending it fails.
 struct Sent {
@@ -209,7 +109,7 @@ impl MgrInner {
     }
 
     /// Push mode: sends the value of `key` to its consumer `dst`.
-    pub(crate) fn push(
+    fn push(
         &self,
         step: &RemoteRendezvous,
         key: &ParsedKey,
@@ -218,16 +118,16 @@ impl MgrInner {
     ) -> Result<(), RendezvousError> {
         let step_id = step.step_id();
         if let Some(reason) = self.peer_dead(dst) {
-            return Err(self.remote_error(step_id, key.full_key(), dst, reason));
+            return Err(remote_error(step_id, key.full_key(), dst, reason));
         }
         let msg = wire::push(step_id, key.full_key(), value, self.address(dst));
         self.outbox
             .push(msg)
-            .map_err(|reason| self.remote_error(step_id, key.full_key(), dst, reason))
+            .map_err(|reason| remote_error(step_id, key.full_key(), dst, reason))
     }
 
     /// Pull mode: asks `src` for the value of `key`; `done` gets the answer.
-    pub(crate) fn pull(
+    fn pull(
         &self,
         step: &RemoteRendezvous,
         key: &ParsedKey,
@@ -237,7 +137,7 @@ impl MgrInner {
     ) {
         let step_id = step.step_id();
         if let Some(reason) = self.peer_dead(src) {
-            let error = self.remote_error(step_id, key.full_key(), src, reason);
+            let error = remote_error(step_id, key.full_key(), src, reason);
             return finish(done, ticket, Err(error));
         }
         let request = {
@@ -264,7 +164,7 @@ impl MgrInner {
                 let pull = pulls.remove(&request);
                 drop(pulls);
                 if let Some(pull) = pull {
-                    let error = self.remote_error(step_id, key.full_key(), src, reason);
+                    let error = remote_error(step_id, key.full_key(), src, reason);
                     finish(pull.done, ticket, Err(error));
                 }
                 return;
@@ -291,12 +191,7 @@ impl MgrInner {
     }
 
     /// Withdraws pull `request`, completing it with `error`; `notify` tells the owner.
-    pub(crate) fn cancel_pull(
-        &self,
-        request: ps::RequestId,
-        error: RendezvousError,
-        notify: bool,
-    ) -> bool {
+    fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError, notify: bool) -> bool {
         let Some(pull) = lock(&self.pulls).remove(&request) else {
             return false;
         };
@@ -319,13 +214,13 @@ impl MgrInner {
             }
         };
         if let Some(pull) = pull {
-            let error = self.remote_error(pull.step_id, &pull.key, peer, reason.to_owned());
+            let error = remote_error(pull.step_id, &pull.key, peer, reason.to_owned());
             pull.done.complete(Err(error));
         }
     }
 
     /// The step was aborted: withdraws its pulls.
-    pub(crate) fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError) {
+    fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError) {
         let withdrawn: Vec<(ps::RequestId, PendingPull)> = {
             let mut pulls = lock(&self.pulls);
             let ids: Vec<ps::RequestId> = pulls
@@ -346,7 +241,7 @@ impl MgrInner {
     }
 
     /// A message of this application arrived.
-    pub(crate) fn deliver(self: &Arc<Self>, msg: Message) {
+    fn deliver(self: &Arc<Self>, msg: Message) {
         let Some(from) = msg.meta.sender else {
             warn!("rendezvous message without a sender; ignored");
             return;
@@ -494,7 +389,7 @@ impl MgrInner {
         let result = result.map_err(|status| match status.code {
             StatusCode::Aborted => RendezvousError::Aborted(status.message),
             StatusCode::InvalidArgument => RendezvousError::InvalidArgument(status.message),
-            StatusCode::Failed => self.remote_error(pull.step_id, &pull.key, from, status.message),
+            StatusCode::Failed => remote_error(pull.step_id, &pull.key, from, status.message),
         });
         pull.done.complete(result);
     }
@@ -562,7 +457,7 @@ impl MgrInner {
                         continue;
                     };
                     if let Some(step) = self.live_step(step_id) {
-                        step.start_abort(self.remote_error(step_id, key, peer, reason.clone()));
+                        step.start_abort(remote_error(step_id, key, peer, reason.clone()));
                     }
                 }
                 _ => {}
@@ -571,7 +466,7 @@ impl MgrInner {
     }
 
     /// `node` died (or, when it is this node, the postoffice stopped).
-    pub(crate) fn node_failed(&self, node: NodeId, reason: &str) {
+    fn node_failed(&self, node: NodeId, reason: &str) {
         if node == self.me || self.po.is_stopped() {
             self.shut_down(RendezvousError::Aborted(format!(
                 "the postoffice of node {} stopped: {reason}",
@@ -589,7 +484,7 @@ impl MgrInner {
             ids.into_iter().filter_map(|id| pulls.remove(&id)).collect()
         };
         for pull in pulls {
-            let error = self.remote_error(pull.step_id, &pull.key, node, reason.to_owned());
+            let error = remote_error(pull.step_id, &pull.key, node, reason.to_owned());
             pull.done.complete(Err(error));
         }
         let served: Vec<Served> = {
@@ -610,7 +505,60 @@ impl MgrInner {
         }
         let steps = self.all_live_steps();
         for step in steps {
-            step.peer_failed(self, node, reason);
+            step.peer_failed(node, reason);
         }
+    }
+}
+
+/// What a step needs of its manager: the shared state's options and routes, and this
+/// module's pushes and pulls.
+impl StepHost for MgrInner {
+    fn me(&self) -> NodeId {
+        self.me
+    }
+
+    fn protocol(&self) -> Protocol {
+        self.options.protocol
+    }
+
+    fn max_deferred_calls(&self) -> usize {
+        self.options.max_deferred_calls
+    }
+
+    fn route(&self, key: &ParsedKey) -> Result<Route, RendezvousError> {
+        MgrInner::route(self, key)
+    }
+
+    fn peer_dead(&self, peer: NodeId) -> Option<String> {
+        MgrInner::peer_dead(self, peer)
+    }
+
+    fn push(
+        &self,
+        step: &RemoteRendezvous,
+        key: &ParsedKey,
+        value: Received,
+        dst: NodeId,
+    ) -> Result<(), RendezvousError> {
+        MgrInner::push(self, step, key, value, dst)
+    }
+
+    fn pull(
+        &self,
+        step: &RemoteRendezvous,
+        key: &ParsedKey,
+        src: NodeId,
+        done: Done,
+        ticket: Option<&TicketCell>,
+    ) {
+        MgrInner::pull(self, step, key, src, done, ticket);
+    }
+
+    fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError) -> bool {
+        MgrInner::cancel_pull(self, request, error, true)
+    }
+
+    fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError) {
+        MgrInner::abort_pulls(self, step_id, incarnation, status);
     }
 }
