@@ -1,0 +1,76 @@
+//! Barriers: a barrier on a group mask is released to every member once all members have
+//! arrived, and failed (to those that arrived and can be reached) as soon as a member is
+//! dead.
+
+use tracing::{debug, warn};
+use van_core::{node_ids, Command, Control, NodeId};
+
+use super::output::{reply, Echo};
+use super::{Output, Scheduler};
+
+/// Every group bit a barrier mask may use: scheduler, servers, workers.
+const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
+
+impl Scheduler {
+    pub(super) fn on_barrier(&mut self, from: NodeId, group: i32, echo: Echo) -> Vec<Output> {
+        if !self.is_ready() {
+            warn!(
+                from,
+                group, "ignoring a barrier before the cluster is ready"
+            );
+            return Vec::new();
+        }
+        if group <= 0 || group & !ALL_GROUPS != 0 {
+            warn!(from, group, "ignoring a barrier on an invalid group");
+            return Vec::new();
+        }
+        let is_member = self
+            .node(from)
+            .is_some_and(|n| node_ids::group_of(n.role) & group != 0);
+        if !is_member {
+            warn!(from, group, "ignoring a barrier from a non-member");
+            return Vec::new();
+        }
+        self.barriers.entry(group).or_default().insert(from, echo);
+        self.settle(group)
+    }
+
+    /// Releases or fails the barrier of `group` if it can be decided.
+    pub(super) fn settle(&mut self, group: i32) -> Vec<Output> {
+        let Some(arrived) = self.barriers.get(&group) else {
+            return Vec::new();
+        };
+        // Members: the group's nodes that have not left, the dead ones included.
+        let members: Vec<NodeId> = (self.table.iter())
+            .filter(|n| node_ids::group_of(n.role) & group != 0)
+            .filter_map(|n| n.id)
+            .filter(|id| self.peers.get(id).is_none_or(|p| !p.gone))
+            .collect();
+        let dead: Vec<NodeId> = (members.iter().copied())
+            .filter(|id| self.peers.get(id).is_some_and(|p| p.dead))
+            .collect();
+        let recipients: Vec<(NodeId, Echo)> = if !dead.is_empty() {
+            warn!(group, ?dead, "barrier failed");
+            let live = arrived.iter().filter(|(id, _)| self.is_live(**id));
+            live.map(|(&id, &echo)| (id, echo)).collect()
+        } else if members.iter().all(|id| arrived.contains_key(id)) {
+            debug!(group, "barrier released");
+            let echo = |id| arrived.get(&id).copied().unwrap_or_default();
+            members.iter().map(|&id| (id, echo(id))).collect()
+        } else {
+            return Vec::new();
+        };
+        self.barriers.remove(&group);
+        let nodes = self.nodes(&dead);
+        let control = Control {
+            cmd: Command::Barrier,
+            nodes,
+            barrier_group: group,
+            msg_sig: 0,
+        };
+        let replies = recipients.into_iter();
+        replies
+            .map(|(id, echo)| reply(id, control.clone(), echo))
+            .collect()
+    }
+}
