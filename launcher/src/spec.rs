@@ -1,0 +1,207 @@
+//! What to launch ([`LaunchSpec`]) and what follows from it: its checks, the nodes in start
+//! order, the command line as a shell would show it, and the root address (a free port,
+//! whether it is a loopback address).
+
+use std::io;
+use std::net::{IpAddr, TcpListener, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use van_core::Role;
+
+use crate::outcome::LaunchError;
+
+/// The root URI used when none is given.
+pub const DEFAULT_ROOT_URI: &str = "127.0.0.1";
+
+/// How long a node has between SIGTERM and SIGKILL when the launcher stops it.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(3);
+
+/// The most nodes one local launch starts (scheduler included).
+pub const MAX_NODES: u32 = 1024;
+
+/// Variables the launcher sets itself; [`LaunchSpec::env`] may not name them.
+const RESERVED_ENV: [(&str, &str); 6] = [
+    ("DMLC_ROLE", "the launcher sets it per node"),
+    ("DMLC_NUM_SERVER", "set num_servers (--servers) instead"),
+    ("DMLC_NUM_WORKER", "set num_workers (--workers) instead"),
+    ("DMLC_PS_ROOT_URI", "set root_uri (--uri) instead"),
+    ("DMLC_PS_ROOT_PORT", "set root_port (--port) instead"),
+    ("VANS_LAUNCH_RANK", "the launcher sets it per node"),
+];
+
+/// What to launch: how many nodes of each role, which program, and how long to allow.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// How many servers (`DMLC_NUM_SERVER`).
+    pub num_servers: u32,
+    /// How many workers (`DMLC_NUM_WORKER`).
+    pub num_workers: u32,
+    /// The program every node runs.
+    pub program: PathBuf,
+    /// Its arguments, the same for every node.
+    pub args: Vec<String>,
+    /// Extra environment for every node, applied after the inherited environment and the
+    /// launcher's common `DMLC_*` variables.
+    pub env: Vec<(String, String)>,
+    /// The scheduler's address (`DMLC_PS_ROOT_URI`); [`DEFAULT_ROOT_URI`] by default.
+    pub root_uri: String,
+    /// The scheduler's port (`DMLC_PS_ROOT_PORT`); 0 picks a free port on `root_uri`.
+    pub root_port: u16,
+    /// Stop every node and fail with [`LaunchError::Timeout`] if the job runs longer.
+    pub timeout: Option<Duration>,
+    /// Time between SIGTERM and SIGKILL when nodes are stopped; [`DEFAULT_GRACE`] by default.
+    pub grace: Duration,
+    /// Handle SIGINT and SIGTERM sent to this process (true by default). Once handled, tokio
+    /// keeps those signals from terminating the process even after [`launch`](crate::launch) returns, so
+    /// embedders with their own signal policy set this to false.
+    pub handle_signals: bool,
+}
+
+impl LaunchSpec {
+    /// A spec with the defaults: no arguments, no extra environment, root on
+    /// `127.0.0.1` at a free port, no timeout, [`DEFAULT_GRACE`], signals handled.
+    pub fn new(num_servers: u32, num_workers: u32, program: impl Into<PathBuf>) -> Self {
+        LaunchSpec {
+            num_servers,
+            num_workers,
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            root_uri: DEFAULT_ROOT_URI.to_owned(),
+            root_port: 0,
+            timeout: None,
+            grace: DEFAULT_GRACE,
+            handle_signals: true,
+        }
+    }
+
+    /// Every node in start order: the scheduler, the servers, the workers, with their ranks.
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = (Role, u32)> {
+        std::iter::once((Role::Scheduler, 0))
+            .chain((0..self.num_servers).map(|rank| (Role::Server, rank)))
+            .chain((0..self.num_workers).map(|rank| (Role::Worker, rank)))
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), LaunchError> {
+        let total = u64::from(self.num_servers) + u64::from(self.num_workers) + 1;
+        if total > u64::from(MAX_NODES) {
+            return Err(LaunchError::InvalidSpec(format!(
+                "{total} nodes requested; a local launch starts at most {MAX_NODES}"
+            )));
+        }
+        if self.program.as_os_str().is_empty() {
+            return Err(LaunchError::InvalidSpec("no program given".into()));
+        }
+        if self.root_uri.is_empty() {
+            return Err(LaunchError::InvalidSpec("the root URI is empty".into()));
+        }
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+                return Err(LaunchError::InvalidSpec(format!(
+                    "invalid environment entry {key:?}={value:?}: names must be non-empty \
+                     without '=' and neither may contain NUL"
+                )));
+            }
+            if let Some((_, hint)) = RESERVED_ENV.iter().find(|(name, _)| name == key) {
+                return Err(LaunchError::InvalidSpec(format!(
+                    "{key} cannot be set: {hint}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A port that was free on `uri` a moment ago: bind port 0, read the port, close.
+pub(crate) fn free_port(uri: &str) -> Result<u16, LaunchError> {
+    let io_error = |source| LaunchError::Io {
+        context: format!("could not pick a free port on {uri} (set root_port / --port)"),
+        source,
+    };
+    let address = (uri, 0)
+        .to_socket_addrs()
+        .map_err(io_error)?
+        .next()
+        .ok_or_else(|| io_error(io::Error::new(io::ErrorKind::NotFound, "no address")))?;
+    let listener = TcpListener::bind(address).map_err(io_error)?;
+    Ok(listener.local_addr().map_err(io_error)?.port())
+}
+
+pub(crate) fn is_loopback(uri: &str) -> bool {
+    uri.eq_ignore_ascii_case("localhost") || uri.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The program and its arguments as a shell would need them typed.
+pub(crate) fn command_line(spec: &LaunchSpec) -> String {
+    let program = spec.program.to_string_lossy();
+    std::iter::once(program.as_ref())
+        .chain(spec.args.iter().map(String::as_str))
+        .map(shell_quote)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_rejects_what_the_launcher_owns() {
+        let mut spec = LaunchSpec::new(1, 1, "/bin/true");
+        assert!(spec.validate().is_ok());
+        spec.env.push(("DMLC_NUM_WORKER".into(), "4".into()));
+        let message = spec
+            .validate()
+            .map_err(|error| error.to_string())
+            .err()
+            .unwrap_or_default();
+        assert!(message.contains("--workers"), "{message}");
+        spec.env = vec![("A=B".into(), "1".into())];
+        assert!(spec.validate().is_err());
+        spec.env.clear();
+        spec.num_workers = MAX_NODES;
+        assert!(spec.validate().is_err());
+    }
+
+    #[test]
+    fn nodes_start_scheduler_then_servers_then_workers() {
+        let spec = LaunchSpec::new(2, 1, "/bin/true");
+        let nodes: Vec<_> = spec.nodes().collect();
+        assert_eq!(
+            nodes,
+            [
+                (Role::Scheduler, 0),
+                (Role::Server, 0),
+                (Role::Server, 1),
+                (Role::Worker, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_command_line_is_shown_as_it_would_be_typed() {
+        let mut spec = LaunchSpec::new(1, 1, "/bin/sh");
+        spec.args = vec!["-c".into(), "echo it's $DMLC_ROLE".into(), String::new()];
+        assert_eq!(
+            command_line(&spec),
+            r#"/bin/sh -c 'echo it'\''s $DMLC_ROLE' ''"#
+        );
+    }
+
+    #[test]
+    fn free_port_and_loopback() {
+        assert!(free_port("127.0.0.1").is_ok_and(|port| port != 0));
+        assert!(is_loopback("127.0.0.1") && is_loopback("localhost") && is_loopback("::1"));
+        assert!(!is_loopback("10.0.0.2"));
+    }
+}
