@@ -3,6 +3,7 @@
 //! - `van-bench` (src/bin/van-bench.rs): the TCP and in-process vans beside a raw socket.
 //! - `ps-bench` (src/bin/ps-bench/): ps-lite's test_benchmark over the parameter server.
 
+pub mod cli; // value parsers the binaries' command lines share
 pub mod plot; // ps-bench's PNG: goodput and latency against value size
 pub mod raw; // the raw-socket reference every benchmark compares with
 pub mod report; // ps-bench's results: each worker's, the cluster's totals, tables, JSON

@@ -8,38 +8,51 @@
 //! bytes), and with `DMLC_ENABLE_IPC=0` (TCP); it reads ps-bench's JSON report and measures
 //! `memcpy` here.
 //!
-//! Usage: `ps-ipc-bench [--sizes 8,1048576,4194304] [--windows 1,4] [--seconds 1]`.
+//! Usage: `ps-ipc-bench [--sizes 8,1048576,4194304] [--windows 1,4] [--seconds 1]` (see
+//! `--help`).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use examples::raw::BoxError;
 use examples::report::{BenchReport, Figures};
 use examples::{ratio, Table};
 
+/// ps-lite's test_ipc_benchmark: worker and server co-located on this host, over shared
+/// memory (values copied, then zero-copy) and over TCP, beside a single-thread memcpy.
+///
+/// Runs the sibling ps-bench binary (built with the `ipc` feature) as a local cluster three
+/// times — DMLC_ENABLE_IPC=1, DMLC_ENABLE_IPC=1 with --zero-copy, DMLC_ENABLE_IPC=0 — with
+/// the options below passed on to it, and prints one table with the ratios.
+#[derive(Debug, Parser)]
+#[command(name = "ps-ipc-bench")]
+struct Options {
+    /// Value bytes per request, comma-separated (ps-bench's --sizes).
+    #[arg(long, value_name = "LIST", default_value = "8,1048576,4194304")]
+    sizes: String,
+    /// Requests in flight, comma-separated (ps-bench's --windows).
+    #[arg(long, value_name = "LIST", default_value = "1,4")]
+    windows: String,
+    /// Seconds per case (ps-bench's --seconds).
+    #[arg(long, value_name = "S", default_value = "1")]
+    seconds: String,
+}
+
 fn main() {
-    if let Err(e) = run() {
+    let options = Options::parse();
+    if let Err(e) = run(&options) {
         eprintln!("ps-ipc-bench: {e}");
         std::process::exit(1);
     }
 }
 
-/// The value of `--name`, or `default`.
-fn option(args: &[String], name: &str, default: &str) -> String {
-    args.windows(2)
-        .find(|w| w[0] == name)
-        .map_or_else(|| default.to_owned(), |w| w[1].clone())
-}
-
-fn run() -> Result<(), BoxError> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("usage: ps-ipc-bench [--sizes LIST] [--windows LIST] [--seconds S]");
-        return Ok(());
-    }
-    let sizes = option(&args, "--sizes", "8,1048576,4194304");
-    let windows = option(&args, "--windows", "1,4");
-    let seconds = option(&args, "--seconds", "1");
+fn run(options: &Options) -> Result<(), BoxError> {
+    let Options {
+        sizes,
+        windows,
+        seconds,
+    } = options;
     let bench = std::env::current_exe()?
         .parent()
         .ok_or("no directory for ps-bench")?
@@ -54,14 +67,7 @@ fn run() -> Result<(), BoxError> {
         let out = Command::new(&bench)
             .args(["--mode", "all", "--json", "--no-raw"])
             .args(extra)
-            .args([
-                "--sizes",
-                &sizes,
-                "--windows",
-                &windows,
-                "--seconds",
-                &seconds,
-            ])
+            .args(["--sizes", sizes, "--windows", windows, "--seconds", seconds])
             .env("DMLC_ENABLE_IPC", ipc)
             .env_remove("DMLC_ROLE")
             .output()
@@ -149,4 +155,27 @@ fn memcpy_gbps(size: usize) -> f64 {
         copied += size;
     }
     copied as f64 / started.elapsed().as_secs_f64() / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_options_are_passed_on_as_given() {
+        Options::command().debug_assert();
+        let o = Options::try_parse_from(["ps-ipc-bench"]).unwrap();
+        assert_eq!(
+            (o.sizes.as_str(), o.windows.as_str()),
+            ("8,1048576,4194304", "1,4")
+        );
+        assert_eq!(o.seconds, "1");
+        let o = Options::try_parse_from(["ps-ipc-bench", "--sizes", "8", "--seconds=0.5"]).unwrap();
+        assert_eq!((o.sizes.as_str(), o.seconds.as_str()), ("8", "0.5"));
+        assert!(Options::try_parse_from(["ps-ipc-bench", "--size", "8"]).is_err());
+    }
 }

@@ -31,6 +31,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use examples::cli::positive;
 use examples::raw::BoxError;
 use examples::Table;
 use launcher::{launch, LaunchSpec};
@@ -39,18 +41,6 @@ use rendezvous::{
     cpu_device, create_key, parse_key, ParsedKey, Protocol, Rendezvous, RendezvousMgr,
 };
 use van_core::NodeId;
-
-const USAGE: &str = "usage: rendezvous-exchange [options]
-  --mode M          bench | check | hang   (default bench)
-  --protocols LIST  pull,push (default both; also grpc+seastar, star_server)
-  --vans LIST       tcp,ipc: the clusters to launch (default tcp,ipc with the ipc feature, else tcp)
-  --workers N       workers besides the server, when launching (default 1)
-  --steps N         check and hang: steps (default 100)
-  --tensors N       check: tensors per step each way per peer (default 100)
-  --quick           bench: about a tenth of the steps
-  --threads N       runtime threads per node (default 1)
-  --json            print the table as JSON
-Without DMLC_ROLE it launches local clusters of itself on 127.0.0.1; with DMLC_ROLE it is one node.";
 
 /// Steps of the hang mode's checked prologue.
 const HANG_PROLOGUE_STEPS: i64 = 3;
@@ -63,138 +53,119 @@ const POOL_SLACK: usize = 1 << 20;
 /// A launched job that takes longer than this is stopped.
 const JOB_TIMEOUT: Duration = Duration::from_secs(900);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `--mode`: what the tasks do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
+    /// Round trips per second for 8-byte tensors (1 and 64 in flight per step) and GB/s for
+    /// 4 MiB tensors (4 in flight), pull vs push, per van.
     Bench,
+    /// --steps steps of --tensors tensors each way per peer (sizes from 0 to 1 MiB, some of
+    /// them dead tensors), every value checked.
     Check,
+    /// A few checked steps, then task 0 waits for a tensor that task 1 never sends (exit
+    /// code 3; for the dead-peer test).
     Hang,
 }
 
-#[derive(Debug, Clone)]
-struct Options {
-    mode: Mode,
-    protocols: Vec<Protocol>,
-    vans: Vec<String>,
-    workers: u32,
-    steps: u64,
-    tensors: usize,
-    quick: bool,
-    threads: usize,
-    json: bool,
-    /// Where task 0 appends its results (set by the launching process).
-    results: Option<String>,
-    /// The arguments as given, passed on to launched nodes.
-    args: Vec<String>,
-}
-
-fn positive(value: &str, what: &str) -> Result<u64, String> {
-    value
-        .parse::<u64>()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("{what}: `{value}` is not a positive whole number"))
-}
-
-fn parse_args(args: Vec<String>) -> Result<Options, String> {
-    let default_vans = if cfg!(feature = "ipc") {
-        vec!["tcp".to_owned(), "ipc".to_owned()]
-    } else {
-        vec!["tcp".to_owned()]
-    };
-    let mut o = Options {
-        mode: Mode::Bench,
-        protocols: vec![Protocol::Pull, Protocol::Push],
-        vans: default_vans,
-        workers: 1,
-        steps: 100,
-        tensors: 100,
-        quick: false,
-        threads: 1,
-        json: false,
-        results: None,
-        args: Vec::new(),
-    };
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
-        match arg.as_str() {
-            "--mode" => {
-                let v = value("--mode")?;
-                o.mode = match v.as_str() {
-                    "bench" => Mode::Bench,
-                    "check" => Mode::Check,
-                    "hang" => Mode::Hang,
-                    other => return Err(format!("unknown mode `{other}`")),
-                };
-                o.args.extend(["--mode".to_owned(), v]);
-            }
-            "--protocols" => {
-                let v = value("--protocols")?;
-                o.protocols = v
-                    .split(',')
-                    .map(|p| p.parse::<Protocol>().map_err(|e| e.to_string()))
-                    .collect::<Result<_, _>>()?;
-                o.args.extend(["--protocols".to_owned(), v]);
-            }
-            "--vans" => {
-                o.vans = value("--vans")?.split(',').map(str::to_owned).collect();
-                for van in &o.vans {
-                    match van.as_str() {
-                        "tcp" => {}
-                        "ipc" if cfg!(feature = "ipc") => {}
-                        "ipc" => {
-                            return Err("the ipc van is not compiled in: build with \
-                                        `--features ipc`"
-                                .into())
-                        }
-                        other => return Err(format!("--vans: unknown van `{other}` (tcp, ipc)")),
-                    }
-                }
-            }
-            "--workers" => o.workers = positive(&value("--workers")?, "--workers")? as u32,
-            "--steps" => {
-                let v = value("--steps")?;
-                o.steps = positive(&v, "--steps")?;
-                o.args.extend(["--steps".to_owned(), v]);
-            }
-            "--tensors" => {
-                let v = value("--tensors")?;
-                o.tensors = positive(&v, "--tensors")? as usize;
-                o.args.extend(["--tensors".to_owned(), v]);
-            }
-            "--threads" => {
-                let v = value("--threads")?;
-                o.threads = positive(&v, "--threads")? as usize;
-                o.args.extend(["--threads".to_owned(), v]);
-            }
-            "--quick" => {
-                o.quick = true;
-                o.args.push(arg);
-            }
-            "--json" => o.json = true,
-            "--results" => o.results = Some(value("--results")?),
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument `{other}`")),
+impl Mode {
+    /// The name `--mode` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Bench => "bench",
+            Mode::Check => "check",
+            Mode::Hang => "hang",
         }
     }
-    if o.protocols.is_empty() {
-        return Err("--protocols: name at least one".into());
+}
+
+/// The vans `--vans` can name when this binary was built with the `ipc` feature, else tcp.
+const DEFAULT_VANS: &str = if cfg!(feature = "ipc") {
+    "tcp,ipc"
+} else {
+    "tcp"
+};
+
+/// Tasks in separate processes exchanging tensors through the rendezvous manager, step after
+/// step, in pull (grpc+seastar) and push (star_server) mode, validating every value.
+///
+/// Without DMLC_ROLE it launches local clusters of itself on 127.0.0.1 (a scheduler, one
+/// server and --workers workers; the server and the workers are the tasks), once per van of
+/// --vans, and prints one table; with DMLC_ROLE it is one node of such a cluster.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "rendezvous-exchange")]
+struct Options {
+    /// What the tasks do.
+    #[arg(long, value_enum, value_name = "M", default_value_t = Mode::Bench)]
+    mode: Mode,
+    /// Rendezvous protocols, comma-separated: pull, push (also grpc+seastar, star_server).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "pull,push", value_parser = protocol)]
+    protocols: Vec<Protocol>,
+    /// The clusters to launch, comma-separated: tcp (shared memory off), ipc (feature `ipc`;
+    /// the default with it is tcp,ipc).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = DEFAULT_VANS, value_parser = van)]
+    vans: Vec<String>,
+    /// Workers besides the server, when launching.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    workers: u32,
+    /// check and hang: steps.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    steps: u64,
+    /// check: tensors per step each way per peer.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = positive)]
+    tensors: usize,
+    /// bench: about a tenth of the steps.
+    #[arg(long)]
+    quick: bool,
+    /// Runtime threads per node.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = positive)]
+    threads: usize,
+    /// Print the table as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Where task 0 appends its results (set by the launching process).
+    #[arg(long, hide = true)]
+    results: Option<String>,
+}
+
+impl Options {
+    /// The options every launched node gets: those that shape what a task does.
+    fn node_args(&self) -> Vec<String> {
+        let protocols: Vec<String> = self.protocols.iter().map(Protocol::to_string).collect();
+        let mut args = vec![
+            "--mode".to_owned(),
+            self.mode.name().to_owned(),
+            "--protocols".to_owned(),
+            protocols.join(","),
+            "--steps".to_owned(),
+            self.steps.to_string(),
+            "--tensors".to_owned(),
+            self.tensors.to_string(),
+            "--threads".to_owned(),
+            self.threads.to_string(),
+        ];
+        if self.quick {
+            args.push("--quick".to_owned());
+        }
+        args
     }
-    Ok(o)
+}
+
+fn protocol(value: &str) -> Result<Protocol, String> {
+    value.parse::<Protocol>().map_err(|e| e.to_string())
+}
+
+fn van(value: &str) -> Result<String, String> {
+    match value {
+        "tcp" => Ok(value.to_owned()),
+        "ipc" if cfg!(feature = "ipc") => Ok(value.to_owned()),
+        "ipc" => Err("the ipc van is not compiled in: build with `--features ipc`".into()),
+        other => Err(format!("unknown van `{other}` (tcp, ipc)")),
+    }
 }
 
 fn main() -> ExitCode {
+    let options = Options::parse();
     examples::init_logging(false);
-    let options = match parse_args(std::env::args().skip(1).collect()) {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("rendezvous-exchange: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
     let mut builder = if options.threads == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -247,7 +218,7 @@ async fn launch_local(options: &Options) -> Result<(), BoxError> {
     let mut rows = Vec::new();
     for van in &options.vans {
         let mut spec = LaunchSpec::new(1, options.workers, &program);
-        spec.args = options.args.clone();
+        spec.args = options.node_args();
         spec.args
             .extend(["--results".to_owned(), results.display().to_string()]);
         spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
@@ -692,4 +663,86 @@ fn mismatch(
         head(&got.value),
         got.is_dead
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        Options::try_parse_from(std::iter::once("rendezvous-exchange").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_and_what_nodes_get() {
+        Options::command().debug_assert();
+        let o = parse(&[]).unwrap();
+        assert_eq!(o.mode, Mode::Bench);
+        assert_eq!(o.protocols, [Protocol::Pull, Protocol::Push]);
+        assert_eq!(o.vans.join(","), DEFAULT_VANS);
+        assert_eq!((o.workers, o.steps, o.tensors, o.threads), (1, 100, 100, 1));
+        assert!(!o.quick && !o.json && o.results.is_none());
+
+        let o = parse(&[
+            "--mode",
+            "check",
+            "--protocols",
+            "star_server",
+            "--vans",
+            "tcp",
+            "--workers",
+            "2",
+            "--steps",
+            "20",
+            "--tensors",
+            "50",
+            "--threads",
+            "2",
+            "--quick",
+            "--json",
+            "--results",
+            "/tmp/r",
+        ])
+        .unwrap();
+        let args = o.node_args();
+        assert_eq!(
+            args,
+            [
+                "--mode",
+                "check",
+                "--protocols",
+                "star_server",
+                "--steps",
+                "20",
+                "--tensors",
+                "50",
+                "--threads",
+                "2",
+                "--quick",
+            ]
+        );
+        // A node parses what it is given to the same options.
+        let node = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!(node.node_args(), args);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for bad in [
+            &["--mode", "fly"][..],
+            &["--protocols", "carrier"],
+            &["--vans", "rdma"],
+            &["--workers", "0"],
+            &["--steps", "0"],
+            &["--tensors", "x"],
+            &["--threads", "0"],
+            &["--bogus"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -9,20 +9,36 @@
 //! the RDMA van registers, the vans compiled in, and — from the same environment a node reads
 //! (`DMLC_*`, `VANS_*`) — which van a worker here would use for the scheduler, a server on
 //! this host and a server on another host. Exit code: 0 when a node with this environment can
-//! start, 1 when it would fail (the reason is printed), 2 for an invalid environment.
+//! start, 1 when it would fail (the reason is printed), 2 for an invalid environment or
+//! command line (it takes none but `--help`).
 
 use std::process::ExitCode;
 
+use clap::Parser;
 use van_core::config::RdmaFallback;
 use van_core::select::{select_van, Available};
 use van_core::{Config, Endpoint, Node, Role, VanKind};
 use van_rdma::{memlock, sysfs, RdmaError};
 
+/// What this machine offers the vans and which van each peer would get.
+///
+/// Reports the RDMA devices, ports and GIDs the kernel shows (sysfs), what the RDMA van would
+/// open and with which GID (builds with the `rdma` feature), the memlock limit against what
+/// the RDMA van registers, the vans compiled in, and which van a worker here would use for
+/// the scheduler, a server on this host and a server on another host. It takes no arguments:
+/// it reads the node environment (DMLC_*, VANS_*), as a node would.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vans-doctor",
+    override_usage = "vans-doctor   (reads the node environment: DMLC_*, VANS_*)",
+    after_help = "Example: DMLC_ENABLE_RDMA=1 vans-doctor\n\nExit code: 0 when a node with this \
+                  environment can start, 1 when it would fail (the reason is printed), 2 for \
+                  an invalid environment or command line."
+)]
+struct Options {}
+
 fn main() -> ExitCode {
-    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
-        println!("usage: vans-doctor   (reads the node environment: DMLC_*, VANS_*)");
-        return ExitCode::SUCCESS;
-    }
+    let Options {} = Options::parse();
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(e) => {
@@ -218,5 +234,21 @@ fn or_unknown(s: &str) -> &str {
         "?"
     } else {
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn it_takes_no_arguments_but_help() {
+        Options::command().debug_assert();
+        assert!(Options::try_parse_from(["vans-doctor"]).is_ok());
+        assert!(Options::try_parse_from(["vans-doctor", "--verbose"]).is_err());
+        let help = Options::command().render_long_help().to_string();
+        assert!(help.contains("DMLC_*, VANS_*"), "{help}");
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
+use examples::cli::positive;
 use examples::report::Mode;
 use van_core::VanKind;
 
@@ -166,15 +167,6 @@ impl Options {
             ModeArg::Check | ModeArg::Barrier => Vec::new(),
         }
     }
-}
-
-fn positive(value: &str) -> Result<usize, String> {
-    value
-        .trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("`{value}` is not a positive whole number"))
 }
 
 fn value_size(value: &str) -> Result<usize, String> {
