@@ -10,7 +10,7 @@
 
 #[cfg(target_os = "linux")]
 fn main() {
-    std::process::exit(linux::run(std::env::args().skip(1).collect()));
+    std::process::exit(linux::run(std::env::args_os().skip(1)));
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -21,30 +21,51 @@ fn main() {
 
 #[cfg(target_os = "linux")]
 mod linux {
+    use std::ffi::OsString;
+
+    use clap::{Parser, Subcommand};
     use van_ipc::named::{self, OwnerStatus, ShmEntry, SHM_DIR};
 
-    const USAGE: &str = "\
-usage: vans-shm list
-       vans-shm clean [--dry-run]
+    /// Lists and removes the named shared-memory segments of vans in /dev/shm.
+    #[derive(Debug, Parser)]
+    #[command(
+        name = "vans-shm",
+        arg_required_else_help = true,
+        after_help = "Exit status: 0 on success, 1 when /dev/shm cannot be read or a stale \
+                      segment could not be removed, 2 on a usage error."
+    )]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
 
-list   show every vans-* segment in /dev/shm with its size, owner pid and whether the
-       owner is alive
-clean  remove this user's segments whose owner process is dead; --dry-run only shows them";
+    #[derive(Debug, Subcommand)]
+    enum Command {
+        /// Show every vans-* segment in /dev/shm with its size, owner pid and whether the
+        /// owner is alive.
+        List,
+        /// Remove this user's segments whose owner process is dead.
+        Clean {
+            /// Only show what would be removed.
+            #[arg(short = 'n', long)]
+            dry_run: bool,
+        },
+    }
 
-    /// Runs the command; returns the exit status.
-    pub(crate) fn run(args: Vec<String>) -> i32 {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match args.as_slice() {
-            ["list"] => list(),
-            ["clean"] => clean(false),
-            ["clean", "--dry-run"] | ["clean", "-n"] => clean(true),
-            ["help"] | ["--help"] | ["-h"] => {
-                println!("{USAGE}");
-                0
-            }
-            _ => {
-                eprintln!("{USAGE}");
-                2
+    /// Runs the command (`args` without the program name); returns the exit status.
+    pub(crate) fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> i32 {
+        let program = std::iter::once(OsString::from("vans-shm"));
+        match Cli::try_parse_from(program.chain(args.into_iter().map(Into::into))) {
+            Ok(Cli {
+                command: Command::List,
+            }) => list(),
+            Ok(Cli {
+                command: Command::Clean { dry_run },
+            }) => clean(dry_run),
+            // Help on stdout with status 0; usage errors on stderr with status 2.
+            Err(e) => {
+                let _ = e.print();
+                e.exit_code()
             }
         }
     }
@@ -191,9 +212,34 @@ clean  remove this user's segments whose owner process is dead; --dry-run only s
 
         #[test]
         fn usage_errors_exit_2() {
-            assert_eq!(run(vec![]), 2);
-            assert_eq!(run(vec!["clean".into(), "--force".into()]), 2);
-            assert_eq!(run(vec!["--help".into()]), 0);
+            use clap::CommandFactory;
+            Cli::command().debug_assert();
+            assert_eq!(run(Vec::<String>::new()), 2);
+            assert_eq!(run(["clean", "--force"]), 2);
+            assert_eq!(run(["frobnicate"]), 2);
+            assert_eq!(run(["--help"]), 0);
+            assert_eq!(run(["help"]), 0);
+            assert_eq!(run(["clean", "--help"]), 0);
+        }
+
+        #[test]
+        fn the_commands_parse_as_before() {
+            let parse = |args: &[&str]| {
+                Cli::try_parse_from(std::iter::once("vans-shm").chain(args.iter().copied()))
+                    .map(|cli| cli.command)
+            };
+            assert!(matches!(parse(&["list"]), Ok(Command::List)));
+            assert!(matches!(
+                parse(&["clean"]),
+                Ok(Command::Clean { dry_run: false })
+            ));
+            for dry in ["--dry-run", "-n"] {
+                assert!(matches!(
+                    parse(&["clean", dry]),
+                    Ok(Command::Clean { dry_run: true })
+                ));
+            }
+            assert!(parse(&["list", "--dry-run"]).is_err());
         }
     }
 }
