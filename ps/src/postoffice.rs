@@ -47,7 +47,15 @@ const FINISH_GRACE: Duration = Duration::from_secs(10);
 /// application of the node waits.
 #[async_trait]
 pub trait Customer: Send + Sync {
-    /// A data message for this customer.
+    /// Takes a data message without waiting, when it can: the dispatch loop's fast path,
+    /// which costs no boxed future. Hand the message back (`Err`) to have it delivered with
+    /// [`deliver`](Self::deliver) instead, for example when a queue is full. The default
+    /// always hands it back.
+    fn try_deliver(&self, msg: Message) -> std::result::Result<(), Message> {
+        Err(msg)
+    }
+    /// A data message for this customer (when [`try_deliver`](Self::try_deliver) handed it
+    /// back).
     async fn deliver(&self, msg: Message);
     /// `node` failed; fail whatever waits on it. `node` is this node's own id when the local
     /// postoffice stopped.
@@ -447,7 +455,9 @@ impl Postoffice {
                 }
             }
         };
-        customer.deliver(msg).await;
+        if let Err(msg) = customer.try_deliver(msg) {
+            customer.deliver(msg).await;
+        }
     }
 
     /// Registers an application; messages that arrived for it earlier are delivered first,
@@ -483,7 +493,9 @@ impl Postoffice {
                 backlog
             };
             for msg in backlog {
-                customer.deliver(msg).await;
+                if let Err(msg) = customer.try_deliver(msg) {
+                    customer.deliver(msg).await;
+                }
             }
         }
         Ok(())

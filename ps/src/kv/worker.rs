@@ -289,7 +289,24 @@ fn assemble(mut parts: Vec<(NodeId, KvPairs)>) -> KvPairs {
 
 #[async_trait]
 impl Customer for WorkerInner {
+    /// A response completes its request at once: nothing to wait for.
+    fn try_deliver(&self, msg: Message) -> std::result::Result<(), Message> {
+        self.complete(msg);
+        Ok(())
+    }
+
     async fn deliver(&self, msg: Message) {
+        self.complete(msg);
+    }
+
+    fn node_failed(&self, node: NodeId, error: &str) {
+        self.fail_node(node, error);
+    }
+}
+
+impl WorkerInner {
+    /// Files a server's response with its request, completing it once every server answered.
+    fn complete(&self, msg: Message) {
         if msg.meta.request {
             tracing::warn!(from = ?msg.meta.sender, "a worker received a request; ignored");
             return;
@@ -332,7 +349,8 @@ impl Customer for WorkerInner {
         }
     }
 
-    fn node_failed(&self, node: NodeId, error: &str) {
+    /// Fails the requests waiting on `node` (or all, when our own postoffice stopped).
+    fn fail_node(&self, node: NodeId, error: &str) {
         let mut pending = lock(&self.pending);
         // Our own postoffice stopped: nothing will answer anything any more.
         let everything = node == self.po.my_id() || self.po.is_stopped();
