@@ -422,7 +422,7 @@ fn the_named_segment_mode_carries_the_same_sums_and_leaves_nothing_in_dev_shm() 
     let vans: Vec<&String> = lines.iter().filter(|l| l.contains(" via ")).collect();
     assert_eq!(vans.len(), 4, "{lines:?}");
     assert!(vans.iter().all(|l| l.ends_with("via ipc")), "{lines:?}");
-    // Servers and workers listen through mailboxes in /dev/shm, not abstract sockets.
+    // Servers and workers listen through accept queues in /dev/shm, not abstract sockets.
     let ipc: Vec<&String> = lines
         .iter()
         .filter(|l| l.contains("ipc van listening"))
@@ -432,7 +432,7 @@ fn the_named_segment_mode_carries_the_same_sums_and_leaves_nothing_in_dev_shm() 
         ipc.iter().all(|l| l.contains("listening at shm:vans-")),
         "{lines:?}"
     );
-    // Every node exited in order: its mailbox is gone, and connection segments were
+    // Every node exited in order: its accept queue is gone, and connection segments were
     // unlinked at the handshake. (Other tests' live segments carry other pids.)
     let leftovers: Vec<String> = std::fs::read_dir("/dev/shm")
         .map(|d| {

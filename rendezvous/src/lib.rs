@@ -79,7 +79,8 @@ pub mod remote;
 mod state;
 // Locking that tolerates poisoning (private).
 mod sync;
-// The mailbox, the sender task, and pulls and served requests as they come and go (private).
+// The postoffice customer, the sender task, and pulls and served requests as they come and
+// go (private).
 mod transport;
 pub mod wire;
 

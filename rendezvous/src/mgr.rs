@@ -19,7 +19,7 @@ use crate::protocol::Protocol;
 use crate::remote::RemoteRendezvous;
 use crate::state::{MgrInner, Options};
 use crate::sync::lock;
-use crate::transport::{run_sender, Mailbox};
+use crate::transport::{run_sender, MgrCustomer};
 
 /// Default application id of rendezvous messages (`"RV"`); every task of a job must use the
 /// same ids.
@@ -137,8 +137,8 @@ impl RendezvousMgrBuilder {
         if let Some(age) = inner.options.max_step_age {
             tokio::spawn(sweep(weak.clone(), age));
         }
-        let mailbox = Arc::new(Mailbox::new(weak));
-        po.register_customer(inner.options.app_id, inner.options.customer_id, mailbox)
+        let customer = Arc::new(MgrCustomer::new(weak));
+        po.register_customer(inner.options.app_id, inner.options.customer_id, customer)
             .await?;
         Ok(RendezvousMgr { inner })
     }

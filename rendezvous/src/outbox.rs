@@ -1,5 +1,5 @@
 //! The outbox: messages waiting for the manager's single sender task, with a bound on their
-//! bytes. Rendezvous callbacks may run on any thread and the postoffice calls the mailbox
+//! bytes. Rendezvous callbacks may run on any thread and the postoffice calls the customer
 //! from its dispatch loop, so nothing sends directly: messages are queued here, without
 //! blocking, and the sender task (in `transport`) drains them into the postoffice in order.
 

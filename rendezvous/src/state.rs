@@ -94,7 +94,7 @@ pub(crate) struct Served {
 }
 
 /// The manager's state, shared with its steps (which hold it weakly), its sender task and
-/// its postoffice mailbox.
+/// its postoffice customer.
 pub(crate) struct MgrInner {
     pub(crate) po: Postoffice,
     pub(crate) me: NodeId,

@@ -1,10 +1,10 @@
-//! The manager's side of the wire: its postoffice mailbox (requests, responses, pushed values
+//! The manager's side of the wire: its postoffice customer (requests, responses, pushed values
 //! and cancels from other tasks), the sender task that drains the outbox into the postoffice,
 //! and the receives waiting on other tasks and the requests waiting on this one as they are
 //! placed, answered and withdrawn. It also gives steps what they ask of their manager
 //! ([`StepHost`]), over these and the shared state's routes.
 //!
-//! Everything here runs without blocking: the postoffice calls the mailbox from its dispatch
+//! Everything here runs without blocking: the postoffice calls the customer from its dispatch
 //! loop, and rendezvous callbacks may run on any thread, so messages are queued in the
 //! outbox and sent by the sender task, in order.
 
@@ -72,19 +72,20 @@ pub(crate) async fn run_sender(po: Postoffice, outbox: Arc<Outbox>, mgr: Weak<Mg
     debug!("rendezvous sender stopped");
 }
 
-/// The manager's postoffice application.
-pub(crate) struct Mailbox {
+/// The manager's postoffice application: the [`Customer`] registered under the manager's app
+/// and customer ids, which hands what arrives for them to the manager.
+pub(crate) struct MgrCustomer {
     mgr: Weak<MgrInner>,
 }
 
-impl Mailbox {
-    pub(crate) fn new(mgr: Weak<MgrInner>) -> Mailbox {
-        Mailbox { mgr }
+impl MgrCustomer {
+    pub(crate) fn new(mgr: Weak<MgrInner>) -> MgrCustomer {
+        MgrCustomer { mgr }
     }
 }
 
 #[async_trait]
-impl Customer for Mailbox {
+impl Customer for MgrCustomer {
     async fn deliver(&self, msg: Message) {
         if let Some(mgr) = self.mgr.upgrade() {
             mgr.deliver(msg);
