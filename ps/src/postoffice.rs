@@ -48,11 +48,11 @@ const FINISH_GRACE: Duration = Duration::from_secs(10);
 #[async_trait]
 pub trait Customer: Send + Sync {
     /// Takes a data message without waiting, when it can: the dispatch loop's fast path,
-    /// which costs no boxed future. Hand the message back (`Err`) to have it delivered with
-    /// [`deliver`](Self::deliver) instead, for example when a queue is full. The default
-    /// always hands it back.
-    fn try_deliver(&self, msg: Message) -> std::result::Result<(), Message> {
-        Err(msg)
+    /// which costs no boxed future. Returns `None` when it took the message; hands it back
+    /// (`Some`) to have it delivered with [`deliver`](Self::deliver) instead, for example
+    /// when a queue is full. The default always hands it back.
+    fn try_deliver(&self, msg: Message) -> Option<Message> {
+        Some(msg)
     }
     /// A data message for this customer (when [`try_deliver`](Self::try_deliver) handed it
     /// back).
@@ -455,7 +455,7 @@ impl Postoffice {
                 }
             }
         };
-        if let Err(msg) = customer.try_deliver(msg) {
+        if let Some(msg) = customer.try_deliver(msg) {
             customer.deliver(msg).await;
         }
     }
@@ -493,7 +493,7 @@ impl Postoffice {
                 backlog
             };
             for msg in backlog {
-                if let Err(msg) = customer.try_deliver(msg) {
+                if let Some(msg) = customer.try_deliver(msg) {
                     customer.deliver(msg).await;
                 }
             }

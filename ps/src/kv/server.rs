@@ -322,22 +322,22 @@ async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<
 impl Customer for ServerInner {
     /// The common case without waiting: a well-formed request whose keys one shard owns,
     /// queued to it while its queue has room. Anything else takes the full path.
-    fn try_deliver(&self, msg: Message) -> std::result::Result<(), Message> {
+    fn try_deliver(&self, msg: Message) -> Option<Message> {
         let Some(meta) = kv_meta(&msg) else {
-            return Err(msg);
+            return Some(msg);
         };
         if self.shards.len() != 1 || !msg.meta.request {
-            return Err(msg);
+            return Some(msg);
         }
         let Ok(pairs) = kv_pairs(&msg) else {
-            return Err(msg);
+            return Some(msg);
         };
         // Keys borrowed in place (aligned), so checking their order allocates nothing.
         let sorted = pairs
             .keys()
             .is_ok_and(|keys| keys.windows(2).all(|w| w[0] <= w[1]));
         if !sorted {
-            return Err(msg);
+            return Some(msg);
         }
         let job = Job {
             meta,
@@ -345,8 +345,8 @@ impl Customer for ServerInner {
             reply: Reply::Direct,
         };
         match self.shards[0].try_send(job) {
-            Ok(()) => Ok(()),
-            Err(_) => Err(msg),
+            Ok(()) => None,
+            Err(_) => Some(msg),
         }
     }
 

@@ -290,9 +290,9 @@ fn assemble(mut parts: Vec<(NodeId, KvPairs)>) -> KvPairs {
 #[async_trait]
 impl Customer for WorkerInner {
     /// A response completes its request at once: nothing to wait for.
-    fn try_deliver(&self, msg: Message) -> std::result::Result<(), Message> {
+    fn try_deliver(&self, msg: Message) -> Option<Message> {
         self.complete(msg);
-        Ok(())
+        None
     }
 
     async fn deliver(&self, msg: Message) {
