@@ -7,6 +7,8 @@ or a child module; re-exports are followed to the file that defines the item). T
 (`#[cfg(test)] mod tests { ... }` and files under `tests/`) are left out.
 
 Usage: scripts/check-structure.py [--max-lines N] [CRATE_DIR ...]
+
+Run by scripts/test.sh (so by CI) after `cargo fmt --check`.
 """
 import os
 import re

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start"; CI runs exactly this):
-# formatting, lints, every test of every crate with every feature (the C and C++ programs of
+# formatting, the source tree's structure, lints, every test of every crate with every feature (the C and C++ programs of
 # bindings/c among them), the Python package built as a wheel and its pytest suite, the RDMA
 # tests again inside a Soft-RoCE guest, then a short fuzz run.
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 10; 0 skips fuzzing)
@@ -10,6 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== source structure (no import cycle between files, no file over 800 lines of code)"
+python3 scripts/check-structure.py
 echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test (workspace, all features)"
