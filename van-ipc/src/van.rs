@@ -51,8 +51,8 @@ struct Shared {
     links: Links<Link>,
     /// Our arena, created by `bind` when `arena_bytes > 0`.
     arena: OnceLock<Arc<Arena>>,
-    /// Named mode: the thread accepting from the mailbox; joined by `stop` and `Drop` so the
-    /// mailbox is removed before they return.
+    /// Named mode: the thread accepting from the accept queue; joined by `stop` and `Drop` so
+    /// the queue's file is removed before they return.
     accept_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -133,7 +133,7 @@ impl Drop for IpcVan {
     fn drop(&mut self) {
         self.shared.links.abort();
         if let Some(accept) = self.shared.take_accept_thread() {
-            // It sees the stop within one wait slice and removes the mailbox.
+            // It sees the stop within one wait slice and removes the accept queue.
             let _ = accept.join();
         }
     }
@@ -478,7 +478,7 @@ impl Van for IpcVan {
             warn!("ipc van stop: queued frames not written in time; dropping them");
         }
         if let Some(accept) = self.shared.take_accept_thread() {
-            // It sees the stop within one wait slice and removes the mailbox.
+            // It sees the stop within one wait slice and removes the accept queue.
             let _ = tokio::task::spawn_blocking(move || accept.join()).await;
         }
         Ok(())

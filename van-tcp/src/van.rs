@@ -264,20 +264,13 @@ impl Van for TcpVan {
         self.shared
             .links
             .connect(peer, |inbox| async move {
-                let connect_error = |source| VanError::Connect {
-                    kind: VanKind::Tcp,
+                let (stream, remote) = stream::dial(
+                    VanKind::Tcp,
                     peer,
-                    address: address.clone(),
-                    source,
-                };
-                let stream = tokio::time::timeout(
+                    &address,
                     self.shared.options.connect_timeout,
-                    TcpStream::connect(address.as_str()),
                 )
-                .await
-                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-                .map_err(connect_error)?;
-                let remote = stream.peer_addr().map_err(connect_error)?;
+                .await?;
                 self.shared
                     .spawn_connection(stream, remote, inbox, Some(peer))?;
                 debug!(peer, %remote, "connected");

@@ -226,22 +226,20 @@ impl Van for IoUringVan {
         self.shared
             .links
             .connect(peer, |_inbox| async move {
-                let connect_error = |source| VanError::Connect {
+                let (stream, remote) = van_core::link::stream::dial(
+                    VanKind::Uring,
+                    peer,
+                    &address,
+                    self.shared.options.connect_timeout,
+                )
+                .await?;
+                // From here on the ring drives the socket; tokio lets go of it.
+                let stream = stream.into_std().map_err(|source| VanError::Connect {
                     kind: VanKind::Uring,
                     peer,
                     address: address.clone(),
                     source,
-                };
-                let stream = tokio::time::timeout(
-                    self.shared.options.connect_timeout,
-                    tokio::net::TcpStream::connect(address.as_str()),
-                )
-                .await
-                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-                .map_err(connect_error)?;
-                let remote = stream.peer_addr().map_err(connect_error)?;
-                // From here on the ring drives the socket; tokio lets go of it.
-                let stream = stream.into_std().map_err(connect_error)?;
+                })?;
                 let new = self
                     .shared
                     .new_connection(stream, remote, Some(peer))

@@ -1,12 +1,39 @@
 //! What the stream vans (TCP and io_uring) share beyond the table: socket set-up and the
 //! reasons a connection ends.
 
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+use tokio::net::TcpStream;
 use tracing::warn;
 
+use crate::message::{NodeId, VanKind};
+use crate::van::VanError;
 use crate::wire::WireError;
+
+/// Dials `peer` at `address` (`host:port`) for a van of `kind`, bounded by `timeout`:
+/// the connected stream and the peer's socket address, or a [`VanError::Connect`] naming
+/// the van, the peer and the address.
+pub async fn dial(
+    kind: VanKind,
+    peer: NodeId,
+    address: &str,
+    timeout: Duration,
+) -> Result<(TcpStream, SocketAddr), VanError> {
+    let connect_error = |source| VanError::Connect {
+        kind,
+        peer,
+        address: address.to_owned(),
+        source,
+    };
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+        .await
+        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(connect_error)?;
+    let remote = stream.peer_addr().map_err(connect_error)?;
+    Ok((stream, remote))
+}
 
 /// Idle time before the first keepalive probe.
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);

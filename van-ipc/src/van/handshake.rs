@@ -1,5 +1,5 @@
 //! The handshakes of a connection: the abstract-socket dial and accept (rings, arenas and
-//! doorbells passed as descriptors), named mode through a listening file in `/dev/shm`, and
+//! doorbells passed as descriptors), named mode through an accept queue in `/dev/shm`, and
 //! the watcher that notices a peer's end. Each handshake ends in an [`Established`]
 //! connection that the van registers and starts.
 //!
@@ -197,7 +197,7 @@ pub(super) async fn dial_socket(
     })
 }
 
-/// Named mode's listening file in `/dev/shm`, after removing segments that dead processes of
+/// Named mode's accept queue in `/dev/shm`, after removing segments that dead processes of
 /// ours left there.
 pub(super) fn named_listener(options: &IpcOptions) -> Result<NamedListener, VanError> {
     let bind_error = |e: crate::IpcError| VanError::Bind {

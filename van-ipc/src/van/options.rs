@@ -29,7 +29,7 @@ pub struct IpcOptions {
     /// Bytes of the shared arena that [`Van::alloc`](van_core::Van::alloc) carves zero-copy buffers from (see
     /// [`crate::arena`]); 0 disables zero-copy sends. Reserved when the van binds.
     pub arena_bytes: usize,
-    /// Listen through a mailbox in `/dev/shm` instead of an abstract Unix socket
+    /// Listen through an accept queue in `/dev/shm` instead of an abstract Unix socket
     /// (`VANS_IPC_NAMED`): for peers that share `/dev/shm` but not a network namespace (see
     /// [`crate::named`]). Dialers follow the address they are given either way. Zero-copy
     /// buffers need the socket (they travel as memfds), so named connections copy.
