@@ -1,6 +1,7 @@
-//! How async callers reach an I/O thread: its [`CommandQueue`] of commands and ready
-//! connections, and an eventfd the thread's ring reads, written only when the thread is about
-//! to sleep.
+//! How async callers reach a ring's event loop: its [`CommandQueue`] of commands and ready
+//! connections, and what wakes the loop, used only when the loop is about to sleep: the
+//! loop's task waker when it runs on the application's runtime, else an eventfd its thread's
+//! ring reads.
 //!
 //! This is the whole bridge between the `Van` API and a ring: a sender puts a frame in the
 //! peer's bounded queue (a tokio channel); the queue's waker (registered by the I/O thread
@@ -9,10 +10,10 @@
 //! covers every frame queued meanwhile.
 
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::Wake;
+use std::task::{Wake, Waker};
 use std::time::Instant;
 
 use tokio::sync::mpsc;
@@ -58,6 +59,8 @@ pub(crate) struct CommandQueue {
     commands: Mutex<Vec<Command>>,
     /// Connections whose send queue has frames (their queue's waker fired).
     ready: Mutex<Vec<u64>>,
+    /// The loop's task, when it runs on a runtime and waits (see [`CommandQueue::arm_task`]).
+    task: Mutex<Option<Waker>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -74,18 +77,17 @@ impl std::fmt::Debug for CommandQueue {
 impl CommandQueue {
     /// An empty queue with a fresh non-blocking eventfd.
     pub(crate) fn new() -> std::io::Result<CommandQueue> {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a descriptor we own.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let eventfd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
         Ok(CommandQueue {
-            // SAFETY: `fd` was just created and is owned by nothing else.
-            eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
+            eventfd,
             armed: AtomicBool::new(false),
             work: AtomicBool::new(false),
             commands: Mutex::new(Vec::new()),
             ready: Mutex::new(Vec::new()),
+            task: Mutex::new(None),
         })
     }
 
@@ -111,17 +113,13 @@ impl CommandQueue {
         self.work.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if self.armed.swap(false, Ordering::SeqCst) {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our eventfd. It cannot block (the fd
-            // is non-blocking) and can only fail when the counter is about to overflow, in
-            // which case the thread is awake anyway.
-            let _ = unsafe {
-                libc::write(
-                    self.eventfd.as_raw_fd(),
-                    (&one as *const u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            };
+            if let Some(task) = lock(&self.task).take() {
+                task.wake();
+                return;
+            }
+            // Non-blocking; fails only when the counter is about to overflow, in which case
+            // the thread is awake anyway.
+            let _ = rustix::io::write(&self.eventfd, &1u64.to_ne_bytes());
         }
     }
 
@@ -140,6 +138,18 @@ impl CommandQueue {
             return false;
         }
         true
+    }
+
+    /// [`arm`](Self::arm) for a loop running as a task: a poster wakes `task` instead of
+    /// writing the eventfd.
+    pub(crate) fn arm_task(&self, task: &Waker) -> bool {
+        {
+            let mut slot = lock(&self.task);
+            if !slot.as_ref().is_some_and(|w| w.will_wake(task)) {
+                *slot = Some(task.clone());
+            }
+        }
+        self.arm()
     }
 
     /// Called by the thread after waiting.

@@ -28,10 +28,19 @@ pub struct UringOptions {
     /// I/O threads, each with its own ring and its own connections (`VANS_URING_THREADS`).
     pub threads: usize,
     /// Pin I/O thread `i` to the `i`-th core of the process's CPU set (`VANS_PIN_CORES`).
+    /// Implies [`dedicated_threads`](Self::dedicated_threads).
     pub pin_cores: bool,
+    /// Drive each ring from a thread of its own instead of from the application's runtime.
+    /// By default (`false`) a van created inside a tokio runtime runs each ring's event loop
+    /// as a task of that runtime, so that sends, completions and deliveries stay on the
+    /// runtime's threads with no hand-off to another thread per message; outside a runtime,
+    /// and with [`pin_cores`](Self::pin_cores) or [`busy_polling`](Self::busy_polling), the
+    /// rings get threads.
+    pub dedicated_threads: bool,
     /// Poll instead of sleeping (`VANS_BUSY_POLLING`): an SQPOLL kernel thread submits, and the
     /// I/O thread spins on its completion queue for a while before it blocks. Without the
-    /// privilege SQPOLL needs, the van logs that and runs without it.
+    /// privilege SQPOLL needs, the van logs that and runs without it. Implies
+    /// [`dedicated_threads`](Self::dedicated_threads).
     pub busy_polling: bool,
     /// Smallest send batch, in bytes, sent with `SENDMSG_ZC` (`VANS_URING_ZC_BYTES`); `None`:
     /// never. Applies to peers that are not on loopback unless [`zc_loopback`](Self::zc_loopback).
@@ -66,6 +75,7 @@ impl Default for UringOptions {
             flush_timeout: Duration::from_secs(10),
             threads: DEFAULT_THREADS,
             pin_cores: false,
+            dedicated_threads: false,
             busy_polling: false,
             zc_threshold: Some(DEFAULT_ZC_THRESHOLD),
             zc_loopback: false,

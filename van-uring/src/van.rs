@@ -69,6 +69,10 @@ impl IoUringVan {
         let van = IoUringVan {
             shared: Arc::clone(&shared),
         };
+        let on_runtime = !(shared.options.dedicated_threads || busy_polling || !cpus.is_empty());
+        let runtime = on_runtime
+            .then(tokio::runtime::Handle::try_current)
+            .and_then(Result::ok);
         let mut exited = Vec::with_capacity(threads);
         for index in 0..threads {
             let setup = WorkerSetup {
@@ -77,9 +81,15 @@ impl IoUringVan {
                 pin_to: (!cpus.is_empty()).then(|| cpus[index % cpus.len()]),
             };
             let command_queue = Arc::clone(&shared.command_queues[index]);
+            let (done_tx, done_rx) = oneshot::channel();
+            if let Some(runtime) = &runtime {
+                let worker = Worker::new(&setup, command_queue, Arc::clone(&shared))?;
+                runtime.spawn(worker.run_task(done_tx));
+                exited.push(done_rx);
+                continue;
+            }
             let thread_shared = Arc::clone(&shared);
             let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
-            let (done_tx, done_rx) = oneshot::channel();
             std::thread::Builder::new()
                 .name(format!("vans-uring-{index}"))
                 .spawn(

@@ -27,6 +27,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
@@ -168,9 +173,57 @@ impl Worker {
         })
     }
 
-    /// The event loop; returns when stopped and every operation has ended.
+    /// The event loop on a thread of its own; returns when stopped and every operation has
+    /// ended.
     pub(crate) fn run(mut self, done: oneshot::Sender<()>) {
-        loop {
+        while !self.turn() {
+            self.wait();
+            self.reap();
+        }
+        self.teardown();
+        let _ = done.send(());
+    }
+
+    /// The event loop as a task of the application's runtime: the same turns, but waiting is
+    /// awaiting the ring's descriptor (readable when completions are posted), the command
+    /// queue's wake and any deadline, so the runtime thread drives the ring and nothing
+    /// crosses threads per message. Ends when stopped and every operation has ended.
+    ///
+    /// Dropped unfinished (the runtime shut down first), it frees nothing the kernel may
+    /// still write: the ring, its buffers and its connections are leaked instead.
+    pub(crate) async fn run_task(self, done: oneshot::Sender<()>) {
+        let mut guard = Unfinished(Some(self));
+        let Some(worker) = guard.0.as_mut() else {
+            return;
+        };
+        let fd = RingFd(worker.ring.as_raw_fd());
+        // SAFETY: the descriptor is the ring's, which `worker` owns and keeps open until
+        // `teardown`, after `ready` is dropped (or never closes, when leaked).
+        let ready = match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) } {
+            Ok(ready) => ready,
+            Err(e) => {
+                warn!("cannot watch the io_uring descriptor: {e}; using a thread");
+                if let Some(worker) = guard.0.take() {
+                    std::thread::spawn(move || worker.run(done));
+                }
+                return;
+            }
+        };
+        while !worker.turn() {
+            worker.wait_task(&ready).await;
+            worker.reap();
+        }
+        drop(ready);
+        if let Some(worker) = guard.0.take() {
+            worker.teardown();
+        }
+        let _ = done.send(());
+    }
+
+    /// One turn of the loop: commands, ready queues, delivery, receive buffers, accepting,
+    /// stopping. Returns whether the loop is over.
+    fn turn(&mut self) -> bool {
+        {
             self.command_queue.begin();
             self.handle_commands();
             self.handle_ready();
@@ -183,14 +236,11 @@ impl Worker {
             }
             self.arm_accept();
             if self.progress_stop() {
-                break;
+                return true;
             }
             self.shared.stats.ring_lent[self.index].store(self.bufs.lent(), Ordering::Relaxed);
-            self.wait();
-            self.reap();
         }
-        self.teardown();
-        let _ = done.send(());
+        false
     }
 
     // ---- submission -------------------------------------------------------------------
@@ -274,16 +324,7 @@ impl Worker {
                 std::hint::spin_loop();
             }
         }
-        let deadline = [
-            self.accept_retry,
-            self.stopping
-                .as_ref()
-                .map(|s| s.forced_until.unwrap_or(s.deadline)),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let result = match deadline {
+        let result = match self.deadline() {
             None => self.ring.submit_and_wait(1),
             Some(at) => {
                 let left = at.saturating_duration_since(Instant::now());
@@ -303,6 +344,59 @@ impl Worker {
                 }
             }
         }
+        self.command_queue.disarm();
+    }
+
+    /// When the loop must look again even if nothing happens: an accept retry, a stop's
+    /// deadline.
+    fn deadline(&self) -> Option<Instant> {
+        [
+            self.accept_retry,
+            self.stopping
+                .as_ref()
+                .map(|s| s.forced_until.unwrap_or(s.deadline)),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// [`wait`](Self::wait) for a loop running as a task: submits, then awaits the ring's
+    /// descriptor, the command queue and the deadline, whichever comes first.
+    async fn wait_task(&mut self, ready: &AsyncFd<RingFd>) {
+        self.flush_overflow();
+        if let Err(e) = self.ring.submit() {
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+            ) {
+                warn!("io_uring submit failed: {e}");
+            }
+        }
+        if !self.ring.completion().is_empty() {
+            return;
+        }
+        let mut sleep = self
+            .deadline()
+            .map(|at| Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(at))));
+        let command_queue = &self.command_queue;
+        std::future::poll_fn(|cx| {
+            if !command_queue.arm_task(cx.waker()) {
+                return Poll::Ready(());
+            }
+            if let Poll::Ready(result) = ready.poll_read_ready(cx) {
+                if let Ok(mut guard) = result {
+                    // Completions are reaped next; any posted later raise a new edge.
+                    guard.clear_ready();
+                }
+                return Poll::Ready(());
+            }
+            match sleep.as_mut() {
+                Some(sleep) => sleep.as_mut().poll(cx),
+                None => Poll::Pending,
+            }
+        })
+        .await;
         self.command_queue.disarm();
     }
 
@@ -777,5 +871,31 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
         (0..libc::CPU_SETSIZE as usize)
             .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
             .collect()
+    }
+}
+
+/// The ring's descriptor, as the runtime's reactor watches it.
+struct RingFd(std::os::fd::RawFd);
+
+impl AsRawFd for RingFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
+    }
+}
+
+/// A loop dropped before it finished (its runtime shut down): what the kernel may still
+/// write into (the ring, the provided buffers, the connections' buffers) is leaked rather
+/// than freed.
+struct Unfinished(Option<Worker>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(worker) = self.0.take() {
+            debug!(
+                index = worker.index,
+                "io_uring loop dropped unfinished; leaking its ring"
+            );
+            std::mem::forget(worker);
+        }
     }
 }

@@ -1,6 +1,7 @@
-//! The van-core conformance suite over real loopback sockets driven by io_uring, with the
-//! default options and again with two I/O threads, zero-copy sends forced on loopback and
-//! small provided buffers (so chunks, large frames and notifications are all exercised).
+//! The van-core conformance suite over real loopback sockets driven by io_uring: with the
+//! default options (each ring driven by the test's runtime), with rings on threads of their
+//! own, and with two rings, zero-copy sends forced on loopback and small provided buffers (so
+//! chunks, large frames and notifications are all exercised).
 
 #![cfg(target_os = "linux")]
 
@@ -10,6 +11,18 @@ fn default_van() -> van_uring::IoUringVan {
 }
 
 van_core::van_conformance_tests!(|| default_van());
+
+mod dedicated_threads {
+    fn van() -> van_uring::IoUringVan {
+        van_uring::IoUringVan::new(van_uring::UringOptions {
+            dedicated_threads: true,
+            ..van_uring::UringOptions::default()
+        })
+        .unwrap_or_else(|e| panic!("io_uring van: {e}"))
+    }
+
+    van_core::van_conformance_tests!(|| van());
+}
 
 mod zero_copy_two_threads {
     fn van() -> van_uring::IoUringVan {

@@ -120,7 +120,8 @@ pub(super) struct Stopping {
     pub(super) forced_until: Option<Instant>,
 }
 
-/// One I/O thread.
+/// One ring's event loop and everything it owns: run by a thread of its own, or as a task
+/// of the application's runtime.
 pub(crate) struct Worker {
     pub(super) index: usize,
     pub(super) ring: IoUring,
@@ -150,3 +151,11 @@ pub(crate) struct Worker {
     pub(super) cqes: Vec<(u64, i32, u32)>,
     pub(super) frames: Vec<Frame>,
 }
+
+// SAFETY: the raw pointers a worker holds (the provided-buffer ring's entries, each send's
+// `msghdr` and iovecs) point into memory the worker itself owns (heap allocations and the
+// buffer ring's mapping), which does not move when the worker does; they are only used by
+// whoever runs the loop, one thread at a time (a thread of its own, or the runtime thread
+// polling its task). The ring is not set up with `SINGLE_ISSUER`, so submitting from another
+// thread after a move is allowed.
+unsafe impl Send for Worker {}
