@@ -84,7 +84,9 @@ pub(crate) async fn read_loop(
     // every frame split off it, and so every segment, stays 8-aligned.
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
-        let mut batch = Vec::new();
+        // Room for every frame the buffer may hold (a frame is rarely under 96 bytes), so a
+        // batch of small messages does not grow its vector step by step.
+        let mut batch = Vec::with_capacity((buf.len() / 96).clamp(1, 1024));
         let mut large = None;
         while buf.len() >= HEADER_LEN {
             let header = match FrameHeader::parse(&buf[..HEADER_LEN], &limits) {

@@ -25,6 +25,8 @@ use crate::values::{self, Value};
 
 /// Requests queued per shard before the server stops reading (back-pressure).
 const SHARD_QUEUE: usize = 4096;
+/// Requests a shard takes from its queue at a time; their answers leave together.
+const SHARD_BATCH: usize = 256;
 
 /// Answers the requests of one shard. Runs on that shard's task only: it owns its state and
 /// needs no locks. It runs on an async runtime thread, so it must not block (no sleeping, no
@@ -224,17 +226,49 @@ async fn run_shard<H: RequestHandler>(
     mut handler: H,
     mut jobs: mpsc::Receiver<Job>,
 ) {
-    while let Some(job) = jobs.recv().await {
-        // A handler that panics answers this request with an error and keeps its shard.
-        let call = std::panic::AssertUnwindSafe(|| handler.handle(&job.meta, job.pairs));
-        let result = std::panic::catch_unwind(call)
-            .unwrap_or_else(|_| Err("the server's request handler panicked".to_owned()));
-        let answer = match job.reply {
-            Reply::Direct => Some(result),
-            Reply::Part(gather, index) => gather.add(index, result),
+    let mut batch = Vec::with_capacity(SHARD_BATCH);
+    let mut answers = Vec::new();
+    while jobs.recv_many(&mut batch, SHARD_BATCH).await > 0 {
+        for job in batch.drain(..) {
+            // A handler that panics answers this request with an error and keeps its shard.
+            let call = std::panic::AssertUnwindSafe(|| handler.handle(&job.meta, job.pairs));
+            let result = std::panic::catch_unwind(call)
+                .unwrap_or_else(|_| Err("the server's request handler panicked".to_owned()));
+            let answer = match job.reply {
+                Reply::Direct => Some(result),
+                Reply::Part(gather, index) => gather.add(index, result),
+            };
+            if let Some(result) = answer {
+                answers.push(response(&po, &job.meta, result));
+            }
+        }
+        send_responses(&po, &mut answers).await;
+    }
+}
+
+/// Sends the answers of one batch of requests, each run of answers to the same worker as one
+/// batch (one route lookup, one hand-over to the van); a worker that cannot be reached loses
+/// only its own answers.
+async fn send_responses(po: &Postoffice, answers: &mut Vec<Message>) {
+    while !answers.is_empty() {
+        let worker = answers[0].meta.recipient;
+        let run = answers
+            .iter()
+            .position(|m| m.meta.recipient != worker)
+            .unwrap_or(answers.len());
+        let rest = answers.split_off(run);
+        let run = std::mem::replace(answers, rest);
+        let count = run.len();
+        let result = if count == 1 {
+            match run.into_iter().next() {
+                Some(msg) => po.router().send(msg).await,
+                None => Ok(()),
+            }
+        } else {
+            po.router().send_batch(run).await
         };
-        if let Some(result) = answer {
-            respond(&po, &job.meta, result).await;
+        if let Err(e) = result {
+            warn!(?worker, "cannot answer {count} request(s): {e}");
         }
     }
 }
@@ -279,7 +313,12 @@ impl Gather {
     }
 }
 
-async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<KvPairs, String>) {
+/// The answer to `request`: its values, or the reason it failed.
+fn response(
+    po: &Postoffice,
+    request: &KvMeta,
+    result: std::result::Result<KvPairs, String>,
+) -> Message {
     let mut meta = Meta {
         head: request.cmd,
         app_id: request.app_id,
@@ -292,7 +331,7 @@ async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<
         pull: request.pull,
         ..Meta::default()
     };
-    let msg = match result {
+    match result {
         Ok(pairs) if pairs.keys.is_empty() && pairs.vals.is_empty() => Message {
             meta,
             data: Vec::new(),
@@ -309,7 +348,12 @@ async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<
                 data: Vec::new(),
             }
         }
-    };
+    }
+}
+
+/// Sends the answer to `request` on its own.
+async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<KvPairs, String>) {
+    let msg = response(po, request, result);
     if let Err(e) = po.router().send(msg).await {
         warn!(
             worker = request.sender,
