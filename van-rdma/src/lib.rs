@@ -43,9 +43,15 @@
 //!   other at once, lost peers reported. A peer's send queue holds at most 1024 frames, and
 //!   at most `VANS_PEER_BUDGET_BYTES` of large ones.
 //!
+//! - **The protocol without I/O** ([`machine`]): credits, send slots, ordering, the
+//!   large-frame rendezvous and the flush are a state machine that the connection's thread
+//!   feeds with events (frames, work completions, the peer's end) and whose actions it turns
+//!   into verbs calls. It is tested without hardware: unit tests, a property test running two
+//!   machines over a simulated queue-pair pair, and a fuzz target (`fuzz/`, `rdma_machine`).
+//!
 //! Without the `rdma` feature the crate is only [`RdmaError`], the sysfs diagnosis
-//! ([`sysfs`]), the memlock check and the protocol codec: a default build needs no RDMA
-//! packages.
+//! ([`sysfs`]), the memlock check, the protocol codec and its state machine: a default build
+//! needs no RDMA packages.
 //!
 //! ## What was verified, and what was not
 //!
@@ -67,6 +73,9 @@ mod error;
 pub mod memlock;
 // What two vans exchange: QP attributes, message headers.
 pub mod protocol;
+// The protocol of a connection as a state machine without I/O: credits, ordering, the
+// large-frame rendezvous, the flush.
+pub mod machine;
 // RDMA devices, ports and GIDs as sysfs shows them (no libibverbs needed).
 pub mod sysfs;
 
@@ -82,7 +91,7 @@ pub mod pool;
 // One connection's resources (queue pair, rings) and the flags the van shares with it.
 #[cfg(feature = "rdma")]
 mod connection;
-// The thread of a connection: credits, the large-message rendezvous, ordered delivery.
+// The thread of a connection: verbs and memory around the state machine.
 #[cfg(feature = "rdma")]
 mod engine;
 // The van.
