@@ -1,17 +1,17 @@
-//! The thread of one RDMA connection: credits, the large-message rendezvous, ordering and
-//! delivery (see [`crate::protocol`] for what travels).
+//! The thread of one RDMA connection: verbs, registered memory and the side channel around
+//! the protocol's state machine ([`crate::machine`], which decides credits, the large-message
+//! rendezvous, ordering and the flush; see [`crate::protocol`] for what travels).
 //!
 //! [`Engine`] runs on a dedicated thread once the handshake connected the queue pair,
 //! sleeping in `poll(2)` on the completion channel, an eventfd that `send` rings, and the
-//! TCP side channel (whose end is the peer's end).
-//!
-//! Order per peer: small frames go out in queue order; a large frame is announced (`START`)
-//! in its place and written when the peer replies, while later frames keep flowing. The
-//! receiver delivers in announcement order, holding frames that arrive behind an unwritten
-//! large one. Memory stays bounded: the send queue (its frames, and the peer's byte budget
-//! for large ones), `rx_depth` receive buffers, at most `start_depth` large frames in flight.
+//! TCP side channel (whose end is the peer's end). Each round it turns work completions into
+//! [`Event`]s, lets the machine post ([`Machine::pump`]), takes frames from the queue while
+//! the machine wants them, and carries out the machine's [`Action`]s: verbs calls, buffers
+//! from the pool, decoding and delivery. Memory stays bounded: the send queue (its frames,
+//! and the peer's byte budget for large ones), `rx_depth` receive buffers, and the large
+//! frames the machine lets be in flight.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -20,17 +20,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use van_core::link::{Connection, Frame};
-use van_core::wire::{self, Limits, HEADER_LEN};
-use van_core::{Event, InboxSender, Message, NodeId};
+use van_core::wire::{self, Limits};
+use van_core::{InboxSender, Message, NodeId};
 
 use crate::connection::{post_receive, ConnShared, Setup};
 use crate::device::Device;
+use crate::machine::{Action, Config, End, Event, Incoming, Machine};
 use crate::pool::{Lease, Pool};
-use crate::protocol::{Header, Kind, QpAttributes, BYE};
+use crate::protocol::{Header, QpAttributes, BYE};
 use crate::verbs::{Completion, Cq, Mr, Qp, SendOp, Sge};
 
-/// Credits kept back for credit-only messages, so that returning credits never deadlocks.
-const RESERVE: u32 = 1;
 /// How long a sleeping engine waits before re-checking whether it was closed.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
@@ -41,51 +40,14 @@ const WRITE: u64 = 2 << 62;
 /// A piece of a large frame written before its last piece (which carries the immediate).
 const WRITE_PART: u64 = 3 << 62;
 
-/// A frame taken from the queue, with its length.
-struct Outgoing {
-    /// The encoded parts (the last may hold the frame's share of the peer's byte budget,
-    /// given back when the parts are dropped: once sent or written).
-    frame: Frame,
-    /// Their total length.
-    len: usize,
-}
-
-impl Outgoing {
-    fn new(frame: Frame) -> Outgoing {
-        let len = frame.iter().map(Bytes::len).sum();
-        Outgoing { frame, len }
-    }
-}
-
-/// A frame the receiver must deliver in order.
-enum Pending {
-    Ready(Message),
-    /// A large frame announced and not yet written.
-    Awaiting(u32),
-}
-
-/// A reply we owe the peer.
-struct ReplyOut {
-    id: u32,
-    len: u64,
-    addr: u64,
-    rkey: u32,
-}
-
-/// A large frame the peer told us where to write.
-struct WriteOut {
-    id: u32,
-    out: Outgoing,
-    addr: u64,
-    rkey: u32,
-}
-
-/// A large frame being written, in pieces of at most the port's message size.
-struct Writing {
-    w: WriteOut,
-    staging: Option<Lease>,
+/// A large frame being written, and the registered memory its pieces are written from.
+struct Prepared {
+    /// The whole frame as registered memory, in order.
     sges: Vec<Sge>,
-    posted: usize,
+    /// Held, not read, until the write ends, as the device reads from it: the encoded parts
+    /// (the last may hold the frame's share of the peer's byte budget, given back when the
+    /// parts are dropped) and the copy of the parts that lie outside the pool, if any.
+    _memory: (Frame, Option<Lease>),
 }
 
 /// The entries covering bytes `offset..offset + len` of the concatenation of `sges`.
@@ -113,13 +75,6 @@ pub(crate) fn slice_sges(sges: &[Sge], offset: usize, len: usize) -> Vec<Sge> {
     out
 }
 
-/// How many large frames may be announced and not yet fully written: our start depth, but
-/// below the peer's receive depth, which bounds the announced frames it holds buffers for
-/// (more is a protocol error there, and depths are configured per node).
-pub(crate) fn start_limit(start_depth: u32, peer_rx_depth: u32) -> usize {
-    start_depth.min(peer_rx_depth.saturating_sub(1)).max(1) as usize
-}
-
 /// What the engine needs beyond the setup.
 pub(crate) struct EngineContext {
     /// Frames to send; closed by the van's stop.
@@ -142,48 +97,26 @@ pub(crate) struct EngineContext {
 
 /// Drives one connection on its own thread; see the [module docs](self).
 pub(crate) struct Engine {
-    // Declared first, so dropped first: the device stops using the rings before they go.
+    // Declared first, so dropped first: the device stops using the rings and the buffers
+    // below before they go.
     qp: Qp,
     cq: Arc<Cq>,
     rx: Mr,
     tx: Mr,
+    /// Large frames being written, until the machine ends their write.
+    writes: HashMap<u32, Prepared>,
+    /// Buffers reserved for the peer's large frames, until written and decoded.
+    incoming: HashMap<u32, Lease>,
     slot_bytes: usize,
     /// Largest SEND the peer accepts (its buffer size).
     send_bytes: usize,
-    rx_depth: u32,
-    peer_depth: u32,
-    tx_free: Vec<usize>,
-    credits: u32,
-    owed: u32,
-    threshold: u32,
     max_sge: usize,
-    start_depth: usize,
-    next_id: u32,
-    starts: HashMap<u32, Outgoing>,
-    replies: VecDeque<ReplyOut>,
-    writes_ready: VecDeque<WriteOut>,
-    writing: Option<Writing>,
-    writes: HashMap<u32, (Outgoing, Option<Lease>)>,
-    /// Work requests in the send queue, and its capacity.
-    sq_used: u32,
-    sq_cap: u32,
-    /// Largest message the port carries.
-    max_msg: usize,
-    incoming: HashMap<u32, (Lease, usize)>,
-    order: VecDeque<Pending>,
-    batch: Vec<Event>,
-    held: Option<Outgoing>,
-    queue_closed: bool,
+    machine: Machine<Frame, Message>,
+    batch: Vec<van_core::Event>,
+    /// The machine closed after a flush.
+    flushed: bool,
     completions: Vec<Completion>,
     ctx: EngineContext,
-}
-
-/// Why an engine ended.
-pub(crate) enum End {
-    /// Our stop: everything sent was acknowledged, and the peer was told.
-    Flushed,
-    /// The connection ended: the reason.
-    Lost(String),
 }
 
 impl Engine {
@@ -195,36 +128,29 @@ impl Engine {
         ctx: EngineContext,
     ) -> Engine {
         let sizes = setup.sizes;
-        let depth = sizes.rx_depth;
+        let send_bytes = sizes.slot_bytes.min(peer.slot_bytes as usize);
+        let machine = Machine::new(Config {
+            rx_depth: sizes.rx_depth,
+            peer_rx_depth: peer.rx_depth,
+            send_bytes,
+            start_depth: sizes.start_depth,
+            send_queue: setup.send_wr,
+            max_message: usize::try_from(device.max_msg).unwrap_or(usize::MAX),
+            max_frame: ctx.limits.max_frame,
+        });
         Engine {
             qp: setup.qp,
             cq: setup.cq,
             rx: setup.rx,
             tx: setup.tx,
-            slot_bytes: sizes.slot_bytes,
-            send_bytes: sizes.slot_bytes.min(peer.slot_bytes as usize),
-            rx_depth: depth,
-            peer_depth: peer.rx_depth,
-            tx_free: (0..depth as usize).rev().collect(),
-            credits: peer.rx_depth,
-            owed: 0,
-            threshold: (depth / 2).max(1),
-            max_sge: device.max_sge.max(1) as usize,
-            start_depth: start_limit(sizes.start_depth, peer.rx_depth),
-            next_id: 0,
-            starts: HashMap::new(),
-            replies: VecDeque::new(),
-            writes_ready: VecDeque::new(),
-            writing: None,
             writes: HashMap::new(),
-            sq_used: 0,
-            sq_cap: setup.send_wr,
-            max_msg: usize::try_from(device.max_msg).unwrap_or(usize::MAX),
             incoming: HashMap::new(),
-            order: VecDeque::new(),
+            slot_bytes: sizes.slot_bytes,
+            send_bytes,
+            max_sge: device.max_sge.max(1) as usize,
+            machine,
             batch: Vec::new(),
-            held: None,
-            queue_closed: false,
+            flushed: false,
             completions: Vec::new(),
             ctx,
         }
@@ -243,7 +169,7 @@ impl Engine {
     fn run_loop(&mut self) -> Result<(), String> {
         loop {
             let progressed = self.step()?;
-            if self.queue_closed && self.flushed() {
+            if self.flushed {
                 let _ = self.ctx.tcp.write_all(&[BYE]);
                 let _ = self.ctx.tcp.shutdown(std::net::Shutdown::Write);
                 return Ok(());
@@ -261,23 +187,16 @@ impl Engine {
         }
     }
 
-    /// Everything we sent has completed.
-    fn flushed(&self) -> bool {
-        self.held.is_none()
-            && self.starts.is_empty()
-            && self.writes_ready.is_empty()
-            && self.writing.is_none()
-            && self.writes.is_empty()
-            && self.tx_free.len() == self.rx_depth as usize
-    }
-
-    /// One round: completions, deliveries, then what can be posted.
+    /// One round: completions, deliveries, what the machine posts, then frames from the
+    /// queue while it takes them.
     fn step(&mut self) -> Result<bool, String> {
         let mut progressed = !self.completions.is_empty();
         loop {
             let pending = std::mem::take(&mut self.completions);
             for completion in &pending {
-                self.on_completion(completion)?;
+                let event = self.event_of(completion)?;
+                self.machine.handle(event);
+                self.execute()?;
             }
             let n = self
                 .cq
@@ -289,17 +208,23 @@ impl Engine {
             progressed = true;
         }
         self.deliver()?;
-        progressed |= self.post_control()?;
-        progressed |= self.post_queue()?;
+        self.machine.pump();
+        progressed |= self.execute()?;
+        while self.machine.wants_frame() {
+            match self.ctx.queue.try_recv() {
+                Ok(frame) => {
+                    let len = frame.iter().map(Bytes::len).sum();
+                    self.machine.handle(Event::Frame { frame, len });
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => self.machine.handle(Event::Finish),
+            }
+            progressed |= self.execute()?;
+        }
         Ok(progressed)
     }
 
     fn deliver(&mut self) -> Result<(), String> {
-        while let Some(Pending::Ready(_)) = self.order.front() {
-            if let Some(Pending::Ready(msg)) = self.order.pop_front() {
-                self.batch.push(Event::Message(msg));
-            }
-        }
         if !self.batch.is_empty() {
             self.ctx
                 .inbox
@@ -311,168 +236,143 @@ impl Engine {
         Ok(())
     }
 
-    fn on_completion(&mut self, c: &Completion) -> Result<(), String> {
+    /// The machine's event for a work completion.
+    fn event_of(&mut self, c: &Completion) -> Result<Event<Frame, Message>, String> {
         if !c.ok() {
             return Err(format!("RDMA work request failed: {}", c.status_text()));
         }
         let index = (c.wr_id & !TAG_MASK) as usize;
-        match c.wr_id & TAG_MASK {
-            RECV => {
-                self.on_receive(index, c)?;
-                post_receive(&self.qp, &self.rx, index, self.slot_bytes)
-                    .map_err(|e| format!("reposting a receive: {e}"))?;
-                self.owed += 1;
-            }
-            SEND => {
-                self.sq_used -= 1;
-                self.tx_free.push(index);
-            }
-            WRITE => {
-                self.sq_used -= 1;
-                self.writes.remove(&(index as u32));
-            }
-            _ => self.sq_used -= 1,
-        }
-        Ok(())
+        Ok(match c.wr_id & TAG_MASK {
+            RECV => self.received(index, c)?,
+            SEND => Event::Sent { slot: index },
+            WRITE => Event::Wrote {
+                id: index as u32,
+                last: true,
+            },
+            _ => Event::Wrote {
+                id: index as u32,
+                last: false,
+            },
+        })
     }
 
-    fn note_sender(&mut self, msg: &Message) {
-        if let (None, Some(sender)) = (self.ctx.peer, msg.meta.sender) {
-            self.ctx.peer = Some(sender);
-            (self.ctx.on_peer)(sender);
-        }
-    }
-
-    fn decode(&self, frame: Bytes) -> Result<Message, String> {
-        wire::decode(frame, &self.ctx.limits).map_err(|e| format!("bad frame from peer: {e}"))
-    }
-
-    fn on_receive(&mut self, slot: usize, c: &Completion) -> Result<(), String> {
+    /// What a completed receive holds: the peer's WRITE_WITH_IMM, or a SEND's header and,
+    /// for `DATA`, its frame (copied out and decoded, so the buffer can be posted again).
+    fn received(&mut self, slot: usize, c: &Completion) -> Result<Event<Frame, Message>, String> {
         let len = c.byte_len as usize;
         if c.is_write_with_imm() {
-            let (lease, expected) = self
-                .incoming
-                .remove(&c.imm)
-                .ok_or("peer wrote a large message it never announced")?;
-            // `len` counts the last piece only (a frame over the port's message size is
-            // written in pieces); the frame's own header says how long it is, and decoding
-            // checks that against what was announced.
-            if len > expected {
-                return Err(format!(
-                    "peer wrote {len} bytes for a message announced as {expected}"
-                ));
-            }
-            let msg = self.decode(lease.into_bytes().slice(..expected))?;
-            self.note_sender(&msg);
-            let id = c.imm;
-            match self
-                .order
-                .iter_mut()
-                .find(|p| matches!(p, Pending::Awaiting(a) if *a == id))
-            {
-                Some(entry) => *entry = Pending::Ready(msg),
-                None => return Err("a written message has no place in the order".into()),
-            }
-            return Ok(());
+            return Ok(Event::Written {
+                slot,
+                id: c.imm,
+                len,
+            });
         }
-        if len > self.slot_bytes {
+        if len > self.slot_bytes || self.rx.sge(slot * self.slot_bytes, len).is_none() {
             return Err(format!(
                 "peer sent {len} bytes into a {}-byte buffer",
                 self.slot_bytes
             ));
         }
         // SAFETY: the receive for this slot completed (the device wrote `len` bytes and is
-        // done with it) and it is reposted only after this function returns; the slice is
-        // within `rx` (checked above) and dropped before then.
+        // done with it) and it is reposted only after the machine has this event, which
+        // holds a copy; the slice is within `rx` (checked above) and dropped before then.
         let bytes = unsafe {
             std::slice::from_raw_parts(self.rx.ptr().as_ptr().add(slot * self.slot_bytes), len)
         };
         let (header, start) =
             Header::decode(bytes).map_err(|e| format!("bad message from peer: {e}"))?;
-        self.credits += u32::from(header.credits);
-        if self.credits > self.peer_depth {
-            return Err("peer returned more credits than it has buffers".into());
+        let incoming = Incoming::new(&header, || {
+            self.decode(Bytes::copy_from_slice(&bytes[start..]))
+        })?;
+        Ok(Event::Received {
+            slot,
+            credits: header.credits,
+            incoming,
+        })
+    }
+
+    /// Decodes a frame from the peer, learning the peer's id from it if not known yet.
+    fn decode(&mut self, frame: Bytes) -> Result<Message, String> {
+        let msg = wire::decode(frame, &self.ctx.limits)
+            .map_err(|e| format!("bad frame from peer: {e}"))?;
+        if let (None, Some(sender)) = (self.ctx.peer, msg.meta.sender) {
+            self.ctx.peer = Some(sender);
+            (self.ctx.on_peer)(sender);
         }
-        match header.kind {
-            Kind::Data => {
-                let frame = Bytes::copy_from_slice(&bytes[start..]);
-                let msg = self.decode(frame)?;
-                self.note_sender(&msg);
-                if self.order.is_empty() {
-                    self.batch.push(Event::Message(msg));
-                } else {
-                    self.order.push_back(Pending::Ready(msg));
+        Ok(msg)
+    }
+
+    /// Carries out what the machine asks, in order; whether it asked anything.
+    fn execute(&mut self) -> Result<bool, String> {
+        let mut any = false;
+        while let Some(action) = self.machine.poll() {
+            any = true;
+            match action {
+                Action::PostReceive { slot } => {
+                    post_receive(&self.qp, &self.rx, slot, self.slot_bytes)
+                        .map_err(|e| format!("reposting a receive: {e}"))?;
                 }
-            }
-            Kind::Credit => {}
-            Kind::Start { len } => {
-                let limit = self.ctx.limits.max_frame;
-                if len > limit || len < HEADER_LEN as u64 {
-                    return Err(format!(
-                        "peer announced a {len}-byte frame (limit {limit} bytes)"
-                    ));
+                Action::Send {
+                    slot,
+                    header,
+                    frame,
+                } => self.post_send(slot, &header, frame.as_deref().unwrap_or_default())?,
+                Action::BeginWrite { id, frame, len } => {
+                    let prepared = self.prepare_write(frame, len)?;
+                    self.writes.insert(id, prepared);
                 }
-                if self.incoming.len() >= self.rx_depth as usize {
-                    return Err("peer announced more large messages than it may".into());
-                }
-                let len = usize::try_from(len).map_err(|_| "frame too large".to_owned())?;
-                let lease = self.ctx.pool.take(len).map_err(|e| {
-                    format!(
-                        "cannot register {len} bytes for a large message: {e} (is the memlock \
-                         limit too low? see VANS_RDMA_POOL_BYTES)"
-                    )
-                })?;
-                self.replies.push_back(ReplyOut {
-                    id: header.id,
-                    len: len as u64,
-                    addr: lease.addr(),
-                    rkey: lease.rkey(),
-                });
-                if self.incoming.insert(header.id, (lease, len)).is_some() {
-                    return Err("peer announced a large message id twice".into());
-                }
-                self.order.push_back(Pending::Awaiting(header.id));
-            }
-            Kind::Reply { len, addr, rkey } => {
-                let out = self
-                    .starts
-                    .remove(&header.id)
-                    .ok_or("peer replied to a large message we never announced")?;
-                if len != out.len as u64 {
-                    return Err("peer reserved the wrong size for a large message".into());
-                }
-                // Pieces are written at `addr + offset`: that must not wrap.
-                if addr.checked_add(len).is_none() {
-                    return Err(format!("peer replied with an invalid address {addr:#x}"));
-                }
-                self.writes_ready.push_back(WriteOut {
-                    id: header.id,
-                    out,
-                    addr,
+                Action::Write {
+                    id,
+                    offset,
+                    len,
+                    remote_addr,
                     rkey,
-                });
+                    last,
+                } => self.post_write(id, offset, len, (remote_addr, rkey), last)?,
+                Action::EndWrite { id } => {
+                    self.writes.remove(&id);
+                }
+                Action::Reserve { id, len } => {
+                    let lease = self.ctx.pool.take(len).map_err(|e| {
+                        format!(
+                            "cannot register {len} bytes for a large message: {e} (is the \
+                             memlock limit too low? see VANS_RDMA_POOL_BYTES)"
+                        )
+                    })?;
+                    let (addr, rkey) = (lease.addr(), lease.rkey());
+                    self.incoming.insert(id, lease);
+                    self.machine.handle(Event::Reserved { id, addr, rkey });
+                }
+                Action::Decode { id, len } => {
+                    let bytes = self
+                        .incoming
+                        .remove(&id)
+                        .ok_or("a written message has no buffer")?
+                        .into_bytes();
+                    if len > bytes.len() {
+                        return Err("a written message is larger than its buffer".into());
+                    }
+                    let message = self.decode(bytes.slice(..len))?;
+                    self.machine.handle(Event::Decoded { id, message });
+                }
+                Action::Deliver(message) => self.batch.push(van_core::Event::Message(message)),
+                Action::Close(End::Flushed) => self.flushed = true,
+                Action::Close(End::Lost(reason)) => return Err(reason),
             }
         }
-        Ok(())
+        Ok(any)
     }
 
-    fn can_send(&self, credits: u32) -> bool {
-        self.credits >= credits && !self.tx_free.is_empty() && self.sq_used < self.sq_cap
-    }
-
-    /// Copies a header and `parts` into a send slot and posts it.
-    fn post_small(&mut self, kind: Kind, id: u32, parts: &[Bytes]) -> Result<(), String> {
-        let slot = self.tx_free.pop().ok_or("no free send slot")?;
-        let header = Header {
-            kind,
-            credits: u16::try_from(self.owed).unwrap_or(u16::MAX),
-            id,
-        };
-        self.owed -= u32::from(header.credits);
+    /// Copies `header` and `parts` into send slot `slot` and posts it.
+    fn post_send(&mut self, slot: usize, header: &Header, parts: &[Bytes]) -> Result<(), String> {
         let base = slot * self.slot_bytes;
+        if self.tx.sge(base, self.slot_bytes).is_none() {
+            return Err("send slot outside its ring".into());
+        }
         let total = parts.iter().map(Bytes::len).sum::<usize>();
-        // SAFETY: the slot is free (its last send completed, or it was never used), so the
-        // device does not read it; it lies within `tx`; the slice ends before the post.
+        // SAFETY: the machine hands out a slot only while it is free (its last send
+        // completed, or it was never used), so the device does not read it; it lies within
+        // `tx` (checked above); the slice ends before the post.
         let buf = unsafe {
             std::slice::from_raw_parts_mut(self.tx.ptr().as_ptr().add(base), self.slot_bytes)
         };
@@ -486,68 +386,57 @@ impl Engine {
         }
         let sge = self.tx.sge(base, at).ok_or("send slot outside its ring")?;
         // SAFETY: the slot is in `tx`, registered with the QP's PD and owned by the engine,
-        // which drops the QP first; the slot returns to `tx_free` (and is rewritten) only
-        // after this send's completion.
+        // which drops the QP first; the machine hands the slot out again (and it is
+        // rewritten) only after this send's completion.
         unsafe { self.qp.post_send(SEND | slot as u64, &[sge], SendOp::Send) }
-            .map_err(|e| format!("posting a send: {e}"))?;
-        self.credits -= 1;
-        self.sq_used += 1;
-        Ok(())
+            .map_err(|e| format!("posting a send: {e}"))
     }
 
-    /// Replies, writes and credits: what unblocks the peer or a started message.
-    fn post_control(&mut self) -> Result<bool, String> {
-        let mut progressed = false;
-        while !self.replies.is_empty() && self.can_send(RESERVE + 1) {
-            if let Some(r) = self.replies.pop_front() {
-                let kind = Kind::Reply {
-                    len: r.len,
-                    addr: r.addr,
-                    rkey: r.rkey,
-                };
-                self.post_small(kind, r.id, &[])?;
-                progressed = true;
-            }
-        }
-        loop {
-            if let Some(writing) = self.writing.take() {
-                let before = writing.posted;
-                self.continue_write(writing)?;
-                progressed |= self.writing.as_ref().is_none_or(|w| w.posted != before);
-                if self.writing.is_some() {
-                    break;
-                }
-            }
-            if self.writes_ready.is_empty() || self.credits <= RESERVE {
-                break;
-            }
-            if let Some(w) = self.writes_ready.pop_front() {
-                // The last piece consumes one of the peer's receives: its credit, now.
-                self.credits -= 1;
-                self.writing = Some(self.prepare_write(w)?);
-                progressed = true;
-            }
-        }
-        if self.owed >= self.threshold && self.can_send(1) {
-            self.post_small(Kind::Credit, 0, &[])?;
-            progressed = true;
-        }
-        Ok(progressed)
+    /// Posts bytes `offset..offset + len` of large frame `id` to `(address, rkey)`; the last
+    /// piece carries the immediate data that completes the peer's receive.
+    fn post_write(
+        &mut self,
+        id: u32,
+        offset: usize,
+        len: usize,
+        (remote_addr, rkey): (u64, u32),
+        last: bool,
+    ) -> Result<(), String> {
+        let prepared = self
+            .writes
+            .get(&id)
+            .ok_or("an RDMA write of a frame not prepared")?;
+        let sges = slice_sges(&prepared.sges, offset, len);
+        let (wr_id, op) = if last {
+            let op = SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm: id,
+            };
+            (WRITE | u64::from(id), op)
+        } else {
+            (
+                WRITE_PART | u64::from(id),
+                SendOp::Write { remote_addr, rkey },
+            )
+        };
+        // SAFETY: every entry lies in a registration of this QP's PD: pool buffers found by
+        // `lookup` (kept alive by the frame's `Bytes`) or the staging lease, both held in
+        // `writes` until the machine ends the write, after the last piece's completion
+        // (pieces complete in order on an RC queue pair); the QP is dropped before either.
+        unsafe { self.qp.post_send(wr_id, &sges, op) }
+            .map_err(|e| format!("posting an RDMA write: {e}"))
     }
 
     /// Writes a large frame where the peer said, from registered memory: parts that lie in
     /// the pool (buffers from `Van::alloc`) directly, the rest copied into a staging buffer.
-    fn prepare_write(&mut self, w: WriteOut) -> Result<Writing, String> {
+    fn prepare_write(&self, frame: Frame, len: usize) -> Result<Prepared, String> {
         let pool = Arc::clone(&self.ctx.pool);
-        let located: Vec<Option<Sge>> = w
-            .out
-            .frame
+        let located: Vec<Option<Sge>> = frame
             .iter()
             .map(|p| pool.lookup(p.as_ptr(), p.len()))
             .collect();
-        let unregistered: usize = w
-            .out
-            .frame
+        let unregistered: usize = frame
             .iter()
             .zip(&located)
             .filter(|(_, l)| l.is_none())
@@ -563,7 +452,7 @@ impl Engine {
             let buf = lease.as_mut_slice();
             let mut at = 0;
             let mut run_start: Option<usize> = None;
-            for (part, sge) in w.out.frame.iter().zip(&located) {
+            for (part, sge) in frame.iter().zip(&located) {
                 if part.is_empty() {
                     continue;
                 }
@@ -602,110 +491,20 @@ impl Engine {
         }
         if sges.len() > self.max_sge {
             // Too many pieces for one work request: one contiguous copy instead.
-            let mut lease = pool.take(w.out.len).map_err(stage_error)?;
+            let mut lease = pool.take(len).map_err(stage_error)?;
             let buf = lease.as_mut_slice();
             let mut at = 0;
-            for part in &w.out.frame {
+            for part in &frame {
                 buf[at..at + part.len()].copy_from_slice(part);
                 at += part.len();
             }
             sges = vec![lease.sge(0, at).ok_or("staging buffer too small")?];
             staging = Some(lease);
         }
-        Ok(Writing {
-            w,
-            staging,
+        Ok(Prepared {
             sges,
-            posted: 0,
+            _memory: (frame, staging),
         })
-    }
-
-    /// Posts the pieces of a large frame while the send queue has room; the last piece
-    /// carries the immediate data that completes the peer's receive.
-    fn continue_write(&mut self, mut writing: Writing) -> Result<(), String> {
-        let total = writing.w.out.len;
-        while writing.posted < total && self.sq_used < self.sq_cap {
-            let len = (total - writing.posted).min(self.max_msg);
-            let last = writing.posted + len == total;
-            let sges = slice_sges(&writing.sges, writing.posted, len);
-            let remote_addr = writing.w.addr + writing.posted as u64;
-            let (wr_id, op) = if last {
-                let op = SendOp::WriteWithImm {
-                    remote_addr,
-                    rkey: writing.w.rkey,
-                    imm: writing.w.id,
-                };
-                (WRITE | u64::from(writing.w.id), op)
-            } else {
-                let op = SendOp::Write {
-                    remote_addr,
-                    rkey: writing.w.rkey,
-                };
-                (WRITE_PART | u64::from(writing.w.id), op)
-            };
-            // SAFETY: every entry lies in a registration of this QP's PD: pool buffers found
-            // by `lookup` (kept alive by the frame's `Bytes`) or the staging lease, both held
-            // in `writing` and then in `writes` until the last piece's completion (pieces
-            // complete in order on an RC queue pair); the QP is dropped before either.
-            unsafe { self.qp.post_send(wr_id, &sges, op) }
-                .map_err(|e| format!("posting an RDMA write: {e}"))?;
-            self.sq_used += 1;
-            writing.posted += len;
-        }
-        if writing.posted >= total {
-            self.writes
-                .insert(writing.w.id, (writing.w.out, writing.staging));
-        } else {
-            self.writing = Some(writing);
-        }
-        Ok(())
-    }
-
-    /// Frames from the queue, in order, while credits, slots and start depth allow.
-    fn post_queue(&mut self) -> Result<bool, String> {
-        let mut progressed = false;
-        loop {
-            let item = match self.held.take() {
-                Some(item) => item,
-                None => match self.ctx.queue.try_recv() {
-                    Ok(frame) => Outgoing::new(frame),
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        self.queue_closed = true;
-                        break;
-                    }
-                },
-            };
-            if !self.can_send(RESERVE + 1) {
-                self.held = Some(item);
-                break;
-            }
-            if item.len + Header::LEN <= self.send_bytes {
-                self.post_small(Kind::Data, 0, &item.frame)?;
-            } else {
-                // Frames announced and not completely written (the peer holds a buffer for
-                // each); a write posted in full reaches the peer before a later START.
-                let announced = self.starts.len()
-                    + self.writes_ready.len()
-                    + usize::from(self.writing.is_some());
-                if announced >= self.start_depth {
-                    self.held = Some(item);
-                    break;
-                }
-                let id = self.next_id;
-                self.next_id = self.next_id.wrapping_add(1);
-                self.post_small(
-                    Kind::Start {
-                        len: item.len as u64,
-                    },
-                    id,
-                    &[],
-                )?;
-                self.starts.insert(id, item);
-            }
-            progressed = true;
-        }
-        Ok(progressed)
     }
 
     /// Whether the side channel is still open (its end is the peer's end).
@@ -723,6 +522,7 @@ impl Engine {
     /// After the peer closed: deliver what it sent before (its completions may trail the
     /// close by a moment), ignoring failures of our own sends to it.
     fn drain_after_close(&mut self) {
+        self.machine.handle(Event::PeerClosed);
         let deadline = Instant::now() + Duration::from_millis(300);
         let mut quiet = 0;
         while quiet < 3 && Instant::now() < deadline {
@@ -734,10 +534,14 @@ impl Engine {
                 quiet = 0;
             }
             for c in &got {
-                if c.ok()
-                    && c.wr_id & TAG_MASK == RECV
-                    && self.on_receive((c.wr_id & !TAG_MASK) as usize, c).is_err()
-                {
+                if !c.ok() || c.wr_id & TAG_MASK != RECV {
+                    continue;
+                }
+                let Ok(event) = self.received((c.wr_id & !TAG_MASK) as usize, c) else {
+                    break;
+                };
+                self.machine.handle(event);
+                if self.execute().is_err() {
                     break;
                 }
             }
@@ -801,16 +605,6 @@ mod tests {
             len,
             lkey: addr as u32,
         }
-    }
-
-    #[test]
-    fn announced_large_frames_stay_below_the_peers_receive_depth() {
-        // The peer refuses an announcement once it holds `rx_depth` of them.
-        assert_eq!(start_limit(16, 128), 16);
-        assert_eq!(start_limit(128, 128), 127);
-        assert_eq!(start_limit(4096, 4), 3);
-        assert_eq!(start_limit(0, 4), 1);
-        assert_eq!(start_limit(16, 0), 1);
     }
 
     #[test]

@@ -18,7 +18,8 @@ use van_core::{
 
 use crate::connection::{ConnShared, RingSizes, Setup};
 use crate::device::{self, Device};
-use crate::engine::{End, Engine, EngineContext};
+use crate::engine::{Engine, EngineContext};
+use crate::machine::End;
 use crate::memlock;
 use crate::pool::{Pool, PoolStats};
 use crate::protocol::{QpAttributes, READY};
