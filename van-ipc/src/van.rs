@@ -298,7 +298,10 @@ impl Shared {
     /// Copies each large data segment of `msg` that is not in our arena into it, so that it
     /// travels by reference: the payload is copied once (here) instead of twice (into the
     /// ring, and out of it on the other side). When the arena is full, the rest goes through
-    /// the ring.
+    /// the ring at once: arena blocks come back only when the peer's application drops what
+    /// it read, so waiting for them could wait on an application that is itself waiting for
+    /// this send (a worker blocked in a push while holding the answers that would free the
+    /// server's arena).
     fn stage_in_arena(&self, link: &Link, msg: &mut Message) {
         let (Some(arena), Some(_)) = (self.arena.get(), &link.table) else {
             return;
