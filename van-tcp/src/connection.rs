@@ -84,9 +84,9 @@ pub(crate) async fn read_loop(
     // every frame split off it, and so every segment, stays 8-aligned.
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
-        // Room for every frame the buffer may hold (a frame is rarely under 96 bytes), so a
-        // batch of small messages does not grow its vector step by step.
-        let mut batch = Vec::with_capacity((buf.len() / 96).clamp(1, 1024));
+        // Room for exactly the complete frames the buffer holds, so a batch of small messages
+        // does not grow its vector step by step.
+        let mut batch = Vec::with_capacity(complete_frames(&buf));
         let mut large = None;
         while buf.len() >= HEADER_LEN {
             let header = match FrameHeader::parse(&buf[..HEADER_LEN], &limits) {
@@ -146,6 +146,26 @@ pub(crate) async fn read_loop(
             Err(e) => return Closed::Io(e),
         }
     }
+}
+
+/// How many complete frames lie at the start of `buf` (reading only their length words; a
+/// bad header counts as the end, and the decoding loop reports it).
+fn complete_frames(buf: &[u8]) -> usize {
+    let mut count = 0;
+    let mut at = 0;
+    while let Some(len) = buf.get(at + 8..at + 16) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(len);
+        let len = usize::try_from(u64::from_le_bytes(word)).unwrap_or(usize::MAX);
+        match at.checked_add(len) {
+            Some(end) if len >= HEADER_LEN && end <= buf.len() => {
+                count += 1;
+                at = end;
+            }
+            _ => break,
+        }
+    }
+    count
 }
 
 /// The declared length of the partial frame in `buf`, for error messages.
