@@ -357,8 +357,19 @@ impl RefTable {
 
 /// Whether a process with this pid exists (`kill(pid, 0)`; `EPERM` means it does).
 fn process_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission; nothing is sent.
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    // 0 (what SO_PEERCRED says of a peer outside our pid namespace) names no single process
+    // and is taken as alive, as `kill(0, 0)` (our own process group) always said.
+    let Some(pid) = (pid > 0)
+        .then_some(pid)
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return true;
+    };
+    // Signal 0 only checks for existence and permission; nothing is sent.
+    matches!(
+        rustix::process::test_kill_process(pid),
+        Ok(()) | Err(rustix::io::Errno::PERM)
+    )
 }
 
 /// The receiving side: a peer's arena and the table of our connection to it.

@@ -98,12 +98,12 @@ pub enum IpcError {
 }
 
 impl IpcError {
-    /// An [`IpcError::Os`] from `errno` right after a failed call.
+    /// An [`IpcError::Os`] from the error number a failed call returned.
     #[cfg(target_os = "linux")]
-    pub(crate) fn last_os(call: &'static str) -> IpcError {
+    pub(crate) fn os(call: &'static str, errno: rustix::io::Errno) -> IpcError {
         IpcError::Os {
             call,
-            source: std::io::Error::last_os_error(),
+            source: errno.into(),
         }
     }
 

@@ -23,10 +23,10 @@
 //!   `statvfs` check (a small `/dev/shm` is an [`IpcError::ShmTooSmall`] naming the bytes
 //!   needed). What a crash leaves — a dead listener's accept queue, a segment never taken —
 //!   is listed and removed by [`named::list_segments`]/[`named::clean_stale`] and the
-//!   `vans-shm list|clean` command. It uses the `shared_memory` crate (pinned 0.12.4,
-//!   unmaintained since 2022) for `shm_open` and the mapping, wrapped to be `Send` and
-//!   completed with what it lacks (reservation, owner checks, timely unlinking): see the
-//!   module docs. memfd stays the default because it needs none of this. `IpcOptions::named`
+//!   `vans-shm list|clean` command. `shm_open`, the reservation, the owner checks, the
+//!   mapping and the timely unlinking are the module's own, on rustix (it once used the
+//!   unmaintained `shared_memory` crate): see the module docs. memfd stays the default
+//!   because it needs none of this. `IpcOptions::named`
 //!   (`VANS_IPC_NAMED=1`) makes a van listen this way; dialers follow the address.
 //! - **Frames:** van-core's wire format, copied once into the ring straight from the encoded
 //!   parts (fragmented into records of at most a quarter of the ring), and once out when
@@ -56,6 +56,9 @@ pub mod arena;
 mod error;
 #[cfg(target_os = "linux")]
 mod fdpass;
+// A file mapped shared and read-write, unmapped on drop (memfd and named segments).
+#[cfg(target_os = "linux")]
+mod mapping;
 // Named /dev/shm segments for processes without a shared Unix socket: an accept queue for
 // the rendezvous, heartbeats, and the stale-segment lister and cleaner.
 #[cfg(target_os = "linux")]

@@ -30,8 +30,8 @@
 //! the creator's effective uid, its pid and the inode of its pid namespace (so that a
 //! cleaner in another pid namespace knows it cannot judge the pid), and 64 bits from
 //! `getrandom`, so other local users cannot guess a name. Files are created with
-//! `O_CREAT | O_EXCL` and mode 0600, and the memory is reserved up front with
-//! `posix_fallocate`, after a `statvfs` check of `/dev/shm`: a full `/dev/shm` is an
+//! `O_CREAT | O_EXCL` and mode 0600, and the memory is reserved up front (as
+//! `posix_fallocate` does), after a `statvfs` check of `/dev/shm`: a full `/dev/shm` is an
 //! [`IpcError::ShmTooSmall`](crate::IpcError::ShmTooSmall) naming the bytes needed, never a
 //! `SIGBUS` later. An opener refuses symlinks (`O_NOFOLLOW`), files that are not regular,
 //! files owned by another uid and files with any group or other permission bit.
@@ -43,22 +43,29 @@
 //! `ptrace` us; named segments only ever connect processes of one uid, and every value read
 //! from a shared segment is validated, so a buggy peer produces typed errors, not panics.
 //!
-//! # The `shared_memory` crate
+//! # One descriptor, mapped: no `shared_memory` crate
 //!
-//! `shm_open`/`ftruncate`/`mmap`/`munmap` go through the `shared_memory` crate (0.12.4,
-//! pinned: unmaintained since 2022). It creates with `O_CREAT | O_EXCL` and mode 0600 under
-//! a name we choose, which is what this mode needs. It cannot do the rest, which this
-//! module adds around it:
+//! `shm_open`/`ftruncate`/`mmap`/`munmap` used to go through the `shared_memory` crate
+//! (0.12.4, unmaintained since 2022). It created with `O_CREAT | O_EXCL` and mode 0600 under
+//! a name we chose, and everything else this mode needs had to be added around it.
+//! [`NamedSegment`] now does the whole job itself with rustix, through one descriptor, and
+//! keeps every one of those additions:
 //!
-//! - its `Shmem` is not `Send` (it holds a raw pointer): the private `Mapping` wrapper
-//!   makes it `Send + Sync`, with the proof beside it;
-//! - it only `ftruncate`s (a sparse file: pages are allocated on first touch, and a full
-//!   `/dev/shm` then kills us with `SIGBUS`) and hides its descriptor: we open a second
-//!   descriptor of the same file (`O_NOFOLLOW`) to `fstat` and `posix_fallocate` it;
-//! - it opens any file of the name and maps its whole size: we validate owner, mode, type
-//!   and size through our descriptor first, and check the mapped size after;
-//! - it unlinks on drop only as a flag it cannot time: we clear its ownership at once and
-//!   unlink ourselves, as soon as both peers have mapped a connection segment.
+//! - **Send + Sync:** the crate's `Shmem` held a raw pointer and was not `Send`; the
+//!   mapping is now a small owned type (unmapped in its `Drop`, exactly once) whose
+//!   `Send + Sync` proof is its own, not a reading of another crate's private fields.
+//! - **Reservation:** the crate only `ftruncate`d (a sparse file: pages are allocated on
+//!   first touch, and a full `/dev/shm` then kills us with `SIGBUS`). The file is reserved
+//!   as `posix_fallocate` does (`fallocate(2)`, else a byte written into every page) before
+//!   it is mapped; `ENOSPC` is an [`IpcError::ShmTooSmall`](crate::IpcError::ShmTooSmall).
+//! - **Owner checks:** the crate opened any file of the name and mapped its whole size. The
+//!   opener opens with `O_NOFOLLOW | O_NONBLOCK`, validates owner, mode, type and size with
+//!   `fstat` and maps *that* descriptor, so the file checked is the file mapped; a size that
+//!   changes while it is being mapped is refused.
+//! - **Timely unlinking:** the crate unlinked on drop only, as a flag it could not time. The
+//!   creator removes the name itself as soon as both peers have mapped a connection segment
+//!   ([`NamedSegment::unlink`]), on any error during creation, and otherwise when its
+//!   handle drops.
 
 mod accept_queue;
 mod connection;

@@ -11,13 +11,16 @@
 //! ([`Segment::from_named`]), for the named mode of [`crate::named`] where no Unix socket can
 //! carry a memfd; rings work on either kind the same way.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use rustix::fs::{FallocateFlags, FileType, MemfdFlags, Mode, SealFlags};
+use rustix::io::Errno;
+
 use crate::error::IpcError;
+use crate::mapping::{file_len, Mapping};
 use crate::named::NamedSegment;
 
 /// Every segment's name starts with this (it shows in `/proc/<pid>/fd` and `/proc/<pid>/maps`);
@@ -31,7 +34,9 @@ const MAX_NAME_BYTES: usize = 249;
 pub const WINDOW_ALIGN: usize = 4096;
 
 /// Seals the creator applies: the size is fixed for good.
-const CREATOR_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+const CREATOR_SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
 
 /// A sealed memfd mapped read-write and shared, or a window of a named segment.
 ///
@@ -52,17 +57,22 @@ pub struct Segment {
 /// Who owns a [`Segment`]'s mapping.
 #[derive(Debug)]
 enum Backing {
-    /// Our own `mmap` of this memfd: unmapped in `Segment::drop`, then the memfd closes.
-    Memfd(OwnedFd),
+    /// Our own mapping of this memfd: unmapped when the segment drops, then the memfd closes.
+    Memfd {
+        /// The mapping `Segment::ptr` points into, held to be unmapped when it drops.
+        _mapping: Mapping,
+        /// The memfd, to pass to a peer.
+        fd: OwnedFd,
+    },
     /// A window of a named segment, which keeps its own mapping alive (and unmaps it when
     /// the last window and handle are gone).
     Named(Arc<NamedSegment>),
 }
 
-// SAFETY: `Segment` owns a descriptor and a mapping that live exactly as long as it does and
-// that no method mutates (the address and length are fixed after construction), or, for a
-// named window, an `Arc` of a `NamedSegment` (itself `Send + Sync`) that keeps the mapping
-// alive at least as long. It hands out only a raw pointer, never a reference to the bytes, so
+// SAFETY: `Segment` owns a descriptor and a `Mapping` (both `Send + Sync`) that live exactly
+// as long as it does and that no method mutates (the address and length are fixed after
+// construction), or, for a named window, an `Arc` of a `NamedSegment` (itself `Send + Sync`)
+// that keeps the mapping alive at least as long. It hands out only a raw pointer, never a reference to the bytes, so
 // sharing or moving it between threads creates no aliasing on its own: whoever dereferences
 // the pointer must synchronise, exactly as they must with the peer process that writes the
 // same memory.
@@ -84,33 +94,22 @@ impl Segment {
     /// [`IpcError::Os`] naming the call that failed; `len == 0` or a length the OS cannot
     /// represent fails as `memfd_create` with [`io::ErrorKind::InvalidInput`].
     pub fn create(name: &str, len: usize) -> Result<Segment, IpcError> {
-        let size = match libc::off_t::try_from(len) {
-            Ok(size) if size > 0 => size,
-            _ => {
-                return Err(IpcError::Os {
-                    call: "memfd_create",
-                    source: io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("cannot create a shared-memory segment of {len} bytes"),
-                    ),
-                })
-            }
+        let Some(size) = file_len(len) else {
+            return Err(IpcError::Os {
+                call: "memfd_create",
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("cannot create a shared-memory segment of {len} bytes"),
+                ),
+            });
         };
         let fd = memfd_create(name)?;
-        let raw = fd.as_raw_fd();
-        // SAFETY: `raw` is an open descriptor owned by `fd`; fchmod reads no memory.
-        if unsafe { libc::fchmod(raw, 0o600) } != 0 {
-            return Err(IpcError::last_os("fchmod"));
-        }
-        // SAFETY: as above; ftruncate reads no memory.
-        if unsafe { libc::ftruncate(raw, size) } != 0 {
-            return Err(IpcError::last_os("ftruncate"));
-        }
-        // SAFETY: as above; fallocate reads no memory.
-        if unsafe { libc::fallocate(raw, 0, 0, size) } != 0 {
-            let err = io::Error::last_os_error();
+        rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(|e| IpcError::os("fchmod", e))?;
+        rustix::fs::ftruncate(&fd, size).map_err(|e| IpcError::os("ftruncate", e))?;
+        if let Err(errno) = rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, size) {
             // A kernel without shmem fallocate just leaves the pages to be allocated on use.
-            if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            if errno != Errno::OPNOTSUPP {
+                let err = io::Error::from(errno);
                 return Err(IpcError::Os {
                     call: "fallocate",
                     source: io::Error::new(
@@ -123,10 +122,8 @@ impl Segment {
                 });
             }
         }
-        // SAFETY: as above; F_ADD_SEALS takes an integer argument and reads no memory.
-        if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, CREATOR_SEALS) } != 0 {
-            return Err(IpcError::last_os("fcntl(F_ADD_SEALS)"));
-        }
+        rustix::fs::fcntl_add_seals(&fd, CREATOR_SEALS)
+            .map_err(|e| IpcError::os("fcntl(F_ADD_SEALS)", e))?;
         map(fd, len)
     }
 
@@ -139,37 +136,30 @@ impl Segment {
     /// `F_SEAL_SHRINK`, is write-sealed, is not a regular file or is empty;
     /// [`IpcError::Os`] when `fstat` or `mmap` fails.
     pub fn open(fd: OwnedFd) -> Result<Segment, IpcError> {
-        let raw = fd.as_raw_fd();
         // Seals first: once F_SEAL_SHRINK is present it can never be removed, so the size read
         // afterwards can only grow, which cannot hurt a mapping of the smaller size.
-        // SAFETY: `raw` is an open descriptor owned by `fd`; F_GET_SEALS reads no memory.
-        let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
-        if seals < 0 {
-            return Err(IpcError::bad_segment(format!(
-                "the descriptor is not a sealable memfd ({})",
-                io::Error::last_os_error()
-            )));
-        }
-        if seals & libc::F_SEAL_SHRINK == 0 {
+        let seals = match rustix::fs::fcntl_get_seals(&fd) {
+            Ok(seals) => seals,
+            Err(errno) => {
+                return Err(IpcError::bad_segment(format!(
+                    "the descriptor is not a sealable memfd ({})",
+                    io::Error::from(errno)
+                )))
+            }
+        };
+        if !seals.contains(SealFlags::SHRINK) {
             return Err(IpcError::bad_segment(
                 "the memfd is not sealed against shrinking (F_SEAL_SHRINK); the peer could \
                  truncate it under our mapping",
             ));
         }
-        if seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
+        if seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
             return Err(IpcError::bad_segment(
                 "the memfd is sealed against writing; a ring needs both sides to write",
             ));
         }
-        let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: `stat` points to writable memory of the size of `struct stat`, which fstat
-        // fills completely when it returns 0.
-        if unsafe { libc::fstat(raw, stat.as_mut_ptr()) } != 0 {
-            return Err(IpcError::last_os("fstat"));
-        }
-        // SAFETY: fstat returned 0, so it initialised the whole struct.
-        let stat = unsafe { stat.assume_init() };
-        if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+        let stat = rustix::fs::fstat(&fd).map_err(|e| IpcError::os("fstat", e))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
             return Err(IpcError::bad_segment(
                 "the descriptor is not a regular file",
             ));
@@ -227,7 +217,7 @@ impl Segment {
     /// peer's [`Segment::open`] refuses (it cannot be sealed); peers open those by name.
     pub fn fd(&self) -> BorrowedFd<'_> {
         match &self.backing {
-            Backing::Memfd(fd) => fd.as_fd(),
+            Backing::Memfd { fd, .. } => fd.as_fd(),
             Backing::Named(named) => named.fd(),
         }
     }
@@ -250,20 +240,6 @@ impl Segment {
     }
 }
 
-impl Drop for Segment {
-    fn drop(&mut self) {
-        if let Backing::Memfd(_) = self.backing {
-            // SAFETY: for a memfd segment `ptr`/`len` are exactly the mapping created in
-            // `map`, unmapped only here; nothing borrowed from `self` can outlive this call.
-            // The descriptor closes after. (A named window's mapping belongs to its
-            // `NamedSegment`, which unmaps it when the last `Arc` goes.)
-            unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), self.len);
-            }
-        }
-    }
-}
-
 /// `memfd_create("vans-<name>")`, asking for `MFD_NOEXEC_SEAL` and retrying without it on
 /// kernels that predate it (6.3).
 fn memfd_create(name: &str) -> Result<OwnedFd, IpcError> {
@@ -276,51 +252,28 @@ fn memfd_create(name: &str) -> Result<OwnedFd, IpcError> {
         }
         full.push(c);
     }
-    let c_name = CString::new(full).map_err(|e| IpcError::Os {
-        call: "memfd_create",
-        source: io::Error::new(io::ErrorKind::InvalidInput, e),
-    })?;
-    let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-    // SAFETY: `c_name` is a NUL-terminated string that outlives the call.
-    let mut raw = unsafe { libc::memfd_create(c_name.as_ptr(), base | libc::MFD_NOEXEC_SEAL) };
-    if raw < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-        // SAFETY: as above.
-        raw = unsafe { libc::memfd_create(c_name.as_ptr(), base) };
-    }
-    if raw < 0 {
-        return Err(IpcError::last_os("memfd_create"));
-    }
-    // SAFETY: memfd_create returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    let base = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    let fd = match rustix::fs::memfd_create(full.as_str(), base | MemfdFlags::NOEXEC_SEAL) {
+        Err(Errno::INVAL) => rustix::fs::memfd_create(full.as_str(), base),
+        result => result,
+    };
+    fd.map_err(|e| IpcError::os("memfd_create", e))
 }
 
-/// Maps `len` bytes of `fd` shared and read-write.
+/// Maps `len` bytes of `fd` shared and read-write. `fd` is a memfd sealed against shrinking
+/// and at least `len` bytes long, so the mapping can never lose its pages.
 fn map(fd: OwnedFd, len: usize) -> Result<Segment, IpcError> {
-    // SAFETY: a fresh mapping at an address of the kernel's choosing aliases nothing of ours;
-    // `fd` is open, and its size is at least `len` and cannot shrink (sealed).
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(IpcError::last_os("mmap"));
-    }
-    let Some(ptr) = NonNull::new(addr.cast::<u8>()) else {
-        return Err(IpcError::Os {
-            call: "mmap",
-            source: io::Error::other("mmap returned a null mapping"),
-        });
-    };
+    let mapping = Mapping::shared(fd.as_fd(), len).map_err(|source| IpcError::Os {
+        call: "mmap",
+        source,
+    })?;
     Ok(Segment {
-        ptr,
+        ptr: mapping.ptr(),
         len,
-        backing: Backing::Memfd(fd),
+        backing: Backing::Memfd {
+            _mapping: mapping,
+            fd,
+        },
     })
 }
 
@@ -333,9 +286,8 @@ mod tests {
         let seg = Segment::create("unit", 8192).unwrap();
         assert_eq!(seg.len(), 8192);
         assert!(!seg.is_empty());
-        // SAFETY: fd is open; F_GET_SEALS reads no memory.
-        let seals = unsafe { libc::fcntl(seg.fd().as_raw_fd(), libc::F_GET_SEALS) };
-        assert_eq!(seals & CREATOR_SEALS, CREATOR_SEALS);
+        let seals = rustix::fs::fcntl_get_seals(seg.fd()).unwrap();
+        assert!(seals.contains(CREATOR_SEALS), "{seals:?}");
 
         let dup = seg.fd().try_clone_to_owned().unwrap();
         let other = Segment::open(dup).unwrap();
@@ -368,12 +320,7 @@ mod tests {
 
     #[test]
     fn open_rejects_a_pipe() {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors pipe writes.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: pipe returned two new descriptors that nothing else owns.
-        let (read, _write) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read, _write) = rustix::pipe::pipe().unwrap();
         assert!(matches!(
             Segment::open(read),
             Err(IpcError::BadSegment { .. })

@@ -45,8 +45,7 @@ fn cleaner() -> MutexGuard<'static, ()> {
 }
 
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 // ---------------------------------------------------------------------------------------

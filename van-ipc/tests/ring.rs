@@ -534,32 +534,17 @@ proptest! {
 
 #[test]
 fn open_rejects_an_unsealed_memfd() {
-    // SAFETY: a constant NUL-terminated name.
-    let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(raw >= 0, "{}", io::Error::last_os_error());
-    // SAFETY: memfd_create returned a new descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: `fd` is open; ftruncate reads no memory.
-    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 1 << 20) }, 0);
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create("unsealed", MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
     let err = Segment::open(fd).unwrap_err();
     assert!(matches!(err, IpcError::BadSegment { .. }), "{err}");
 
     // Sealable but not sealed against shrinking: refused too.
-    // SAFETY: as above.
-    let raw = unsafe {
-        libc::memfd_create(
-            c"sealable".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    assert!(raw >= 0);
-    // SAFETY: as above.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 1 << 20) }, 0);
-    // SAFETY: `fd` is open; F_ADD_SEALS takes an integer.
-    let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_GROW) };
-    assert_eq!(sealed, 0);
+    let fd = rustix::fs::memfd_create("sealable", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .unwrap();
+    rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW).unwrap();
     let err = Segment::open(fd).unwrap_err();
     assert!(err.to_string().contains("F_SEAL_SHRINK"), "{err}");
 }

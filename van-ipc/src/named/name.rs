@@ -166,8 +166,7 @@ fn decimal(text: &str, what: &str, max: u64) -> Result<u64, String> {
 
 /// This process's effective uid.
 pub(crate) fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// Inode of this process's pid namespace, 0 when `/proc` cannot tell (then no segment's

@@ -1,21 +1,22 @@
 //! [`NamedSegment`]: a file in `/dev/shm`, created exclusively and owner-only with its memory
-//! reserved, or opened after checking its owner, mode and size; mapped through the
-//! `shared_memory` crate (see the [module docs](crate::named) for what that crate does and what
-//! this file adds).
+//! reserved, or opened after checking its owner, mode and size; mapped shared through one
+//! descriptor (see the [module docs](crate::named) for what the `shared_memory` crate used to
+//! do here and what this file always added).
 
-use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use shared_memory::{Shmem, ShmemConf, ShmemError};
+use rustix::fs::{FallocateFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+use rustix::shm::OFlags as ShmFlags;
 
 use super::name::effective_uid;
 use super::{SegmentName, SHM_DIR};
 use crate::error::IpcError;
+use crate::mapping::{file_len, Mapping};
 
 /// How many fresh names [`NamedSegment::create`] tries when one is taken (a 64-bit random
 /// collision: in practice never).
@@ -30,28 +31,17 @@ const PAGE_BYTES: u64 = 4096;
 ///
 /// [`IpcError::Os`] (`statvfs`) when `/dev/shm` does not exist or cannot be queried.
 pub fn shm_free_bytes() -> Result<u64, IpcError> {
-    let path = CString::new(SHM_DIR).map_err(|e| IpcError::Os {
-        call: "statvfs",
-        source: io::Error::new(io::ErrorKind::InvalidInput, e),
-    })?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is NUL-terminated and outlives the call; `stat` is writable memory of
-    // the size of `struct statvfs`, which statvfs fills completely when it returns 0.
-    if unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
-        let err = io::Error::last_os_error();
-        return Err(IpcError::Os {
+    let stat = rustix::fs::statvfs(SHM_DIR).map_err(|errno| {
+        let err = io::Error::from(errno);
+        IpcError::Os {
             call: "statvfs",
             source: io::Error::new(
                 err.kind(),
                 format!("{SHM_DIR}: {err}; named segments need a tmpfs mounted at {SHM_DIR}"),
             ),
-        });
-    }
-    // SAFETY: statvfs returned 0, so it initialised the whole struct.
-    let stat = unsafe { stat.assume_init() };
-    #[allow(clippy::useless_conversion)] // the field types differ between targets
-    let (blocks, size) = (u64::from(stat.f_bavail), u64::from(stat.f_frsize));
-    Ok(blocks.saturating_mul(size))
+        }
+    })?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// `len` rounded up to whole pages: what tmpfs charges for a file of `len` bytes.
@@ -68,24 +58,6 @@ fn too_small(needed: u64) -> IpcError {
     }
 }
 
-/// `shared_memory::Shmem`, made `Send + Sync`.
-struct Mapping(Shmem);
-
-// SAFETY: in shared_memory 0.12.4 (pinned with `=` in the workspace manifest) a `Shmem` is
-// its configuration (bools, a size, `Option<String>`, `Option<PathBuf>`) and a `MapData`
-// (a bool, a `RawFd`, a `String`, a size and the `*mut u8` of the mapping). Only the raw
-// pointer keeps it from being `Send`. That pointer is the address of a process-wide
-// `MAP_SHARED` mapping, not of thread-local data, and `Shmem`'s drop (`munmap`, `close`,
-// and `shm_unlink` only while it owns the name, which we turn off at once) are process-wide
-// calls that are valid from any thread. Nothing else in it is tied to the thread that
-// created it.
-unsafe impl Send for Mapping {}
-// SAFETY: through `&Mapping` we only call `Shmem::len`, `Shmem::as_ptr` and
-// `Shmem::get_os_id`, which read fields that never change after construction (`Shmem` has
-// no interior mutability). The bytes behind the pointer are shared with another process
-// anyway and are only ever accessed through raw-pointer copies and atomics.
-unsafe impl Sync for Mapping {}
-
 /// A file in `/dev/shm` mapped read-write and shared. See the [module docs](crate::named).
 ///
 /// The mapping lives as long as the value (wrap it in an `Arc` to make ring windows with
@@ -95,13 +67,11 @@ unsafe impl Sync for Mapping {}
 /// atomics: another process may write them at any time.
 pub struct NamedSegment {
     name: SegmentName,
-    /// The `shared_memory` mapping (it also holds its own descriptor).
+    /// The whole file, mapped shared (unmapped when the value drops, after the name is
+    /// removed).
     mapping: Mapping,
-    /// Start of the mapping (page-aligned).
-    ptr: NonNull<u8>,
-    /// Length of the mapping (> 0).
-    len: usize,
-    /// Our own descriptor of the file, for `fstat`, `posix_fallocate` and [`Self::fd`].
+    /// The descriptor the file was created or opened, checked and mapped through (for
+    /// [`Self::fd`]).
     fd: OwnedFd,
     /// Whether this process created the file (and so removes its name on drop).
     created: bool,
@@ -109,22 +79,14 @@ pub struct NamedSegment {
     unlinked: AtomicBool,
 }
 
-// SAFETY: `ptr` points into the mapping owned by `mapping` (itself `Send`, see above), which
-// lives exactly as long as the value; the address and length never change after
-// construction, and `unlinked` is atomic. The bytes are only ever reached through raw
-// pointers and atomics, whose users synchronise as they must with the peer process anyway.
-unsafe impl Send for NamedSegment {}
-// SAFETY: every `&self` method reads immutable fields or the atomic `unlinked` flag.
-unsafe impl Sync for NamedSegment {}
-
 impl fmt::Debug for NamedSegment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NamedSegment")
             .field("name", &self.name.to_string())
-            .field("len", &self.len)
+            .field("len", &self.mapping.len())
             .field("created", &self.created)
             .field("unlinked", &self.unlinked.load(Ordering::Relaxed))
-            .field("os_id", &self.mapping.0.get_os_id())
+            .field("os_id", &self.name.os_id())
             .finish()
     }
 }
@@ -141,9 +103,9 @@ impl Drop for UnlinkOnError<'_> {
 }
 
 impl NamedSegment {
-    /// Creates `/dev/shm/<fresh name>` of `len` bytes: `O_CREAT | O_EXCL`, mode 0600, its
-    /// memory reserved with `posix_fallocate`, mapped shared. First checks that `/dev/shm`
-    /// has room (`statvfs`).
+    /// Creates `/dev/shm/<fresh name>` of `len` bytes: `shm_open` with `O_CREAT | O_EXCL`,
+    /// mode 0600, its memory reserved as `posix_fallocate` does, mapped shared. First checks
+    /// that `/dev/shm` has room (`statvfs`).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), van_ipc::IpcError> {
@@ -161,63 +123,65 @@ impl NamedSegment {
     /// 0` fails as `shm_open` with [`io::ErrorKind::InvalidInput`]). Nothing is left in
     /// `/dev/shm` after an error.
     pub fn create(len: usize) -> Result<NamedSegment, IpcError> {
-        let size = match libc::off_t::try_from(len) {
-            Ok(size) if size > 0 => size,
-            _ => {
-                return Err(IpcError::Os {
-                    call: "shm_open",
-                    source: io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("cannot create a named segment of {len} bytes"),
-                    ),
-                })
-            }
+        let Some(size) = file_len(len) else {
+            return Err(IpcError::Os {
+                call: "shm_open",
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("cannot create a named segment of {len} bytes"),
+                ),
+            });
         };
         let needed = pages(len);
         if needed > shm_free_bytes()? {
             return Err(too_small(needed));
         }
         let mut attempts = 0;
-        let (name, mut shmem) = loop {
+        let (name, fd) = loop {
             let name = SegmentName::fresh()?;
-            match ShmemConf::new().os_id(name.os_id()).size(len).create() {
-                Ok(shmem) => break (name, shmem),
-                Err(ShmemError::MappingIdExists) if attempts < CREATE_ATTEMPTS => attempts += 1,
-                Err(e) => return Err(shmem_error(&name, e, needed)),
+            let flags = ShmFlags::CREATE | ShmFlags::EXCL | ShmFlags::RDWR;
+            match rustix::shm::open(name.os_id(), flags, Mode::RUSR | Mode::WUSR) {
+                Ok(fd) => break (name, fd),
+                Err(Errno::EXIST) if attempts < CREATE_ATTEMPTS => attempts += 1,
+                Err(errno) => return Err(file_error("shm_open", &name, errno.into(), needed)),
             }
         };
-        // We decide when the name goes (as soon as both peers mapped it), not its drop.
-        shmem.set_owner(false);
+        // From here on the name is ours to remove: on any error below, and later as soon as
+        // both peers mapped a connection segment (or on the creator's drop).
         let mut guard = UnlinkOnError(Some(&name));
-        let fd = open_file(&name)?;
-        // SAFETY: `fd` is an open descriptor we own; fchmod reads no memory. It undoes a
-        // umask that removed owner bits, and guarantees nothing beyond 0600.
-        if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
-            return Err(IpcError::last_os("fchmod"));
-        }
+        // Undoes a umask that removed owner bits, and guarantees nothing beyond 0600.
+        rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(|e| IpcError::os("fchmod", e))?;
+        rustix::fs::ftruncate(&fd, size)
+            .map_err(|errno| file_error("ftruncate", &name, errno.into(), needed))?;
         check_file(&name, &fd, len)?;
-        // SAFETY: as above; posix_fallocate reads no memory and returns an error number.
-        let err = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, size) };
-        if err == libc::ENOSPC {
-            return Err(too_small(needed));
-        }
-        if err != 0 {
-            let os = io::Error::from_raw_os_error(err);
-            return Err(IpcError::Os {
-                call: "posix_fallocate",
-                source: io::Error::new(
-                    os.kind(),
-                    format!(
-                        "reserving {len} bytes for {}: {os}; free memory or raise the memory \
-                         limit of this process's cgroup",
-                        name.path().display()
+        match reserve(&fd, size) {
+            Ok(()) => {}
+            Err(Errno::NOSPC) => return Err(too_small(needed)),
+            Err(errno) => {
+                let os = io::Error::from(errno);
+                return Err(IpcError::Os {
+                    call: "posix_fallocate",
+                    source: io::Error::new(
+                        os.kind(),
+                        format!(
+                            "reserving {len} bytes for {}: {os}; free memory or raise the memory \
+                             limit of this process's cgroup",
+                            name.path().display()
+                        ),
                     ),
-                ),
-            });
+                });
+            }
         }
-        let segment = NamedSegment::from_parts(name, shmem, fd, true, len)?;
+        let mapping = Mapping::shared(fd.as_fd(), len)
+            .map_err(|err| file_error("mmap", &name, err, needed))?;
         guard.0 = None;
-        Ok(segment)
+        Ok(NamedSegment {
+            name,
+            mapping,
+            fd,
+            created: true,
+            unlinked: AtomicBool::new(false),
+        })
     }
 
     /// Opens and maps the named segment `name` created by another process of this uid. The
@@ -246,44 +210,20 @@ impl NamedSegment {
                 "{name} has {size} bytes; expected 1 to {max_len}"
             )));
         }
-        let shmem = ShmemConf::new()
-            .os_id(name.os_id())
-            .open()
-            .map_err(|e| shmem_error(name, e, 0))?;
-        let len = shmem.len();
+        // The very file just checked is mapped, through the same descriptor.
+        let mapping =
+            Mapping::shared(fd.as_fd(), size).map_err(|err| file_error("mmap", name, err, 0))?;
+        let len = file_size(name, &fd)?;
         if len != size {
             return Err(IpcError::bad_segment(format!(
                 "{name} changed size from {size} to {len} bytes while being opened"
             )));
         }
-        NamedSegment::from_parts(*name, shmem, fd, false, len)
-    }
-
-    fn from_parts(
-        name: SegmentName,
-        shmem: Shmem,
-        fd: OwnedFd,
-        created: bool,
-        len: usize,
-    ) -> Result<NamedSegment, IpcError> {
-        let ptr = NonNull::new(shmem.as_ptr()).filter(|_| shmem.len() == len && len > 0);
-        let Some(ptr) = ptr else {
-            return Err(IpcError::Os {
-                call: "mmap",
-                source: io::Error::other(format!(
-                    "{name}: mapped {} bytes at {:p}, expected {len}",
-                    shmem.len(),
-                    shmem.as_ptr()
-                )),
-            });
-        };
         Ok(NamedSegment {
-            name,
-            mapping: Mapping(shmem),
-            ptr,
-            len,
+            name: *name,
+            mapping,
             fd,
-            created,
+            created: false,
             unlinked: AtomicBool::new(false),
         })
     }
@@ -330,19 +270,19 @@ impl NamedSegment {
 
     /// Length of the mapping in bytes (never 0).
     pub fn len(&self) -> usize {
-        self.len
+        self.mapping.len()
     }
 
     /// Always `false`: a segment has at least one byte. Present for symmetry with `len`.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.mapping.len() == 0
     }
 
     /// Start of the mapping: page-aligned, valid for [`NamedSegment::len`] bytes while
     /// `self` lives. Another process may read and write these bytes concurrently: use
     /// raw-pointer copies or atomics, never references to the bytes themselves.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.mapping.ptr().as_ptr()
     }
 
     /// A descriptor of the file (for `fstat` and the like; peers open named segments by
@@ -357,12 +297,12 @@ impl NamedSegment {
     ///
     /// `offset` must be a multiple of 4 with `offset + 4 <= self.len()`.
     pub(crate) unsafe fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset % 4 == 0 && offset + 4 <= self.len);
+        debug_assert!(offset % 4 == 0 && offset + 4 <= self.len());
         // SAFETY: the caller keeps the 4 bytes inside the mapping and 4-aligned (the mapping
         // is page-aligned); `AtomicU32` has the layout of `u32`, and atomics tolerate the
         // peer writing the bytes concurrently. The reference cannot outlive `self`, which
         // keeps the mapping alive.
-        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU32>() }
+        unsafe { &*self.as_ptr().add(offset).cast::<AtomicU32>() }
     }
 
     /// The `u64` at `offset`, as an atomic.
@@ -371,9 +311,9 @@ impl NamedSegment {
     ///
     /// `offset` must be a multiple of 8 with `offset + 8 <= self.len()`.
     pub(crate) unsafe fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len());
         // SAFETY: as in `atomic_u32`, with 8 bytes and 8-byte alignment.
-        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+        unsafe { &*self.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 }
 
@@ -382,7 +322,7 @@ impl Drop for NamedSegment {
         if self.created && !self.unlinked.load(Ordering::Acquire) {
             let _ = unlink_name(&self.name);
         }
-        // Then `mapping` unmaps and closes its descriptor, and `fd` closes.
+        // Then `mapping` unmaps and `fd` closes.
     }
 }
 
@@ -390,36 +330,21 @@ impl Drop for NamedSegment {
 /// FIFO planted under the name must not hang us; it fails the type check after).
 fn open_file(name: &SegmentName) -> Result<OwnedFd, IpcError> {
     let path = name.path();
-    let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| IpcError::Os {
-        call: "open",
-        source: io::Error::new(io::ErrorKind::InvalidInput, e),
-    })?;
-    let flags = libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
-    // SAFETY: `c_path` is NUL-terminated and outlives the call; no file is created.
-    let raw = unsafe { libc::open(c_path.as_ptr(), flags) };
-    if raw < 0 {
-        let err = io::Error::last_os_error();
-        return Err(IpcError::Os {
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    rustix::fs::open(&path, flags, Mode::empty()).map_err(|errno| {
+        let err = io::Error::from(errno);
+        IpcError::Os {
             call: "open",
             source: io::Error::new(err.kind(), format!("{}: {err}", path.display())),
-        });
-    }
-    // SAFETY: open returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+        }
+    })
 }
 
 /// `fstat` of an open named segment, checked: a regular file of our uid, mode 0600 or
 /// stricter. Returns its size.
 fn file_size(name: &SegmentName, fd: &OwnedFd) -> Result<usize, IpcError> {
-    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: `stat` is writable memory of the size of `struct stat`, which fstat fills
-    // completely when it returns 0; the descriptor is open.
-    if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
-        return Err(IpcError::last_os("fstat"));
-    }
-    // SAFETY: fstat returned 0, so it initialised the whole struct.
-    let stat = unsafe { stat.assume_init() };
-    if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+    let stat = rustix::fs::fstat(fd).map_err(|e| IpcError::os("fstat", e))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
         return Err(IpcError::bad_segment(format!(
             "{name} is not a regular file"
         )));
@@ -452,39 +377,50 @@ fn check_file(name: &SegmentName, fd: &OwnedFd, len: usize) -> Result<(), IpcErr
     Ok(())
 }
 
-/// `shm_unlink("/<name>")`.
-fn unlink_name(name: &SegmentName) -> io::Result<()> {
-    let c_name = CString::new(name.os_id()).map_err(io::Error::other)?;
-    // SAFETY: `c_name` is NUL-terminated and outlives the call.
-    if unsafe { libc::shm_unlink(c_name.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
+/// Backs the first `size` bytes of a file just created with memory, as `posix_fallocate`
+/// does: `fallocate(2)`, or, on a file system without it, [`write_pages`]. A full `/dev/shm`
+/// is `ENOSPC` here rather than a `SIGBUS` on first touch.
+fn reserve(fd: &OwnedFd, size: u64) -> Result<(), Errno> {
+    loop {
+        match rustix::fs::fallocate(fd, FallocateFlags::empty(), 0, size) {
+            Err(Errno::INTR) => {}
+            Err(Errno::OPNOTSUPP) => return write_pages(fd, size),
+            result => return result,
+        }
+    }
+}
+
+/// `posix_fallocate`'s fallback: one zero byte written into every page of the first `size`
+/// bytes, which makes the file system allocate each. Only for a file that is new and all
+/// zeros, whose contents this leaves unchanged.
+fn write_pages(fd: &OwnedFd, size: u64) -> Result<(), Errno> {
+    let mut offset = 0;
+    while offset < size {
+        match rustix::io::pwrite(fd, &[0], offset) {
+            Ok(1) => offset = offset.saturating_add(PAGE_BYTES),
+            // A one-byte write that wrote nothing: nothing sensible left to try.
+            Ok(_) => return Err(Errno::IO),
+            Err(Errno::INTR) => {}
+            Err(errno) => return Err(errno),
+        }
     }
     Ok(())
 }
 
-/// Maps a `shared_memory` error to ours: `ENOSPC` is [`IpcError::ShmTooSmall`] (when
+/// `shm_unlink("/<name>")`.
+fn unlink_name(name: &SegmentName) -> io::Result<()> {
+    rustix::shm::unlink(name.os_id()).map_err(io::Error::from)
+}
+
+/// An error of `call` on the file of `name`: `ENOSPC` is [`IpcError::ShmTooSmall`] (when
 /// `needed` is known), the rest [`IpcError::Os`] with the path in the message.
-fn shmem_error(name: &SegmentName, err: ShmemError, needed: u64) -> IpcError {
-    let errno = match err {
-        ShmemError::MapCreateFailed(e)
-        | ShmemError::MapOpenFailed(e)
-        | ShmemError::UnknownOsError(e) => i32::try_from(e).ok(),
-        _ => None,
-    };
-    if errno == Some(libc::ENOSPC) && needed > 0 {
+fn file_error(call: &'static str, name: &SegmentName, err: io::Error, needed: u64) -> IpcError {
+    if err.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) && needed > 0 {
         return too_small(needed);
     }
-    let path = name.path();
-    let source = match errno {
-        Some(errno) => {
-            let os = io::Error::from_raw_os_error(errno);
-            io::Error::new(os.kind(), format!("{}: {os}", path.display()))
-        }
-        None => io::Error::other(format!("{}: {err}", path.display())),
-    };
     IpcError::Os {
-        call: "shm_open",
-        source,
+        call,
+        source: io::Error::new(err.kind(), format!("{}: {err}", name.path().display())),
     }
 }
 
@@ -514,6 +450,36 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_fallback_reservation_allocates_every_page() {
+        let fd =
+            rustix::fs::memfd_create("vans-reserve-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let size = 3 * PAGE_BYTES + 100;
+        rustix::fs::ftruncate(&fd, size).unwrap();
+        assert_eq!(
+            rustix::fs::fstat(&fd).unwrap().st_blocks,
+            0,
+            "sparse at first"
+        );
+        write_pages(&fd, size).unwrap();
+        let stat = rustix::fs::fstat(&fd).unwrap();
+        assert_eq!(stat.st_size, size as i64, "the size is unchanged");
+        assert!(
+            stat.st_blocks as u64 * 512 >= pages(size as usize),
+            "{stat:?}"
+        );
+        let mut contents = vec![1u8; size as usize];
+        assert_eq!(
+            rustix::io::pread(&fd, &mut contents, 0).unwrap(),
+            contents.len()
+        );
+        assert!(
+            contents.iter().all(|&b| b == 0),
+            "the contents are unchanged"
+        );
+        reserve(&fd, size).unwrap();
     }
 
     #[test]

@@ -12,6 +12,9 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
+use rustix::io::Errno;
+use rustix::process::Pid;
+
 use super::{effective_uid, pid_namespace, SegmentName, NAME_PREFIX, SHM_DIR};
 use crate::error::IpcError;
 
@@ -232,17 +235,14 @@ fn owner_status(name: &SegmentName) -> OwnerStatus {
 /// `kill(pid, 0)`: only `ESRCH` means dead (`EPERM` means it exists under another uid;
 /// anything else is taken as alive, to be safe).
 fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .filter(|pid| *pid > 0)
+        .and_then(Pid::from_raw)
+    else {
         return true;
     };
-    if pid <= 0 {
-        return true;
-    }
-    // SAFETY: signal 0 only checks that the process exists and may be signalled.
-    if unsafe { libc::kill(pid, 0) } == 0 {
-        return true;
-    }
-    io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    rustix::process::test_kill_process(pid) != Err(Errno::SRCH)
 }
 
 #[cfg(test)]
