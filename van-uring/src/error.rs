@@ -46,17 +46,10 @@ impl From<UringError> for VanError {
 
 /// The kernel release as (major, minor), if `uname` says.
 fn kernel_release() -> Option<(u32, u32, String)> {
-    // SAFETY: `utsname` is plain bytes, so all-zero is a valid value; `uname` fills it and
-    // NUL-terminates every field.
-    let release = unsafe {
-        let mut name: libc::utsname = std::mem::zeroed();
-        if libc::uname(&mut name) != 0 {
-            return None;
-        }
-        std::ffi::CStr::from_ptr(name.release.as_ptr())
-            .to_string_lossy()
-            .into_owned()
-    };
+    let release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
     let mut parts = release.split(|c: char| !c.is_ascii_digit());
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;

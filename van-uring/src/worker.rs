@@ -33,6 +33,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use rustix::thread::CpuSet;
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 use van_core::link::stream::Closed;
@@ -631,8 +632,7 @@ impl Worker {
                     debug!("cannot make the close abortive: {e}");
                 }
             }
-            // SAFETY: shutdown takes no pointers; the descriptor is owned by `stream`.
-            unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_RDWR) };
+            let _ = rustix::net::shutdown(stream, rustix::net::Shutdown::Both);
         }
         let (peer, remote) = (conn.peer, conn.remote);
         let mut cancels = Vec::new();
@@ -844,34 +844,25 @@ impl Worker {
 
 /// Pins the calling thread to `cpu`; logs and carries on when that fails.
 fn pin_to_cpu(cpu: usize) {
-    // SAFETY: `cpu_set_t` is plain bits (all-zero is empty); CPU_SET writes inside it and
-    // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it.
-    let result = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if result != 0 {
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    if let Err(errno) = rustix::thread::sched_setaffinity(None, &set) {
         warn!(
             cpu,
             "cannot pin the io_uring thread: {}",
-            std::io::Error::last_os_error()
+            std::io::Error::from(errno)
         );
     }
 }
 
 /// The CPUs this process may run on, in order.
 pub(crate) fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: as in `pin_to_cpu`; sched_getaffinity fills the set.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
-            .collect()
-    }
+    let Ok(set) = rustix::thread::sched_getaffinity(None) else {
+        return Vec::new();
+    };
+    (0..CpuSet::MAX_CPU)
+        .filter(|cpu| set.is_set(*cpu))
+        .collect()
 }
 
 /// The ring's descriptor, as the runtime's reactor watches it.
@@ -897,5 +888,25 @@ impl Drop for Unfinished {
             );
             std::mem::forget(worker);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_pinned_to_an_allowed_cpu_runs_only_there() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty());
+        assert!(cpus.windows(2).all(|pair| pair[0] < pair[1]), "{cpus:?}");
+        let last = cpus[cpus.len() - 1];
+        let pinned = std::thread::spawn(move || {
+            pin_to_cpu(last);
+            allowed_cpus()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pinned, vec![last]);
     }
 }

@@ -36,10 +36,11 @@ fn refuse_io_uring_setup(errno: u32) {
         len: filter.len() as u16,
         filter: filter.as_ptr() as *mut libc::sock_filter,
     };
+    rustix::thread::set_no_new_privs(true).unwrap();
+    // rustix's `set_secure_computing_mode` cannot pass a filter program, so this prctl stays.
     // SAFETY: prctl with these options reads only `program`, which points at `filter`; both
     // live across the call. The filter binds this thread (no TSYNC), which the test owns.
     unsafe {
-        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
         assert_eq!(
             libc::prctl(
                 libc::PR_SET_SECCOMP,
