@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use van_core::{Message, Meta};
 
@@ -25,6 +25,10 @@ use crate::values::{self, Value};
 
 /// Requests queued per shard before the server stops reading (back-pressure).
 const SHARD_QUEUE: usize = 4096;
+/// Granularity of the server's byte budget; requests smaller than this never wait for it.
+const BUDGET_UNIT: usize = 64 << 10;
+/// The smallest byte budget of a server, whatever the frame pool's size.
+const MIN_BUDGET_BYTES: usize = 16 << 20;
 /// Requests a shard takes from its queue at a time; their answers leave together.
 const SHARD_BATCH: usize = 256;
 
@@ -137,6 +141,8 @@ struct Job {
     meta: KvMeta,
     pairs: KvPairs,
     reply: Reply,
+    /// The request's share of the server's byte budget, returned once handled.
+    _held: Option<Arc<OwnedSemaphorePermit>>,
 }
 
 enum Reply {
@@ -172,6 +178,12 @@ struct ServerInner {
     po: Postoffice,
     ranges: Vec<KeyRange>,
     shards: Vec<mpsc::Sender<Job>>,
+    /// Bytes of large requests received and not yet handled, in units of
+    /// [`BUDGET_UNIT`]: a server holds at most the frame pool's worth (so the pool's buffers
+    /// are reused instead of fresh memory paging in), and stops reading beyond that, which
+    /// pushes back on the senders through the van.
+    budget: Arc<Semaphore>,
+    budget_units: u32,
 }
 
 impl<T: Value> KvServer<T> {
@@ -194,10 +206,16 @@ impl<T: Value> KvServer<T> {
             tokio::spawn(run_shard(po.clone(), make(shard), rx));
             senders.push(tx);
         }
+        let budget_units = u32::try_from(
+            po.config().frame_pool_bytes.max(MIN_BUDGET_BYTES) / BUDGET_UNIT,
+        )
+        .unwrap_or(u32::MAX >> 4);
         let inner = Arc::new(ServerInner {
             po: po.clone(),
             ranges,
             shards: senders,
+            budget: Arc::new(Semaphore::new(budget_units as usize)),
+            budget_units,
         });
         po.register_customer(app_id, customer_id, Arc::clone(&inner) as Arc<dyn Customer>)
             .await?;
@@ -383,10 +401,20 @@ impl Customer for ServerInner {
         if !sorted {
             return Some(msg);
         }
+        let units = self.units(&msg);
+        let held = if units == 0 {
+            None
+        } else {
+            match Arc::clone(&self.budget).try_acquire_many_owned(units) {
+                Ok(permit) => Some(Arc::new(permit)),
+                Err(_) => return Some(msg),
+            }
+        };
         let job = Job {
             meta,
             pairs,
             reply: Reply::Direct,
+            _held: held,
         };
         match self.shards[0].try_send(job) {
             Ok(()) => None,
@@ -404,9 +432,18 @@ impl Customer for ServerInner {
             warn!(from = sender, "a server received a response; ignored");
             return;
         }
+        let units = self.units(&msg);
+        let held = if units == 0 {
+            None
+        } else {
+            match Arc::clone(&self.budget).acquire_many_owned(units).await {
+                Ok(permit) => Some(Arc::new(permit)),
+                Err(_) => return, // closed: the server is going away
+            }
+        };
         // A request that cannot be served is answered with the reason: the worker's `wait`
         // must end, and the server keeps serving everyone else.
-        if let Err(reason) = self.route(meta, &msg).await {
+        if let Err(reason) = self.route(meta, &msg, held).await {
             warn!("request {} from {sender}: {reason}", meta.request_id);
             respond(&self.po, &meta, Err(reason)).await;
         }
@@ -437,7 +474,20 @@ fn kv_meta(msg: &Message) -> Option<KvMeta> {
 
 impl ServerInner {
     /// Sends a request (or its parts) to the shard(s) owning its keys.
-    async fn route(&self, meta: KvMeta, msg: &Message) -> std::result::Result<(), String> {
+    /// The request's share of the byte budget (0 for small requests; at most all of it, so
+    /// that a request larger than the budget still goes through, alone).
+    fn units(&self, msg: &Message) -> u32 {
+        u32::try_from(msg.data_len() / BUDGET_UNIT)
+            .unwrap_or(u32::MAX)
+            .min(self.budget_units)
+    }
+
+    async fn route(
+        &self,
+        meta: KvMeta,
+        msg: &Message,
+        held: Option<Arc<OwnedSemaphorePermit>>,
+    ) -> std::result::Result<(), String> {
         let pairs = kv_pairs(msg).map_err(|e| e.to_string())?;
         let keys = pairs.keys().map_err(|e| e.to_string())?;
         let slices = slice_sorted_keys(&keys, &self.ranges)
@@ -452,6 +502,7 @@ impl ServerInner {
                 meta,
                 pairs,
                 reply: Reply::Direct,
+                _held: held,
             };
             return self.submit(shard, job).await;
         }
@@ -482,6 +533,7 @@ impl ServerInner {
                 meta,
                 pairs: part,
                 reply,
+                _held: held.clone(),
             };
             if let Err(reason) = self.submit(shard, job).await {
                 // Complete the gather so the parts already queued still answer once.
