@@ -5,6 +5,7 @@ use std::fmt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
+use rustix::process::Signal;
 use van_core::Role;
 
 /// A node's name in messages and output prefixes: `scheduler`, `server 0`, `worker 2`.
@@ -40,22 +41,22 @@ pub(crate) fn describe(status: ExitStatus) -> String {
 }
 
 fn signal_name(number: i32) -> Option<&'static str> {
-    Some(match number {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
+    Some(match Signal::from_named_raw(number)? {
+        Signal::HUP => "SIGHUP",
+        Signal::INT => "SIGINT",
+        Signal::QUIT => "SIGQUIT",
+        Signal::ILL => "SIGILL",
+        Signal::TRAP => "SIGTRAP",
+        Signal::ABORT => "SIGABRT",
+        Signal::BUS => "SIGBUS",
+        Signal::FPE => "SIGFPE",
+        Signal::KILL => "SIGKILL",
+        Signal::SEGV => "SIGSEGV",
+        Signal::PIPE => "SIGPIPE",
+        Signal::ALARM => "SIGALRM",
+        Signal::TERM => "SIGTERM",
+        Signal::USR1 => "SIGUSR1",
+        Signal::USR2 => "SIGUSR2",
         _ => return None,
     })
 }

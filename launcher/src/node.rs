@@ -6,6 +6,7 @@ use std::io;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, Instant};
@@ -62,30 +63,19 @@ pub(crate) fn node_command(spec: &LaunchSpec, role: Role, rank: u32, port: u16) 
 /// Has the kernel SIGKILL the node when the launcher dies, even by SIGKILL.
 #[cfg(target_os = "linux")]
 fn die_with_parent(command: &mut Command) {
-    let Ok(parent) = libc::pid_t::try_from(std::process::id()) else {
+    let Some(parent) = std::process::id().try_into().ok().and_then(pid) else {
         return;
     };
     let hook = move || {
-        // SAFETY: this runs in the forked child before exec, where only async-signal-safe
-        // calls are allowed. prctl(2) and getppid(2) are plain system calls: they take
+        // This runs in the forked child before exec, where only async-signal-safe calls are
+        // allowed. rustix makes prctl(2) and getppid(2) as plain system calls: they take
         // integers, take no locks and allocate nothing (getppid is on POSIX's
-        // async-signal-safe list; prctl is Linux's equivalent syscall wrapper). Error values
-        // are built from the raw errno without allocating.
-        unsafe {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The launcher may have died between fork and prctl; then no signal would come.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
+        // async-signal-safe list; prctl is Linux's equivalent). Error values are built from
+        // the raw errno without allocating.
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+        // The launcher may have died between fork and prctl; then no signal would come.
+        if rustix::process::getppid() != Some(parent) {
+            return Err(rustix::io::Errno::SRCH.into());
         }
         Ok(())
     };
@@ -108,19 +98,19 @@ pub(crate) async fn supervise(
     mut stop: watch::Receiver<StopLevel>,
     exits: mpsc::Sender<Exited>,
 ) {
-    let group = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok());
+    let group = child.id().and_then(|id| pid(id.try_into().ok()?));
     let (mut term_sent, mut kill_sent, mut launcher_gone) = (false, false, false);
     let mut kill_at = None;
     let result = loop {
         let level = *stop.borrow_and_update();
         if level >= StopLevel::Terminate && !term_sent {
             term_sent = true;
-            signal_group(&child, libc::SIGTERM);
+            signal_group(&child, Signal::TERM);
             kill_at = Some(Instant::now() + grace);
         }
         if (level == StopLevel::Kill || launcher_gone) && !kill_sent {
             kill_sent = true;
-            signal_group(&child, libc::SIGKILL);
+            signal_group(&child, Signal::KILL);
         }
         tokio::select! {
             result = child.wait() => break result,
@@ -129,7 +119,7 @@ pub(crate) async fn supervise(
                 if kill_at.is_some() && !kill_sent =>
             {
                 kill_sent = true;
-                signal_group(&child, libc::SIGKILL);
+                signal_group(&child, Signal::KILL);
             }
         }
     };
@@ -147,28 +137,31 @@ pub(crate) async fn supervise(
 
 /// Sends `signal` to the process group the node leads: the node and whatever it started
 /// that did not move to a group of its own.
-fn signal_group(child: &Child, signal: libc::c_int) {
-    let Some(pid) = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok()) else {
+fn signal_group(child: &Child, signal: Signal) {
+    let Some(pid) = child.id().and_then(|id| pid(id.try_into().ok()?)) else {
         return;
     };
-    // SAFETY: kill(2) takes integers and touches no memory of ours. `Child::id` is `Some` only
-    // until the child is reaped, and only `supervise` reaps it, so `pid` is still our child
-    // (perhaps a zombie): neither it nor its process group `-pid` (it called setpgid(0, 0)
-    // before exec, and `spawn` returned after exec) can name another process.
-    unsafe {
-        if libc::kill(-pid, signal) != 0 {
-            libc::kill(pid, signal);
-        }
+    // `Child::id` is `Some` only until the child is reaped, and only `supervise` reaps it, so
+    // `pid` is still our child (perhaps a zombie): neither it nor its process group (it
+    // called setpgid(0, 0) before exec, and `spawn` returned after exec) can name another
+    // process.
+    if rustix::process::kill_process_group(pid, signal).is_err() {
+        let _ = rustix::process::kill_process(pid, signal);
     }
 }
 
 /// SIGKILLs what is left in process group `group` after its leader was reaped, and says
 /// whether anything was.
-fn kill_leftovers(group: libc::pid_t) -> bool {
-    // SAFETY: kill(2) takes integers and touches no memory of ours. While any process of the
-    // group lives, Linux does not give its id to a new process, so `-group` can only reach
-    // what our node left behind; an empty group fails with ESRCH. (Reaching a stranger would
-    // need the pid counter to wrap around to `group` in the microseconds since the reap and
-    // the new process to lead a group at once.)
-    unsafe { libc::kill(-group, libc::SIGKILL) == 0 }
+fn kill_leftovers(group: Pid) -> bool {
+    // While any process of the group lives, Linux does not give its id to a new process, so
+    // the group can only hold what our node left behind; an empty group fails with ESRCH.
+    // (Reaching a stranger would need the pid counter to wrap around to `group` in the
+    // microseconds since the reap and the new process to lead a group at once.)
+    rustix::process::kill_process_group(group, Signal::KILL).is_ok()
+}
+
+/// `raw` as a [`Pid`] when it names one process (is positive): never 0 or a negative group
+/// number, which `kill` would read as "every process of a group".
+fn pid(raw: i32) -> Option<Pid> {
+    (raw > 0).then_some(raw).and_then(Pid::from_raw)
 }
