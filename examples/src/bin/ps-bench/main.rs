@@ -297,6 +297,7 @@ impl Drop for ResultsDir {
 /// CPU seconds (user + system) of this process's children that have exited and been
 /// waited for.
 fn children_cpu_seconds() -> f64 {
+    // libc, not rustix: rustix has no getrusage.
     // SAFETY: `rusage` is plain data (all-zero is valid) and getrusage only writes it.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();

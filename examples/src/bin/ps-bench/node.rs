@@ -226,9 +226,8 @@ async fn benchmark(
 fn cluster_cpu_seconds() -> Option<f64> {
     std::env::var_os("VANS_LAUNCH_RANK")?;
     let parent = std::os::unix::process::parent_id();
-    // SAFETY: sysconf takes no pointers.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks <= 0 {
+    let ticks = rustix::param::clock_ticks_per_second();
+    if ticks == 0 {
         return None;
     }
     let mut total = 0u64;
