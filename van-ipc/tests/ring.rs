@@ -2,8 +2,7 @@
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -20,13 +19,11 @@ use van_ipc::{IpcError, Segment, WaitResult};
 const WAIT: Duration = Duration::from_secs(20);
 /// A small ring, so that wrap-around and back-pressure happen constantly.
 const SMALL_RING: usize = 64 << 10;
-/// Environment variable that turns `child_echo` into the child side of the echo test.
+/// Environment variable that turns `child_echo` into the child side of the echo test: the
+/// numbers of the two segment descriptors the child inherits, `<inbound>,<outbound>`.
 const CHILD_ENV: &str = "VAN_IPC_RING_TEST_CHILD";
 /// Messages the child echoes.
 const CHILD_MESSAGES: usize = 1000;
-/// Descriptors the parent places the two segments at in the child.
-const CHILD_INBOUND_FD: i32 = 3;
-const CHILD_OUTBOUND_FD: i32 = 4;
 
 fn pair(capacity: usize) -> (Arc<Segment>, Producer, Consumer) {
     let segment = create_ring("test", capacity).unwrap();
@@ -580,20 +577,24 @@ impl Drop for ChildGuard {
 /// The child side of `echo_through_a_child_process`; does nothing in a normal test run.
 #[test]
 fn child_echo() {
-    if std::env::var_os(CHILD_ENV).is_none() {
+    let Ok(fds) = std::env::var(CHILD_ENV) else {
         return;
+    };
+    let fds: Vec<RawFd> = fds.split(',').map(|fd| fd.parse().unwrap()).collect();
+    let [inbound_fd, outbound_fd] = fds[..] else {
+        panic!("{CHILD_ENV} names {fds:?}, not two descriptors");
+    };
+    for fd in [inbound_fd, outbound_fd] {
+        let link = std::fs::symlink_metadata(format!("/proc/self/fd/{fd}"));
+        assert!(link.is_ok(), "fd {fd} not inherited");
     }
-    for fd in [CHILD_INBOUND_FD, CHILD_OUTBOUND_FD] {
-        // SAFETY: F_GETFD only inspects the descriptor table.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-        assert!(flags >= 0, "fd {fd} not inherited");
-    }
-    // SAFETY: the parent placed the two memfds at these numbers before exec, and nothing in
-    // this process opened or owns them.
+    // SAFETY: the parent kept the two memfds open across exec at these numbers (it cleared
+    // their close-on-exec flags in the child), and nothing in this process opened or owns
+    // them.
     let (inbound, outbound) = unsafe {
         (
-            OwnedFd::from_raw_fd(CHILD_INBOUND_FD),
-            OwnedFd::from_raw_fd(CHILD_OUTBOUND_FD),
+            OwnedFd::from_raw_fd(inbound_fd),
+            OwnedFd::from_raw_fd(outbound_fd),
         )
     };
     let mut consumer = Consumer::new(Arc::new(Segment::open(inbound).unwrap()), false).unwrap();
@@ -616,24 +617,18 @@ fn echo_through_a_child_process() {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
         .args(["--exact", "child_echo", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1")
+        .env(CHILD_ENV, format!("{inbound_fd},{outbound_fd}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: the closure runs in the forked child before exec and calls only fcntl and dup2,
-    // which are async-signal-safe; it allocates nothing and touches no lock. Duplicating to
-    // numbers >= 10 first keeps dup2 from clobbering one segment with the other (or being a
-    // no-op that leaves close-on-exec set) when a source already sits at 3 or 4; the dup2
-    // copies have close-on-exec clear, so exactly 3 and 4 survive the exec.
+    // SAFETY: the closure runs in the forked child before exec and only clears close-on-exec
+    // on the two segment descriptors with fcntl(F_SETFD), a plain system call through rustix:
+    // async-signal-safe, no allocation, no lock. Both are open there: `to_child` and
+    // `from_child` outlive `spawn`, and fork copied the descriptor table. The flag changes in
+    // the child's table only, so exactly these two survive its exec.
     unsafe {
         command.pre_exec(move || {
-            let a = libc::fcntl(inbound_fd, libc::F_DUPFD_CLOEXEC, 10);
-            let b = libc::fcntl(outbound_fd, libc::F_DUPFD_CLOEXEC, 10);
-            if a < 0
-                || b < 0
-                || libc::dup2(a, CHILD_INBOUND_FD) < 0
-                || libc::dup2(b, CHILD_OUTBOUND_FD) < 0
-            {
-                return Err(io::Error::last_os_error());
+            for fd in [inbound_fd, outbound_fd] {
+                rustix::io::fcntl_setfd(BorrowedFd::borrow_raw(fd), rustix::io::FdFlags::empty())?;
             }
             Ok(())
         });
