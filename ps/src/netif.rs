@@ -74,6 +74,7 @@ pub fn interfaces() -> Result<Vec<(String, Ipv4Addr)>, InterfaceError> {
         .collect())
 }
 
+// libc, not rustix: getifaddrs is libc code over netlink, which rustix does not implement.
 /// The list `getifaddrs` allocated. Owned: it is freed exactly once, when this drops, and
 /// nothing else frees or changes it meanwhile.
 struct IfAddrs {
