@@ -206,10 +206,9 @@ impl<T: Value> KvServer<T> {
             tokio::spawn(run_shard(po.clone(), make(shard), rx));
             senders.push(tx);
         }
-        let budget_units = u32::try_from(
-            po.config().frame_pool_bytes.max(MIN_BUDGET_BYTES) / BUDGET_UNIT,
-        )
-        .unwrap_or(u32::MAX >> 4);
+        let budget_units =
+            u32::try_from(po.config().frame_pool_bytes.max(MIN_BUDGET_BYTES) / BUDGET_UNIT)
+                .unwrap_or(u32::MAX >> 4);
         let inner = Arc::new(ServerInner {
             po: po.clone(),
             ranges,
