@@ -73,6 +73,11 @@ impl BufRing {
         Ok(this)
     }
 
+    /// Bytes of each buffer (what a single receive into the group may take).
+    pub(crate) fn buffer_len(&self) -> u32 {
+        u32::try_from(self.buf_len).unwrap_or(u32::MAX)
+    }
+
     /// Buffers currently lent to the kernel.
     pub(crate) fn lent(&self) -> usize {
         usize::from(self.entries) - self.missing.len()

@@ -39,6 +39,8 @@ pub(crate) struct Reassembly {
     large: Option<LargeFrame>,
     /// Where large frames' buffers come from and go back to.
     pool: FramePool,
+    /// Bytes of large frames copied out of provided buffers (not received in place).
+    copied_large: u64,
 }
 
 struct LargeFrame {
@@ -53,12 +55,18 @@ impl Reassembly {
             pending: BytesMut::new(),
             large: None,
             pool,
+            copied_large: 0,
         }
     }
 
     /// Whether a chunk of `len` bytes should be handed over instead of copied.
     pub(crate) fn adopts(&self, len: usize) -> bool {
         len >= ADOPT_MIN && self.pending.is_empty() && self.large.is_none()
+    }
+
+    /// Takes the count of large-frame bytes copied out of provided buffers since last asked.
+    pub(crate) fn take_copied_large(&mut self) -> u64 {
+        std::mem::take(&mut self.copied_large)
     }
 
     /// Whether a large frame is being received (into its own buffer).
@@ -124,6 +132,7 @@ impl Reassembly {
             if let Some(large) = &mut self.large {
                 let take = (large.len - large.data.len()).min(data.len());
                 large.data.extend_from_slice(&data[..take]);
+                self.copied_large += take as u64;
                 data = &data[take..];
                 if large.data.len() == large.len {
                     self.finish_large(out)?;

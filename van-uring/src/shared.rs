@@ -30,6 +30,7 @@ pub(crate) struct Stats {
     pub(crate) recv_ops: AtomicUsize,
     pub(crate) zc_sends: AtomicU64,
     pub(crate) zc_copied: AtomicU64,
+    pub(crate) large_copied: AtomicU64,
     pub(crate) ring_lent: Vec<AtomicUsize>,
 }
 
@@ -42,6 +43,7 @@ impl Stats {
             recv_ops: AtomicUsize::new(0),
             zc_sends: AtomicU64::new(0),
             zc_copied: AtomicU64::new(0),
+            large_copied: AtomicU64::new(0),
             ring_lent: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
         }
     }

@@ -35,6 +35,9 @@ pub struct UringStats {
     pub zc_sends: u64,
     /// Connections that dropped back to plain sends because the kernel reported it copied.
     pub zc_copied: u64,
+    /// Bytes of large frames copied out of provided receive buffers rather than received
+    /// straight into the frame's own buffer (only a frame's first chunk should be).
+    pub large_copied: u64,
 }
 
 /// A van over TCP sockets driven by io_uring; see the [crate docs](crate).
@@ -154,6 +157,7 @@ impl IoUringVan {
             ring_capacity: usize::from(self.shared.options.ring_buffers()),
             zc_sends: stats.zc_sends.load(Ordering::Relaxed),
             zc_copied: stats.zc_copied.load(Ordering::Relaxed),
+            large_copied: stats.large_copied.load(Ordering::Relaxed),
         }
     }
 

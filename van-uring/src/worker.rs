@@ -525,6 +525,7 @@ impl Worker {
             waker,
             reassembly: Reassembly::new(options.limits, self.shared.pool.clone()),
             multishot: false,
+            single_shot: false,
             direct: false,
             cancel_sent: false,
             out: VecDeque::new(),

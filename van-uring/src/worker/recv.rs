@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use io_uring::{cqueue, opcode};
+use io_uring::{cqueue, opcode, squeue};
 use van_core::link::stream::Closed;
 use van_core::{Event, Message, NodeId, WireError};
 
@@ -44,9 +44,17 @@ impl Worker {
             return;
         }
         conn.multishot = true;
-        let entry = opcode::RecvMulti::new(fd, GROUP)
-            .build()
-            .user_data(user_data(K_RECV_MULTI, id, 0));
+        let entry = if conn.single_shot {
+            // One provided buffer, chosen by the kernel; completes like a multishot
+            // receive's last completion.
+            opcode::Recv::new(fd, std::ptr::null_mut(), self.bufs.buffer_len())
+                .buf_group(GROUP)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+        } else {
+            opcode::RecvMulti::new(fd, GROUP).build()
+        }
+        .user_data(user_data(K_RECV_MULTI, id, 0));
         self.shared.stats.recv_ops.fetch_add(1, Ordering::Relaxed);
         // SAFETY: a multishot receive writes only into buffers of the provided-buffer ring,
         // which stays registered (and its buffers allocated) until no receive is in flight.
@@ -134,6 +142,18 @@ impl Worker {
         if let Some(closed) = closed {
             self.close(id, closed, false);
             return;
+        }
+        let copied = conn.reassembly.take_copied_large();
+        if copied > 0 {
+            self.shared
+                .stats
+                .large_copied
+                .fetch_add(copied, Ordering::Relaxed);
+        }
+        if conn.reassembly.in_large_frame() {
+            conn.single_shot = true;
+        } else if !more && result > 0 {
+            conn.single_shot = false;
         }
         let switch = conn.reassembly.in_large_frame() && conn.multishot && !conn.cancel_sent;
         if switch {

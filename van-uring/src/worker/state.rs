@@ -67,8 +67,15 @@ pub(super) struct Conn {
     pub(super) queue_done: bool,
     pub(super) waker: Waker,
     pub(super) reassembly: Reassembly,
-    /// A multishot receive is in the kernel (no final completion yet).
+    /// A receive into provided buffers is in the kernel (no final completion yet):
+    /// multishot, or a single one while [`single_shot`](Self::single_shot) is set.
     pub(super) multishot: bool,
+    /// Large frames arrive here: receive one provided buffer at a time, so that the next
+    /// large frame's header is seen before more of its body lands in provided buffers (a
+    /// multishot receive would copy up to 32 buffers of it before a cancel takes effect);
+    /// the body then goes straight into the frame's own buffer. Cleared when a receive
+    /// brings only small frames.
+    pub(super) single_shot: bool,
     /// A direct receive (into the large frame's buffer) is in the kernel.
     pub(super) direct: bool,
     /// A cancel of the multishot receive was submitted and its target has not ended.
