@@ -69,6 +69,13 @@ impl Reassembly {
         std::mem::take(&mut self.copied_large)
     }
 
+    /// Bytes of the large frame being received that have not arrived yet (0 when none is).
+    pub(crate) fn large_remaining(&self) -> usize {
+        self.large
+            .as_ref()
+            .map_or(0, |large| large.len - large.data.len())
+    }
+
     /// Whether a large frame is being received (into its own buffer).
     pub(crate) fn in_large_frame(&self) -> bool {
         self.large.is_some()

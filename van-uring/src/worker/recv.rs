@@ -12,6 +12,10 @@ use super::state::{user_data, Conn, Worker, K_RECV_DIRECT, K_RECV_MULTI};
 use crate::bufring::GROUP;
 use crate::shared::Shared;
 
+/// A large frame with more than this many provided buffers' worth still to come makes a
+/// connection receive one buffer at a time (see `Conn::single_shot`).
+const SINGLE_SHOT_MIN: usize = 4;
+
 impl Worker {
     // ---- receiving --------------------------------------------------------------------
 
@@ -150,9 +154,10 @@ impl Worker {
                 .large_copied
                 .fetch_add(copied, Ordering::Relaxed);
         }
-        if conn.reassembly.in_large_frame() {
+        // Frames of a few buffers are cheaper to copy than to receive in two steps.
+        if conn.reassembly.large_remaining() > SINGLE_SHOT_MIN * self.bufs.buffer_len() as usize {
             conn.single_shot = true;
-        } else if !more && result > 0 {
+        } else if !more && result > 0 && !conn.reassembly.in_large_frame() {
             conn.single_shot = false;
         }
         let switch = conn.reassembly.in_large_frame() && conn.multishot && !conn.cancel_sent;

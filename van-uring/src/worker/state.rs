@@ -70,7 +70,7 @@ pub(super) struct Conn {
     /// A receive into provided buffers is in the kernel (no final completion yet):
     /// multishot, or a single one while [`single_shot`](Self::single_shot) is set.
     pub(super) multishot: bool,
-    /// Large frames arrive here: receive one provided buffer at a time, so that the next
+    /// Frames of many buffers arrive here: receive one provided buffer at a time, so the next
     /// large frame's header is seen before more of its body lands in provided buffers (a
     /// multishot receive would copy up to 32 buffers of it before a cancel takes effect);
     /// the body then goes straight into the frame's own buffer. Cleared when a receive
