@@ -134,7 +134,11 @@ static void run_worker(vans_node *node) {
     CHECK(vans_pull(worker, keys, 4, timed, sizeof timed, NULL, 0, NULL, NULL, &id));
     status = vans_wait_timeout(worker, id, 0);
     EXPECT(status == VANS_OK || status == VANS_ERR_TIMEOUT);
-    CHECK(vans_wait_timeout(worker, id, 30000));
+    /* The answer may already be in (the wait then consumed the request); only a wait that
+     * timed out leaves it to wait for again. */
+    if (status == VANS_ERR_TIMEOUT) {
+        CHECK(vans_wait_timeout(worker, id, 30000));
+    }
     EXPECT(timed[0] == 1 && timed[1] == 2 && timed[2] == 3 && timed[3] == 4);
 
     vans_worker_free(worker);
