@@ -3,7 +3,6 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::TcpListener;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
@@ -11,13 +10,11 @@ use std::time::{Duration, Instant};
 /// machine (and some inside an emulated guest).
 pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, outside the kernel's ephemeral range:
+/// nodes of tests running in parallel bind ephemeral ports, and a scheduler started a second
+/// after its port was picked (as the worker-first test does) could otherwise find it taken.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    van_core::testkit::free_port()
 }
 
 /// Waits for `child` up to [`DEADLINE`]; see [`wait_output_within`].
