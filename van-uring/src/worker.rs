@@ -205,7 +205,15 @@ impl Worker {
             Err(e) => {
                 warn!("cannot watch the io_uring descriptor: {e}; using a thread");
                 if let Some(worker) = guard.0.take() {
-                    std::thread::spawn(move || worker.run(done));
+                    let index = worker.index;
+                    // Nothing was submitted yet, so a worker that cannot get its thread is
+                    // simply dropped (its connections' sends then fail); `done` goes with it.
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("vans-uring-{index}"))
+                        .spawn(move || worker.run(done));
+                    if let Err(e) = spawned {
+                        warn!(index, "cannot start the io_uring thread either: {e}");
+                    }
                 }
                 return;
             }
