@@ -109,88 +109,6 @@ impl MgrInner {
         }
     }
 
-    /// Push mode: sends the value of `key` to its consumer `dst`.
-    fn push(
-        &self,
-        step: &RemoteRendezvous,
-        key: &ParsedKey,
-        value: Received,
-        dst: NodeId,
-    ) -> Result<(), RendezvousError> {
-        let step_id = step.step_id();
-        if let Some(reason) = self.peer_dead(dst) {
-            return Err(remote_error(step_id, key.full_key(), dst, reason));
-        }
-        let msg = wire::push(step_id, key.full_key(), value, self.address(dst));
-        self.outbox
-            .push(msg)
-            .map_err(|reason| remote_error(step_id, key.full_key(), dst, reason))
-    }
-
-    /// Pull mode: asks `src` for the value of `key`; `done` gets the answer.
-    fn pull(
-        &self,
-        step: &RemoteRendezvous,
-        key: &ParsedKey,
-        src: NodeId,
-        done: Done,
-        ticket: Option<&TicketCell>,
-    ) {
-        let step_id = step.step_id();
-        if let Some(reason) = self.peer_dead(src) {
-            let error = remote_error(step_id, key.full_key(), src, reason);
-            return finish(done, ticket, Err(error));
-        }
-        let request = {
-            let mut pulls = lock(&self.pulls);
-            // Ids wrap after 2^31 requests: skip any still pending, never overwrite it.
-            let mut request = self.next_request.fetch_add(1, Ordering::Relaxed);
-            while pulls.contains_key(&request) {
-                request = self.next_request.fetch_add(1, Ordering::Relaxed);
-            }
-            pulls.insert(
-                request,
-                PendingPull {
-                    step_id,
-                    incarnation: step.incarnation(),
-                    key: key.full_key().to_owned(),
-                    peer: src,
-                    done,
-                },
-            );
-            // Queued under the table's lock, so that an abort that withdraws this request
-            // queues its cancel after the request itself.
-            let msg = wire::recv_request(request, step_id, key.full_key(), self.address(src));
-            if let Err(reason) = self.outbox.push(msg) {
-                let pull = pulls.remove(&request);
-                drop(pulls);
-                if let Some(pull) = pull {
-                    let error = remote_error(step_id, key.full_key(), src, reason);
-                    finish(pull.done, ticket, Err(error));
-                }
-                return;
-            }
-            request
-        };
-        if let Some(ticket) = ticket {
-            let mut cell = lock(ticket);
-            if let Ticket::Cancelled(error) = &*cell {
-                let error = error.clone();
-                *cell = Ticket::Finished;
-                drop(cell);
-                self.cancel_pull(request, error, true);
-                return;
-            }
-            *cell = Ticket::Remote(request);
-        }
-        // An abort or a death that came while the request was being placed.
-        if let Some(status) = step.status() {
-            self.cancel_pull(request, status, true);
-        } else if let Some(reason) = self.peer_dead(src) {
-            self.fail_pull(request, src, &reason);
-        }
-    }
-
     /// Withdraws pull `request`, completing it with `error`; `notify` tells the owner.
     fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError, notify: bool) -> bool {
         let Some(pull) = lock(&self.pulls).remove(&request) else {
@@ -217,27 +135,6 @@ impl MgrInner {
         if let Some(pull) = pull {
             let error = remote_error(pull.step_id, &pull.key, peer, reason.to_owned());
             pull.done.complete(Err(error));
-        }
-    }
-
-    /// The step was aborted: withdraws its pulls.
-    fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError) {
-        let withdrawn: Vec<(ps::RequestId, PendingPull)> = {
-            let mut pulls = lock(&self.pulls);
-            let ids: Vec<ps::RequestId> = pulls
-                .iter()
-                .filter(|(_, p)| p.step_id == step_id && p.incarnation == incarnation)
-                .map(|(id, _)| *id)
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| pulls.remove(&id).map(|p| (id, p)))
-                .collect()
-        };
-        for (request, pull) in withdrawn {
-            let _ = self
-                .outbox
-                .push_reply(wire::cancel(request, step_id, self.address(pull.peer)));
-            pull.done.complete(Err(status.clone()));
         }
     }
 
@@ -534,6 +431,7 @@ impl StepHost for MgrInner {
         MgrInner::peer_dead(self, peer)
     }
 
+    /// Push mode: sends the value of `key` to its consumer `dst`.
     fn push(
         &self,
         step: &RemoteRendezvous,
@@ -541,9 +439,17 @@ impl StepHost for MgrInner {
         value: Received,
         dst: NodeId,
     ) -> Result<(), RendezvousError> {
-        MgrInner::push(self, step, key, value, dst)
+        let step_id = step.step_id();
+        if let Some(reason) = self.peer_dead(dst) {
+            return Err(remote_error(step_id, key.full_key(), dst, reason));
+        }
+        let msg = wire::push(step_id, key.full_key(), value, self.address(dst));
+        self.outbox
+            .push(msg)
+            .map_err(|reason| remote_error(step_id, key.full_key(), dst, reason))
     }
 
+    /// Pull mode: asks `src` for the value of `key`; `done` gets the answer.
     fn pull(
         &self,
         step: &RemoteRendezvous,
@@ -552,14 +458,83 @@ impl StepHost for MgrInner {
         done: Done,
         ticket: Option<&TicketCell>,
     ) {
-        MgrInner::pull(self, step, key, src, done, ticket);
+        let step_id = step.step_id();
+        if let Some(reason) = self.peer_dead(src) {
+            let error = remote_error(step_id, key.full_key(), src, reason);
+            return finish(done, ticket, Err(error));
+        }
+        let request = {
+            let mut pulls = lock(&self.pulls);
+            // Ids wrap after 2^31 requests: skip any still pending, never overwrite it.
+            let mut request = self.next_request.fetch_add(1, Ordering::Relaxed);
+            while pulls.contains_key(&request) {
+                request = self.next_request.fetch_add(1, Ordering::Relaxed);
+            }
+            pulls.insert(
+                request,
+                PendingPull {
+                    step_id,
+                    incarnation: step.incarnation(),
+                    key: key.full_key().to_owned(),
+                    peer: src,
+                    done,
+                },
+            );
+            // Queued under the table's lock, so that an abort that withdraws this request
+            // queues its cancel after the request itself.
+            let msg = wire::recv_request(request, step_id, key.full_key(), self.address(src));
+            if let Err(reason) = self.outbox.push(msg) {
+                let pull = pulls.remove(&request);
+                drop(pulls);
+                if let Some(pull) = pull {
+                    let error = remote_error(step_id, key.full_key(), src, reason);
+                    finish(pull.done, ticket, Err(error));
+                }
+                return;
+            }
+            request
+        };
+        if let Some(ticket) = ticket {
+            let mut cell = lock(ticket);
+            if let Ticket::Cancelled(error) = &*cell {
+                let error = error.clone();
+                *cell = Ticket::Finished;
+                drop(cell);
+                self.cancel_pull(request, error, true);
+                return;
+            }
+            *cell = Ticket::Remote(request);
+        }
+        // An abort or a death that came while the request was being placed.
+        if let Some(status) = step.status() {
+            self.cancel_pull(request, status, true);
+        } else if let Some(reason) = self.peer_dead(src) {
+            self.fail_pull(request, src, &reason);
+        }
     }
 
     fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError) -> bool {
         MgrInner::cancel_pull(self, request, error, true)
     }
 
+    /// The step was aborted: withdraws its pulls.
     fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError) {
-        MgrInner::abort_pulls(self, step_id, incarnation, status);
+        let withdrawn: Vec<(ps::RequestId, PendingPull)> = {
+            let mut pulls = lock(&self.pulls);
+            let ids: Vec<ps::RequestId> = pulls
+                .iter()
+                .filter(|(_, p)| p.step_id == step_id && p.incarnation == incarnation)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| pulls.remove(&id).map(|p| (id, p)))
+                .collect()
+        };
+        for (request, pull) in withdrawn {
+            let _ = self
+                .outbox
+                .push_reply(wire::cancel(request, step_id, self.address(pull.peer)));
+            pull.done.complete(Err(status.clone()));
+        }
     }
 }
