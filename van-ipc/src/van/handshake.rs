@@ -58,19 +58,12 @@ pub(super) async fn accept(
             ),
         ));
     }
-    let (words, fds) = tokio::time::timeout(HANDSHAKE_TIMEOUT, fdpass::recv(&socket))
-        .await
-        .map_err(|_| io_error("IPC handshake", "no handshake within the timeout"))?
-        .map_err(|e| io_error("IPC handshake", e))?;
-    if words[0] != HANDSHAKE_MAGIC || (fds.len() != 3 && fds.len() != 5) {
-        return Err(io_error(
+    let fds = receive(&socket, [3, 5]).await.map_err(|e| {
+        io_error(
             "IPC handshake",
-            format!(
-                "not a vans peer of this version ({} descriptors)",
-                fds.len()
-            ),
-        ));
-    }
+            format!("not a vans peer of this version: {e}"),
+        )
+    })?;
     let mut fds = fds.into_iter();
     let (Some(theirs), Some(ours), Some(their_bell)) = (fds.next(), fds.next(), fds.next()) else {
         return Err(io_error("IPC handshake", "descriptors missing"));
@@ -166,19 +159,12 @@ pub(super) async fn dial_socket(
         .map_err(connect_error)?;
     drop(fds);
     // The peer answers with its doorbell (and arena) once it mapped the rings.
-    let (words, reply) = tokio::time::timeout(HANDSHAKE_TIMEOUT, fdpass::recv(&socket))
-        .await
-        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-        .map_err(connect_error)?;
-    if words[0] != HANDSHAKE_MAGIC || (reply.len() != 1 && reply.len() != 3) {
-        return Err(io_error(
+    let reply = receive(&socket, [1, 3]).await.map_err(|e| {
+        io_error(
             "IPC handshake",
-            format!(
-                "bad reply from peer {peer} ({} descriptors; another vans version?)",
-                reply.len()
-            ),
-        ));
-    }
+            format!("bad reply from peer {peer} ({e}; another vans version?)"),
+        )
+    })?;
     let mut reply = reply.into_iter();
     if let Some(bell) = reply.next() {
         producer.set_consumer_doorbell(
@@ -195,6 +181,19 @@ pub(super) async fn dial_socket(
             theirs: open_peer_arena(reply.collect())?,
         },
     })
+}
+
+/// Receives one handshake message within the handshake timeout: its descriptors, when it
+/// starts with the magic and carries one of the `counts` of them (without and with arenas).
+async fn receive(socket: &UnixStream, counts: [usize; 2]) -> Result<Vec<OwnedFd>, String> {
+    let (words, fds) = tokio::time::timeout(HANDSHAKE_TIMEOUT, fdpass::recv(socket))
+        .await
+        .map_err(|_| "nothing within the handshake timeout".to_owned())?
+        .map_err(|e| e.to_string())?;
+    if words[0] != HANDSHAKE_MAGIC || !counts.contains(&fds.len()) {
+        return Err(format!("{} descriptors", fds.len()));
+    }
+    Ok(fds)
 }
 
 /// Named mode's accept queue in `/dev/shm`, after removing segments that dead processes of
