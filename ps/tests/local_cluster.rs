@@ -249,3 +249,97 @@ async fn eager_nodes_connect_to_everyone_before_any_traffic_and_lazy_ones_do_not
         }
     }
 }
+
+/// A sum handler that answers nothing until the test opens its gate.
+struct GatedSum {
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    sum: ps::SumHandler<f32>,
+}
+
+impl RequestHandler for GatedSum {
+    fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> Result<KvPairs, String> {
+        let (open, wake) = &*self.gate;
+        let mut open = open.lock().unwrap();
+        while !*open {
+            open = wake.wait(open).unwrap();
+        }
+        drop(open);
+        self.sum.handle(meta, request)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_holds_at_most_its_byte_budget_of_large_requests_not_yet_handled() {
+    // The budget is the frame pool's size (64 MiB by default); a stalled handler must stop
+    // the server from taking in more than that (plus the one request waiting for room).
+    const VALUES: usize = 1 << 18; // 1 MiB of f32 per push
+    const PUSHES: usize = 96;
+    let budget = van_core::pool::DEFAULT_POOL_BYTES;
+    let request = VALUES * 4;
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let results = LocalCluster::new(1, 1)
+        .run(move |po| {
+            let gate = Arc::clone(&gate);
+            async move {
+                let mut most_held = 0usize;
+                match po.role() {
+                    Role::Server => {
+                        let server = KvServer::<f32>::new(&po, 0, 0, 1, |_| GatedSum {
+                            gate: Arc::clone(&gate),
+                            sum: ps::SumHandler::default(),
+                        })
+                        .await?;
+                        // Wait until the server has taken in a full budget, then give the
+                        // worker time to push the rest.
+                        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                        while server.held_bytes() < budget - request {
+                            assert!(
+                                tokio::time::Instant::now() < deadline,
+                                "budget never filled"
+                            );
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        for _ in 0..40 {
+                            most_held = most_held.max(server.held_bytes());
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        let (open, wake) = &*gate;
+                        *open.lock().unwrap() = true;
+                        wake.notify_all();
+                        po.barrier(node_ids::SERVER_GROUP | node_ids::WORKER_GROUP)
+                            .await?;
+                        assert_eq!(server.held_bytes(), 0, "every hold is returned");
+                        po.finalize().await?;
+                    }
+                    Role::Worker => {
+                        let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+                        let vals = vec![1.0f32; VALUES];
+                        let mut ids = Vec::with_capacity(PUSHES);
+                        for _ in 0..PUSHES {
+                            ids.push(worker.push(&[7], &vals, None, 0).await?);
+                        }
+                        for id in ids {
+                            worker.wait(id).await?;
+                        }
+                        let id = worker.pull(&[7], 0).await?;
+                        let sums = worker.wait(id).await?;
+                        assert!(sums.vals::<f32>()?.iter().all(|v| *v == PUSHES as f32));
+                        po.barrier(node_ids::SERVER_GROUP | node_ids::WORKER_GROUP)
+                            .await?;
+                        po.finalize().await?;
+                    }
+                    Role::Scheduler => po.finalize().await?,
+                }
+                Ok(most_held)
+            }
+        })
+        .await
+        .unwrap();
+    let most_held = results.into_iter().max().unwrap();
+    // The budget counts whole 64 KiB units (a request's keys are its few bytes beyond), and
+    // one more request waits for room: at most two requests over.
+    assert!(
+        most_held >= budget - request && most_held <= budget + 2 * request,
+        "held {most_held} bytes with a budget of {budget}"
+    );
+}

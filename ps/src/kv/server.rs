@@ -8,6 +8,7 @@
 //! taken on the aggregation path.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -142,7 +143,33 @@ struct Job {
     pairs: KvPairs,
     reply: Reply,
     /// The request's share of the server's byte budget, returned once handled.
-    _held: Option<Arc<OwnedSemaphorePermit>>,
+    _held: Option<Arc<Hold>>,
+}
+
+/// A large request's bytes while the server holds them: its share of the byte budget (once
+/// granted) and its count in [`KvServer::held_bytes`], both returned when the last part of
+/// the request has been handled.
+struct Hold {
+    bytes: usize,
+    counter: Arc<AtomicUsize>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Hold {
+    fn new(bytes: usize, counter: &Arc<AtomicUsize>) -> Hold {
+        counter.fetch_add(bytes, Ordering::Relaxed);
+        Hold {
+            bytes,
+            counter: Arc::clone(counter),
+            _permit: None,
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 enum Reply {
@@ -184,6 +211,9 @@ struct ServerInner {
     /// pushes back on the senders through the van.
     budget: Arc<Semaphore>,
     budget_units: u32,
+    /// Bytes of large requests received and not yet handled, including one waiting for
+    /// budget: what [`KvServer::held_bytes`] reports.
+    held: Arc<AtomicUsize>,
 }
 
 impl<T: Value> KvServer<T> {
@@ -215,6 +245,7 @@ impl<T: Value> KvServer<T> {
             shards: senders,
             budget: Arc::new(Semaphore::new(budget_units as usize)),
             budget_units,
+            held: Arc::new(AtomicUsize::new(0)),
         });
         po.register_customer(app_id, customer_id, Arc::clone(&inner) as Arc<dyn Customer>)
             .await?;
@@ -235,6 +266,14 @@ impl<T: Value> KvServer<T> {
             SumHandler::<T>::default()
         })
         .await
+    }
+
+    /// Bytes of large requests (64 KiB and up) this server has received and not yet
+    /// answered. The server's byte budget (the frame pool's size, at least 16 MiB) bounds it,
+    /// plus the one request waiting for room: beyond that the server stops reading and its
+    /// senders are pushed back on through the van.
+    pub fn held_bytes(&self) -> usize {
+        self._inner.held.load(Ordering::Relaxed)
     }
 }
 
@@ -404,10 +443,12 @@ impl Customer for ServerInner {
         let held = if units == 0 {
             None
         } else {
+            let mut hold = Hold::new(msg.data_len(), &self.held);
             match Arc::clone(&self.budget).try_acquire_many_owned(units) {
-                Ok(permit) => Some(Arc::new(permit)),
+                Ok(permit) => hold._permit = Some(permit),
                 Err(_) => return Some(msg),
             }
+            Some(Arc::new(hold))
         };
         let job = Job {
             meta,
@@ -435,10 +476,13 @@ impl Customer for ServerInner {
         let held = if units == 0 {
             None
         } else {
+            // Counted while it waits, too: the message is held in memory meanwhile.
+            let mut hold = Hold::new(msg.data_len(), &self.held);
             match Arc::clone(&self.budget).acquire_many_owned(units).await {
-                Ok(permit) => Some(Arc::new(permit)),
+                Ok(permit) => hold._permit = Some(permit),
                 Err(_) => return, // closed: the server is going away
             }
+            Some(Arc::new(hold))
         };
         // A request that cannot be served is answered with the reason: the worker's `wait`
         // must end, and the server keeps serving everyone else.
@@ -485,7 +529,7 @@ impl ServerInner {
         &self,
         meta: KvMeta,
         msg: &Message,
-        held: Option<Arc<OwnedSemaphorePermit>>,
+        held: Option<Arc<Hold>>,
     ) -> std::result::Result<(), String> {
         let pairs = kv_pairs(msg).map_err(|e| e.to_string())?;
         let keys = pairs.keys().map_err(|e| e.to_string())?;
