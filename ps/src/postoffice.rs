@@ -925,6 +925,6 @@ fn control_message(recipient: NodeId, cmd: Command, request: bool) -> Message {
             control: Some(Control::command(cmd)),
             ..Meta::default()
         },
-        data: Vec::new(),
+        data: van_core::Parts::new(),
     }
 }

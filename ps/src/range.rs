@@ -57,11 +57,15 @@ pub fn server_key_ranges(num_servers: usize) -> Vec<KeyRange> {
     KeyRange::ALL.split(num_servers)
 }
 
+/// Index ranges of keys, one per key range (inline up to four: no allocation per request on
+/// clusters of up to four servers or shards).
+pub type Slices = van_core::smallvec::SmallVec<[Range<usize>; 4]>;
+
 /// For keys sorted ascending, the index range of the keys that fall in each of `ranges`
 /// (which must be sorted and disjoint). Keys in no range are in no slice.
 ///
 /// Returns `None` if `keys` is not sorted ascending.
-pub fn slice_sorted_keys(keys: &[u64], ranges: &[KeyRange]) -> Option<Vec<Range<usize>>> {
+pub fn slice_sorted_keys(keys: &[u64], ranges: &[KeyRange]) -> Option<Slices> {
     if keys.windows(2).any(|w| w[0] > w[1]) {
         return None;
     }

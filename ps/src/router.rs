@@ -179,7 +179,11 @@ impl Router {
         if self.config.verbose >= 2 {
             info!("send {} via {kind}", describe(&msg));
         }
-        self.van(kind)?.send(msg).await.map_err(peer_error)
+        let van = self.van(kind)?;
+        match van.try_send(msg).map_err(peer_error)? {
+            None => Ok(()),
+            Some(msg) => van.send(msg).await.map_err(peer_error),
+        }
     }
 
     /// Sends many messages (to any recipients), connecting first where needed; one batch

@@ -205,7 +205,7 @@ impl SimpleApp {
                     recipient: Some(*node),
                     ..Meta::default()
                 },
-                data: Vec::new(),
+                data: van_core::Parts::new(),
             })
             .collect();
         {
@@ -303,7 +303,7 @@ async fn answer_requests(
                 recipient: Some(sender),
                 ..Meta::default()
             },
-            data: Vec::new(),
+            data: van_core::Parts::new(),
         };
         if let Err(e) = po.router().send(response).await {
             warn!(

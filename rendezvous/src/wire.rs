@@ -28,7 +28,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use van_core::rendezvous::parse_key;
 use van_core::rendezvous::Received;
-use van_core::{DataType, Message, Meta, NodeId, ParsedKey, RendezvousError};
+use van_core::smallvec::smallvec;
+use van_core::{DataType, DataTypes, Message, Meta, NodeId, ParsedKey, Parts, RendezvousError};
 
 use crate::error::MessageError;
 
@@ -171,8 +172,8 @@ fn message(
     address: Address,
 ) -> Message {
     let (data, data_types) = match value {
-        Some(value) => (vec![value], vec![DataType::U8]),
-        None => (Vec::new(), Vec::new()),
+        Some(value) => (smallvec![value], smallvec![DataType::U8]),
+        None => (Parts::new(), DataTypes::new()),
     };
     Message {
         meta: Meta {
@@ -480,7 +481,7 @@ mod tests {
             }
             let msg = Message {
                 meta: Meta { head, request, body: Bytes::from(body), ..Meta::default() },
-                data: vec![Bytes::from_static(b"x"); segments],
+                data: van_core::smallvec::smallvec![Bytes::from_static(b"x"); segments],
             };
             let _ = RendezvousMessage::decode(msg);
         }

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::wire::Frame;
+
 /// Bytes of large frames a peer's queue holds by default.
 pub const DEFAULT_BUDGET_BYTES: usize = 32 << 20;
 /// Frames below this size are small: they do not count against the budget.
@@ -49,7 +51,7 @@ impl ByteBudget {
     /// what it took until the returned value is dropped. A frame larger than the whole budget
     /// takes all of it.
     async fn reserve(&self, len: usize) -> Held {
-        if len < SMALL_FRAME || self.capacity == Semaphore::MAX_PERMITS {
+        if self.is_exempt(len) {
             return Held { permit: None };
         }
         let take = u32::try_from(len.min(self.capacity)).unwrap_or(u32::MAX);
@@ -60,11 +62,17 @@ impl ByteBudget {
         }
     }
 
+    /// Whether a frame of `len` bytes takes nothing from the budget (a small frame, or no
+    /// byte limit), so queueing it never waits for bytes.
+    pub fn is_exempt(&self, len: usize) -> bool {
+        len < SMALL_FRAME || self.capacity == Semaphore::MAX_PERMITS
+    }
+
     /// Waits until `frame` (its encoded parts) fits, then ties what it takes to the frame's
     /// own bytes: the budget comes back when the van drops the last of them, whenever that is
     /// (after the kernel's completion, for a van that lends buffers to it). No byte is
     /// copied.
-    pub async fn attach(&self, mut frame: Vec<Bytes>) -> Vec<Bytes> {
+    pub async fn attach(&self, mut frame: Frame) -> Frame {
         let len = frame.iter().map(Bytes::len).sum();
         let held = self.reserve(len).await;
         if held.permit.is_some() {
@@ -127,10 +135,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_attached_frame_holds_its_budget_until_itspermit_are_dropped() {
+    async fn an_attached_frame_holds_its_budget_until_its_parts_are_dropped() {
         let budget = ByteBudget::new(4 << 20);
         let payload = Bytes::from(vec![5u8; 3 << 20]);
-        let frame = vec![Bytes::from_static(b"header"), payload.clone(), Bytes::new()];
+        let frame =
+            smallvec::smallvec![Bytes::from_static(b"header"), payload.clone(), Bytes::new()];
         let frame = budget.attach(frame).await;
         assert_eq!(budget.available(), (4 << 20) - (3 << 20) - 6);
         // The same bytes, not a copy.
@@ -142,7 +151,9 @@ mod tests {
         drop(kept);
         assert_eq!(budget.available(), 4 << 20);
         // Small frames take nothing.
-        let small = budget.attach(vec![Bytes::from_static(b"tiny")]).await;
+        let small = budget
+            .attach(smallvec::smallvec![Bytes::from_static(b"tiny")])
+            .await;
         assert_eq!(budget.available(), 4 << 20);
         drop(small);
     }

@@ -44,10 +44,12 @@ pub use config::{Config, ConfigError};
 pub use endpoint_map::{EndpointMap, EndpointMapError, HostPort};
 pub use error::Error;
 pub use message::{
-    node_ids, Command, Control, DataType, Endpoint, Message, Meta, Node, NodeId, Role, VanKind,
+    node_ids, Command, Control, DataType, DataTypes, Endpoint, Message, Meta, Node, NodeId, Parts,
+    Role, VanKind,
 };
 pub use pool::FramePool;
 pub use rendezvous::{ParsedKey, Rendezvous, RendezvousError};
+pub use smallvec;
 pub use tf_config::{TfConfig, TfConfigError};
 pub use van::{inbox, Event, Inbox, InboxSender, PeerLost, Van, VanError};
 pub use wire::{Limits, WireError};

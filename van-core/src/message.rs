@@ -376,7 +376,7 @@ pub struct Meta {
     /// Free-form body (`SimpleApp` bodies, rendezvous keys).
     pub body: Bytes,
     /// The element type of each data segment.
-    pub data_types: Vec<DataType>,
+    pub data_types: DataTypes,
     /// Cluster control, if this is a control message.
     pub control: Option<Control>,
     /// Scheduling priority; higher goes first where a van reorders.
@@ -401,18 +401,26 @@ pub struct Message {
     /// The meta.
     pub meta: Meta,
     /// The data segments.
-    pub data: Vec<Bytes>,
+    pub data: Parts,
 }
+
+/// A message's data segments. Up to three (keys, values, lengths) are stored inline, so a
+/// message allocates nothing for them; build one with [`smallvec::smallvec!`] or
+/// `Parts::from_vec`.
+pub type Parts = smallvec::SmallVec<[Bytes; 3]>;
+
+/// The types of a message's data segments. Up to six are stored inline.
+pub type DataTypes = smallvec::SmallVec<[DataType; 6]>;
 
 impl Message {
     /// A data message to `recipient` with the given segments.
-    pub fn to(recipient: NodeId, data: Vec<Bytes>) -> Message {
+    pub fn to(recipient: NodeId, data: impl Into<Parts>) -> Message {
         Message {
             meta: Meta {
                 recipient: Some(recipient),
                 ..Meta::default()
             },
-            data,
+            data: data.into(),
         }
     }
 

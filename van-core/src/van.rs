@@ -113,6 +113,8 @@ pub enum VanError {
 
 /// What a van delivers into an [`Inbox`].
 #[derive(Debug)]
+// Messages are nearly every event: boxing them would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
 pub enum Event {
     /// A message from a peer.
     Message(Message),
@@ -312,6 +314,14 @@ pub trait Van: Send + Sync {
     /// that peer's queue is full.
     async fn send(&self, msg: Message) -> Result<(), VanError>;
 
+    /// Queues `msg` like [`send`](Self::send) when that needs no waiting, without the
+    /// future `send` allocates: `Ok(None)` once queued, `Ok(Some(msg))` when it would have to
+    /// wait (a full queue, a large frame under the byte budget), so the caller sends it with
+    /// `send`. Errors are those of `send`. The default queues nothing.
+    fn try_send(&self, msg: Message) -> Result<Option<Message>, VanError> {
+        Ok(Some(msg))
+    }
+
     /// Queues many messages; a van may hand them to its writers in one step. Stops at the
     /// first error, returning it; earlier messages stay queued.
     async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), VanError> {
@@ -340,6 +350,10 @@ pub trait Van: Send + Sync {
     }
 }
 
+/// The future of [`Van::send`] and [`Van::send_batch`] as `async_trait` boxes it.
+type BoxedSend<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), VanError>> + Send + 'a>>;
+
 #[async_trait]
 impl<V: Van + ?Sized> Van for Arc<V> {
     fn kind(&self) -> VanKind {
@@ -351,11 +365,23 @@ impl<V: Van + ?Sized> Van for Arc<V> {
     async fn connect(&self, node: &Node) -> Result<(), VanError> {
         (**self).connect(node).await
     }
-    async fn send(&self, msg: Message) -> Result<(), VanError> {
-        (**self).send(msg).await
+    // The data path hands the inner van's future through instead of boxing it a second time.
+    fn send<'life0, 'async_trait>(&'life0 self, msg: Message) -> BoxedSend<'async_trait>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).send(msg)
     }
-    async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), VanError> {
-        (**self).send_batch(msgs).await
+    fn try_send(&self, msg: Message) -> Result<Option<Message>, VanError> {
+        (**self).try_send(msg)
+    }
+    fn send_batch<'life0, 'async_trait>(&'life0 self, msgs: Vec<Message>) -> BoxedSend<'async_trait>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).send_batch(msgs)
     }
     async fn stop(&self) -> Result<(), VanError> {
         (**self).stop().await

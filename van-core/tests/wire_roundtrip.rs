@@ -282,7 +282,7 @@ fn meta() -> impl Strategy<Value = Meta> {
             pull,
             simple_app,
             body,
-            data_types,
+            data_types: data_types.into(),
             control,
             priority,
             key,
@@ -294,7 +294,10 @@ fn meta() -> impl Strategy<Value = Meta> {
 }
 
 fn message() -> impl Strategy<Value = Message> {
-    (meta(), vec(segment(), 0..10)).prop_map(|(meta, data)| Message { meta, data })
+    (meta(), vec(segment(), 0..10)).prop_map(|(meta, data)| Message {
+        meta,
+        data: data.into(),
+    })
 }
 
 /// Limits small enough that random frames hit them.
@@ -490,7 +493,7 @@ fn meta_exactly_at_max_meta_accepted_one_over_rejected() {
             }),
             ..Meta::default()
         },
-        data: vec![Bytes::from_static(b"xyz")],
+        data: van_core::smallvec::smallvec![Bytes::from_static(b"xyz")],
     };
     let meta_len = meta_bytes(&msg.meta).len() as u32;
     let at = Limits {
@@ -575,7 +578,7 @@ fn sample_message() -> Message {
             request: true,
             push: true,
             body: Bytes::new(),
-            data_types: vec![DataType::U64, DataType::F32],
+            data_types: van_core::smallvec::smallvec![DataType::U64, DataType::F32],
             control: Some(Control {
                 cmd: Command::AddNode,
                 nodes: vec![node],
@@ -584,7 +587,10 @@ fn sample_message() -> Message {
             }),
             ..Meta::default()
         },
-        data: vec![Bytes::from_static(b"12345678"), Bytes::from_static(b"abc")],
+        data: van_core::smallvec::smallvec![
+            Bytes::from_static(b"12345678"),
+            Bytes::from_static(b"abc")
+        ],
     }
 }
 
@@ -854,7 +860,7 @@ fn unrepresentable_fields_are_encode_errors_not_silent_changes() {
             sender: Some(i32::MAX),
             ..Meta::default()
         },
-        data: Vec::new(),
+        data: van_core::Parts::new(),
     };
     assert!(matches!(
         encode(&msg, &Limits::default()),
@@ -874,7 +880,7 @@ fn unrepresentable_fields_are_encode_errors_not_silent_changes() {
             }),
             ..Meta::default()
         },
-        data: Vec::new(),
+        data: van_core::Parts::new(),
     };
     let err = encode(&msg, &Limits::default()).unwrap_err();
     assert!(err.to_string().contains("node host"), "{err}");

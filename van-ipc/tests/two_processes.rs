@@ -198,7 +198,7 @@ async fn a_killed_peer_is_reported_by_id_and_leaves_nothing_in_dev_shm() {
         let payload = Bytes::from(vec![5u8; 512 * 1024]);
         loop {
             let mut msg = numbered(9, 8, 0, 0);
-            msg.data = vec![payload.clone()];
+            msg.data = van_core::smallvec::smallvec![payload.clone()];
             if let Err(e) = sender.send(msg).await {
                 return e;
             }
@@ -273,7 +273,8 @@ async fn zero_copy_buffers_reach_another_process_and_come_back_free() {
     for (seq, len) in [(0u32, 1usize), (1, 65_536), (2, 3 << 20), (3, 8 << 20)] {
         let payload = arena_payload(&van, len, seq as u8);
         let mut msg = numbered(9, 8, seq, 0);
-        msg.data = vec![payload.slice(len / 3..), Bytes::from_static(b"heap")];
+        msg.data =
+            van_core::smallvec::smallvec![payload.slice(len / 3..), Bytes::from_static(b"heap")];
         let expected = msg.data.clone();
         drop(payload);
         van.send(msg).await.unwrap();
@@ -294,7 +295,7 @@ async fn zero_copy_buffers_reach_another_process_and_come_back_free() {
     let payload = arena_payload(&van, 5 << 20, 9);
     let mut msg = numbered(9, 8, 10, 0);
     msg.meta.head = HOLD;
-    msg.data = vec![payload];
+    msg.data = van_core::smallvec::smallvec![payload];
     van.send(msg).await.unwrap();
     match tokio::time::timeout(WAIT, rx.recv())
         .await

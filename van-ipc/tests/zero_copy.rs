@@ -58,7 +58,7 @@ async fn received_buffers_hold_the_senders_blocks_until_dropped() {
     a.connect(&node_b.with_id(9)).await.unwrap();
     let payload = fill(&a, 2 << 20);
     let mut msg = numbered(8, 9, 0, 0);
-    msg.data = vec![
+    msg.data = van_core::smallvec::smallvec![
         payload.slice(100..200),
         Bytes::new(),
         payload.clone(),
@@ -104,7 +104,7 @@ async fn a_van_without_an_arena_still_receives_and_sends_by_copy() {
     b.connect(&node_a.with_id(8)).await.unwrap();
     let payload = fill(&a, 300_000);
     let mut msg = numbered(8, 9, 0, 0);
-    msg.data = vec![payload.clone()];
+    msg.data = van_core::smallvec::smallvec![payload.clone()];
     a.send(msg).await.unwrap();
     let got = next(&mut rx_b).await;
     assert_eq!(got.data[0], payload);
@@ -136,7 +136,7 @@ async fn large_ordinary_payloads_travel_through_the_arena_and_small_ones_through
     let large: Bytes = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     let small = Bytes::from_static(b"a small segment stays in the ring");
     let mut msg = numbered(8, 9, 0, 0);
-    msg.data = vec![small.clone(), large.clone()];
+    msg.data = van_core::smallvec::smallvec![small.clone(), large.clone()];
     a.send(msg).await.unwrap();
     let received = next(&mut rx_b).await;
     assert_eq!(received.data[0], small);
@@ -149,7 +149,7 @@ async fn large_ordinary_payloads_travel_through_the_arena_and_small_ones_through
     // When the arena cannot take a payload, it goes through the ring instead.
     let filler = a.alloc(8 << 20).unwrap().unwrap();
     let mut msg = numbered(8, 9, 1, 0);
-    msg.data = vec![large.clone()];
+    msg.data = van_core::smallvec::smallvec![large.clone()];
     a.send(msg).await.unwrap();
     assert_eq!(next(&mut rx_b).await.data[0], large);
     drop(filler);

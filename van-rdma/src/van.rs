@@ -402,6 +402,17 @@ impl Van for RdmaVan {
         Ok(())
     }
 
+    fn try_send(&self, msg: Message) -> Result<Option<Message>, VanError> {
+        let peer = recipient_of(&msg)?;
+        let link = self.shared.links.link(peer)?;
+        let frame = wire::encode(&msg, &self.shared.options.limits)?;
+        if link.queue.try_push(peer, frame)?.is_some() {
+            return Ok(Some(msg));
+        }
+        link.connection.wake.notify();
+        Ok(None)
+    }
+
     fn alloc(&self, len: usize) -> Result<Option<SharedBuf>, VanError> {
         if len < self.shared.options.slot_bytes {
             // Small messages are copied into the send ring anyway.

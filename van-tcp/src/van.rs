@@ -286,6 +286,10 @@ impl Van for TcpVan {
             .await
     }
 
+    fn try_send(&self, msg: Message) -> Result<Option<Message>, VanError> {
+        self.shared.links.try_send(msg, &self.shared.options.limits)
+    }
+
     async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), VanError> {
         self.shared
             .links

@@ -83,7 +83,7 @@ struct Peer {
 ///     ..Control::default()
 /// };
 /// let meta = Meta { request: true, control: Some(control), ..Meta::default() };
-/// let out = scheduler.handle(Instant::now(), &Message { meta, data: vec![] });
+/// let out = scheduler.handle(Instant::now(), &Message { meta, data: van_core::smallvec::smallvec![] });
 /// assert!(matches!(&out[0], Output::Connect(node) if node.id == Some(9)));
 /// assert!(scheduler.is_ready());
 /// ```

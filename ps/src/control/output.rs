@@ -44,6 +44,6 @@ pub(super) fn reply(to: NodeId, control: Control, echo: Echo) -> Output {
             control: Some(control),
             ..Meta::default()
         },
-        data: Vec::new(),
+        data: van_core::Parts::new(),
     })
 }

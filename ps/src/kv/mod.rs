@@ -30,6 +30,10 @@ pub struct KvPairs {
     pub lens: Option<Bytes>,
 }
 
+/// Byte offsets of each key's values (inline for up to four keys: no allocation for the
+/// common one-key request).
+pub(crate) type Offsets = van_core::smallvec::SmallVec<[usize; 5]>;
+
 impl KvPairs {
     /// Pairs from typed slices (one copy each).
     pub fn from_slices<T: Value>(keys: &[u64], vals: &[T], lens: Option<&[i32]>) -> KvPairs {
@@ -67,9 +71,9 @@ impl KvPairs {
 
     /// Byte offset of each key's values in `vals` (`len() + 1` entries), checking that the
     /// lengths add up. `elem` is the size of one value in bytes.
-    pub(crate) fn value_offsets(&self, elem: usize) -> Result<Vec<usize>, PsError> {
+    pub(crate) fn value_offsets(&self, elem: usize) -> Result<Offsets, PsError> {
         let n = self.len();
-        let mut offsets = Vec::with_capacity(n + 1);
+        let mut offsets = Offsets::with_capacity(n + 1);
         offsets.push(0);
         match self.lens()? {
             Some(lens) => {
@@ -134,8 +138,8 @@ pub struct KvMeta {
 /// Builds a KV message.
 pub(crate) fn kv_message(meta: Meta, pairs: &KvPairs, val_type: DataType) -> Message {
     let mut meta = meta;
-    let mut data = vec![pairs.keys.clone(), pairs.vals.clone()];
-    meta.data_types = vec![DataType::U64, val_type];
+    let mut data = van_core::smallvec::smallvec![pairs.keys.clone(), pairs.vals.clone()];
+    meta.data_types = van_core::smallvec::smallvec![DataType::U64, val_type];
     if let Some(lens) = &pairs.lens {
         data.push(lens.clone());
         meta.data_types.push(DataType::I32);

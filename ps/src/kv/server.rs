@@ -119,7 +119,8 @@ impl<T: Value> RequestHandler for SumHandler<T> {
             return Ok(KvPairs {
                 keys: request.keys.clone(),
                 vals,
-                lens: Some(values::to_bytes(&[len_of(n)])),
+                // Owned inline: one allocation, none more when the frame clones it.
+                lens: Some(Bytes::from_owner(len_of(n).to_le_bytes())),
             });
         }
         let mut vals = BytesMut::new();
@@ -390,7 +391,7 @@ fn response(
     match result {
         Ok(pairs) if pairs.keys.is_empty() && pairs.vals.is_empty() => Message {
             meta,
-            data: Vec::new(),
+            data: van_core::Parts::new(),
         },
         Ok(pairs) => kv_message(meta, &pairs, request.val_type),
         Err(reason) => {
@@ -401,7 +402,7 @@ fn response(
             });
             Message {
                 meta,
-                data: Vec::new(),
+                data: van_core::Parts::new(),
             }
         }
     }

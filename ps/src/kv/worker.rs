@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use van_core::smallvec::SmallVec;
 use van_core::{node_ids, Message, Meta, NodeId};
 
 use super::{kv_message, kv_pairs, KvPairs};
@@ -58,12 +59,15 @@ struct WorkerInner {
     pending: Mutex<IntMap<RequestId, Pending>>,
 }
 
+/// Servers of one request (inline up to four: no allocation per request).
+type Servers = SmallVec<[NodeId; 4]>;
+
 #[derive(Default)]
 struct Pending {
     /// Servers that have not answered yet.
-    outstanding: Vec<NodeId>,
+    outstanding: Servers,
     /// Answers so far, by server id (server ids sort in key-range order).
-    parts: Vec<(NodeId, KvPairs)>,
+    parts: SmallVec<[(NodeId, KvPairs); 1]>,
     completion: Completion<KvPairs>,
 }
 
@@ -192,8 +196,8 @@ impl<T: Value> KvWorker<T> {
         };
         drop(keys);
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut msgs = Vec::new();
-        let mut servers = Vec::new();
+        let mut msgs: SmallVec<[Message; 1]> = SmallVec::new();
+        let mut servers = Servers::new();
         for (rank, slice) in slices.into_iter().enumerate() {
             if slice.is_empty() {
                 continue;
@@ -238,7 +242,7 @@ impl<T: Value> KvWorker<T> {
                 Some(msg) => po.router().send(msg).await,
                 None => Ok(()),
             },
-            _ => po.router().send_batch(msgs).await,
+            _ => po.router().send_batch(msgs.into_vec()).await,
         };
         if let Err(e) = sent {
             lock(&inner.pending).remove(&id);
@@ -264,7 +268,7 @@ fn slice_pairs(pairs: &KvPairs, slice: Range<usize>, offsets: Option<&[usize]>) 
 }
 
 /// Joins the answers of several servers, in key order.
-fn assemble(mut parts: Vec<(NodeId, KvPairs)>) -> KvPairs {
+fn assemble(mut parts: SmallVec<[(NodeId, KvPairs); 1]>) -> KvPairs {
     if parts.len() == 1 {
         return parts.pop().map(|(_, p)| p).unwrap_or_default();
     }

@@ -34,7 +34,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -47,8 +46,7 @@ use crate::wire::{self, Limits};
 /// Identifies one connection of a van (unique for the van's life).
 pub type ConnectionId = u64;
 
-/// An encoded frame on its way to a peer: its parts, ready for vectored I/O.
-pub type Frame = Vec<Bytes>;
+pub use crate::wire::Frame;
 
 /// What the table may ask of one connection's I/O (its tasks, threads or queue pair).
 pub trait Connection: Send + Sync + 'static {
@@ -459,6 +457,25 @@ impl FrameQueue {
             })
     }
 
+    /// Queues `frame` for `peer` if that needs no waiting (room in the queue, and a frame
+    /// small enough that the byte budget does not apply); otherwise gives it back.
+    pub fn try_push(&self, peer: NodeId, frame: Frame) -> Result<Option<Frame>, VanError> {
+        if !self
+            .budget
+            .is_exempt(frame.iter().map(bytes::Bytes::len).sum())
+        {
+            return Ok(Some(frame));
+        }
+        match self.queue.try_send(frame) {
+            Ok(()) => Ok(None),
+            Err(mpsc::error::TrySendError::Full(frame)) => Ok(Some(frame)),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(VanError::PeerGone {
+                peer,
+                reason: "the connection closed".into(),
+            }),
+        }
+    }
+
     /// Whether the writer has gone (the queue's receiving end is closed).
     pub fn is_closed(&self) -> bool {
         self.queue.is_closed()
@@ -473,6 +490,15 @@ impl Links<FrameQueue> {
         let queue = self.link(peer)?;
         let frame = wire::encode(msg, limits)?;
         queue.push(peer, frame).await
+    }
+
+    /// [`Van::try_send`](crate::Van::try_send) of a stream van: queues `msg` if that needs no
+    /// waiting, else gives it back for [`send`](Self::send).
+    pub fn try_send(&self, msg: Message, limits: &Limits) -> Result<Option<Message>, VanError> {
+        let peer = recipient_of(&msg)?;
+        let queue = self.link(peer)?;
+        let frame = wire::encode(&msg, limits)?;
+        Ok(queue.try_push(peer, frame)?.map(|_| msg))
     }
 
     /// Encodes and queues `msgs` in order, looking each recipient's route up once per run of

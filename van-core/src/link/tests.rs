@@ -238,12 +238,17 @@ fn a_frame_queue_refuses_frames_once_its_writer_is_gone() {
         .unwrap();
     runtime.block_on(async {
         let (queue, mut frames) = FrameQueue::new(2, 0);
-        queue.push(1, vec![Bytes::from_static(b"a")]).await.unwrap();
+        queue
+            .push(1, smallvec::smallvec![bytes::Bytes::from_static(b"a")])
+            .await
+            .unwrap();
         assert_eq!(frames.recv().await.unwrap()[0].as_ref(), b"a");
         drop(frames);
         assert!(queue.is_closed());
         assert!(matches!(
-            queue.push(1, vec![Bytes::from_static(b"b")]).await,
+            queue
+                .push(1, smallvec::smallvec![bytes::Bytes::from_static(b"b")])
+                .await,
             Err(VanError::PeerGone { peer: 1, .. })
         ));
     });

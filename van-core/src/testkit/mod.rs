@@ -156,10 +156,10 @@ pub fn numbered(from: NodeId, to: NodeId, seq: u32, payload_len: usize) -> Messa
             request_id: seq as i32,
             key: u64::from(seq),
             request: true,
-            data_types: vec![DataType::U8],
+            data_types: smallvec::smallvec![DataType::U8],
             ..Meta::default()
         },
-        data: vec![pattern(payload_len, u64::from(seq) ^ ((from as u64) << 32))],
+        data: smallvec::smallvec![pattern(payload_len, u64::from(seq) ^ ((from as u64) << 32))],
     }
 }
 
@@ -285,7 +285,10 @@ pub async fn zero_length_segments<V: Van + 'static>(make: &impl Fn() -> V) {
         Bytes::new(),
     ];
     send(&*a.van, Message::to(8, data.clone())).await;
-    assert_eq!(expect_message(&mut b.inbox).await.data, data);
+    assert_eq!(
+        expect_message(&mut b.inbox).await.data.as_slice(),
+        data.as_slice()
+    );
 }
 
 /// Every meta field, including a control block with nodes, arrives unchanged.
@@ -308,7 +311,7 @@ pub async fn meta_round_trip<V: Van + 'static>(make: &impl Fn() -> V) {
         pull: false,
         simple_app: true,
         body: Bytes::from_static("body ✓".as_bytes()),
-        data_types: vec![DataType::U64, DataType::F32],
+        data_types: smallvec::smallvec![DataType::U64, DataType::F32],
         control: Some(Control {
             cmd: Command::AddNode,
             nodes: vec![a.node.clone(), node],
@@ -323,7 +326,7 @@ pub async fn meta_round_trip<V: Van + 'static>(make: &impl Fn() -> V) {
     };
     let msg = Message {
         meta,
-        data: vec![pattern(16, 2), pattern(64, 3)],
+        data: smallvec::smallvec![pattern(16, 2), pattern(64, 3)],
     };
     send(&*a.van, msg.clone()).await;
     assert_eq!(expect_message(&mut b.inbox).await, msg);

@@ -224,7 +224,7 @@ fn command(head: i32, key: u64, val_len: u64) -> Message {
             request: true,
             ..Meta::default()
         },
-        data: Vec::new(),
+        data: crate::Parts::new(),
     }
 }
 
@@ -270,7 +270,7 @@ pub async fn remote_meta_and_zero_length_segments<V: Van + 'static>(
             push: true,
             simple_app: true,
             body: Bytes::from_static("body ✓".as_bytes()),
-            data_types: vec![DataType::U64, DataType::F32],
+            data_types: smallvec::smallvec![DataType::U64, DataType::F32],
             control: Some(Control {
                 cmd: ControlCommand::Barrier,
                 nodes: vec![peer.node.clone()],
@@ -284,7 +284,7 @@ pub async fn remote_meta_and_zero_length_segments<V: Van + 'static>(
             option: 5,
             ..Meta::default()
         },
-        data: vec![Bytes::new(), pattern(100, 1), Bytes::new(), Bytes::new()],
+        data: smallvec::smallvec![Bytes::new(), pattern(100, 1), Bytes::new(), Bytes::new()],
     };
     super::send(&*van, msg.clone()).await;
     let mut echo = next_message(&mut inbox).await;

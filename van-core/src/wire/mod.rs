@@ -336,7 +336,7 @@ pub fn encode_into(
     msg: &Message,
     limits: &Limits,
     arena: &mut BytesMut,
-    parts: &mut Vec<Bytes>,
+    parts: &mut impl Extend<Bytes>,
 ) -> Result<u64, WireError> {
     let count = msg.data.len();
     if count as u64 > u64::from(limits.max_segments) {
@@ -381,19 +381,22 @@ pub fn encode_into(
     arena[16..20].copy_from_slice(&(meta_len as u32).to_le_bytes());
     arena[20..24].copy_from_slice(&(count as u32).to_le_bytes());
 
-    parts.reserve(1 + 2 * count);
-    parts.push(arena.split().freeze());
-    for seg in &msg.data {
-        if !seg.is_empty() {
-            parts.push(seg.clone());
-        }
+    let header = arena.split().freeze();
+    let segments = msg.data.iter().flat_map(|seg| {
         let pad = seg.len().next_multiple_of(ALIGN) - seg.len();
-        if pad > 0 {
-            parts.push(Bytes::from_static(&PADDING[..pad]));
-        }
-    }
+        [
+            (!seg.is_empty()).then(|| seg.clone()),
+            (pad > 0).then(|| Bytes::from_static(&PADDING[..pad])),
+        ]
+    });
+    parts.extend(std::iter::once(header).chain(segments.flatten()));
     Ok(frame_len)
 }
+
+/// An encoded frame: its header and segments (with their padding), ready for vectored
+/// I/O. Up to five parts (a header and two or three segments) are stored inline, so encoding
+/// a small message allocates nothing.
+pub type Frame = smallvec::SmallVec<[Bytes; 5]>;
 
 thread_local! {
     /// Where [`encode`] writes frame headers: each is split off a shared chunk, so a small
@@ -407,8 +410,8 @@ const ARENA_REFILL: usize = 4 * 1024;
 
 /// Encodes `msg` into a fresh list of parts (see [`encode_into`]), its header taken from a
 /// per-thread chunk shared with other frames.
-pub fn encode(msg: &Message, limits: &Limits) -> Result<Vec<Bytes>, WireError> {
-    let mut parts = Vec::with_capacity(1 + 2 * msg.data.len());
+pub fn encode(msg: &Message, limits: &Limits) -> Result<Frame, WireError> {
+    let mut parts = Frame::new();
     ARENA.with(|arena| {
         let mut arena = arena.borrow_mut();
         if arena.capacity() < ARENA_REFILL {
@@ -458,7 +461,7 @@ pub fn decode(frame: Bytes, limits: &Limits) -> Result<Message, WireError> {
     let table = header.table_offset() as usize;
     let count = header.segment_count as usize;
     let mut offset = header.segments_offset();
-    let mut data = Vec::with_capacity(count);
+    let mut data = crate::Parts::with_capacity(count);
     for i in 0..count {
         let len = le_u64(&frame, table + 8 * i);
         let end = offset

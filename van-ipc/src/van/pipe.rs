@@ -73,7 +73,7 @@ impl Direct {
 #[derive(Debug)]
 pub(super) struct Outgoing {
     pub(super) refs: Option<Bytes>,
-    pub(super) frame: Vec<Bytes>,
+    pub(super) frame: wire::Frame,
 }
 
 /// Copies queued frames into the ring until the queue closes or the connection ends: each
