@@ -22,6 +22,7 @@
 //! - [`testkit`] (feature `testkit`): the conformance suite every van runs;
 //! - [`error`]: [`Error`], the umbrella every crate's error converts into.
 
+pub mod auth;
 pub mod budget;
 pub mod buf;
 pub mod config;

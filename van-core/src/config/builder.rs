@@ -80,6 +80,19 @@ impl ConfigBuilder {
         self
     }
 
+    /// The cluster secret connections must prove they know (`VANS_CLUSTER_SECRET`); `None`:
+    /// no authentication.
+    pub fn cluster_secret(mut self, secret: Option<crate::auth::ClusterSecret>) -> Self {
+        self.config.cluster_secret = secret;
+        self
+    }
+
+    /// How long a new connection may take to authenticate (`VANS_HANDSHAKE_TIMEOUT_MS`).
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.config.handshake_timeout = timeout;
+        self
+    }
+
     /// Sets the role (`DMLC_ROLE`); a cluster node then needs a root port.
     pub fn role(mut self, role: Role) -> Self {
         self.config.role = Some(role);

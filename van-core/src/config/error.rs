@@ -39,6 +39,14 @@ pub enum ConfigError {
         /// What is wrong.
         error: Box<TfConfigError>,
     },
+    /// The cluster secret cannot be used (its value is never shown).
+    #[error("{var}: {error}")]
+    Secret {
+        /// The variable.
+        var: &'static str,
+        /// What is wrong.
+        error: crate::auth::SecretError,
+    },
     /// The endpoint map cannot be read or parsed: fix the file or `VANS_ENDPOINT_MAP`.
     #[error("endpoint map {path} ({origin}): {error}")]
     EndpointMap {

@@ -185,6 +185,14 @@ pub struct Config {
     /// `VANS_PEER_BUDGET_BYTES`: bytes of large frames one peer's send queue may hold before a
     /// send waits ([`ByteBudget`](crate::budget::ByteBudget)); 0: no limit.
     pub peer_budget_bytes: usize,
+    /// `VANS_CLUSTER_SECRET` / `VANS_CLUSTER_SECRET_FILE`: the secret every connection must
+    /// prove it knows ([`auth`](crate::auth)); `None`: connections are not authenticated.
+    pub cluster_secret: Option<crate::auth::ClusterSecret>,
+    /// `VANS_HANDSHAKE_TIMEOUT_MS`: how long a new connection may take to authenticate.
+    pub handshake_timeout: Duration,
+    /// `VANS_MAX_PENDING_PER_ADDRESS`: connections one address may have authenticating at
+    /// once; more are refused at once.
+    pub max_pending_per_address: usize,
 }
 
 impl Default for Config {
@@ -223,6 +231,9 @@ impl Default for Config {
             uring_zc_bytes: Some(DEFAULT_URING_ZC_BYTES),
             frame_pool_bytes: crate::pool::DEFAULT_POOL_BYTES,
             peer_budget_bytes: crate::budget::DEFAULT_BUDGET_BYTES,
+            cluster_secret: None,
+            handshake_timeout: crate::auth::DEFAULT_HANDSHAKE_TIMEOUT,
+            max_pending_per_address: crate::auth::DEFAULT_MAX_PENDING_PER_ADDRESS,
         }
     }
 }

@@ -7,6 +7,7 @@ use super::error::ConfigError;
 use super::rdma::{RdmaFallback, RdmaSettings};
 use super::reader::Vars;
 use super::{Config, RX_DEPTH_EXPECTED, START_DEPTH_EXPECTED};
+use crate::auth::ClusterSecret;
 use crate::message::Role;
 
 impl Vars {
@@ -39,6 +40,49 @@ impl Vars {
             c.peer_budget_bytes = n;
         }
         c.rdma = self.rdma_settings()?;
+        self.authentication(c)?;
+        Ok(())
+    }
+
+    /// The cluster secret (from the variable or a file, not both), the handshake timeout and
+    /// the bound on connections authenticating at once per address. Errors about the secret
+    /// never show its value.
+    fn authentication(&self, c: &mut Config) -> Result<(), ConfigError> {
+        let secret = match (
+            self.get("VANS_CLUSTER_SECRET"),
+            self.get("VANS_CLUSTER_SECRET_FILE"),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Contradiction {
+                    vars: &["VANS_CLUSTER_SECRET", "VANS_CLUSTER_SECRET_FILE"],
+                    reason: "set one of them, not both",
+                })
+            }
+            (Some(value), None) => {
+                Some(
+                    ClusterSecret::new(value).map_err(|error| ConfigError::Secret {
+                        var: "VANS_CLUSTER_SECRET",
+                        error,
+                    })?,
+                )
+            }
+            (None, Some(path)) => Some(
+                ClusterSecret::from_file(std::path::Path::new(path)).map_err(|error| {
+                    ConfigError::Secret {
+                        var: "VANS_CLUSTER_SECRET_FILE",
+                        error,
+                    }
+                })?,
+            ),
+            (None, None) => None,
+        };
+        c.cluster_secret = secret;
+        if let Some(ms) = self.positive("VANS_HANDSHAKE_TIMEOUT_MS")? {
+            c.handshake_timeout = std::time::Duration::from_millis(ms);
+        }
+        if let Some(n) = self.positive("VANS_MAX_PENDING_PER_ADDRESS")? {
+            c.max_pending_per_address = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         Ok(())
     }
 
@@ -147,6 +191,48 @@ mod tests {
         let message = err(&[("VANS_PEER_BUDGET_BYTES", "lots")]);
         assert!(message.contains("VANS_PEER_BUDGET_BYTES"), "{message}");
         assert!(message.contains("whole number of bytes"), "{message}");
+    }
+
+    #[test]
+    fn the_cluster_secret_from_the_variable_or_a_file_never_shown_in_errors() {
+        let c = Config::from_vars([
+            ("VANS_CLUSTER_SECRET", "0123456789abcdef"),
+            ("VANS_HANDSHAKE_TIMEOUT_MS", "250"),
+            ("VANS_MAX_PENDING_PER_ADDRESS", "3"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.cluster_secret,
+            Some(ClusterSecret::new("0123456789abcdef").unwrap())
+        );
+        assert_eq!(c.handshake_timeout, std::time::Duration::from_millis(250));
+        assert_eq!(c.max_pending_per_address, 3);
+        assert_eq!(Config::default().cluster_secret, None);
+
+        let message = err(&[("VANS_CLUSTER_SECRET", "hunter2")]);
+        assert!(message.contains("VANS_CLUSTER_SECRET"), "{message}");
+        assert!(message.contains("at least 16"), "{message}");
+        assert!(!message.contains("hunter2"), "the secret leaked: {message}");
+
+        let file = std::env::temp_dir().join(format!("vans-config-secret-{}", std::process::id()));
+        std::fs::write(&file, "fedcba9876543210\n").unwrap();
+        let path = file.display().to_string();
+        let c = Config::from_vars([("VANS_CLUSTER_SECRET_FILE", path.as_str())]).unwrap();
+        assert_eq!(
+            c.cluster_secret,
+            Some(ClusterSecret::new("fedcba9876543210").unwrap())
+        );
+        let both = err(&[
+            ("VANS_CLUSTER_SECRET_FILE", path.as_str()),
+            ("VANS_CLUSTER_SECRET", "0123456789abcdef"),
+        ]);
+        assert!(both.contains("not both"), "{both}");
+        std::fs::remove_file(&file).unwrap();
+        let gone = err(&[("VANS_CLUSTER_SECRET_FILE", path.as_str())]);
+        assert!(
+            gone.contains("cannot read the cluster secret file"),
+            "{gone}"
+        );
     }
 
     #[test]

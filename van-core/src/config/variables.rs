@@ -232,6 +232,32 @@ pub const VARIABLES: &[EnvVar] = &[
                  `0`: no limit",
     },
     EnvVar {
+        name: "VANS_CLUSTER_SECRET",
+        default: "unset",
+        effect: "the secret every node of the cluster shares (at least 16 bytes, e.g. \
+                 `openssl rand -hex 32`); every connection of every van then runs a mutual \
+                 HMAC-SHA256 challenge-response before any frame is read, and peers without \
+                 it are refused. Unset: no authentication (a warning when listening on a \
+                 non-loopback address)",
+    },
+    EnvVar {
+        name: "VANS_CLUSTER_SECRET_FILE",
+        default: "unset",
+        effect: "a file holding the cluster secret (a trailing newline is ignored), e.g. a \
+                 mounted Kubernetes Secret; not together with VANS_CLUSTER_SECRET",
+    },
+    EnvVar {
+        name: "VANS_HANDSHAKE_TIMEOUT_MS",
+        default: "10000",
+        effect: "how long a new connection may take to authenticate before it is dropped",
+    },
+    EnvVar {
+        name: "VANS_MAX_PENDING_PER_ADDRESS",
+        default: "64",
+        effect: "connections one source address may have authenticating at once; more are \
+                 refused at once, so a flood of idle connections cannot hold a listener",
+    },
+    EnvVar {
         name: "VANS_EAGER_CONNECT",
         default: "0",
         effect: "`1`: once the node table arrives, connect to every peer at once (as ps-lite \
