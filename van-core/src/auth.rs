@@ -252,6 +252,46 @@ where
         .map_err(|_| AuthError::WrongSecret)
 }
 
+/// How a van authenticates its connections: part of every van's options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthOptions {
+    /// The cluster secret; `None`: connections are not authenticated.
+    pub secret: Option<ClusterSecret>,
+    /// How long a new connection may take to authenticate.
+    pub handshake_timeout: Duration,
+    /// Connections one address may have authenticating at once.
+    pub max_pending_per_address: usize,
+}
+
+impl Default for AuthOptions {
+    fn default() -> AuthOptions {
+        AuthOptions {
+            secret: None,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_pending_per_address: DEFAULT_MAX_PENDING_PER_ADDRESS,
+        }
+    }
+}
+
+impl AuthOptions {
+    /// The secret, timeout and bound of `config`.
+    pub fn from_config(config: &crate::Config) -> AuthOptions {
+        AuthOptions {
+            secret: config.cluster_secret.clone(),
+            handshake_timeout: config.handshake_timeout,
+            max_pending_per_address: config.max_pending_per_address,
+        }
+    }
+
+    /// Options with `secret` and the defaults otherwise.
+    pub fn with_secret(secret: ClusterSecret) -> AuthOptions {
+        AuthOptions {
+            secret: Some(secret),
+            ..AuthOptions::default()
+        }
+    }
+}
+
 /// Where a van's new connections are admitted: the secret (if any), the handshake timeout,
 /// the bound on connections authenticating at once per address, and the record of refusals.
 /// Clones share the record.
@@ -308,10 +348,10 @@ impl Gate {
         }
     }
 
-    /// The gate of a node configured by `config`.
-    pub fn from_config(config: &crate::Config) -> Gate {
-        Gate::new(config.cluster_secret.clone(), config.handshake_timeout)
-            .max_pending_per_address(config.max_pending_per_address)
+    /// The gate a van's [`AuthOptions`] describe.
+    pub fn from_options(options: &AuthOptions) -> Gate {
+        Gate::new(options.secret.clone(), options.handshake_timeout)
+            .max_pending_per_address(options.max_pending_per_address)
     }
 
     /// Sets how many connections one address may have authenticating at once.

@@ -100,6 +100,20 @@ pub enum VanError {
         /// The van.
         kind: VanKind,
     },
+    /// A connection to a peer failed to authenticate (see [`auth`](crate::auth)): the peer
+    /// has a different cluster secret, or none, or did not answer in time.
+    #[error("{kind} van: connection to node {peer} at {address} not authenticated: {source}")]
+    Unauthenticated {
+        /// The van.
+        kind: VanKind,
+        /// The peer.
+        peer: NodeId,
+        /// The address dialed.
+        address: String,
+        /// Why.
+        #[source]
+        source: crate::auth::AuthError,
+    },
     /// Any other I/O error.
     #[error("{kind} van I/O error: {source}")]
     Io {

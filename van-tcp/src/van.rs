@@ -9,6 +9,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
+use van_core::auth::{AuthOptions, Gate};
 use van_core::link::{stream, Connection, FrameQueue, Links};
 use van_core::van::address_for;
 use van_core::wire::Limits;
@@ -36,6 +37,8 @@ pub struct TcpOptions {
     /// Idle bytes of received-frame buffers kept for reuse (0: every large frame gets a
     /// fresh buffer); see [`FramePool`].
     pub frame_pool_bytes: usize,
+    /// Authentication of every connection (the cluster secret); none by default.
+    pub auth: AuthOptions,
 }
 
 impl Default for TcpOptions {
@@ -47,14 +50,17 @@ impl Default for TcpOptions {
             flush_timeout: Duration::from_secs(10),
             peer_budget_bytes: van_core::budget::DEFAULT_BUDGET_BYTES,
             frame_pool_bytes: van_core::pool::DEFAULT_POOL_BYTES,
+            auth: AuthOptions::default(),
         }
     }
 }
 
 impl TcpOptions {
-    /// Options with the limits, connect timeout, peer budget and frame pool of `config`.
+    /// Options with the limits, connect timeout, peer budget, frame pool and authentication
+    /// of `config`.
     pub fn from_config(config: &Config) -> TcpOptions {
         TcpOptions {
+            auth: AuthOptions::from_config(config),
             limits: config.limits,
             connect_timeout: config.connect_timeout,
             peer_budget_bytes: config.peer_budget_bytes,
@@ -78,6 +84,8 @@ struct Shared {
     links: Links<FrameQueue>,
     /// The address the listener is bound to, once bound.
     local: OnceLock<SocketAddr>,
+    /// Authenticates every new connection (see [`van_core::auth`]).
+    gate: Gate,
 }
 
 /// A connection's reader and writer tasks, as the link table ends them.
@@ -179,6 +187,7 @@ impl TcpVan {
         TcpVan {
             shared: Arc::new(Shared {
                 pool: FramePool::new(options.frame_pool_bytes),
+                gate: Gate::from_options(&options.auth),
                 options,
                 links: Links::new(VanKind::Tcp),
                 local: OnceLock::new(),
@@ -204,6 +213,12 @@ impl TcpVan {
     /// Peers this van currently has a link to.
     pub fn connected_peers(&self) -> Vec<NodeId> {
         self.shared.links.peers()
+    }
+
+    /// Connections refused so far: failed authentication, or too many from one address
+    /// authenticating at once.
+    pub fn refused_connections(&self) -> u64 {
+        self.shared.gate.refused_count()
     }
 }
 
@@ -236,23 +251,16 @@ impl Van for TcpVan {
         };
         let listener = TcpListener::bind((host, port)).await.map_err(bind_error)?;
         let local = listener.local_addr().map_err(bind_error)?;
+        self.shared.gate.warn_if_open(host);
         let shared = Arc::clone(&self.shared);
         let accept_inbox = inbox.clone();
-        let accept = tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, remote)) => {
-                        debug!(%remote, "accepted connection");
-                        let _ = shared.spawn_connection(stream, remote, accept_inbox.clone(), None);
-                    }
-                    Err(e) => {
-                        // Out of descriptors or a connection reset before accept: keep serving.
-                        warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-        });
+        let accept = tokio::spawn(stream::serve(
+            listener,
+            self.shared.gate.clone(),
+            move |stream, remote| {
+                let _ = shared.spawn_connection(stream, remote, accept_inbox.clone(), None);
+            },
+        ));
         self.shared.links.bound(inbox, Some(accept))?;
         let _ = self.shared.local.set(local);
         info!(%local, "tcp van listening");
@@ -269,6 +277,7 @@ impl Van for TcpVan {
                     peer,
                     &address,
                     self.shared.options.connect_timeout,
+                    &self.shared.gate,
                 )
                 .await?;
                 self.shared

@@ -34,8 +34,6 @@ pub(crate) struct NewConnection {
 pub(crate) enum Command {
     /// Deliver everything received from now on into this inbox.
     Inbox(van_core::InboxSender),
-    /// Accept connections on this listener (thread 0 only).
-    Listen(std::net::TcpListener),
     /// Serve this connection.
     Adopt(NewConnection),
     /// Stop: stop reading and accepting, write what is queued until `deadline` (nothing when

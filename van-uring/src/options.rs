@@ -61,6 +61,8 @@ pub struct UringOptions {
     /// Idle bytes of large-frame buffers kept for reuse across the van's connections (0:
     /// every large frame gets fresh memory); see [`van_core::FramePool`].
     pub frame_pool_bytes: usize,
+    /// Authentication of every connection (the cluster secret); none by default.
+    pub auth: van_core::auth::AuthOptions,
     /// Make ring setup fail as if io_uring were unavailable (for tests of the fallback path
     /// that cannot install a seccomp filter).
     pub simulate_unavailable: bool,
@@ -84,14 +86,15 @@ impl Default for UringOptions {
             ring_entries: 512,
             peer_budget_bytes: van_core::budget::DEFAULT_BUDGET_BYTES,
             frame_pool_bytes: van_core::pool::DEFAULT_POOL_BYTES,
+            auth: van_core::auth::AuthOptions::default(),
             simulate_unavailable: false,
         }
     }
 }
 
 impl UringOptions {
-    /// Options from `config`: limits, connect timeout, I/O threads, pinning, busy polling and
-    /// the zero-copy threshold.
+    /// Options from `config`: limits, connect timeout, I/O threads, pinning, busy polling,
+    /// the zero-copy threshold and authentication.
     pub fn from_config(config: &Config) -> UringOptions {
         UringOptions {
             limits: config.limits,
@@ -104,6 +107,7 @@ impl UringOptions {
             zc_threshold: config.uring_zc_bytes,
             peer_budget_bytes: config.peer_budget_bytes,
             frame_pool_bytes: config.frame_pool_bytes,
+            auth: van_core::auth::AuthOptions::from_config(config),
             ..UringOptions::default()
         }
     }

@@ -58,6 +58,8 @@ pub(crate) struct Shared {
     pub(crate) links: Links<FrameQueue>,
     /// The address the listener is bound to, once bound.
     pub(crate) local: OnceLock<SocketAddr>,
+    /// Authenticates every new connection (see [`van_core::auth`]).
+    pub(crate) gate: van_core::auth::Gate,
     /// One per I/O thread: fires when the thread has exited.
     pub(crate) exited: Mutex<Vec<oneshot::Receiver<()>>>,
     next_thread: AtomicUsize,
@@ -72,6 +74,7 @@ impl Shared {
         Shared {
             stats: Stats::new(command_queues.len()),
             pool: van_core::FramePool::new(options.frame_pool_bytes),
+            gate: van_core::auth::Gate::from_options(&options.auth),
             options,
             links: Links::new(VanKind::Uring),
             local: OnceLock::new(),
@@ -111,6 +114,20 @@ impl Shared {
             peer,
             queue,
         })
+    }
+
+    /// Registers a connection (dialed: `peer`; accepted: `None`) and hands it to the ring
+    /// of the next I/O thread; that thread's index, or `None` once stopped.
+    pub(crate) fn adopt(
+        &self,
+        stream: std::net::TcpStream,
+        remote: SocketAddr,
+        peer: Option<NodeId>,
+    ) -> Option<usize> {
+        let new = self.new_connection(stream, remote, peer)?;
+        let thread = self.pick_thread();
+        self.command_queues.get(thread)?.post(Command::Adopt(new));
+        Some(thread)
     }
 
     /// Tells every I/O thread to stop (see [`Command::Stop`]).

@@ -137,6 +137,12 @@ impl IoUringVan {
         self.shared.pool.stats()
     }
 
+    /// Connections refused so far: failed authentication, or too many from one address
+    /// authenticating at once.
+    pub fn refused_connections(&self) -> u64 {
+        self.shared.gate.refused_count()
+    }
+
     /// Open connections (dialed and accepted), for diagnostics and tests.
     pub fn open_connections(&self) -> usize {
         self.shared.stats.connections.load(Ordering::Relaxed)
@@ -219,18 +225,31 @@ impl Van for IoUringVan {
         };
         let listener = tokio::net::TcpListener::bind((host, port))
             .await
-            .map_err(bind_error)?
-            .into_std()
             .map_err(bind_error)?;
         let local = listener.local_addr().map_err(bind_error)?;
-        self.shared.links.bound(inbox.clone(), None)?;
-        let _ = self.shared.local.set(local);
         for command_queue in &self.shared.command_queues {
             command_queue.post(Command::Inbox(inbox.clone()));
         }
-        if let Some(first) = self.shared.command_queues.first() {
-            first.post(Command::Listen(listener));
-        }
+        // Accepting (and authenticating) runs on the runtime; each connection is then handed
+        // to a ring, as a dialed one is.
+        self.shared.gate.warn_if_open(host);
+        let shared = Arc::clone(&self.shared);
+        let accept = tokio::spawn(van_core::link::stream::serve(
+            listener,
+            self.shared.gate.clone(),
+            move |stream, remote| {
+                let stream = match stream.into_std() {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        warn!(%remote, "cannot take over an accepted connection: {e}");
+                        return;
+                    }
+                };
+                shared.adopt(stream, remote, None);
+            },
+        ));
+        self.shared.links.bound(inbox, Some(accept))?;
+        let _ = self.shared.local.set(local);
         info!(%local, threads = self.shared.command_queues.len(), "uring van listening");
         Ok(Endpoint::stream(VanKind::Uring, host, local.port()))
     }
@@ -245,6 +264,7 @@ impl Van for IoUringVan {
                     peer,
                     &address,
                     self.shared.options.connect_timeout,
+                    &self.shared.gate,
                 )
                 .await?;
                 // From here on the ring drives the socket; tokio lets go of it.
@@ -254,14 +274,10 @@ impl Van for IoUringVan {
                     address: address.clone(),
                     source,
                 })?;
-                let new = self
+                let thread = self
                     .shared
-                    .new_connection(stream, remote, Some(peer))
+                    .adopt(stream, remote, Some(peer))
                     .ok_or(VanError::Stopped(VanKind::Uring))?;
-                let thread = self.shared.pick_thread();
-                if let Some(command_queue) = self.shared.command_queues.get(thread) {
-                    command_queue.post(Command::Adopt(new));
-                }
                 debug!(peer, %remote, thread, "connected");
                 Ok(())
             })

@@ -20,8 +20,7 @@
 //! leak what is left rather than free memory the kernel may still use.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -32,7 +31,7 @@ use std::future::Future;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 use rustix::thread::CpuSet;
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
@@ -52,8 +51,7 @@ mod state;
 
 pub(crate) use state::Worker;
 use state::{
-    user_data, Conn, Delivery, Stopping, K_ACCEPT, K_CANCEL, K_EVENTFD, K_RECV_DIRECT,
-    K_RECV_MULTI, K_SEND,
+    user_data, Conn, Delivery, Stopping, K_CANCEL, K_EVENTFD, K_RECV_DIRECT, K_RECV_MULTI, K_SEND,
 };
 
 /// Send slots per connection: one send in flight, the others zero-copy sends waiting for
@@ -63,8 +61,6 @@ const SEND_SLOTS: usize = 16;
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// With busy polling, how long the thread spins on its queues before it blocks.
 const BUSY_SPIN: Duration = Duration::from_millis(2);
-/// Pause before accepting again after accept failed (out of descriptors, …).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 
 /// Settings of one thread.
 pub(crate) struct WorkerSetup {
@@ -153,9 +149,6 @@ impl Worker {
             command_queue,
             shared,
             conns: HashMap::new(),
-            listener: None,
-            accept_armed: false,
-            accept_retry: None,
             inbox: None,
             batch: Vec::new(),
             delivering: None,
@@ -243,7 +236,6 @@ impl Worker {
                     self.next_recv(id);
                 }
             }
-            self.arm_accept();
             if self.progress_stop() {
                 return true;
             }
@@ -356,18 +348,11 @@ impl Worker {
         self.command_queue.disarm();
     }
 
-    /// When the loop must look again even if nothing happens: an accept retry, a stop's
-    /// deadline.
+    /// When the loop must look again even if nothing happens: a stop's deadline.
     fn deadline(&self) -> Option<Instant> {
-        [
-            self.accept_retry,
-            self.stopping
-                .as_ref()
-                .map(|s| s.forced_until.unwrap_or(s.deadline)),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.stopping
+            .as_ref()
+            .map(|s| s.forced_until.unwrap_or(s.deadline))
     }
 
     /// [`wait`](Self::wait) for a loop running as a task: submits, then awaits the ring's
@@ -435,7 +420,6 @@ impl Worker {
         let id = data >> 24;
         match kind {
             K_EVENTFD => self.eventfd_armed = false,
-            K_ACCEPT => self.on_accept(result, flags),
             K_RECV_MULTI => self.on_recv_multi(id, result, flags),
             K_RECV_DIRECT => self.on_recv_direct(id, result),
             K_SEND => self.on_send(id, slot, result, flags),
@@ -487,11 +471,6 @@ impl Worker {
                 Command::Inbox(inbox) => {
                     if self.stopping.is_none() {
                         self.inbox = Some(inbox);
-                    }
-                }
-                Command::Listen(listener) => {
-                    if self.stopping.is_none() {
-                        self.listener = Some(listener);
                     }
                 }
                 Command::Adopt(new) => self.adopt(new),
@@ -550,70 +529,6 @@ impl Worker {
             .fetch_add(1, Ordering::Relaxed);
         self.next_recv(new.id);
         self.pump_send(new.id);
-    }
-
-    // ---- accepting --------------------------------------------------------------------
-
-    fn arm_accept(&mut self) {
-        if self.accept_armed || self.stopping.is_some() {
-            return;
-        }
-        if self.accept_retry.is_some_and(|at| Instant::now() < at) {
-            return;
-        }
-        self.accept_retry = None;
-        let Some(listener) = &self.listener else {
-            return;
-        };
-        let entry = opcode::AcceptMulti::new(types::Fd(listener.as_raw_fd()))
-            .flags(libc::SOCK_CLOEXEC)
-            .build()
-            .user_data(user_data(K_ACCEPT, 0, 0));
-        // SAFETY: a multishot accept without an address buffer references no memory; the
-        // listener stays open until the accept's last completion (see `on_accept`).
-        unsafe { self.push(entry) };
-        self.accept_armed = true;
-    }
-
-    fn on_accept(&mut self, result: i32, flags: u32) {
-        if !cqueue::more(flags) {
-            self.accept_armed = false;
-            if self.stopping.is_some() {
-                self.listener = None;
-            }
-        }
-        if result < 0 {
-            if result != -libc::ECANCELED && self.stopping.is_none() {
-                warn!(
-                    "accept failed: {}",
-                    std::io::Error::from_raw_os_error(-result)
-                );
-                self.accept_retry = Some(Instant::now() + ACCEPT_BACKOFF);
-            }
-            return;
-        }
-        // SAFETY: a successful accept returns a new descriptor that nothing else owns.
-        let stream = unsafe { TcpStream::from_raw_fd(result) };
-        if self.stopping.is_some() {
-            return;
-        }
-        let remote = match stream.peer_addr() {
-            Ok(remote) => remote,
-            Err(e) => {
-                debug!("accepted connection vanished: {e}");
-                return;
-            }
-        };
-        debug!(%remote, "accepted connection");
-        let Some(new) = self.shared.new_connection(stream, remote, None) else {
-            return;
-        };
-        let target = self.shared.pick_thread();
-        if target == self.index {
-            self.adopt(new);
-        } else if let Some(command_queue) = self.shared.command_queues.get(target) {
-            command_queue.post(Command::Adopt(new));
-        }
     }
 
     // ---- closing ----------------------------------------------------------------------
@@ -727,11 +642,6 @@ impl Worker {
         self.batch.clear();
         self.delivering = None;
         self.parked.clear();
-        if self.accept_armed {
-            self.cancel(user_data(K_ACCEPT, 0, 0), 0);
-        } else {
-            self.listener = None;
-        }
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {
             let Some(conn) = self.conns.get_mut(&id) else {
@@ -791,7 +701,7 @@ impl Worker {
                 self.close(id, Closed::Stopped, true);
             }
         }
-        let done = self.conns.is_empty() && !self.accept_armed;
+        let done = self.conns.is_empty();
         let expired = self
             .stopping
             .as_ref()
@@ -805,12 +715,6 @@ impl Worker {
             );
             for (_, conn) in self.conns.drain() {
                 std::mem::forget(conn);
-            }
-            if self.accept_armed {
-                if let Some(listener) = self.listener.take() {
-                    std::mem::forget(listener);
-                }
-                self.accept_armed = false;
             }
             return true;
         }

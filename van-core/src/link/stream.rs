@@ -5,21 +5,25 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
-use tracing::warn;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
 
+use crate::auth::{Gate, Side};
 use crate::message::{NodeId, VanKind};
 use crate::van::VanError;
 use crate::wire::WireError;
 
-/// Dials `peer` at `address` (`host:port`) for a van of `kind`, bounded by `timeout`:
-/// the connected stream and the peer's socket address, or a [`VanError::Connect`] naming
-/// the van, the peer and the address.
+/// Dials `peer` at `address` (`host:port`) for a van of `kind`, bounded by `timeout`, and
+/// authenticates the connection through `gate` (nothing to do without a cluster secret): the
+/// stream, positioned at the peer's first frame, and the peer's socket address; or a
+/// [`VanError::Connect`] / [`VanError::Unauthenticated`] naming the van, the peer and the
+/// address.
 pub async fn dial(
     kind: VanKind,
     peer: NodeId,
     address: &str,
     timeout: Duration,
+    gate: &Gate,
 ) -> Result<(TcpStream, SocketAddr), VanError> {
     let connect_error = |source| VanError::Connect {
         kind,
@@ -27,12 +31,61 @@ pub async fn dial(
         address: address.to_owned(),
         source,
     };
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+    let mut stream = tokio::time::timeout(timeout, TcpStream::connect(address))
         .await
         .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
         .map_err(connect_error)?;
     let remote = stream.peer_addr().map_err(connect_error)?;
+    gate.authenticate(&mut stream, Side::Dialer, remote.ip())
+        .await
+        .map_err(|source| VanError::Unauthenticated {
+            kind,
+            peer,
+            address: address.to_owned(),
+            source,
+        })?;
     Ok((stream, remote))
+}
+
+/// Accepts connections on `listener` until the task is aborted. Each is authenticated through
+/// `gate` on a task of its own (so a slow or silent peer holds up nobody, and one address may
+/// have only the gate's bound authenticating at once) and then handed to `admit`; refused
+/// connections are closed, logged and counted by the gate. Without a secret `admit` runs at
+/// once, on the accepting task.
+pub async fn serve<F>(listener: TcpListener, gate: Gate, admit: F)
+where
+    F: Fn(TcpStream, SocketAddr) + Clone + Send + 'static,
+{
+    loop {
+        let (mut stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors or a connection reset before accept: keep serving.
+                warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        debug!(%remote, "accepted connection");
+        if !gate.requires_auth() {
+            admit(stream, remote);
+            continue;
+        }
+        let Ok(place) = gate.admit(remote.ip()) else {
+            continue; // dropped: closed at once
+        };
+        let gate = gate.clone();
+        let admit = admit.clone();
+        tokio::spawn(async move {
+            let authenticated = gate
+                .authenticate(&mut stream, Side::Acceptor, remote.ip())
+                .await;
+            drop(place);
+            if authenticated.is_ok() {
+                admit(stream, remote);
+            }
+        });
+    }
 }
 
 /// Idle time before the first keepalive probe.

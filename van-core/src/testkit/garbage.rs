@@ -67,7 +67,7 @@ fn header(version: u16, frame_len: u64, meta_len: u32, segments: u32) -> Vec<u8>
     h
 }
 
-fn valid_frame() -> Vec<u8> {
+pub(super) fn valid_frame() -> Vec<u8> {
     let msg = Message::to(8, vec![Bytes::from(vec![7u8; 1000])]);
     wire::encode_to_vec(&msg, &Limits::default())
         .unwrap_or_else(|e| panic!("cannot encode a valid frame: {e}"))
@@ -116,7 +116,7 @@ fn garbage() -> Vec<(&'static str, Vec<u8>, &'static str)> {
 }
 
 /// Where a stream van listens, from its announced endpoint.
-fn address<V>(peer: &Peer<V>) -> SocketAddr {
+pub(super) fn address<V>(peer: &Peer<V>) -> SocketAddr {
     let endpoint = peer
         .node
         .endpoints
@@ -135,7 +135,7 @@ async fn dial<V>(peer: &Peer<V>) -> TcpStream {
 }
 
 /// Reads from `socket` until the van closes it; fails if it stays open.
-async fn expect_closed(socket: &mut TcpStream, what: &str) {
+pub(super) async fn expect_closed(socket: &mut TcpStream, what: &str) {
     let mut buf = [0u8; 256];
     let result = tokio::time::timeout(WAIT, async {
         loop {

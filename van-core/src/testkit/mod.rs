@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub mod auth;
 mod budget;
 pub mod garbage;
 mod pool;

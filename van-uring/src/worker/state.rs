@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Waker;
@@ -28,7 +28,6 @@ use crate::shared::Shared;
 // What a completion is for: the low 8 bits of its user data. Bits 8..24 hold a send slot,
 // bits 24.. the connection id.
 pub(super) const K_EVENTFD: u64 = 1;
-pub(super) const K_ACCEPT: u64 = 2;
 pub(super) const K_RECV_MULTI: u64 = 3;
 pub(super) const K_RECV_DIRECT: u64 = 4;
 pub(super) const K_SEND: u64 = 5;
@@ -136,9 +135,6 @@ pub(crate) struct Worker {
     pub(super) command_queue: Arc<CommandQueue>,
     pub(super) shared: Arc<Shared>,
     pub(super) conns: HashMap<u64, Conn>,
-    pub(super) listener: Option<TcpListener>,
-    pub(super) accept_armed: bool,
-    pub(super) accept_retry: Option<Instant>,
     pub(super) inbox: Option<InboxSender>,
     pub(super) batch: Vec<Event>,
     pub(super) delivering: Option<Delivery>,

@@ -1,0 +1,198 @@
+//! Authentication checks for a van that accepts TCP connections (TCP, io_uring): the same
+//! secret connects, a wrong or missing one is refused on both sides, a raw frame from a
+//! socket that never authenticated is not delivered, and a flood of idle connections from one
+//! address neither holds the listener nor keeps a real peer out. One line in a van's tests
+//! runs them all:
+//!
+//! ```ignore
+//! van_core::van_auth_tests! {
+//!     make: |auth| my_van::MyVan::new(my_van::Options { auth, ..Default::default() }),
+//!     refused: |van: &my_van::MyVan| van.refused_connections(),
+//! }
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpSocket, TcpStream};
+
+use super::garbage::{address, expect_closed, valid_frame};
+use super::{check_numbered, connect, expect_message, expect_quiet, numbered, send, start, WAIT};
+use crate::auth::{AuthError, AuthOptions, ClusterSecret};
+use crate::van::{Event, Van, VanError};
+
+/// Generates the authentication checks: `make` builds a van from [`AuthOptions`],
+/// `refused` reads its count of refused connections.
+#[macro_export]
+macro_rules! van_auth_tests {
+    (make: $make:expr, refused: $refused:expr $(,)?) => {
+        #[test]
+        fn auth_the_same_secret_connects_both_ways() {
+            $crate::testkit::run($crate::testkit::auth::the_same_secret_connects(&$make));
+        }
+
+        #[test]
+        fn auth_a_wrong_or_missing_secret_is_refused_on_both_sides() {
+            $crate::testkit::run($crate::testkit::auth::wrong_or_missing_secret_is_refused(
+                &$make, $refused,
+            ));
+        }
+
+        #[test]
+        fn auth_a_frame_from_an_unauthenticated_socket_is_never_delivered() {
+            $crate::testkit::run($crate::testkit::auth::raw_frames_are_not_delivered(
+                &$make, $refused,
+            ));
+        }
+
+        #[test]
+        fn auth_a_flood_of_idle_connections_does_not_keep_a_peer_out() {
+            $crate::testkit::run($crate::testkit::auth::idle_flood_does_not_keep_a_peer_out(
+                &$make, $refused,
+            ));
+        }
+    };
+}
+
+fn secret(s: &str) -> Option<ClusterSecret> {
+    Some(ClusterSecret::new(s).unwrap_or_else(|e| panic!("test secret: {e}")))
+}
+
+fn options(secret: Option<ClusterSecret>) -> AuthOptions {
+    AuthOptions {
+        secret,
+        handshake_timeout: Duration::from_millis(500),
+        ..AuthOptions::default()
+    }
+}
+
+/// Waits until the van has counted `n` refusals (each side finishes the handshake on its
+/// own: the dialer may know before the acceptor has counted); fails on more, or after
+/// [`WAIT`].
+async fn expect_refusals<V>(refused: &impl Fn(&V) -> u64, van: &V, n: u64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while refused(van) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} refusals counted, {n} expected",
+            refused(van)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(refused(van), n, "more refusals than connections refused");
+}
+
+const ONE: &str = "cluster-secret-number-one";
+const TWO: &str = "cluster-secret-number-two";
+
+/// Two vans with the same secret exchange messages both ways.
+pub async fn the_same_secret_connects<V: Van + 'static>(make: &impl Fn(AuthOptions) -> V) {
+    let make = || make(options(secret(ONE)));
+    let mut a = start(&make, 9).await;
+    let mut b = start(&make, 8).await;
+    connect(&a, &b).await;
+    send(&*a.van, numbered(9, 8, 1, 100)).await;
+    check_numbered(&expect_message(&mut b.inbox).await, 9, 1);
+    send(&*b.van, numbered(8, 9, 2, 100)).await;
+    check_numbered(&expect_message(&mut a.inbox).await, 8, 2);
+}
+
+/// A dialer with another secret, or with none, reaches nothing: its connect fails (or, with
+/// no secret, its frames are dropped unread), the acceptor counts the refusal and delivers
+/// nothing; an acceptor without a secret makes a dialer with one fail to connect.
+pub async fn wrong_or_missing_secret_is_refused<V: Van + 'static>(
+    make: &impl Fn(AuthOptions) -> V,
+    refused: impl Fn(&V) -> u64,
+) {
+    let mut b = start(&|| make(options(secret(ONE))), 8).await;
+
+    // Another secret: refused on both sides, and said so.
+    let a = start(&|| make(options(secret(TWO))), 9).await;
+    match tokio::time::timeout(WAIT, a.van.connect(&b.node)).await {
+        Ok(Err(VanError::Unauthenticated { source, .. })) => {
+            assert!(matches!(source, AuthError::WrongSecret), "{source}")
+        }
+        other => panic!("a wrong secret connected: {other:?}"),
+    }
+    expect_refusals(&refused, &b.van, 1).await;
+
+    // No secret: the dialer does not authenticate, so its connect succeeds locally, but the
+    // acceptor reads a frame where a hello belongs, refuses it, and delivers nothing.
+    let mut c = start(&|| make(options(None)), 11).await;
+    connect(&c, &b).await;
+    let _ = c.van.send(numbered(11, 8, 1, 100)).await;
+    expect_quiet(&mut b.inbox, Duration::from_millis(500)).await;
+    expect_refusals(&refused, &b.van, 2).await;
+    match tokio::time::timeout(WAIT, c.inbox.recv()).await {
+        Ok(Some(Event::PeerLost(lost))) => assert_eq!(lost.peer, Some(8)),
+        other => panic!("the refused dialer was not told: {other:?}"),
+    }
+
+    // An acceptor without a secret: a dialer with one fails to connect.
+    let d = start(&|| make(options(None)), 10).await;
+    let e = start(&|| make(options(secret(ONE))), 13).await;
+    match tokio::time::timeout(WAIT, e.van.connect(&d.node)).await {
+        Ok(Err(VanError::Unauthenticated { .. })) => {}
+        other => panic!("connected to a node without a secret: {other:?}"),
+    }
+}
+
+/// A socket that sends a well-formed frame without authenticating is closed, and the frame
+/// never reaches the inbox.
+pub async fn raw_frames_are_not_delivered<V: Van + 'static>(
+    make: &impl Fn(AuthOptions) -> V,
+    refused: impl Fn(&V) -> u64,
+) {
+    let mut b = start(&|| make(options(secret(ONE))), 8).await;
+    let mut socket = TcpStream::connect(address(&b))
+        .await
+        .unwrap_or_else(|e| panic!("cannot dial: {e}"));
+    socket
+        .write_all(&valid_frame())
+        .await
+        .unwrap_or_else(|e| panic!("cannot write: {e}"));
+    expect_closed(&mut socket, "an unauthenticated frame").await;
+    expect_quiet(&mut b.inbox, Duration::from_millis(300)).await;
+    expect_refusals(&refused, &b.van, 1).await;
+}
+
+/// 40 idle connections from 127.0.0.2: beyond the per-address bound they are closed at once,
+/// the rest when the handshake times out; meanwhile a real peer on 127.0.0.1 connects and
+/// delivers.
+pub async fn idle_flood_does_not_keep_a_peer_out<V: Van + 'static>(
+    make: &impl Fn(AuthOptions) -> V,
+    refused: impl Fn(&V) -> u64,
+) {
+    const FLOOD: usize = 40;
+    const BOUND: usize = 4;
+    let with_bound = || {
+        make(AuthOptions {
+            max_pending_per_address: BOUND,
+            ..options(secret(ONE))
+        })
+    };
+    let mut b = start(&with_bound, 8).await;
+    let target = address(&b);
+    let mut flood = Vec::with_capacity(FLOOD);
+    for _ in 0..FLOOD {
+        let socket = TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
+        socket
+            .bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), 0))
+            .unwrap_or_else(|e| panic!("bind 127.0.0.2: {e}"));
+        flood.push(
+            socket
+                .connect(target)
+                .await
+                .unwrap_or_else(|e| panic!("flood connect: {e}")),
+        );
+    }
+    let a = start(&|| make(options(secret(ONE))), 9).await;
+    connect(&a, &b).await;
+    send(&*a.van, numbered(9, 8, 1, 10)).await;
+    check_numbered(&expect_message(&mut b.inbox).await, 9, 1);
+    for socket in &mut flood {
+        expect_closed(socket, "an idle connection of the flood").await;
+    }
+    expect_refusals(&refused, &b.van, FLOOD as u64).await;
+}
