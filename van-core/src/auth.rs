@@ -306,7 +306,7 @@ pub struct Gate {
 #[derive(Debug, Default)]
 struct Record {
     refused: AtomicU64,
-    by_address: Mutex<HashMap<IpAddr, u64>>,
+    by_address: Mutex<HashMap<String, u64>>,
     pending: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -394,7 +394,7 @@ impl Gate {
                 count,
                 max: self.max_pending_per_address,
             };
-            self.refused(address, &error);
+            self.refused(&address, &error);
             return Err(error);
         }
         *count += 1;
@@ -404,14 +404,14 @@ impl Gate {
         })
     }
 
-    /// Authenticates a new connection as `side` within the timeout (at once without a
-    /// secret). A refusal of an accepted connection is logged, once per address at `warn`
-    /// (then at `debug`), and counted.
+    /// Authenticates a new connection from or to `peer` (its address, for the log) as `side`
+    /// within the timeout (at once without a secret). A refusal of an accepted connection is
+    /// logged, once per address at `warn` (then at `debug`), and counted.
     pub async fn authenticate<S>(
         &self,
         stream: &mut S,
         side: Side,
-        peer: IpAddr,
+        peer: &(dyn std::fmt::Display + Sync),
     ) -> Result<(), AuthError>
     where
         S: AsyncRead + AsyncWrite + Unpin,
@@ -432,10 +432,11 @@ impl Gate {
         result
     }
 
-    fn refused(&self, address: IpAddr, error: &AuthError) {
+    fn refused(&self, address: &dyn std::fmt::Display, error: &AuthError) {
         self.record.refused.fetch_add(1, Ordering::Relaxed);
+        let address = address.to_string();
         let mut by_address = lock(&self.record.by_address);
-        let count = by_address.entry(address).or_insert(0);
+        let count = by_address.entry(address.clone()).or_insert(0);
         *count += 1;
         if *count == 1 {
             warn!(%address, "refused a connection: {error} (later refusals from this address are logged at debug level)");

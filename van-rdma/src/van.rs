@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
+use van_core::auth::Gate;
 use van_core::config::RdmaSettings;
 use van_core::link::{stream, FrameQueue, Links};
 use van_core::van::{address_for, recipient_of};
@@ -47,6 +48,9 @@ pub struct RdmaOptions {
     /// Bytes of large frames (64 KiB and up) one peer's queue may hold before `send` waits
     /// (0: no limit); small frames never wait for it. See [`van_core::budget::ByteBudget`].
     pub peer_budget_bytes: usize,
+    /// Authentication of every connection's side channel (the cluster secret), before any
+    /// queue pair or ring is created for it; none by default.
+    pub auth: van_core::auth::AuthOptions,
 }
 
 impl Default for RdmaOptions {
@@ -58,14 +62,17 @@ impl Default for RdmaOptions {
             connect_timeout: van_core::config::DEFAULT_CONNECT_TIMEOUT,
             flush_timeout: Duration::from_secs(10),
             peer_budget_bytes: van_core::budget::DEFAULT_BUDGET_BYTES,
+            auth: van_core::auth::AuthOptions::default(),
         }
     }
 }
 
 impl RdmaOptions {
-    /// Options with the limits, connect timeout, peer budget and RDMA settings of `config`.
+    /// Options with the limits, connect timeout, peer budget, RDMA settings and
+    /// authentication of `config`.
     pub fn from_config(config: &Config) -> RdmaOptions {
         RdmaOptions {
+            auth: van_core::auth::AuthOptions::from_config(config),
             limits: config.limits,
             settings: config.rdma.clone(),
             connect_timeout: config.connect_timeout,
@@ -108,6 +115,8 @@ struct Shared {
     device: Arc<Device>,
     pool: Arc<Pool>,
     links: Links<Link>,
+    /// Authenticates every side channel (see [`van_core::auth`]).
+    gate: Gate,
 }
 
 /// The sending side of one connection: its queue, and the flags whose eventfd wakes its
@@ -136,6 +145,7 @@ impl RdmaVan {
         info!("rdma van on {}", device.describe());
         Ok(RdmaVan {
             shared: Arc::new(Shared {
+                gate: Gate::from_options(&options.auth),
                 options,
                 device: Arc::new(device),
                 pool,
@@ -147,6 +157,12 @@ impl RdmaVan {
     /// The device, port, GID and MTU in use, in one line.
     pub fn device_description(&self) -> String {
         self.shared.device.describe()
+    }
+
+    /// Side-channel connections refused so far: failed authentication, or too many from one
+    /// address authenticating at once.
+    pub fn refused_connections(&self) -> u64 {
+        self.shared.gate.refused_count()
     }
 
     /// The registration cache's counters.
@@ -331,32 +347,28 @@ impl Van for RdmaVan {
         let listener = TcpListener::bind((host, port)).await.map_err(bind_error)?;
         let local = listener.local_addr().map_err(bind_error)?;
         let endpoint = Endpoint::stream(VanKind::Rdma, host, local.port());
+        self.shared.gate.warn_if_open(host);
         let shared = Arc::clone(&self.shared);
         let accept_inbox = inbox.clone();
-        let accept = tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((socket, from)) => {
-                        let handshake_shared = Arc::clone(&shared);
-                        let inbox = accept_inbox.clone();
-                        let handshake = tokio::spawn(async move {
-                            let address = from.to_string();
-                            if let Err(e) = handshake_shared
-                                .handshake(socket, None, inbox, &address)
-                                .await
-                            {
-                                warn!("refused an RDMA connection: {e}");
-                            }
-                        });
-                        shared.links.track(handshake);
+        // Authenticated first (by `serve`): only then are a queue pair and rings created.
+        let accept = tokio::spawn(stream::serve(
+            listener,
+            self.shared.gate.clone(),
+            move |socket, from| {
+                let handshake_shared = Arc::clone(&shared);
+                let inbox = accept_inbox.clone();
+                let handshake = tokio::spawn(async move {
+                    let address = from.to_string();
+                    if let Err(e) = handshake_shared
+                        .handshake(socket, None, inbox, &address)
+                        .await
+                    {
+                        warn!("refused an RDMA connection: {e}");
                     }
-                    Err(e) => {
-                        warn!("RDMA side-channel accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-        });
+                });
+                shared.links.track(handshake);
+            },
+        ));
         self.shared.links.bound(inbox, Some(accept))?;
         info!(
             "rdma van listening at {} on {}",
@@ -371,19 +383,14 @@ impl Van for RdmaVan {
         self.shared
             .links
             .connect(peer, |inbox| async move {
-                let connect_error = |source| VanError::Connect {
-                    kind: VanKind::Rdma,
+                let (stream, _) = stream::dial(
+                    VanKind::Rdma,
                     peer,
-                    address: address.clone(),
-                    source,
-                };
-                let stream = tokio::time::timeout(
+                    &address,
                     self.shared.options.connect_timeout,
-                    TcpStream::connect(address.as_str()),
+                    &self.shared.gate,
                 )
-                .await
-                .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-                .map_err(connect_error)?;
+                .await?;
                 self.shared
                     .handshake(stream, Some(peer), inbox, &address)
                     .await?;

@@ -92,6 +92,57 @@ mod tiny_rings {
     checks!(make_tiny: ordering_per_peer, concurrent_senders, ping_pong, stop_flushes_and_ends);
 }
 
+/// The cluster secret on the side channel: checked before any queue pair is created.
+mod auth {
+    use super::*;
+    use van_core::auth::AuthOptions;
+    use van_core::testkit::auth;
+
+    fn make_with(auth: AuthOptions) -> RdmaVan {
+        RdmaVan::new(RdmaOptions {
+            auth,
+            ..options(128, 16)
+        })
+        .unwrap_or_else(|e| panic!("RDMA van: {e}"))
+    }
+
+    fn refused(van: &RdmaVan) -> u64 {
+        van.refused_connections()
+    }
+
+    #[test]
+    fn the_same_secret_connects_both_ways() {
+        if device_here() {
+            testkit::run(auth::the_same_secret_connects(&make_with));
+        }
+    }
+
+    #[test]
+    fn a_wrong_or_missing_secret_is_refused_on_both_sides() {
+        if device_here() {
+            testkit::run(auth::wrong_or_missing_secret_is_refused(
+                &make_with, refused,
+            ));
+        }
+    }
+
+    #[test]
+    fn a_frame_from_an_unauthenticated_socket_is_never_delivered() {
+        if device_here() {
+            testkit::run(auth::raw_frames_are_not_delivered(&make_with, refused));
+        }
+    }
+
+    #[test]
+    fn a_flood_of_idle_connections_does_not_keep_a_peer_out() {
+        if device_here() {
+            testkit::run(auth::idle_flood_does_not_keep_a_peer_out(
+                &make_with, refused,
+            ));
+        }
+    }
+}
+
 #[test]
 fn cross_process_conformance_peer() {
     van_core::testkit::remote::peer_main(&make);

@@ -7,4 +7,5 @@ van_core::van_auth_tests! {
         ..van_tcp::TcpOptions::default()
     }),
     refused: |van: &van_tcp::TcpVan| van.refused_connections(),
+    tcp_listener: true,
 }

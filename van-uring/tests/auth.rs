@@ -12,4 +12,5 @@ van_core::van_auth_tests! {
         .unwrap_or_else(|e| panic!("cannot create the io_uring van: {e}"))
     },
     refused: |van: &van_uring::IoUringVan| van.refused_connections(),
+    tcp_listener: true,
 }

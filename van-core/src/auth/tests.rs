@@ -21,14 +21,14 @@ async fn pair(
     let acceptor = Gate::new(b, Duration::from_secs(5));
     let (r1, r2) = tokio::join!(
         async {
-            let r = dialer.authenticate(&mut x, Side::Dialer, LOCAL).await;
+            let r = dialer.authenticate(&mut x, Side::Dialer, &LOCAL).await;
             if r.is_err() {
                 drop(x);
             }
             r
         },
         async {
-            let r = acceptor.authenticate(&mut y, Side::Acceptor, LOCAL).await;
+            let r = acceptor.authenticate(&mut y, Side::Acceptor, &LOCAL).await;
             if r.is_err() {
                 drop(y);
             }
@@ -74,7 +74,7 @@ async fn a_peer_without_a_secret_is_refused_before_its_frame_is_read() {
     let frame =
         crate::wire::encode_to_vec(&crate::Message::default(), &crate::Limits::default()).unwrap();
     x.write_all(&frame).await.unwrap();
-    let r = gate.authenticate(&mut y, Side::Acceptor, LOCAL).await;
+    let r = gate.authenticate(&mut y, Side::Acceptor, &LOCAL).await;
     assert!(matches!(r, Err(AuthError::NotAuthenticating)), "{r:?}");
     assert_eq!(gate.refused_count(), 1);
 }
@@ -84,11 +84,11 @@ async fn a_peer_that_closes_or_stays_silent_fails_in_time() {
     let (x, mut y) = duplex(4096);
     drop(x);
     let gate = Gate::new(Some(secret("0123456789abcdef")), Duration::from_millis(200));
-    let r = gate.authenticate(&mut y, Side::Acceptor, LOCAL).await;
+    let r = gate.authenticate(&mut y, Side::Acceptor, &LOCAL).await;
     assert!(matches!(r, Err(AuthError::Closed)), "{r:?}");
 
     let (_x, mut y) = duplex(4096);
-    let r = gate.authenticate(&mut y, Side::Acceptor, LOCAL).await;
+    let r = gate.authenticate(&mut y, Side::Acceptor, &LOCAL).await;
     assert!(matches!(r, Err(AuthError::Timeout(_))), "{r:?}");
     assert_eq!(gate.refused_count(), 2);
 }

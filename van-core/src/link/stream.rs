@@ -36,7 +36,7 @@ pub async fn dial(
         .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
         .map_err(connect_error)?;
     let remote = stream.peer_addr().map_err(connect_error)?;
-    gate.authenticate(&mut stream, Side::Dialer, remote.ip())
+    gate.authenticate(&mut stream, Side::Dialer, &remote.ip())
         .await
         .map_err(|source| VanError::Unauthenticated {
             kind,
@@ -78,7 +78,7 @@ where
         let admit = admit.clone();
         tokio::spawn(async move {
             let authenticated = gate
-                .authenticate(&mut stream, Side::Acceptor, remote.ip())
+                .authenticate(&mut stream, Side::Acceptor, &remote.ip())
                 .await;
             drop(place);
             if authenticated.is_ok() {
