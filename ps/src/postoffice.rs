@@ -336,6 +336,11 @@ impl Postoffice {
             let scheduler = self.scheduler_node();
             let mut attempts = 0u32;
             while let Err(e) = self.inner.router.connect(&scheduler).await {
+                // A scheduler that refuses our secret will not accept it on a retry: say why
+                // now instead of at the bootstrap deadline.
+                if matches!(e, PsError::Van(van_core::VanError::Unauthenticated { .. })) {
+                    return Err(e);
+                }
                 attempts += 1;
                 if attempts == 1 || attempts % 25 == 0 {
                     info!(

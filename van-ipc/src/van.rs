@@ -11,6 +11,7 @@ use bytes::Bytes;
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
+use van_core::auth::Gate;
 use van_core::link::{ConnectionId, Links};
 use van_core::van::{address_for, recipient_of};
 use van_core::wire;
@@ -57,6 +58,8 @@ struct Shared {
     /// Named mode: the thread accepting from the accept queue; joined by `stop` and `Drop` so
     /// the queue's file is removed before they return.
     accept_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Authenticates every socket-mode connection (see [`van_core::auth`]).
+    gate: Gate,
 }
 
 /// The sending side of one connection.
@@ -75,6 +78,7 @@ impl IpcVan {
     pub fn new(options: IpcOptions) -> IpcVan {
         IpcVan {
             shared: Arc::new(Shared {
+                gate: Gate::from_options(&options.auth),
                 options,
                 links: Links::new(VanKind::Ipc),
                 arena: OnceLock::new(),
@@ -96,12 +100,23 @@ impl IpcVan {
     pub fn connected_peers(&self) -> Vec<NodeId> {
         self.shared.links.peers()
     }
+
+    /// Socket-mode connections refused so far for failing authentication.
+    pub fn refused_connections(&self) -> u64 {
+        self.shared.gate.refused_count()
+    }
 }
 
 impl IpcVan {
     /// `bind` in named mode: a listening file in `/dev/shm` and a thread accepting from it
     /// until the van stops.
     fn bind_named(&self, inbox: InboxSender) -> Result<Endpoint, VanError> {
+        if self.shared.gate.requires_auth() {
+            warn!(
+                "named shared-memory mode does not exchange the cluster secret: its peers are \
+                 limited to processes of this user by file permissions"
+            );
+        }
         let listener = handshake::named_listener(&self.shared.options)?;
         let address = listener.address().to_owned();
         self.shared.links.bound(inbox.clone(), None)?;
@@ -395,12 +410,16 @@ impl Van for IpcVan {
                         let inbox = accept_inbox.clone();
                         let handshake = tokio::spawn(async move {
                             let shared = handshake_shared;
-                            let accepted =
-                                handshake::accept(socket, &shared.options, shared.arena.get())
-                                    .await
-                                    .and_then(|established| {
-                                        shared.start_connection(established, None, inbox)
-                                    });
+                            let accepted = handshake::accept(
+                                socket,
+                                &shared.options,
+                                shared.arena.get(),
+                                &shared.gate,
+                            )
+                            .await
+                            .and_then(|established| {
+                                shared.start_connection(established, None, inbox)
+                            });
                             if let Err(e) = accepted {
                                 warn!("refused an IPC connection: {e}");
                             }
@@ -432,7 +451,14 @@ impl Van for IpcVan {
                 let established = if address.starts_with(named::ADDRESS_PREFIX) {
                     handshake::dial_named(peer, &address, options).await?
                 } else {
-                    handshake::dial_socket(peer, &address, options, self.shared.arena.get()).await?
+                    handshake::dial_socket(
+                        peer,
+                        &address,
+                        options,
+                        self.shared.arena.get(),
+                        &self.shared.gate,
+                    )
+                    .await?
                 };
                 self.shared
                     .start_connection(established, Some(peer), inbox)?;

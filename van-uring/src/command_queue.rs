@@ -36,7 +36,7 @@ pub(crate) enum Command {
     Inbox(van_core::InboxSender),
     /// Serve this connection.
     Adopt(NewConnection),
-    /// Stop: stop reading and accepting, write what is queued until `deadline` (nothing when
+    /// Stop: stop reading, write what is queued until `deadline` (nothing when
     /// `flush` is false), close every connection, wait for the kernel to give every buffer
     /// back, and exit.
     Stop {

@@ -118,7 +118,6 @@ impl Worker {
         for (code, name) in [
             (opcode::Recv::CODE, "RECV"),
             (opcode::SendMsg::CODE, "SENDMSG"),
-            (opcode::Accept::CODE, "ACCEPT"),
             (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
             (opcode::Read::CODE, "READ"),
         ] {
@@ -222,7 +221,7 @@ impl Worker {
         let _ = done.send(());
     }
 
-    /// One turn of the loop: commands, ready queues, delivery, receive buffers, accepting,
+    /// One turn of the loop: commands, ready queues, delivery, receive buffers,
     /// stopping. Returns whether the loop is over.
     fn turn(&mut self) -> bool {
         {

@@ -16,6 +16,7 @@ use std::os::linux::net::SocketAddrExt;
 
 use tokio::net::UnixStream;
 use tracing::{info, warn};
+use van_core::auth::{Gate, Side};
 use van_core::{NodeId, VanError, VanKind};
 
 use super::conn::{io_error, unique_name, Arenas, Connection, Established, Watch, WAIT_SLICE};
@@ -40,9 +41,10 @@ fn max_frame(options: &IpcOptions) -> usize {
 
 /// The listener side of the socket handshake.
 pub(super) async fn accept(
-    socket: UnixStream,
+    mut socket: UnixStream,
     options: &IpcOptions,
     arena: Option<&Arc<Arena>>,
+    gate: &Gate,
 ) -> Result<Established, VanError> {
     // Abstract sockets ignore file permissions: only our own user may connect.
     let credentials = socket
@@ -58,6 +60,11 @@ pub(super) async fn accept(
             ),
         ));
     }
+    // The cluster secret, before any descriptor is taken.
+    let peer = format!("pid {}", credentials.pid().unwrap_or(0));
+    gate.authenticate(&mut socket, Side::Acceptor, &peer)
+        .await
+        .map_err(|e| io_error("IPC authentication", format!("{peer}: {e}")))?;
     let fds = receive(&socket, [3, 5]).await.map_err(|e| {
         io_error(
             "IPC handshake",
@@ -107,6 +114,7 @@ pub(super) async fn dial_socket(
     address: &str,
     options: &IpcOptions,
     arena: Option<&Arc<Arena>>,
+    gate: &Gate,
 ) -> Result<Established, VanError> {
     let connect_error = |source| VanError::Connect {
         kind: VanKind::Ipc,
@@ -145,7 +153,15 @@ pub(super) async fn dial_socket(
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(|e| connect_error(std::io::Error::other(e.to_string())))?
             .map_err(connect_error)?;
-    let socket = UnixStream::from_std(socket).map_err(connect_error)?;
+    let mut socket = UnixStream::from_std(socket).map_err(connect_error)?;
+    gate.authenticate(&mut socket, Side::Dialer, &address)
+        .await
+        .map_err(|source| VanError::Unauthenticated {
+            kind: VanKind::Ipc,
+            peer,
+            address: address.to_owned(),
+            source,
+        })?;
     let peer_pid = socket.peer_cred().ok().and_then(|c| c.pid());
     let table = new_table(arena, peer_pid)?;
     let doorbell = Doorbell::new().map_err(connect_error)?;

@@ -34,6 +34,9 @@ pub struct IpcOptions {
     /// [`crate::named`]). Dialers follow the address they are given either way. Zero-copy
     /// buffers need the socket (they travel as memfds), so named connections copy.
     pub named: bool,
+    /// Authentication of every socket-mode connection (the cluster secret); none by default.
+    /// Named-mode connections rely on file permissions instead (see the crate docs).
+    pub auth: van_core::auth::AuthOptions,
 }
 
 impl Default for IpcOptions {
@@ -46,18 +49,20 @@ impl Default for IpcOptions {
             flush_timeout: Duration::from_secs(10),
             arena_bytes: van_core::config::DEFAULT_IPC_ARENA_BYTES,
             named: false,
+            auth: van_core::auth::AuthOptions::default(),
         }
     }
 }
 
 impl IpcOptions {
-    /// Options with the limits and polling switch of `config`.
+    /// Options with the limits, polling switch, arena, mode and authentication of `config`.
     pub fn from_config(config: &Config) -> IpcOptions {
         IpcOptions {
             limits: config.limits,
             busy_polling: config.busy_polling,
             arena_bytes: config.ipc_arena_bytes,
             named: config.ipc_named,
+            auth: van_core::auth::AuthOptions::from_config(config),
             ..IpcOptions::default()
         }
     }
