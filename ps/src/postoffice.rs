@@ -645,6 +645,17 @@ impl Postoffice {
         if self.inner.scheduler.is_some() {
             let outputs = self.with_scheduler(|s| s.peer_lost(Instant::now(), peer, reason));
             self.execute(outputs).await;
+        } else if peer != node_ids::SCHEDULER
+            && lock(&self.inner.barriers).contains_key(&ALL_GROUPS)
+        {
+            // Waiting at the all-nodes barrier (finalize): a peer released before us stops in
+            // order while our release is still on its way over the scheduler link, so its close
+            // is no failure. A peer that really died is declared by the scheduler, which also
+            // fails this barrier; only the scheduler's own loss is ours to report.
+            debug!(
+                peer,
+                "peer closed while this node waits at the final barrier: {reason}"
+            );
         } else {
             self.node_failed(peer, &format!("connection lost: {reason}"));
         }
