@@ -115,6 +115,10 @@ pub(crate) async fn read_loop(
         if !batch.is_empty() && inbox.deliver(batch).await.is_err() {
             return Closed::InboxGone;
         }
+        // What is left starts the next frame: garbage is refused before a whole header is in.
+        if let Err(e) = wire::check_start(&buf) {
+            return Closed::Wire(e);
+        }
         if let Some(len) = large {
             let frame = match read_large_frame(&mut socket, &mut buf, len, pool).await {
                 Ok(frame) => frame,

@@ -176,7 +176,8 @@ impl Reassembly {
             }
             break;
         }
-        Ok(())
+        // What is left starts the next frame: garbage is refused before a whole header is in.
+        wire::check_start(&self.pending)
     }
 
     /// Where the next direct receive of the large frame writes, and how many bytes it may

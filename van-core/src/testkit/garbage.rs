@@ -111,6 +111,8 @@ fn garbage() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "truncated",
         ),
         ("random bytes", random_bytes(), "bad magic"),
+        // Fewer bytes than a header: refused at once, not held until 32 bytes arrive.
+        ("three bytes", b"GET".to_vec(), "bad magic"),
         ("garbage meta", bad_meta, "bad frame"),
     ]
 }

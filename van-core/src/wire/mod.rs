@@ -244,6 +244,19 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// Checks the first bytes of a frame, however few have arrived: they must begin the magic.
+/// Stream vans call this on a partial header, so a peer that sends a few bytes of garbage is
+/// refused at once instead of holding the connection until a whole header has arrived.
+pub fn check_start(bytes: &[u8]) -> Result<(), WireError> {
+    let n = bytes.len().min(MAGIC.len());
+    if bytes[..n] == MAGIC[..n] {
+        return Ok(());
+    }
+    let mut found = [0u8; 4];
+    found[..n].copy_from_slice(&bytes[..n]);
+    Err(WireError::BadMagic { found })
+}
+
 impl FrameHeader {
     /// Parses and validates the header at the start of `bytes` against `limits`.
     ///
