@@ -22,8 +22,11 @@
 //!   are 0600, created exclusively under unguessable names, and reserved up front after a
 //!   `statvfs` check (a small `/dev/shm` is an [`IpcError::ShmTooSmall`] naming the bytes
 //!   needed). What a crash leaves — a dead listener's accept queue, a segment never taken —
-//!   is listed and removed by [`named::list_segments`]/[`named::clean_stale`] and the
-//!   `vans-shm list|clean` command. `shm_open`, the reservation, the owner checks, the
+//!   is judged by an owner lock (an `flock` the creator holds until it dies, which works
+//!   across pid namespaces), removed by every live named-mode van when it binds and every
+//!   second while it listens, and listed and removed by
+//!   [`named::list_segments`]/[`named::clean_stale`] and the `vans-shm list|clean` command.
+//!   `shm_open`, the reservation, the owner checks, the
 //!   mapping and the timely unlinking are the module's own, on rustix (it once used the
 //!   unmaintained `shared_memory` crate): see the module docs. memfd stays the default
 //!   because it needs none of this. `IpcOptions::named`

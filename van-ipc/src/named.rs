@@ -15,14 +15,19 @@
 //! - [`connect`] creates a **connection** segment holding both rings, posts its name in a
 //!   free slot of the accept queue and wakes the listener through a futex in the queue;
 //!   [`NamedListener::accept`] opens it, validates it, and both sides **unlink the name as
-//!   soon as both have mapped it**, so a crash after the handshake leaves nothing behind.
+//!   soon as both have mapped it**, so a connection leaves nothing behind once its handshake
+//!   is done. The accept queue lives as long as the listener.
 //! - **Liveness** cannot use a socket's end-of-file, and a peer's pid means nothing across
 //!   pid namespaces, so each side bumps a heartbeat word in the connection segment
 //!   ([`Liveness::beat`], every [`HEARTBEAT_INTERVAL`]) and polls the other's
 //!   ([`Liveness::status`]): no change for [`HEARTBEAT_TIMEOUT`] means the peer is dead.
 //! - What a crash can leave — an accept queue whose listener died, a connection segment whose
 //!   dialer died before the handshake — is found by [`list_segments`] and removed by
-//!   [`clean_stale`] (and the `vans-shm list|clean` command).
+//!   [`clean_stale`] (and the `vans-shm list|clean` command), which every named-mode
+//!   [`IpcVan`](crate::IpcVan) runs when it binds and every second while it listens. The
+//!   creator of a segment holds an exclusive `flock` on it until it dies (the kernel drops
+//!   it however the process ends), so a free lock on an initialized segment means a dead
+//!   creator, in any pid namespace ([`layout::OWNER_LOCK_VERSION`]).
 //!
 //! # Names and permissions
 //!
@@ -101,6 +106,15 @@ pub const MAX_NAME_BYTES: usize = 64;
 /// Byte layouts of the two kinds of named segment. Every integer is in the host's byte order
 /// (both sides run on one host) and is read and written only through atomics.
 pub mod layout {
+    /// From this version on (of either format), the creator holds an exclusive `flock` on the
+    /// file from before it writes the magic until it exits
+    /// ([`NamedSegment::create`](super::NamedSegment::create)), and the kernel releases it
+    /// however the creator dies.
+    /// So a file with its magic and such a version whose lock another process can take
+    /// belongs to a dead creator, in whatever pid namespace it ran. Earlier versions did not
+    /// lock: their owners are judged by pid, as before.
+    pub const OWNER_LOCK_VERSION: u32 = 2;
+
     /// The listener's accept queue: a header page, then
     /// [`SLOT_COUNT`](accept_queue::SLOT_COUNT) slots of
     /// [`SLOT_BYTES`](accept_queue::SLOT_BYTES). Dialers post the names of their connection
@@ -124,8 +138,9 @@ pub mod layout {
         /// `b"VANSMBOX"` read as a little-endian u64 (unchanged since the format was called a
         /// mailbox, so files of earlier builds still validate).
         pub const MAGIC: u64 = u64::from_le_bytes(*b"VANSMBOX");
-        /// The accept-queue format this build speaks.
-        pub const VERSION: u32 = 1;
+        /// The accept-queue format this build speaks (2: the creator holds the owner lock,
+        /// [`OWNER_LOCK_VERSION`](super::OWNER_LOCK_VERSION); the bytes are those of 1).
+        pub const VERSION: u32 = 2;
         /// Offset of the magic (u64).
         pub const MAGIC_OFFSET: usize = 0;
         /// Offset of the version (u32).
@@ -181,8 +196,9 @@ pub mod layout {
     pub mod connection {
         /// `b"VANSCONN"` read as a little-endian u64.
         pub const MAGIC: u64 = u64::from_le_bytes(*b"VANSCONN");
-        /// The connection format this build speaks.
-        pub const VERSION: u32 = 1;
+        /// The connection format this build speaks (2: the creator holds the owner lock,
+        /// [`OWNER_LOCK_VERSION`](super::OWNER_LOCK_VERSION); the bytes are those of 1).
+        pub const VERSION: u32 = 2;
         /// Offset of the magic (u64).
         pub const MAGIC_OFFSET: usize = 0;
         /// Offset of the version (u32).

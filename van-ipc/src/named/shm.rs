@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use rustix::fs::{FallocateFlags, FileType, Mode, OFlags};
+use rustix::fs::{FallocateFlags, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 use rustix::shm::OFlags as ShmFlags;
 
@@ -23,6 +23,11 @@ use crate::mapping::{file_len, Mapping};
 const CREATE_ATTEMPTS: u32 = 4;
 /// Granularity of tmpfs allocations, for the space check.
 const PAGE_BYTES: u64 = 4096;
+/// How often [`NamedSegment::create`] retries the creator's lock while a cleaner holds it
+/// for a moment (for a few system calls).
+const LOCK_ATTEMPTS: u32 = 1000;
+/// The pause between those tries.
+const LOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Bytes free in `/dev/shm` for unprivileged users (`statvfs`: available blocks × fragment
 /// size).
@@ -62,7 +67,10 @@ fn too_small(needed: u64) -> IpcError {
 ///
 /// The mapping lives as long as the value (wrap it in an `Arc` to make ring windows with
 /// [`crate::Segment::from_named`]). The creator's value removes the name on drop unless
-/// [`NamedSegment::unlink`] already did; removing the name never affects mappings.
+/// [`NamedSegment::unlink`] already did; removing the name never affects mappings. The
+/// creator also holds an exclusive `flock` on the file as long as the value lives (the
+/// kernel drops it when the process dies, however it dies), which tells other processes
+/// that the creator is alive (see [`crate::named::list_segments`]).
 /// Access the bytes only through [`NamedSegment::as_ptr`] with raw-pointer copies or
 /// atomics: another process may write them at any time.
 pub struct NamedSegment {
@@ -104,8 +112,9 @@ impl Drop for UnlinkOnError<'_> {
 
 impl NamedSegment {
     /// Creates `/dev/shm/<fresh name>` of `len` bytes: `shm_open` with `O_CREAT | O_EXCL`,
-    /// mode 0600, its memory reserved as `posix_fallocate` does, mapped shared. First checks
-    /// that `/dev/shm` has room (`statvfs`).
+    /// locked (`flock`, exclusive, held until the value drops), mode 0600, its memory
+    /// reserved as `posix_fallocate` does, mapped shared. First checks that `/dev/shm` has
+    /// room (`statvfs`).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), van_ipc::IpcError> {
@@ -149,6 +158,9 @@ impl NamedSegment {
         // From here on the name is ours to remove: on any error below, and later as soon as
         // both peers mapped a connection segment (or on the creator's drop).
         let mut guard = UnlinkOnError(Some(&name));
+        // Before anything is written: whoever finds the file initialized finds it locked
+        // while we live (see `lock_owner`).
+        lock_owner(&name, &fd)?;
         // Undoes a umask that removed owner bits, and guarantees nothing beyond 0600.
         rustix::fs::fchmod(&fd, Mode::RUSR | Mode::WUSR).map_err(|e| IpcError::os("fchmod", e))?;
         rustix::fs::ftruncate(&fd, size)
@@ -323,6 +335,42 @@ impl Drop for NamedSegment {
             let _ = unlink_name(&self.name);
         }
         // Then `mapping` unmaps and `fd` closes.
+    }
+}
+
+/// Takes the creator's exclusive `flock` on a file just created, held through `fd` (which
+/// the segment keeps open) until the segment drops or the process dies, when the kernel
+/// releases it whatever killed us. Another process that can take the lock knows the creator
+/// is gone, in any pid namespace: that is how [`crate::named::list_segments`] judges the
+/// segments that vans' named mode creates.
+///
+/// A cleaner may hold the lock for a moment while it looks at a file that has no magic yet
+/// (and leaves it alone, since its creator lives): retry a bounded number of times.
+fn lock_owner(name: &SegmentName, fd: &OwnedFd) -> Result<(), IpcError> {
+    let mut attempts = 0;
+    loop {
+        match rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(Errno::INTR) => {}
+            Err(Errno::WOULDBLOCK) if attempts < LOCK_ATTEMPTS => {
+                attempts += 1;
+                std::thread::sleep(LOCK_RETRY_PAUSE);
+            }
+            Err(errno) => {
+                let err = io::Error::from(errno);
+                return Err(IpcError::Os {
+                    call: "flock",
+                    source: io::Error::new(
+                        err.kind(),
+                        format!(
+                            "{}: {err}; another process of this user keeps the lock of a file \
+                             we just created",
+                            name.path().display()
+                        ),
+                    ),
+                });
+            }
+        }
     }
 }
 

@@ -1,31 +1,48 @@
 //! Finding and removing what crashed processes left in `/dev/shm`.
 //!
-//! A named segment outlives its creator only when the creator died before the handshake
-//! removed the name (a listener's accept queue, a dialer's connection segment never taken).
-//! The owner is judged by the pid in the name with `kill(pid, 0)`: `ESRCH` means dead. That
-//! is only meaningful in the creator's pid namespace, which the name also records; a segment
-//! from another pid namespace (or when `/proc` cannot tell ours) is reported as unknown and
-//! never removed. Only segments of our own uid are ever removed.
+//! A named segment outlives its creator when the creator died before removing the name: a
+//! listener's accept queue (it lives as long as the listener), a dialer's connection segment
+//! never taken. Owners are judged first by the **owner lock**: the creator of a segment holds
+//! an exclusive `flock` on it for as long as it lives, taken before it writes the magic
+//! ([`layout::OWNER_LOCK_VERSION`](super::layout::OWNER_LOCK_VERSION)); the kernel releases
+//! it when the creator dies, however it dies. An accept queue or connection segment of such
+//! a version whose lock we can take is dead, in whatever pid namespace its creator ran; a
+//! lock someone holds means alive. Other files (no magic yet, an earlier build's, a bare
+//! [`NamedSegment`](super::NamedSegment)) are judged by the pid in the name with
+//! `kill(pid, 0)`: `ESRCH` means dead. That is only meaningful in the creator's pid
+//! namespace, which the name also records; such a file from another pid namespace is
+//! reported as unknown and never removed. Only segments of our own uid are ever removed.
+//!
+//! Every named-mode [`IpcVan`](crate::IpcVan) runs [`clean_stale`] when it binds and then
+//! every second while it listens, so that a crashed node's accept queue does not outlive it
+//! by more than that while any named-mode node of the same user runs.
 
 use std::fmt;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 use rustix::process::Pid;
 
+use super::layout::{accept_queue, connection, OWNER_LOCK_VERSION};
 use super::{effective_uid, pid_namespace, SegmentName, NAME_PREFIX, SHM_DIR};
 use crate::error::IpcError;
 
 /// Whether the creator of a listed segment still runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OwnerStatus {
-    /// `kill(pid, 0)` found the process (an unreaped zombie counts as alive).
+    /// Someone holds the owner lock, or `kill(pid, 0)` found the process (an unreaped
+    /// zombie counts as alive).
     Alive,
-    /// `kill(pid, 0)` said `ESRCH`: no such process in our pid namespace.
+    /// The owner lock of an initialized accept queue or connection segment was free (its
+    /// creator is gone, in whatever pid namespace), or `kill(pid, 0)` said `ESRCH`: no such
+    /// process in our pid namespace.
     Dead,
-    /// Liveness cannot be judged from here (another pid namespace): never removed.
+    /// Liveness cannot be judged from here (a file the owner lock cannot judge, from
+    /// another pid namespace): never removed.
     Unknown {
         /// Why.
         reason: String,
@@ -150,7 +167,7 @@ pub fn list_segments() -> Result<Vec<ShmEntry>, IpcError> {
                 },
             ),
             Err(reason) => (None, OwnerStatus::Malformed { reason }),
-            Ok(name) => (Some(name), owner_status(&name)),
+            Ok(name) => (Some(name), owner_status(&name, &path)),
         };
         listed.push(ShmEntry {
             file_name,
@@ -178,7 +195,8 @@ pub fn stale_segments() -> Result<Vec<ShmEntry>, IpcError> {
 }
 
 /// Removes every segment of our uid whose creator is dead (re-checked right before the
-/// removal), and reports what it removed and what it could not.
+/// removal: with the owner lock held while the name is removed, or the pid once more), and
+/// reports what it removed and what it could not.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), van_ipc::IpcError> {
@@ -196,10 +214,17 @@ pub fn stale_segments() -> Result<Vec<ShmEntry>, IpcError> {
 pub fn clean_stale() -> Result<CleanReport, IpcError> {
     let mut report = CleanReport::default();
     for entry in stale_segments()? {
-        // A pid reused since the listing makes the owner look alive: keep the segment.
-        if entry.name.is_some_and(|n| pid_alive(n.pid)) {
-            continue;
-        }
+        let Some(name) = entry.name else { continue };
+        // Held until the name is removed, so nobody else judges the file meanwhile.
+        let _lock = match probe_lock(&entry.path) {
+            Lock::Held => continue,
+            // The name must still be the file whose lock we hold.
+            Lock::Abandoned(fd) if names_file(&entry.path, &fd) => Some(fd),
+            Lock::Abandoned(_) => continue,
+            // A pid reused since the listing makes the owner look alive: keep the segment.
+            Lock::Silent if pid_alive(name.pid) => continue,
+            Lock::Silent => None,
+        };
         match std::fs::remove_file(&entry.path) {
             Ok(()) => report.removed.push(entry),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -209,8 +234,86 @@ pub fn clean_stale() -> Result<CleanReport, IpcError> {
     Ok(report)
 }
 
-/// Whether the creator named by `name` still runs, as far as this process can tell.
-fn owner_status(name: &SegmentName) -> OwnerStatus {
+/// What the owner lock says about a `vans-*` file.
+enum Lock {
+    /// Someone holds it: the creator lives (or a cleaner looks at the file this moment).
+    Held,
+    /// We hold it now, through this descriptor, on an accept queue or connection segment
+    /// whose creator took it before writing the magic: the creator is dead.
+    Abandoned(OwnedFd),
+    /// The lock cannot judge this file (not ours, cannot be opened, no magic yet, an earlier
+    /// build's format, a bare named segment): judge by pid.
+    Silent,
+}
+
+/// Tries the owner lock of the file at `path` (see the [module docs](self)).
+fn probe_lock(path: &Path) -> Lock {
+    // Read-only suffices for flock; no symlinks; a FIFO must not block the open.
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let Ok(fd) = rustix::fs::open(path, flags, Mode::empty()) else {
+        return Lock::Silent;
+    };
+    match rustix::fs::fstat(&fd) {
+        Ok(stat)
+            if FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile
+                && stat.st_uid == effective_uid() => {}
+        _ => return Lock::Silent,
+    }
+    loop {
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => break,
+            Err(Errno::INTR) => {}
+            Err(Errno::WOULDBLOCK) => return Lock::Held,
+            Err(_) => return Lock::Silent,
+        }
+    }
+    if locks_its_owner(&fd) {
+        Lock::Abandoned(fd)
+    } else {
+        Lock::Silent
+    }
+}
+
+/// Whether the file starts with the magic of an accept queue or a connection segment and a
+/// version whose creator holds the owner lock.
+fn locks_its_owner(fd: &OwnedFd) -> bool {
+    let (mut magic, mut version) = ([0u8; 8], [0u8; 4]);
+    if !matches!(rustix::io::pread(fd, &mut magic, 0), Ok(8))
+        || !matches!(rustix::io::pread(fd, &mut version, 8), Ok(4))
+    {
+        return false;
+    }
+    let (magic, version) = (u64::from_ne_bytes(magic), u32::from_ne_bytes(version));
+    // Both formats keep the magic at 0 and the version at 8.
+    const _: () = assert!(
+        accept_queue::MAGIC_OFFSET == 0
+            && accept_queue::VERSION_OFFSET == 8
+            && connection::MAGIC_OFFSET == 0
+            && connection::VERSION_OFFSET == 8
+    );
+    (magic == accept_queue::MAGIC || magic == connection::MAGIC) && version >= OWNER_LOCK_VERSION
+}
+
+/// Whether `path` still names the file open as `fd` (same device and inode).
+fn names_file(path: &Path, fd: &OwnedFd) -> bool {
+    match (rustix::fs::lstat(path), rustix::fs::fstat(fd)) {
+        (Ok(named), Ok(open)) => named.st_dev == open.st_dev && named.st_ino == open.st_ino,
+        _ => false,
+    }
+}
+
+/// Whether the creator of the file at `path`, named `name`, still runs, as far as this
+/// process can tell: the owner lock first, then the pid.
+fn owner_status(name: &SegmentName, path: &Path) -> OwnerStatus {
+    match probe_lock(path) {
+        Lock::Held => OwnerStatus::Alive,
+        Lock::Abandoned(_) => OwnerStatus::Dead,
+        Lock::Silent => pid_status(name),
+    }
+}
+
+/// Whether the creator named by `name` still runs, judged by its pid.
+fn pid_status(name: &SegmentName) -> OwnerStatus {
     let ours = pid_namespace();
     if ours == 0 {
         return OwnerStatus::Unknown {
@@ -255,15 +358,71 @@ mod tests {
         assert!(pid_alive(0), "never judged dead");
         let name = SegmentName::fresh().unwrap();
         if pid_namespace() != 0 {
-            assert_eq!(owner_status(&name), OwnerStatus::Alive);
+            assert_eq!(pid_status(&name), OwnerStatus::Alive);
         }
         let elsewhere = SegmentName {
             pid_namespace: name.pid_namespace.wrapping_add(1),
             ..name
         };
         assert!(matches!(
-            owner_status(&elsewhere),
+            owner_status(&elsewhere, &elsewhere.path()),
             OwnerStatus::Unknown { .. }
         ));
+    }
+
+    /// A file of `name` holding `magic` and `version` (as a creator writes them), locked by
+    /// nobody.
+    fn unlocked_file(name: &SegmentName, magic: u64, version: u32) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(name.path())
+            .unwrap();
+        file.write_all(&magic.to_ne_bytes()).unwrap();
+        file.write_all(&version.to_ne_bytes()).unwrap();
+        file.write_all(&[0; 52]).unwrap();
+    }
+
+    #[test]
+    fn the_owner_lock_judges_before_the_pid() {
+        // Our own segments: the lock is held (by another open file description), alive.
+        let queue = super::super::accept_queue::AcceptQueue::create().unwrap();
+        let path = queue.name().path();
+        assert!(matches!(probe_lock(&path), Lock::Held));
+        assert_eq!(owner_status(queue.name(), &path), OwnerStatus::Alive);
+        let bare = super::super::NamedSegment::create(4096).unwrap();
+        assert_eq!(owner_status(bare.name(), &bare.path()), OwnerStatus::Alive);
+
+        // An initialized accept queue or connection whose lock is free has a dead creator,
+        // whatever its pid says (here ours: a pid reused after the creator died).
+        for magic in [accept_queue::MAGIC, connection::MAGIC] {
+            let name = SegmentName::fresh().unwrap();
+            unlocked_file(&name, magic, OWNER_LOCK_VERSION);
+            assert!(matches!(probe_lock(&name.path()), Lock::Abandoned(_)));
+            assert_eq!(owner_status(&name, &name.path()), OwnerStatus::Dead);
+            // Another pid namespace makes no difference to the lock.
+            let elsewhere = SegmentName {
+                pid_namespace: name.pid_namespace.wrapping_add(1),
+                ..name
+            };
+            assert_eq!(owner_status(&elsewhere, &name.path()), OwnerStatus::Dead);
+            // (A named-mode van of another test process may have swept it already.)
+            let _ = std::fs::remove_file(name.path());
+        }
+
+        // An earlier build's format, or no magic yet (a creator between `open` and its
+        // lock): the lock says nothing, the pid decides (ours: alive).
+        for (magic, version) in [(accept_queue::MAGIC, 1), (0, OWNER_LOCK_VERSION)] {
+            let name = SegmentName::fresh().unwrap();
+            unlocked_file(&name, magic, version);
+            assert!(matches!(probe_lock(&name.path()), Lock::Silent));
+            if pid_namespace() != 0 {
+                assert_eq!(owner_status(&name, &name.path()), OwnerStatus::Alive);
+            }
+            std::fs::remove_file(name.path()).unwrap();
+        }
     }
 }

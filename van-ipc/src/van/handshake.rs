@@ -10,12 +10,12 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use std::os::linux::net::SocketAddrExt;
 
 use tokio::net::UnixStream;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use van_core::auth::{Gate, Side};
 use van_core::{NodeId, VanError, VanKind};
 
@@ -34,6 +34,9 @@ const HANDSHAKE_MAGIC: u64 = u64::from_le_bytes(*b"VANSIPC2");
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connecting peer may take to hand over its rings.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a named-mode listener removes what dead processes left in `/dev/shm` (a
+/// listing of the directory and an `flock` probe per `vans-*` file).
+const STALE_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 fn max_frame(options: &IpcOptions) -> usize {
     usize::try_from(options.limits.max_frame).unwrap_or(usize::MAX)
@@ -220,12 +223,8 @@ pub(super) fn named_listener(options: &IpcOptions) -> Result<NamedListener, VanE
         address: named::SHM_DIR.into(),
         source: std::io::Error::other(e.to_string()),
     };
-    match named::clean_stale() {
-        Ok(report) if !report.removed.is_empty() => {
-            info!("removed {} stale vans segments", report.removed.len());
-        }
-        Ok(_) => {}
-        Err(e) => warn!("could not clean stale vans segments: {e}"),
+    if let Err(e) = sweep_stale() {
+        warn!("could not clean stale vans segments: {e}");
     }
     let mut listener = NamedListener::bind().map_err(bind_error)?;
     // Dialers size their rings as we do; refuse what is far larger.
@@ -233,8 +232,28 @@ pub(super) fn named_listener(options: &IpcOptions) -> Result<NamedListener, VanE
     Ok(listener)
 }
 
+/// Removes what dead processes of ours left in `/dev/shm` (`named::clean_stale`), logging
+/// what it removed.
+fn sweep_stale() -> Result<(), crate::IpcError> {
+    let report = named::clean_stale()?;
+    for entry in &report.removed {
+        info!(
+            "removed {} of dead process {:?} from {}",
+            entry.file_name,
+            entry.owner_pid(),
+            named::SHM_DIR
+        );
+    }
+    for (entry, why) in &report.failed {
+        debug!("cannot remove stale {}: {why}", entry.file_name);
+    }
+    Ok(())
+}
+
 /// Accepts named-mode dialers on a thread of its own until `stopped` says so, handing each
-/// connection to `start`. Dropping the listener at the end removes its file.
+/// connection to `start`; every [`STALE_SWEEP_INTERVAL`] it also removes what dead processes
+/// left in `/dev/shm`, so that a crashed node's accept queue does not outlive it by more
+/// than that while this van lives. Dropping the listener at the end removes its file.
 pub(super) fn accept_named(
     mut listener: NamedListener,
     options: &IpcOptions,
@@ -247,7 +266,14 @@ pub(super) fn accept_named(
         .name("vans-ipc-accept".into())
         .spawn(move || {
             let _runtime = runtime.enter();
+            let mut next_sweep = Instant::now() + STALE_SWEEP_INTERVAL;
             while !stopped() {
+                if Instant::now() >= next_sweep {
+                    if let Err(e) = sweep_stale() {
+                        debug!("could not clean stale vans segments: {e}");
+                    }
+                    next_sweep = Instant::now() + STALE_SWEEP_INTERVAL;
+                }
                 match listener.accept(WAIT_SLICE) {
                     Ok(Some(mut connection)) => {
                         connection.consumer.set_max_message(max_frame);
