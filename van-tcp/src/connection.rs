@@ -7,7 +7,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
-use van_core::link::stream::Closed;
+use van_core::link::stream::{self, Closed};
 use van_core::link::Frame;
 use van_core::wire::{self, FrameHeader, Limits, HEADER_LEN};
 use van_core::{Event, FramePool, InboxSender, Message, WireError};
@@ -28,9 +28,14 @@ const LARGE_FRAME_WINDOW: usize = 4 << 20;
 /// Writes every queued frame until the queue closes, many frames per system call. Each part
 /// is dropped as soon as it is written, so a frame's budget comes back before the rest of the
 /// batch goes out and senders refill the queue meanwhile.
+///
+/// Once the queue closes (a stop), it sends FIN after the data and waits up to `linger` for
+/// the peer to acknowledge everything: the connection closes when the writer and reader are
+/// gone, and a close with unread input would reset it and drop what is still unsent.
 pub(crate) async fn write_loop(
     mut queue: mpsc::Receiver<Frame>,
     mut socket: OwnedWriteHalf,
+    linger: std::time::Duration,
 ) -> io::Result<()> {
     let mut frames = Vec::with_capacity(MAX_BATCH_FRAMES);
     let mut parts: Vec<Bytes> = Vec::new();
@@ -41,7 +46,9 @@ pub(crate) async fn write_loop(
         write_all_parts(&mut socket, &mut parts).await?;
         parts.clear();
     }
-    socket.shutdown().await
+    socket.shutdown().await?;
+    stream::wait_sent(socket.as_ref(), linger).await;
+    Ok(())
 }
 
 /// Writes `parts` completely with vectored writes; no payload byte is copied, and each part

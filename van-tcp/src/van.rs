@@ -137,8 +137,9 @@ impl Shared {
         let tasks = Arc::new(Tasks {
             handles: Mutex::new(Some(Vec::with_capacity(2))),
         });
+        let linger = self.options.flush_timeout;
         let writer = tokio::spawn(async move {
-            if let Err(e) = write_loop(frames, write_half).await {
+            if let Err(e) = write_loop(frames, write_half, linger).await {
                 warn!(%remote, ?peer, "cannot write to the connection; queued frames are lost: {e}");
             }
             let _ = flushed_tx.send(());

@@ -57,6 +57,8 @@ use state::{
 /// Send slots per connection: one send in flight, the others zero-copy sends waiting for
 /// their notification.
 const SEND_SLOTS: usize = 16;
+/// How often a stopping loop looks whether flushed connections were acknowledged.
+const ACK_POLL: Duration = Duration::from_millis(1);
 /// After stop gave up on flushing, how long the kernel has to return every buffer.
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// With busy polling, how long the thread spins on its queues before it blocks.
@@ -347,11 +349,15 @@ impl Worker {
         self.command_queue.disarm();
     }
 
-    /// When the loop must look again even if nothing happens: a stop's deadline.
+    /// When the loop must look again even if nothing happens: a stop's deadline, or soon
+    /// while flushed connections wait for their peers' acknowledgements.
     fn deadline(&self) -> Option<Instant> {
-        self.stopping
-            .as_ref()
-            .map(|s| s.forced_until.unwrap_or(s.deadline))
+        let stop = self.stopping.as_ref()?;
+        let at = stop.forced_until.unwrap_or(stop.deadline);
+        if stop.forced_until.is_none() && self.conns.values().any(|c| !c.closing && c.flushed()) {
+            return Some(at.min(Instant::now() + ACK_POLL));
+        }
+        Some(at)
     }
 
     /// [`wait`](Self::wait) for a loop running as a task: submits, then awaits the ring's
@@ -688,11 +694,13 @@ impl Worker {
                 self.close(id, Closed::Stopped, false);
             }
         } else {
-            // Connections whose queue is written out end with a FIN.
+            // Connections whose queue is written out, and acknowledged by the peer, end with a
+            // FIN: closing with unread input resets the connection and drops what the kernel
+            // has not sent yet.
             let flushed: Vec<u64> = self
                 .conns
                 .values()
-                .filter(|c| !c.closing && c.flushed())
+                .filter(|c| !c.closing && c.flushed() && c.acknowledged())
                 .map(|c| c.id)
                 .collect();
             for id in flushed {

@@ -88,6 +88,46 @@ where
     }
 }
 
+/// Waits until everything written to `socket` has been sent and acknowledged (its send queue
+/// is empty), or `timeout` passes; returns whether it emptied. Closing a TCP socket that has
+/// unread input makes Linux answer with a reset and discard what its send queue still holds,
+/// so a van that flushed its frames waits for this before it closes: what it wrote then
+/// reaches the peer even when the peer's own frames are still arriving.
+pub async fn wait_sent(socket: &impl AsFd, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match unsent_bytes(socket) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            // Not a socket any more, or already reset: nothing left to wait for.
+            Err(_) => return false,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Bytes written to `socket` that the peer has not acknowledged yet (`TIOCOUTQ`).
+pub fn unsent_bytes(socket: &impl AsFd) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int through the pointer, which points at a live c_int;
+    // the descriptor is borrowed for the call.
+    let result = unsafe {
+        libc::ioctl(
+            socket.as_fd().as_raw_fd(),
+            libc::TIOCOUTQ,
+            &mut bytes as *mut libc::c_int,
+        )
+    };
+    if result < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
 /// Idle time before the first keepalive probe.
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
 /// Time between keepalive probes.

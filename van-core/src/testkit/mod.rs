@@ -21,11 +21,13 @@ use bytes::Bytes;
 
 pub mod auth;
 mod budget;
+mod close;
 pub mod garbage;
 mod pool;
 pub mod remote;
 
 pub use budget::check_peer_budget;
+pub use close::flushed_frames_survive_unread_input;
 pub use pool::check_frame_pool;
 
 use crate::message::{Command, Control, DataType, Message, Meta, Node, NodeId, Role};

@@ -112,6 +112,14 @@ impl Conn {
     pub(super) fn flushed(&self) -> bool {
         self.queue_done && self.out.is_empty() && !self.sending
     }
+
+    /// The peer acknowledged everything written (or the socket is gone or broken: nothing
+    /// left to wait for).
+    pub(super) fn acknowledged(&self) -> bool {
+        self.stream
+            .as_ref()
+            .is_none_or(|s| van_core::link::stream::unsent_bytes(s).map_or(true, |n| n == 0))
+    }
 }
 
 /// A batch of events on its way into the inbox.

@@ -1,0 +1,14 @@
+//! An orderly stop of the io_uring van loses no flushed frame while its peer reads slowly and
+//! its own input is unread (the check lives in `van_core::testkit`, shared with TCP).
+
+#![cfg(target_os = "linux")]
+
+#[test]
+fn an_orderly_stop_loses_no_flushed_frame_while_input_is_unread() {
+    van_core::testkit::run(van_core::testkit::flushed_frames_survive_unread_input(
+        &|| {
+            van_uring::IoUringVan::new(van_uring::UringOptions::default())
+                .unwrap_or_else(|e| panic!("cannot create the io_uring van: {e}"))
+        },
+    ));
+}
