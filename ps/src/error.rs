@@ -31,6 +31,17 @@ pub enum PsError {
         /// What was seen.
         reason: String,
     },
+    /// A server's request handler refused or failed a request (its
+    /// [`RequestHandler`](crate::RequestHandler) returned an error or panicked, or the server
+    /// could not route the request to it). The server is alive and goes on serving other
+    /// requests; only this request failed. `reason` is the handler's own text.
+    #[error("server {server} could not handle the request: {reason}")]
+    HandlerFailed {
+        /// The server that answered with the failure.
+        server: NodeId,
+        /// The handler's text.
+        reason: String,
+    },
     /// A barrier cannot complete because members died.
     #[error("barrier of group {group} failed: nodes {dead:?} are dead")]
     BarrierFailed {

@@ -19,6 +19,9 @@
 //! - [`error`]: the crate's error type, [`PsError`].
 
 pub mod control;
+// How data messages reach a node's applications: the `Customer` trait (re-exported by
+// `postoffice`), the table of customers, and the dispatch loop's data queue (private).
+mod delivery;
 pub mod embed;
 pub mod error;
 pub mod hash;

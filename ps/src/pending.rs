@@ -1,6 +1,7 @@
 //! What `KvWorker` and `SimpleApp` share about requests in flight: a result that is either
 //! handed to whoever waits or kept until someone does, and the `wait` that collects it.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -53,6 +54,23 @@ pub(crate) fn lock<E>(table: &Mutex<IntMap<RequestId, E>>) -> MutexGuard<'_, Int
     table.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The id for a new request of `table`, advancing `next` (call it with the table's lock
+/// held, and insert the request before letting go). Ids count up from 0 and wrap back to 0
+/// after `i32::MAX`; an id still in `table` (issued and not yet waited for) is skipped, so a
+/// request can never take over another's entry and answers.
+pub(crate) fn next_free_id<E>(next: &AtomicI32, table: &IntMap<RequestId, E>) -> RequestId {
+    let mut id = next.load(Ordering::Relaxed) & i32::MAX;
+    // Of `table.len() + 1` consecutive ids at least one is free: the loop ends by then.
+    for _ in 0..=table.len() {
+        if !table.contains_key(&id) {
+            break;
+        }
+        id = id.wrapping_add(1) & i32::MAX;
+    }
+    next.store(id.wrapping_add(1) & i32::MAX, Ordering::Relaxed);
+    id
+}
+
 /// Waits for request `id` of `table` and removes it. A waiter whose future was dropped (a
 /// timeout, a cancelled task) does not block a new `wait`.
 pub(crate) async fn wait<T, E: Pending<T>>(
@@ -81,4 +99,25 @@ pub(crate) async fn wait<T, E: Pending<T>>(
     let result = rx.await.unwrap_or(Err(PsError::Stopped));
     lock(table).remove(&id);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_wrap_to_zero_and_skip_those_still_pending() {
+        let mut table: IntMap<RequestId, ()> = IntMap::default();
+        let next = AtomicI32::new(i32::MAX - 1);
+        for id in [i32::MAX - 1, i32::MAX, 0, 2] {
+            table.insert(id, ());
+        }
+        // MAX - 1, MAX and 0 are taken: the counter wraps past them to 1, then skips 2.
+        assert_eq!(next_free_id(&next, &table), 1);
+        table.insert(1, ());
+        assert_eq!(next_free_id(&next, &table), 3);
+        // Never negative, whatever the counter holds.
+        next.store(i32::MIN, Ordering::Relaxed);
+        assert_eq!(next_free_id(&next, &table), 3);
+    }
 }

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -20,6 +19,9 @@ use van_core::{
 };
 
 use crate::control::{Output, Scheduler, SchedulerConfig};
+use crate::delivery::{Customers, DataQueue};
+// The trait of a node's applications, defined beside how messages reach them.
+pub use crate::delivery::Customer;
 use crate::error::{PsError, Result};
 use crate::range::{server_key_ranges, KeyRange};
 use crate::router::Router;
@@ -29,38 +31,10 @@ pub const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_
 
 /// Batches a node's inbox holds before its vans push back.
 const INBOX_BATCHES: usize = 1024;
-/// Messages held for applications that have not registered yet, in all.
-const MAX_PARKED: usize = 65_536;
-/// Payload bytes held for applications that have not registered yet, in all.
-const MAX_PARKED_BYTES: usize = 256 << 20;
 /// How often a node retries reaching the scheduler while bootstrapping.
 const CONNECT_RETRY: Duration = Duration::from_millis(200);
 /// How long the scheduler waits, after the final barrier, for the others to say goodbye.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
-
-/// An application on a node (a `KvWorker`, `KvServer`, `SimpleApp`, or one from another crate
-/// such as the rendezvous manager) that receives the data messages addressed to its (app id,
-/// customer id). Register one with [`Postoffice::register_customer`].
-///
-/// The postoffice calls `deliver` from its dispatch loop, one message at a time: a customer
-/// must hand the message on quickly (queue it, complete a waiter) and never block, or every
-/// application of the node waits.
-#[async_trait]
-pub trait Customer: Send + Sync {
-    /// Takes a data message without waiting, when it can: the dispatch loop's fast path,
-    /// which costs no boxed future. Returns `None` when it took the message; hands it back
-    /// (`Some`) to have it delivered with [`deliver`](Self::deliver) instead, for example
-    /// when a queue is full. The default always hands it back.
-    fn try_deliver(&self, msg: Message) -> Option<Message> {
-        Some(msg)
-    }
-    /// A data message for this customer (when [`try_deliver`](Self::try_deliver) handed it
-    /// back).
-    async fn deliver(&self, msg: Message);
-    /// `node` failed; fail whatever waits on it. `node` is this node's own id when the local
-    /// postoffice stopped.
-    fn node_failed(&self, node: NodeId, error: &str);
-}
 
 /// A node's postoffice; cheap to clone (all clones are the same node).
 #[derive(Clone)]
@@ -99,18 +73,6 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The scheduler this process hosts besides its own role (`TF_CONFIG` chief or worker 0).
     hosted_scheduler: Mutex<Option<JoinHandle<Result<()>>>>,
-}
-
-#[derive(Default)]
-struct Customers {
-    registered: HashMap<(i32, i32), Arc<dyn Customer>>,
-    /// Messages that arrived before their application registered (or while it was taking
-    /// over its backlog: new messages queue behind the backlog, so order is kept).
-    parked: HashMap<(i32, i32), Vec<Message>>,
-    /// Applications still being handed their backlog.
-    draining: std::collections::HashSet<(i32, i32)>,
-    /// Payload bytes held in `parked`, across all applications.
-    parked_bytes: usize,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -409,10 +371,29 @@ impl Postoffice {
         }
     }
 
-    /// Receives everything the vans deliver and dispatches it.
+    /// Receives everything the vans deliver and dispatches it. Control messages are handled
+    /// as they arrive, even while a customer takes its time over a data message (see
+    /// [`DataQueue`]): a barrier release or a failure notice never waits behind data.
     async fn dispatch(self, mut inbox: Inbox) {
         let mut events = Vec::new();
-        while inbox.recv_batch(&mut events).await > 0 {
+        let mut data = DataQueue::default();
+        loop {
+            let read = if data.is_idle() {
+                inbox.recv_batch(&mut events).await
+            } else {
+                let room = data.has_room();
+                tokio::select! {
+                    biased;
+                    () = data.finish_waiting() => {
+                        self.deliver_backlog(&mut data).await;
+                        continue;
+                    }
+                    read = inbox.recv_batch(&mut events), if room => read,
+                }
+            };
+            if read == 0 {
+                break;
+            }
             for event in events.drain(..) {
                 if self.inner.config.verbose >= 2 {
                     if let Event::Message(msg) = &event {
@@ -423,45 +404,41 @@ impl Postoffice {
                     Event::Message(msg) if msg.meta.control.is_some() => {
                         self.handle_control(msg).await
                     }
-                    Event::Message(msg) => self.deliver_data(msg).await,
-                    Event::PeerLost(lost) => {
-                        if let Some(peer) = lost.peer {
-                            self.peer_lost(peer, &lost.reason).await;
-                        }
-                    }
+                    event if data.is_idle() => self.deliver_event(event, &mut data).await,
+                    event => data.push(event),
                 }
             }
+        }
+        // What was read before the inbox ended is still delivered, in order.
+        while !data.is_idle() {
+            data.finish_waiting().await;
+            self.deliver_backlog(&mut data).await;
         }
         debug!("postoffice inbox ended");
     }
 
-    async fn deliver_data(&self, msg: Message) {
-        let key = (msg.meta.app_id, msg.meta.customer_id);
-        let customer = {
-            let mut customers = lock(&self.inner.customers);
-            match customers.registered.get(&key) {
-                Some(c) if !customers.draining.contains(&key) => Arc::clone(c),
-                _ => {
-                    let size = msg.data_len();
-                    let held: usize = customers.parked.values().map(Vec::len).sum();
-                    if held < MAX_PARKED && customers.parked_bytes + size <= MAX_PARKED_BYTES {
-                        customers.parked_bytes += size;
-                        customers.parked.entry(key).or_default().push(msg);
-                    } else {
-                        warn!(
-                            app = key.0,
-                            customer = key.1,
-                            from = ?msg.meta.sender,
-                            "dropping a message for an application that is not registered \
-                             (too many held already)"
-                        );
-                    }
-                    return;
+    /// Delivers the queued data events in order, until one has to wait.
+    async fn deliver_backlog(&self, data: &mut DataQueue) {
+        while let Some(event) = data.pop() {
+            self.deliver_event(event, data).await;
+        }
+    }
+
+    /// Delivers a data message (or holds it until its application registers), or tells of a
+    /// lost peer; a delivery that cannot finish at once is left waiting in `data`.
+    async fn deliver_event(&self, event: Event, data: &mut DataQueue) {
+        match event {
+            Event::Message(msg) => {
+                let routed = lock(&self.inner.customers).route(msg);
+                if let Some((customer, msg)) = routed {
+                    data.start(customer, msg).await;
                 }
             }
-        };
-        if let Some(msg) = customer.try_deliver(msg) {
-            customer.deliver(msg).await;
+            Event::PeerLost(lost) => {
+                if let Some(peer) = lost.peer {
+                    self.peer_lost(peer, &lost.reason).await;
+                }
+            }
         }
     }
 
@@ -475,27 +452,15 @@ impl Postoffice {
         customer: Arc<dyn Customer>,
     ) -> Result<()> {
         let key = (app_id, customer_id);
-        {
-            let mut customers = lock(&self.inner.customers);
-            if customers.registered.contains_key(&key) {
-                return Err(PsError::InvalidArgument(format!(
-                    "app {app_id} customer {customer_id} is already registered on this node"
-                )));
-            }
-            customers.registered.insert(key, Arc::clone(&customer));
-            customers.draining.insert(key);
+        if !lock(&self.inner.customers).register(key, Arc::clone(&customer)) {
+            return Err(PsError::InvalidArgument(format!(
+                "app {app_id} customer {customer_id} is already registered on this node"
+            )));
         }
         loop {
-            let backlog = {
-                let mut customers = lock(&self.inner.customers);
-                let backlog = customers.parked.remove(&key).unwrap_or_default();
-                if backlog.is_empty() {
-                    customers.draining.remove(&key);
-                    break;
-                }
-                let bytes: usize = backlog.iter().map(Message::data_len).sum();
-                customers.parked_bytes = customers.parked_bytes.saturating_sub(bytes);
-                backlog
+            let backlog = lock(&self.inner.customers).take_backlog(key);
+            let Some(backlog) = backlog else {
+                break;
             };
             for msg in backlog {
                 if let Some(msg) = customer.try_deliver(msg) {
@@ -689,11 +654,7 @@ impl Postoffice {
 
     /// Tells every application that `node` failed (called without holding any lock).
     fn tell_customers(&self, node: NodeId, reason: &str) {
-        let customers: Vec<_> = lock(&self.inner.customers)
-            .registered
-            .values()
-            .cloned()
-            .collect();
+        let customers = lock(&self.inner.customers).all();
         for customer in customers {
             customer.node_failed(node, reason);
         }
@@ -801,11 +762,7 @@ impl Postoffice {
         self.tell_customers(self.my_id(), "the local postoffice stopped");
         // Applications hold the postoffice; dropping them here breaks that cycle, and their
         // shard tasks end when their queues close.
-        let mut customers = lock(&self.inner.customers);
-        customers.registered.clear();
-        customers.parked.clear();
-        customers.draining.clear();
-        customers.parked_bytes = 0;
+        lock(&self.inner.customers).clear();
     }
 
     /// Whether [`stop`](Self::stop) or [`finalize`](Self::finalize) ran.

@@ -39,7 +39,7 @@
 //! ```
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::AtomicI32;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -51,7 +51,7 @@ use van_core::{node_ids, Message, Meta, NodeId};
 use crate::error::{PsError, Result};
 use crate::hash::IntMap;
 use crate::kv::RequestId;
-use crate::pending::Completion;
+use crate::pending::{next_free_id, Completion};
 use crate::postoffice::{role_name, Customer, Postoffice};
 
 /// Requests queued for the handler before the node stops reading (back-pressure).
@@ -189,7 +189,20 @@ impl SimpleApp {
         if let Some(e) = targets.iter().find_map(|node| po.dead_error(*node)) {
             return Err(e);
         }
-        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = {
+            let mut pending = lock(&inner.pending);
+            // Picked and entered under one lock: after the ids wrap, one still pending is
+            // skipped instead of shared.
+            let id = next_free_id(&inner.next_id, &pending);
+            let mut entry = Pending::default();
+            if targets.is_empty() {
+                entry.complete(Ok(Vec::new()));
+            } else {
+                entry.outstanding = targets.clone();
+            }
+            pending.insert(id, entry);
+            id
+        };
         let msgs: Vec<Message> = targets
             .iter()
             .map(|node| Message {
@@ -208,15 +221,6 @@ impl SimpleApp {
                 data: van_core::Parts::new(),
             })
             .collect();
-        {
-            let mut pending = lock(&inner.pending);
-            let entry = pending.entry(id).or_default();
-            if targets.is_empty() {
-                entry.complete(Ok(Vec::new()));
-            } else {
-                entry.outstanding = targets;
-            }
-        }
         if !msgs.is_empty() {
             if let Err(e) = po.router().send_batch(msgs).await {
                 lock(&inner.pending).remove(&id);

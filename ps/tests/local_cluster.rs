@@ -343,3 +343,152 @@ async fn a_server_holds_at_most_its_byte_budget_of_large_requests_not_yet_handle
         "held {most_held} bytes with a budget of {budget}"
     );
 }
+
+/// Refuses `cmd` 7, sums everything else.
+#[derive(Default)]
+struct RefusingSum(ps::SumHandler<f32>);
+
+impl RequestHandler for RefusingSum {
+    fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> Result<KvPairs, String> {
+        if meta.cmd == 7 {
+            return Err("command 7 is refused here".into());
+        }
+        self.0.handle(meta, request)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_failure_is_reported_as_such_and_not_as_a_dead_server() {
+    let cluster = LocalCluster::new(1, 1);
+    let run = cluster.run(|po| async move {
+        match po.role() {
+            Role::Server => {
+                let _server =
+                    KvServer::<f32>::new(&po, 0, 0, 1, |_| RefusingSum::default()).await?;
+                po.finalize().await?;
+                Ok(None)
+            }
+            Role::Worker => {
+                let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+                let id = worker.push(&[5], &[1.0], None, 7).await?;
+                let refused = worker.wait(id).await;
+                // The server is alive: the next request goes through.
+                let id = worker.push_pull(&[5], &[2.0], None, 0).await?;
+                let sums = worker.wait(id).await?;
+                assert_eq!(&*sums.vals::<f32>()?, &[2.0]);
+                assert!(po.dead_error(8).is_none(), "server 8 recorded as dead");
+                po.finalize().await?;
+                Ok(Some(refused.map(|_| ())))
+            }
+            Role::Scheduler => po.finalize().await.map(|()| None),
+        }
+    });
+    let results = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the cluster did not finish in time")
+        .unwrap();
+    match results.into_iter().flatten().next().unwrap() {
+        Err(PsError::HandlerFailed { server, reason }) => {
+            assert_eq!(server, 8);
+            assert_eq!(reason, "command 7 is refused here");
+        }
+        other => panic!("expected the handler's failure naming server 8, got {other:?}"),
+    }
+}
+
+/// An application that cannot take a data message without waiting: each delivery waits
+/// until the test opens the gate (as a server whose shard queue is full).
+struct StalledApp {
+    started: Arc<Notify>,
+    gate: tokio::sync::watch::Receiver<bool>,
+    seen: Arc<std::sync::Mutex<Vec<i32>>>,
+}
+
+#[async_trait::async_trait]
+impl ps::postoffice::Customer for StalledApp {
+    async fn deliver(&self, msg: ps::Message) {
+        self.seen.lock().unwrap().push(msg.meta.head);
+        self.started.notify_one();
+        let mut gate = self.gate.clone();
+        let open = tokio::time::timeout(Duration::from_secs(30), gate.wait_for(|open| *open));
+        assert!(open.await.is_ok(), "the gate never opened");
+    }
+
+    fn node_failed(&self, _node: van_core::NodeId, _error: &str) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_messages_are_handled_while_a_data_delivery_waits() {
+    const APP: i32 = 77;
+    const TASKS: i32 = node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
+    let cluster = LocalCluster::new(1, 1);
+    let run = cluster.run(|po| async move {
+        match po.role() {
+            Role::Server => {
+                let started = Arc::new(Notify::new());
+                let (open, gate) = tokio::sync::watch::channel(false);
+                let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+                let app = StalledApp {
+                    started: Arc::clone(&started),
+                    gate,
+                    seen: Arc::clone(&seen),
+                };
+                po.register_customer(APP, 0, Arc::new(app)).await?;
+                po.barrier(TASKS).await?;
+                // The first message's delivery now waits, holding the dispatch loop's data.
+                tokio::time::timeout(Duration::from_secs(10), started.notified())
+                    .await
+                    .expect("the data message never arrived");
+                // The release of this barrier arrives behind that delivery.
+                let released =
+                    tokio::time::timeout(Duration::from_secs(5), po.barrier(TASKS)).await;
+                let seen_meanwhile = seen.lock().unwrap().clone();
+                open.send_replace(true);
+                // Once the gate opens, the messages held behind it arrive, in order.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while seen.lock().unwrap().len() < 3 && std::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let seen = seen.lock().unwrap().clone();
+                po.finalize().await?;
+                Ok(Some((released.is_ok(), seen_meanwhile, seen)))
+            }
+            Role::Worker => {
+                po.barrier(TASKS).await?;
+                for head in 1..=3 {
+                    let msg = ps::Message {
+                        meta: ps::Meta {
+                            head,
+                            app_id: APP,
+                            sender: Some(po.my_id()),
+                            recipient: Some(8),
+                            request: true,
+                            ..ps::Meta::default()
+                        },
+                        data: van_core::Parts::new(),
+                    };
+                    po.send(msg).await?;
+                }
+                po.barrier(TASKS).await?;
+                po.finalize().await?;
+                Ok(None)
+            }
+            Role::Scheduler => po.finalize().await.map(|()| None),
+        }
+    });
+    let results = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the cluster did not finish in time")
+        .unwrap();
+    let (released, seen_meanwhile, seen) = results.into_iter().flatten().next().unwrap();
+    assert!(
+        released,
+        "the barrier release waited behind a data delivery"
+    );
+    assert_eq!(
+        seen_meanwhile,
+        vec![1],
+        "later data overtook the waiting delivery"
+    );
+    assert_eq!(seen, vec![1, 2, 3]);
+}

@@ -78,8 +78,8 @@
 // block an I/O thread. `vans_last_error()` names the argument.
 #define VANS_ERR_INVALID_ARGUMENT -1
 
-// A node of the cluster died or its connection broke, or a server's request handler failed;
-// the message names the node (ps-lite numbering) and its role.
+// A node of the cluster died or its connection broke; the message names the node (ps-lite
+// numbering) and its role.
 #define VANS_ERR_NODE_FAILED -2
 
 // A wait with a time limit ran out; the operation goes on and can be waited for again when
@@ -114,6 +114,11 @@
 // A request id that this worker never issued, already waited for, or issued with a
 // completion callback (which is not waited for).
 #define VANS_ERR_UNKNOWN_REQUEST -12
+
+// A live server's request handler refused or failed the request (it returned non-zero); the
+// message names the server and carries the handler's text (`vans_response_error`). Unlike
+// `VANS_ERR_NODE_FAILED`, the server goes on serving: only this request failed.
+#define VANS_ERR_HANDLER_FAILED -13
 
 // Bytes owned by the library (a received tensor); opaque to C. Read it with
 // `vans_buffer_data` / `vans_buffer_len`, release it with `vans_buffer_free`.
@@ -179,7 +184,8 @@ typedef struct vans_request {
 // A C request handler: `handler(user_data, request, response)`, called for each request (or
 // each shard's part of one) on a vans I/O thread. Return 0 to answer with what `response`
 // holds (nothing, for a push); return non-zero to fail the request: the worker's call then
-// fails with `VANS_ERR_NODE_FAILED` and the text set with `vans_response_error` (or the code).
+// fails with `VANS_ERR_HANDLER_FAILED` and the text set with `vans_response_error` (or the
+// code).
 //
 // Calls for one shard never overlap; calls for different shards may run at the same time on
 // different I/O threads (`VANS_IO_THREADS`), all with the same `user_data`. The handler must

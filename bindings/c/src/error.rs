@@ -14,8 +14,8 @@ pub const VANS_OK: c_int = 0;
 /// library does not carry, an output buffer of the wrong size, or a call made where it would
 /// block an I/O thread. `vans_last_error()` names the argument.
 pub const VANS_ERR_INVALID_ARGUMENT: c_int = -1;
-/// A node of the cluster died or its connection broke, or a server's request handler failed;
-/// the message names the node (ps-lite numbering) and its role.
+/// A node of the cluster died or its connection broke; the message names the node (ps-lite
+/// numbering) and its role.
 pub const VANS_ERR_NODE_FAILED: c_int = -2;
 /// A wait with a time limit ran out; the operation goes on and can be waited for again when
 /// the function says so.
@@ -40,6 +40,10 @@ pub const VANS_ERR_PROTOCOL: c_int = -11;
 /// A request id that this worker never issued, already waited for, or issued with a
 /// completion callback (which is not waited for).
 pub const VANS_ERR_UNKNOWN_REQUEST: c_int = -12;
+/// A live server's request handler refused or failed the request (it returned non-zero); the
+/// message names the server and carries the handler's text (`vans_response_error`). Unlike
+/// `VANS_ERR_NODE_FAILED`, the server goes on serving: only this request failed.
+pub const VANS_ERR_HANDLER_FAILED: c_int = -13;
 
 /// A failed call: its status code and the message `vans_last_error()` will return.
 #[derive(Debug)]
@@ -71,6 +75,7 @@ impl From<PsError> for Failure {
             PsError::BarrierFailed { .. } => VANS_ERR_BARRIER_FAILED,
             PsError::Protocol { .. } => VANS_ERR_PROTOCOL,
             PsError::UnknownRequest(_) => VANS_ERR_UNKNOWN_REQUEST,
+            PsError::HandlerFailed { .. } => VANS_ERR_HANDLER_FAILED,
         };
         Failure {
             code,
@@ -182,6 +187,7 @@ pub(crate) fn status_name(status: c_int) -> &'static std::ffi::CStr {
         VANS_ERR_BARRIER_FAILED => c"VANS_ERR_BARRIER_FAILED",
         VANS_ERR_PROTOCOL => c"VANS_ERR_PROTOCOL",
         VANS_ERR_UNKNOWN_REQUEST => c"VANS_ERR_UNKNOWN_REQUEST",
+        VANS_ERR_HANDLER_FAILED => c"VANS_ERR_HANDLER_FAILED",
         _ => c"VANS_ERR_UNKNOWN_STATUS",
     }
 }

@@ -141,7 +141,8 @@ impl Response {
 /// A C request handler: `handler(user_data, request, response)`, called for each request (or
 /// each shard's part of one) on a vans I/O thread. Return 0 to answer with what `response`
 /// holds (nothing, for a push); return non-zero to fail the request: the worker's call then
-/// fails with `VANS_ERR_NODE_FAILED` and the text set with `vans_response_error` (or the code).
+/// fails with `VANS_ERR_HANDLER_FAILED` and the text set with `vans_response_error` (or the
+/// code).
 ///
 /// Calls for one shard never overlap; calls for different shards may run at the same time on
 /// different I/O threads (`VANS_IO_THREADS`), all with the same `user_data`. The handler must

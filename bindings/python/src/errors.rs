@@ -19,6 +19,7 @@ fn convert(py: Python<'_>, err: &PsError) -> PyResult<PyErr> {
         PsError::InvalidArgument(_) => return Ok(PyValueError::new_err(message)),
         PsError::Config(_) => "ConfigError",
         PsError::NodeFailed { .. } => "NodeFailedError",
+        PsError::HandlerFailed { .. } => "HandlerFailedError",
         PsError::BarrierFailed { .. } => "BarrierFailedError",
         PsError::Bootstrap { .. } => "BootstrapError",
         PsError::Timeout { .. } => "TimeoutError",
@@ -34,6 +35,10 @@ fn convert(py: Python<'_>, err: &PsError) -> PyResult<PyErr> {
         PsError::NodeFailed { node, role, reason } => {
             exception.setattr("node", *node)?;
             exception.setattr("role", role.as_str())?;
+            exception.setattr("reason", reason.as_str())?;
+        }
+        PsError::HandlerFailed { server, reason } => {
+            exception.setattr("server", *server)?;
             exception.setattr("reason", reason.as_str())?;
         }
         PsError::BarrierFailed { group, dead } => {

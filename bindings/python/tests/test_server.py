@@ -34,9 +34,11 @@ def test_a_python_handler_serves_requests(cluster):
     for vals in ([3, -9], [1, 4], [2, 0]):
         w.push(keys, np.array(vals, dtype=np.int64))
     np.testing.assert_array_equal(w.pull(keys), [3, 4])
-    # The handler's exception reaches the worker with its text.
-    with pytest.raises(errors.VansError, match="command 7 is not served here"):
+    # The handler's exception reaches the worker with its text, naming the server (alive).
+    with pytest.raises(errors.HandlerFailedError, match="command 7 is not served here") as e:
         w.pull(keys, cmd=7)
+    assert e.value.server in (8, 10)
+    assert not isinstance(e.value, errors.NodeFailedError)
     w.node.finalize()
     c.join()
 

@@ -38,7 +38,8 @@ const SHARD_BATCH: usize = 256;
 /// blocking I/O): a blocked handler stalls the tasks queued behind it on that thread.
 pub trait RequestHandler: Send + 'static {
     /// Handles one request; the returned pairs are the response's data (empty for a push).
-    /// An `Err` is sent back to the worker, whose `wait` fails with it.
+    /// An `Err` is sent back to the worker, whose `wait` fails with
+    /// [`PsError::HandlerFailed`] naming this server and carrying the text.
     fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String>;
 }
 

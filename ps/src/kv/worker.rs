@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::AtomicI32;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -14,7 +14,7 @@ use super::{kv_message, kv_pairs, KvPairs};
 use crate::error::{PsError, Result};
 use crate::hash::IntMap;
 pub use crate::pending::RequestId;
-use crate::pending::{lock, Completion};
+use crate::pending::{lock, next_free_id, Completion};
 use crate::postoffice::{role_name, Customer, Postoffice};
 use crate::range::{slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
@@ -25,7 +25,9 @@ use crate::values::{self, Value};
 /// involved, and returns a [`RequestId`] at once; [`wait`](Self::wait) (async) or
 /// [`wait_blocking`](Self::wait_blocking) returns the result: nothing for a push, the pulled
 /// pairs (keys in order, with per-key lengths) for a pull. Requests to a server that died
-/// or whose connection broke complete with [`PsError::NodeFailed`] naming it.
+/// or whose connection broke complete with [`PsError::NodeFailed`] naming it; a request
+/// that a live server's handler refused completes with [`PsError::HandlerFailed`] carrying
+/// the handler's text.
 pub struct KvWorker<T: Value> {
     inner: Arc<WorkerInner>,
     _values: PhantomData<fn() -> T>,
@@ -195,14 +197,28 @@ impl<T: Value> KvWorker<T> {
             Op::Push | Op::PushPull => Some(pairs.value_offsets(std::mem::size_of::<T>())?),
         };
         drop(keys);
-        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut msgs: SmallVec<[Message; 1]> = SmallVec::new();
-        let mut servers = Servers::new();
-        for (rank, slice) in slices.into_iter().enumerate() {
-            if slice.is_empty() {
-                continue;
+        let servers: Servers = (0u32..)
+            .zip(&slices)
+            .filter(|(_, slice)| !slice.is_empty())
+            .map(|(rank, _)| node_ids::server_rank_to_id(rank))
+            .collect();
+        let id = {
+            let mut pending = lock(&inner.pending);
+            // Picked and entered under one lock: after the ids wrap, one still pending is
+            // skipped instead of shared.
+            let id = next_free_id(&inner.next_id, &pending);
+            let mut entry = Pending::default();
+            if servers.is_empty() {
+                entry.complete(Ok(KvPairs::default()));
+            } else {
+                entry.outstanding = servers.clone();
             }
-            let server = node_ids::server_rank_to_id(rank as u32);
+            pending.insert(id, entry);
+            id
+        };
+        let mut msgs: SmallVec<[Message; 1]> = SmallVec::new();
+        for (slice, server) in slices.into_iter().filter(|s| !s.is_empty()).zip(&servers) {
+            let server = *server;
             let part = slice_pairs(&pairs, slice, offsets.as_deref());
             let meta = Meta {
                 head: cmd,
@@ -217,16 +233,6 @@ impl<T: Value> KvWorker<T> {
                 ..Meta::default()
             };
             msgs.push(kv_message(meta, &part, T::DATA_TYPE));
-            servers.push(server);
-        }
-        {
-            let mut pending = lock(&inner.pending);
-            let entry = pending.entry(id).or_default();
-            if servers.is_empty() {
-                entry.complete(Ok(KvPairs::default()));
-            } else {
-                entry.outstanding = servers.clone();
-            }
         }
         // Checked after the entry exists: a failure noticed from now on finds the entry, and
         // one noticed before is in the dead list (it is recorded before entries are failed).
@@ -333,11 +339,8 @@ impl WorkerInner {
         entry.outstanding.swap_remove(at);
         if !msg.meta.body.is_empty() {
             let reason = String::from_utf8_lossy(&msg.meta.body).into_owned();
-            entry.complete(Err(PsError::NodeFailed {
-                node: server,
-                role: role_name(server),
-                reason: format!("the server's handler failed: {reason}"),
-            }));
+            // The server answered: it is alive, only its handler failed this request.
+            entry.complete(Err(PsError::HandlerFailed { server, reason }));
             return;
         }
         match kv_pairs(&msg) {
@@ -369,5 +372,63 @@ impl WorkerInner {
                 }));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::local::LocalCluster;
+    use crate::{KvServer, Role};
+
+    #[tokio::test]
+    async fn request_ids_skip_ones_still_pending_when_the_counter_wraps() {
+        let cluster = LocalCluster::new(1, 1);
+        let run = cluster.run(|po| async move {
+            match po.role() {
+                Role::Server => {
+                    let _server = KvServer::<f32>::with_sum(&po, 0, 0, 1).await?;
+                    po.finalize().await?;
+                }
+                Role::Worker => {
+                    let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+                    for key in 1..=4u64 {
+                        let id = worker.push(&[key], &[key as f32], None, 0).await?;
+                        worker.wait(id).await?;
+                    }
+                    // Issued and not yet waited for: its id must not be handed out again.
+                    let first = worker.pull(&[1], 0).await?;
+                    // The counter came all the way round to the pending id.
+                    worker.inner.next_id.store(first, Ordering::Relaxed);
+                    let second = worker.pull(&[2], 0).await?;
+                    // The counter reaches the top and wraps.
+                    worker.inner.next_id.store(i32::MAX, Ordering::Relaxed);
+                    let third = worker.pull(&[3], 0).await?;
+                    let fourth = worker.pull(&[4], 0).await?;
+                    let ids = [first, second, third, fourth];
+                    assert_eq!(third, i32::MAX);
+                    for (i, id) in ids.iter().enumerate() {
+                        assert!(*id >= 0, "request id {id} is negative");
+                        assert!(!ids[..i].contains(id), "request id {id} reused: {ids:?}");
+                    }
+                    // Each wait gets its own request's answer.
+                    for (key, id) in (1..=4u64).zip(ids) {
+                        let pulled = worker.wait(id).await?;
+                        assert_eq!(&*pulled.keys()?, &[key]);
+                        assert_eq!(&*pulled.vals::<f32>()?, &[key as f32]);
+                    }
+                    assert_eq!(worker.pending(), 0);
+                    po.finalize().await?;
+                }
+                Role::Scheduler => po.finalize().await?,
+            }
+            Ok(())
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .expect("the cluster did not finish in time")
+            .expect("a node failed");
     }
 }

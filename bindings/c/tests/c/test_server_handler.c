@@ -111,7 +111,7 @@ static void run_worker(vans_node *node) {
     /* The handler refuses command 99: the worker gets its message. */
     CHECK(vans_push(worker, keys, NUM_KEYS, vals, sizeof vals, NULL, REFUSED_CMD, NULL, NULL,
                     &id));
-    EXPECT_ERROR(vans_wait(worker, id), VANS_ERR_NODE_FAILED,
+    EXPECT_ERROR(vans_wait(worker, id), VANS_ERR_HANDLER_FAILED,
                  "command 99 is refused by the max handler");
 
     printf("worker rank %u: max ok, sum of pulled values %.0f\n", rank, sum);

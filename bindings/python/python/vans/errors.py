@@ -28,6 +28,17 @@ class NodeFailedError(VansError):
     reason = None
 
 
+class HandlerFailedError(VansError):
+    """A live server's request handler refused or failed the request (a Python handler
+    raised, or a Rust handler returned an error); the server goes on serving, only this
+    request failed. Not a :class:`NodeFailedError`: the server is not dead.
+
+    Attributes: ``server`` (its id: 8, 10, ...) and ``reason`` (the handler's text)."""
+
+    server = None
+    reason = None
+
+
 class BarrierFailedError(VansError):
     """A barrier cannot complete because members died (attributes ``group``, ``dead``)."""
 

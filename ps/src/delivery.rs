@@ -1,0 +1,208 @@
+//! How data messages reach a node's applications: the [`Customer`] trait they implement,
+//! the table of [`Customers`] (with the messages held for applications that have not
+//! registered yet), and [`DataQueue`], the data side of the postoffice's dispatch loop.
+//!
+//! A customer may have to wait to take a data message (a server whose shard queue is full,
+//! or whose byte budget is spent); the loop then keeps that delivery in its [`DataQueue`]
+//! and goes on reading its inbox, so that the control messages behind it (barrier releases,
+//! failure notices) are handled at once, while the data messages read meanwhile queue there,
+//! in order, behind the waiting delivery. What queues is bounded ([`MAX_BACKLOG_EVENTS`],
+//! [`MAX_BACKLOG_BYTES`]): beyond it the loop stops reading, which pushes back on the senders
+//! through the vans as before.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use async_trait::async_trait;
+use tracing::warn;
+use van_core::{Event, Message, NodeId};
+
+/// Messages held for applications that have not registered yet, in all.
+const MAX_PARKED: usize = 65_536;
+/// Payload bytes held for applications that have not registered yet, in all.
+const MAX_PARKED_BYTES: usize = 256 << 20;
+
+/// Data messages (and peer-lost events) a dispatch loop reads past a waiting delivery before
+/// it stops reading its inbox.
+pub(crate) const MAX_BACKLOG_EVENTS: usize = 4096;
+/// Payload bytes of the data messages a dispatch loop reads past a waiting delivery before it
+/// stops reading its inbox (a server's byte budget is about the frame pool's size: this
+/// keeps what waits outside it small beside that).
+pub(crate) const MAX_BACKLOG_BYTES: usize = 16 << 20;
+
+/// An application on a node (a `KvWorker`, `KvServer`, `SimpleApp`, or one from another crate
+/// such as the rendezvous manager) that receives the data messages addressed to its (app id,
+/// customer id). Register one with
+/// [`Postoffice::register_customer`](crate::Postoffice::register_customer).
+///
+/// The postoffice calls `try_deliver` and `deliver` from its dispatch loop, one data message
+/// at a time and in arrival order: a customer must hand the message on quickly (queue it,
+/// complete a waiter) and never block a thread. A `deliver` that awaits (a full queue) holds
+/// back the node's later data messages, for every application, but not its control messages
+/// (barrier releases and failure notices are handled meanwhile).
+#[async_trait]
+pub trait Customer: Send + Sync {
+    /// Takes a data message without waiting, when it can: the dispatch loop's fast path,
+    /// which costs no boxed future. Returns `None` when it took the message; hands it back
+    /// (`Some`) to have it delivered with [`deliver`](Self::deliver) instead, for example
+    /// when a queue is full. The default always hands it back.
+    fn try_deliver(&self, msg: Message) -> Option<Message> {
+        Some(msg)
+    }
+    /// A data message for this customer (when [`try_deliver`](Self::try_deliver) handed it
+    /// back).
+    async fn deliver(&self, msg: Message);
+    /// `node` failed; fail whatever waits on it. `node` is this node's own id when the local
+    /// postoffice stopped.
+    fn node_failed(&self, node: NodeId, error: &str);
+}
+
+/// A node's applications by (app id, customer id), and the messages held for those that
+/// have not registered yet.
+#[derive(Default)]
+pub(crate) struct Customers {
+    registered: HashMap<(i32, i32), Arc<dyn Customer>>,
+    /// Messages that arrived before their application registered (or while it was taking
+    /// over its backlog: new messages queue behind the backlog, so order is kept).
+    parked: HashMap<(i32, i32), Vec<Message>>,
+    /// Applications still being handed their backlog.
+    draining: HashSet<(i32, i32)>,
+    /// Payload bytes held in `parked`, across all applications.
+    parked_bytes: usize,
+}
+
+impl Customers {
+    /// The customer `msg` is for, with the message; `None` when the message was held for an
+    /// application that has not registered yet or is still taking its backlog (or dropped,
+    /// with a warning, when too much is held already).
+    pub(crate) fn route(&mut self, msg: Message) -> Option<(Arc<dyn Customer>, Message)> {
+        let key = (msg.meta.app_id, msg.meta.customer_id);
+        match self.registered.get(&key) {
+            Some(c) if !self.draining.contains(&key) => return Some((Arc::clone(c), msg)),
+            _ => {}
+        }
+        let size = msg.data_len();
+        let held: usize = self.parked.values().map(Vec::len).sum();
+        if held < MAX_PARKED && self.parked_bytes + size <= MAX_PARKED_BYTES {
+            self.parked_bytes += size;
+            self.parked.entry(key).or_default().push(msg);
+        } else {
+            warn!(
+                app = key.0,
+                customer = key.1,
+                from = ?msg.meta.sender,
+                "dropping a message for an application that is not registered \
+                 (too many held already)"
+            );
+        }
+        None
+    }
+
+    /// Registers `customer` under `key`; false when another application holds it. Messages
+    /// for it are held behind its backlog until [`take_backlog`](Self::take_backlog) finds
+    /// none left.
+    pub(crate) fn register(&mut self, key: (i32, i32), customer: Arc<dyn Customer>) -> bool {
+        if self.registered.contains_key(&key) {
+            return false;
+        }
+        self.registered.insert(key, customer);
+        self.draining.insert(key);
+        true
+    }
+
+    /// The messages held for `key`, oldest first; `None` once there are none left, after
+    /// which the application gets its messages directly.
+    pub(crate) fn take_backlog(&mut self, key: (i32, i32)) -> Option<Vec<Message>> {
+        let backlog = self.parked.remove(&key).unwrap_or_default();
+        if backlog.is_empty() {
+            self.draining.remove(&key);
+            return None;
+        }
+        let bytes: usize = backlog.iter().map(Message::data_len).sum();
+        self.parked_bytes = self.parked_bytes.saturating_sub(bytes);
+        Some(backlog)
+    }
+
+    /// Every registered application.
+    pub(crate) fn all(&self) -> Vec<Arc<dyn Customer>> {
+        self.registered.values().cloned().collect()
+    }
+
+    /// Forgets every application and every held message.
+    pub(crate) fn clear(&mut self) {
+        *self = Customers::default();
+    }
+}
+
+/// A customer's delivery of one data message that could not finish at once.
+type Delivery = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The data side of a dispatch loop: the delivery that waits, if any, and the events read
+/// after it. Peer-lost events queue with the data: they must not overtake the messages that
+/// the lost peer sent before its connection went.
+#[derive(Default)]
+pub(crate) struct DataQueue {
+    waiting: Option<Delivery>,
+    backlog: VecDeque<Event>,
+    bytes: usize,
+}
+
+impl DataQueue {
+    /// Nothing waits and nothing is queued: the next data event can be delivered at once.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.waiting.is_none() && self.backlog.is_empty()
+    }
+
+    /// Whether the loop may read more of its inbox.
+    pub(crate) fn has_room(&self) -> bool {
+        self.backlog.len() < MAX_BACKLOG_EVENTS && self.bytes < MAX_BACKLOG_BYTES
+    }
+
+    /// Hands `msg` to `customer`: on its fast path, else through its `deliver`, which is
+    /// kept here if it cannot finish at once (most finish on their first poll).
+    pub(crate) async fn start(&mut self, customer: Arc<dyn Customer>, msg: Message) {
+        let Some(msg) = customer.try_deliver(msg) else {
+            return;
+        };
+        let mut delivery: Delivery = Box::pin(async move { customer.deliver(msg).await });
+        let first = std::future::poll_fn(|cx| Poll::Ready(delivery.as_mut().poll(cx)));
+        if first.await.is_pending() {
+            self.waiting = Some(delivery);
+        }
+    }
+
+    /// Queues a data event behind the waiting delivery.
+    pub(crate) fn push(&mut self, event: Event) {
+        self.bytes += event_bytes(&event);
+        self.backlog.push_back(event);
+    }
+
+    /// The oldest queued event, once nothing waits.
+    pub(crate) fn pop(&mut self) -> Option<Event> {
+        if self.waiting.is_some() {
+            return None;
+        }
+        let event = self.backlog.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(event_bytes(&event));
+        Some(event)
+    }
+
+    /// Finishes the waiting delivery (at once if there is none). Cancel-safe: dropped
+    /// unfinished, the delivery stays here and goes on at the next call.
+    pub(crate) async fn finish_waiting(&mut self) {
+        if let Some(delivery) = self.waiting.as_mut() {
+            delivery.await;
+        }
+        self.waiting = None;
+    }
+}
+
+fn event_bytes(event: &Event) -> usize {
+    match event {
+        Event::Message(msg) => msg.data_len() + msg.meta.body.len(),
+        Event::PeerLost(_) => 0,
+    }
+}
