@@ -12,7 +12,7 @@
 //!   `cleanup`, `cleanup_all`) with bounds on steps never cleaned up;
 //! - [`protocol`]: [`Protocol`], pull (`grpc+seastar`) or push (`star_server`);
 //! - [`device`]: which task owns a device name;
-//! - [`wire`]: the RecvTensor / PushTensor / CancelRecv messages between tasks;
+//! - [`wire`]: the RecvTensor / PushTensor / CancelRecv / Goodbye messages between tasks;
 //! - [`embed`]: [`RendezvousHandle`](embed::RendezvousHandle), send and receive for callers
 //!   without an async runtime (on a `ps::embed::NodeHandle`);
 //! - [`error`]: [`Error`] (setting up) and [`MessageError`] (bad peer messages); calls fail

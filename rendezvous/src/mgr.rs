@@ -137,7 +137,7 @@ impl RendezvousMgrBuilder {
         if let Some(age) = inner.options.max_step_age {
             tokio::spawn(sweep(weak.clone(), age));
         }
-        let customer = Arc::new(MgrCustomer::new(weak));
+        let customer = Arc::new(MgrCustomer::new(&inner));
         po.register_customer(inner.options.app_id, inner.options.customer_id, customer)
             .await?;
         Ok(RendezvousMgr { inner })
@@ -174,7 +174,10 @@ pub struct MgrStats {
 /// The rendezvous manager of one task: the step-keyed table of [`RemoteRendezvous`], as
 /// TensorFlow's `RendezvousMgrInterface`, reaching the other tasks through the node's
 /// [`Postoffice`] (so over whichever van connects each pair: TCP, shared memory, …). Cheap
-/// to clone (all clones are the same manager); dropping the last clone aborts every step.
+/// to clone (all clones are the same manager); dropping the last clone aborts every step and
+/// tells the other tasks at once: the requests it holds (and any that arrive later) are
+/// answered with an error, and every task gets a goodbye that fails its receives waiting on
+/// values from this one.
 ///
 /// ```
 /// use bytes::Bytes;

@@ -89,6 +89,7 @@ pub(crate) struct PendingPull {
 
 /// A request from another task waiting for a value here.
 pub(crate) struct Served {
+    pub(crate) step_id: i64,
     pub(crate) step: Weak<RemoteRendezvous>,
     pub(crate) ticket: TicketCell,
 }
@@ -99,7 +100,7 @@ pub(crate) struct MgrInner {
     pub(crate) po: Postoffice,
     pub(crate) me: NodeId,
     /// The tasks of the cluster (the node table, fixed once the postoffice has started).
-    tasks: HashSet<NodeId>,
+    pub(crate) tasks: HashSet<NodeId>,
     pub(crate) options: Options,
     steps: Mutex<Steps>,
     /// This task's receives waiting for a RecvTensor response, by request id.
@@ -111,6 +112,9 @@ pub(crate) struct MgrInner {
     pub(crate) outbox: Arc<Outbox>,
     /// Set when the local postoffice stopped: every step is aborted with it.
     stopped: Mutex<Option<RendezvousError>>,
+    /// Tasks whose manager said goodbye (it was dropped), with why: calls towards them fail
+    /// at once. At most one entry per task.
+    pub(crate) gone: Mutex<HashMap<NodeId, String>>,
 }
 
 impl MgrInner {
@@ -136,6 +140,7 @@ impl MgrInner {
             next_incarnation: AtomicU64::new(1),
             outbox,
             stopped: Mutex::new(None),
+            gone: Mutex::new(HashMap::new()),
         }
     }
 
@@ -310,18 +315,11 @@ impl MgrInner {
         lock(&self.served).clear();
     }
 
-    /// Why `peer` is known to be dead, if it is.
+    /// Why `peer` cannot answer, if it is known to be dead or its manager said goodbye.
     pub(crate) fn peer_dead(&self, peer: NodeId) -> Option<String> {
-        self.po.dead_error(peer).map(|e| e.to_string())
-    }
-}
-
-impl Drop for MgrInner {
-    fn drop(&mut self) {
-        self.outbox.close();
-        self.shut_down(RendezvousError::Aborted(format!(
-            "the rendezvous manager of node {} was dropped",
-            self.me
-        )));
+        match self.po.dead_error(peer) {
+            Some(e) => Some(e.to_string()),
+            None => lock(&self.gone).get(&peer).cloned(),
+        }
     }
 }

@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 use van_core::rendezvous::Received;
 use van_core::{Message, NodeId, ParsedKey, Rendezvous, RendezvousError};
 
-use crate::error::{peer_name, remote_error};
+use crate::error::{peer_name, remote_error, MessageError};
 use crate::local::Done;
 use crate::outbox::Outbox;
 use crate::protocol::Protocol;
@@ -62,9 +62,11 @@ pub(crate) async fn run_sender(po: Postoffice, outbox: Arc<Outbox>, mgr: Weak<Mg
                 })
                 .collect();
             if let Err(error) = po.send_batch(msgs).await {
+                // Once the manager is gone, its customer still answers late requests through
+                // here: a failure then concerns nobody waiting.
                 match mgr.upgrade() {
                     Some(mgr) => mgr.send_failed(peer, sent, &error),
-                    None => return,
+                    None => debug!(peer, "rendezvous messages not sent: {error}"),
                 }
             }
         }
@@ -73,28 +75,120 @@ pub(crate) async fn run_sender(po: Postoffice, outbox: Arc<Outbox>, mgr: Weak<Mg
 }
 
 /// The manager's postoffice application: the [`Customer`] registered under the manager's app
-/// and customer ids, which hands what arrives for them to the manager.
+/// and customer ids, which hands what arrives for them to the manager. The postoffice keeps
+/// it until it stops, so it outlives a dropped manager: it then answers the RecvTensor
+/// requests that still arrive, with an error, through the outbox (closed when it goes).
 pub(crate) struct MgrCustomer {
     mgr: Weak<MgrInner>,
+    outbox: Arc<Outbox>,
+    /// This task (the sender of answers).
+    me: NodeId,
+    app_id: i32,
+    customer_id: i32,
 }
 
 impl MgrCustomer {
-    pub(crate) fn new(mgr: Weak<MgrInner>) -> MgrCustomer {
-        MgrCustomer { mgr }
+    pub(crate) fn new(mgr: &Arc<MgrInner>) -> MgrCustomer {
+        MgrCustomer {
+            mgr: Arc::downgrade(mgr),
+            outbox: Arc::clone(&mgr.outbox),
+            me: mgr.me,
+            app_id: mgr.options.app_id,
+            customer_id: mgr.options.customer_id,
+        }
     }
+
+    fn take(&self, msg: Message) {
+        match self.mgr.upgrade() {
+            Some(mgr) => mgr.deliver(msg),
+            None => self.refuse(msg),
+        }
+    }
+
+    /// A message for the dropped manager: a request is answered with an error, so that its
+    /// requester does not wait until its own deadline; anything else concerns nobody here.
+    fn refuse(&self, msg: Message) {
+        let (Some(from), wire::RECV_TENSOR, true) =
+            (msg.meta.sender, msg.meta.head, msg.meta.request)
+        else {
+            return;
+        };
+        let step_id = wire::peek(&msg.meta.body).map_or(0, |(step_id, _)| step_id);
+        let status = RemoteStatus {
+            code: StatusCode::Failed,
+            message: dropped(self.me),
+        };
+        let address = Address {
+            app_id: self.app_id,
+            customer_id: self.customer_id,
+            sender: self.me,
+            recipient: from,
+        };
+        let answer = wire::recv_response(msg.meta.request_id, step_id, Err(status), address);
+        if let Err(reason) = self.outbox.push_reply(answer) {
+            debug!(
+                from,
+                "RecvTensor request to a dropped manager not answered: {reason}"
+            );
+        }
+    }
+}
+
+/// Why calls fail once the manager of node `me` is dropped.
+fn dropped(me: NodeId) -> String {
+    format!("the rendezvous manager of node {me} was dropped")
 }
 
 #[async_trait]
 impl Customer for MgrCustomer {
+    /// Everything is handed on without waiting.
+    fn try_deliver(&self, msg: Message) -> Option<Message> {
+        self.take(msg);
+        None
+    }
+
     async fn deliver(&self, msg: Message) {
-        if let Some(mgr) = self.mgr.upgrade() {
-            mgr.deliver(msg);
-        }
+        self.take(msg);
     }
 
     fn node_failed(&self, node: NodeId, error: &str) {
-        if let Some(mgr) = self.mgr.upgrade() {
-            mgr.node_failed(node, error);
+        match self.mgr.upgrade() {
+            Some(mgr) => mgr.node_failed(node, error),
+            // The postoffice stopped: nothing more can be sent.
+            None if node == self.me => self.outbox.close(),
+            None => {}
+        }
+    }
+}
+
+impl Drop for MgrCustomer {
+    fn drop(&mut self) {
+        // The postoffice let go of it (it stopped, or registration failed): the sender ends
+        // once it has sent what is queued.
+        self.outbox.close();
+    }
+}
+
+impl Drop for MgrInner {
+    /// Aborts every step here, and tells the other tasks at once instead of leaving them to
+    /// their own deadlines: the requests this task holds are answered with an error, and
+    /// every task gets a goodbye, which fails the receives waiting on values from here.
+    fn drop(&mut self) {
+        let reason = dropped(self.me);
+        let served: Vec<((NodeId, ps::RequestId), Served)> = lock(&self.served).drain().collect();
+        for ((from, request), entry) in served {
+            let status = RemoteStatus {
+                code: StatusCode::Failed,
+                message: reason.clone(),
+            };
+            self.respond(from, request, entry.step_id, Err(status));
+        }
+        self.shut_down(RendezvousError::Aborted(reason.clone()));
+        for &task in self.tasks.iter().filter(|&&task| task != self.me) {
+            // Fails only when the outbox is closed: the postoffice has stopped already.
+            let _ = self
+                .outbox
+                .push_reply(wire::goodbye(&reason, self.address(task)));
         }
     }
 }
@@ -145,6 +239,8 @@ impl MgrInner {
             return;
         };
         let (head, request, request_id) = (msg.meta.head, msg.meta.request, msg.meta.request_id);
+        // A push that does not decode must fail its step, which its header names.
+        let push_body = (head == wire::PUSH_TENSOR).then(|| msg.meta.body.clone());
         match RendezvousMessage::decode(msg) {
             Err(error) => {
                 warn!(
@@ -171,6 +267,9 @@ impl MgrInner {
                         from,
                         &format!("undecodable RecvTensor response: {error}"),
                     ),
+                    (wire::PUSH_TENSOR, _) => {
+                        self.reject_push(from, push_body.as_deref().unwrap_or_default(), &error)
+                    }
                     _ => {}
                 }
             }
@@ -190,7 +289,44 @@ impl MgrInner {
             Ok(RendezvousMessage::Cancel { request_id, .. }) => {
                 self.cancel_served(from, request_id)
             }
+            Ok(RendezvousMessage::Goodbye { reason }) => self.peer_gone(from, &reason),
         }
+    }
+
+    /// A pushed value that does not decode never reaches the receive waiting for it. Rather
+    /// than leave that receive waiting until cleanup, the step it was meant for fails now,
+    /// naming the key and the producer (created first if this task has not seen it yet, so
+    /// that a later receive fails at once too). When not even the step can be read, the
+    /// receives waiting on values from `from` fail.
+    fn reject_push(self: &Arc<Self>, from: NodeId, body: &[u8], error: &MessageError) {
+        let reason = format!("a value it pushed could not be decoded: {error}");
+        match wire::peek_header(body) {
+            Some((step_id, key)) => {
+                if let Some(step) = self.find_for_peer(step_id) {
+                    step.start_abort(remote_error(step_id, &key, from, reason));
+                }
+            }
+            None => {
+                for step in self.all_live_steps() {
+                    step.peer_failed(from, &reason);
+                }
+            }
+        }
+    }
+
+    /// `from`'s manager was dropped: what waits on it fails now, and later calls towards it
+    /// fail at once.
+    fn peer_gone(&self, from: NodeId, reason: &str) {
+        if from == self.me || !self.tasks.contains(&from) {
+            warn!(
+                from,
+                "goodbye from {}, not another task; ignored",
+                peer_name(from)
+            );
+            return;
+        }
+        lock(&self.gone).insert(from, reason.to_owned());
+        self.fail_peer(from, reason);
     }
 
     /// A RecvTensor request: answer it from this task's table when the value is there.
@@ -216,6 +352,7 @@ impl MgrInner {
                 served.insert(
                     (from, request),
                     Served {
+                        step_id,
                         step: Arc::downgrade(&step),
                         ticket: Arc::clone(&ticket),
                     },
@@ -372,6 +509,12 @@ impl MgrInner {
             )));
             return;
         }
+        self.fail_peer(node, reason);
+    }
+
+    /// `node` can no longer answer: its pulls, the requests it made here and the receives
+    /// waiting on its values end.
+    fn fail_peer(&self, node: NodeId, reason: &str) {
         let pulls: Vec<PendingPull> = {
             let mut pulls = lock(&self.pulls);
             let ids: Vec<ps::RequestId> = pulls

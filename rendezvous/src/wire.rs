@@ -8,6 +8,7 @@
 //! | 1 RecvTensor response | false | echoed | empty, or the error | the value (one), or none on error |
 //! | 2 PushTensor | true | 0 | key | the value (one) |
 //! | 3 CancelRecv | true | the request to cancel | empty | none |
+//! | 4 Goodbye | true | 0 | why (the header's step id is 0) | none |
 //!
 //! The body starts with a 12-byte little-endian header, then the text (UTF-8):
 //!
@@ -44,6 +45,8 @@ pub const RECV_TENSOR: i32 = 1;
 pub const PUSH_TENSOR: i32 = 2;
 /// `meta.head` of the cancellation of a RecvTensor request.
 pub const CANCEL_RECV: i32 = 3;
+/// `meta.head` of a manager's goodbye: it was dropped, so nothing more comes from it.
+pub const GOODBYE: i32 = 4;
 
 const FLAG_DEAD: u8 = 1;
 
@@ -136,6 +139,12 @@ pub enum RendezvousMessage {
         request_id: i32,
         /// The step.
         step_id: i64,
+    },
+    /// The sender's manager was dropped: the calls waiting on it (pulls it was asked, values
+    /// it would have pushed) fail at once, and later calls towards it fail without waiting.
+    Goodbye {
+        /// Why, for the errors of those calls.
+        reason: String,
     },
 }
 
@@ -238,6 +247,25 @@ pub(crate) fn cancel(request_id: i32, step_id: i64, address: Address) -> Message
     message(CANCEL_RECV, true, request_id, body, None, address)
 }
 
+/// The goodbye of a manager that was dropped, saying why.
+pub(crate) fn goodbye(reason: &str, address: Address) -> Message {
+    let body = body(0, 0, 0, reason);
+    message(GOODBYE, true, 0, body, None, address)
+}
+
+/// The step id and text of a peer's body whose header can be read (long enough, of this
+/// version), however bad the rest is (the text lossily decoded): to fail the step a message
+/// that does not decode was meant for.
+pub(crate) fn peek_header(body: &[u8]) -> Option<(i64, std::borrow::Cow<'_, str>)> {
+    if body.first() != Some(&VERSION) {
+        return None;
+    }
+    let mut step = [0u8; 8];
+    step.copy_from_slice(body.get(4..HEADER_LEN)?);
+    let text = String::from_utf8_lossy(body.get(HEADER_LEN..)?);
+    Some((i64::from_le_bytes(step), text))
+}
+
 /// The step id and text of an encoded body, if it has a header (for error reports about
 /// messages this node sent).
 pub(crate) fn peek(body: &[u8]) -> Option<(i64, &str)> {
@@ -257,16 +285,18 @@ impl RendezvousMessage {
             }
             RendezvousMessage::Push { .. } => PUSH_TENSOR,
             RendezvousMessage::Cancel { .. } => CANCEL_RECV,
+            RendezvousMessage::Goodbye { .. } => GOODBYE,
         }
     }
 
-    /// The step the message belongs to.
+    /// The step the message belongs to (0 for a goodbye, which concerns every step).
     pub fn step_id(&self) -> i64 {
         match self {
             RendezvousMessage::RecvRequest { step_id, .. }
             | RendezvousMessage::RecvResponse { step_id, .. }
             | RendezvousMessage::Push { step_id, .. }
             | RendezvousMessage::Cancel { step_id, .. } => *step_id,
+            RendezvousMessage::Goodbye { .. } => 0,
         }
     }
 
@@ -292,6 +322,7 @@ impl RendezvousMessage {
                 request_id,
                 step_id,
             } => cancel(request_id, step_id, address),
+            RendezvousMessage::Goodbye { reason } => goodbye(&reason, address),
         }
     }
 
@@ -377,6 +408,12 @@ impl RendezvousMessage {
                     step_id,
                 }
             }
+            (GOODBYE, _) => {
+                segments("Goodbye", 0)?;
+                RendezvousMessage::Goodbye {
+                    reason: text.to_owned(),
+                }
+            }
             (other, _) => return Err(MessageError::UnknownCommand(other)),
         })
     }
@@ -456,6 +493,7 @@ mod tests {
                     step_id,
                 }
             }),
+            ".{0,40}".prop_map(|reason| RendezvousMessage::Goodbye { reason }),
         ]
     }
 
@@ -544,6 +582,20 @@ mod tests {
             RendezvousMessage::decode(unknown),
             Err(MessageError::UnknownCommand(77))
         );
+    }
+
+    #[test]
+    fn a_readable_header_names_the_step_and_key_of_a_bad_message() {
+        let mut body = body(7, 0, 0, "a;b").to_vec();
+        assert_eq!(
+            peek_header(&body).map(|(s, k)| (s, k.into_owned())),
+            Some((7, "a;b".to_owned()))
+        );
+        body.push(0xff); // not UTF-8: still readable, lossily
+        assert_eq!(peek_header(&body).map(|(s, _)| s), Some(7));
+        body[0] = VERSION + 1;
+        assert_eq!(peek_header(&body), None);
+        assert_eq!(peek_header(&[VERSION, 0, 0]), None);
     }
 
     #[test]
