@@ -12,6 +12,7 @@ use van_core::link::Connection;
 
 use crate::device::Device;
 use crate::protocol::QpAttributes;
+use crate::sizing::RingSizes;
 use crate::verbs::{Cq, Mr, Qp, Remote};
 
 /// A counter `send` rings to wake the engine (Linux eventfd).
@@ -86,17 +87,6 @@ impl Connection for ConnShared {
     }
 }
 
-/// Sizes of one connection's rings.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RingSizes {
-    /// Receive buffers (and send slots).
-    pub(crate) rx_depth: u32,
-    /// Bytes per buffer.
-    pub(crate) slot_bytes: usize,
-    /// Large frames in flight.
-    pub(crate) start_depth: u32,
-}
-
 /// A queue pair in INIT with its rings, receives posted, waiting for the peer's attributes.
 pub(crate) struct Setup {
     pub(crate) send_wr: u32,
@@ -115,11 +105,12 @@ fn random_psn() -> std::io::Result<u32> {
 
 impl Setup {
     /// Creates the completion queue, the queue pair (in INIT) and both rings, and posts every
-    /// receive buffer.
+    /// receive buffer. The van checked `sizes` against the device at start
+    /// ([`RingSizes::check`]).
     pub(crate) fn new(device: &Device, sizes: RingSizes) -> std::io::Result<Setup> {
-        let depth = sizes.rx_depth;
-        let send_wr = depth + sizes.start_depth + 1;
-        let cq = Cq::new(&device.context, send_wr + depth + 1)?;
+        let depth = sizes.recv_wr();
+        let send_wr = sizes.send_wr();
+        let cq = Cq::new(&device.context, sizes.cq_entries())?;
         let qp = Qp::new(&device.pd, &cq, send_wr, depth, device.max_sge)?;
         let ring = depth as usize * sizes.slot_bytes;
         let rx = Mr::new(&device.pd, ring)?;

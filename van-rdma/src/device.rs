@@ -10,7 +10,7 @@ use std::sync::Arc;
 use van_core::config::RdmaSettings;
 
 use crate::sysfs;
-use crate::verbs::{self, Context, Pd};
+use crate::verbs::{self, Context, DeviceAttributes, Pd};
 use crate::RdmaError;
 
 /// A GID table entry as the device reports it.
@@ -67,6 +67,9 @@ pub struct Device {
     pub mtu: u32,
     /// Scatter/gather entries per send the van uses.
     pub max_sge: u32,
+    /// What the device allows (`ibv_query_device`): queue depths are checked against it at
+    /// start.
+    pub attributes: DeviceAttributes,
     /// Largest message the port carries.
     pub max_msg: u64,
     /// `Ethernet` (RoCE) or `InfiniBand`.
@@ -225,7 +228,9 @@ fn open_named(name: &str, names: &[String], settings: &RdmaSettings) -> Result<D
             detail: format!("state {}", port.state),
         });
     }
-    let max_sge = context.max_sge().map_err(verbs_error("ibv_query_device"))?;
+    let attributes = context
+        .query_device()
+        .map_err(verbs_error("ibv_query_device"))?;
     let pd = Pd::new(Arc::clone(&context)).map_err(verbs_error("ibv_alloc_pd"))?;
     Ok(Device {
         context,
@@ -233,7 +238,8 @@ fn open_named(name: &str, names: &[String], settings: &RdmaSettings) -> Result<D
         gid,
         lid: port.lid,
         mtu: port.active_mtu,
-        max_sge: max_sge.min(16),
+        max_sge: attributes.max_sge.min(16),
+        attributes,
         // 0 would mean "unknown": assume 1 MiB (every device carries that). A smaller
         // limit the port does report is kept, or larger writes would fail.
         max_msg: match port.max_msg_size {

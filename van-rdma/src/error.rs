@@ -61,6 +61,66 @@ pub enum RdmaError {
         /// What the van needs, readable.
         needed: String,
     },
+    /// A queue depth asks more of the device than it allows (`ibv_query_device`): checked
+    /// when the van starts, so a depth that every connection would fail with is an error
+    /// there. Lower the variable named, to at most `largest`.
+    #[error(
+        "{variable}={value} is more than RDMA device {device} allows: each connection would \
+         need {needs}, and the device's {attribute} is {limit}; {}",
+        depth_fix(variable, largest)
+    )]
+    DepthAboveDeviceLimit {
+        /// The variable to lower (`VANS_RDMA_RX_DEPTH` or `VANS_RDMA_START_DEPTH`, or their
+        /// BytePS names).
+        variable: &'static str,
+        /// Its value.
+        value: u64,
+        /// What each connection would ask of the device, in words.
+        needs: String,
+        /// The device.
+        device: String,
+        /// The device attribute exceeded (`max_qp_wr`, `max_cqe`, `max_mr_size`).
+        attribute: &'static str,
+        /// That attribute's value.
+        limit: u64,
+        /// The largest value of `variable` the device holds with the other settings
+        /// unchanged; `None` when none does (lower `VANS_RDMA_START_DEPTH` too).
+        largest: Option<u64>,
+    },
+    /// An accepted side channel was closed before any queue pair or ring was created for it:
+    /// `max` handshakes were in progress (`VANS_RDMA_MAX_HANDSHAKES`) and `waiting` more
+    /// connections were waiting for their turn already. A burst this large is a flood, or a
+    /// cluster whose nodes connect at once and that needs a larger `VANS_RDMA_MAX_HANDSHAKES`.
+    #[error(
+        "closed the RDMA side channel from {peer} before creating a queue pair: {max} \
+         handshakes in progress (VANS_RDMA_MAX_HANDSHAKES) and {waiting} connections waiting \
+         for a turn already; if these are cluster nodes, raise VANS_RDMA_MAX_HANDSHAKES"
+    )]
+    TooManyHandshakes {
+        /// The peer's address.
+        peer: String,
+        /// Handshakes allowed at once.
+        max: usize,
+        /// Connections that were waiting.
+        waiting: usize,
+    },
+    /// An accepted side channel did not send its queue-pair attributes, or did not get a turn
+    /// among the `VANS_RDMA_MAX_HANDSHAKES` handshakes in progress, within the connect
+    /// timeout; it was closed before any queue pair or ring was created for it.
+    #[error(
+        "closed the RDMA side channel from {peer} before creating a queue pair: {what} within \
+         {waited:?} (VANS_CONNECT_TIMEOUT_MS; {max} handshakes at once, VANS_RDMA_MAX_HANDSHAKES)"
+    )]
+    HandshakeNotStarted {
+        /// The peer's address.
+        peer: String,
+        /// What did not happen in time.
+        what: &'static str,
+        /// How long it was given.
+        waited: std::time::Duration,
+        /// Handshakes allowed at once.
+        max: usize,
+    },
     /// A verbs call failed.
     #[error("{call} failed on {device}: {source}")]
     Verbs {
@@ -82,13 +142,27 @@ pub enum RdmaError {
     },
 }
 
+/// What to do about a [`RdmaError::DepthAboveDeviceLimit`].
+fn depth_fix(variable: &str, largest: &Option<u64>) -> String {
+    match largest {
+        Some(largest) => format!("set {variable} to at most {largest}"),
+        None => format!(
+            "no {variable} fits with the other settings: lower VANS_RDMA_START_DEPTH and \
+             VANS_RDMA_RX_DEPTH"
+        ),
+    }
+}
+
 impl From<RdmaError> for VanError {
     fn from(error: RdmaError) -> VanError {
         match error {
             RdmaError::NotCompiled => VanError::NotCompiled {
                 kind: VanKind::Rdma,
             },
-            RdmaError::Verbs { .. } | RdmaError::Handshake { .. } => VanError::Io {
+            RdmaError::Verbs { .. }
+            | RdmaError::Handshake { .. }
+            | RdmaError::TooManyHandshakes { .. }
+            | RdmaError::HandshakeNotStarted { .. } => VanError::Io {
                 kind: VanKind::Rdma,
                 source: std::io::Error::other(error.to_string()),
             },

@@ -34,8 +34,13 @@
 //!   peer straight from where they are (zero-copy send); other segments of a large frame are
 //!   copied once into a pooled staging buffer.
 //! - **Start-up checks:** no device, no driver (provider), no `ib_uverbs`, no kernel support,
-//!   a port that is down, a bad GID index, or a memlock limit below what the van registers
-//!   ([`memlock`]) are [`RdmaError`]s naming the cause and the fix, at start.
+//!   a port that is down, a bad GID index, queue depths above the device's `max_qp_wr`,
+//!   `max_cqe` or `max_mr_size` (`ibv_query_device`), or a memlock limit below what the van
+//!   registers ([`memlock`]) are [`RdmaError`]s naming the cause and the fix, at start.
+//! - **Bounded handshakes:** an accepted side channel gets a queue pair and rings only once
+//!   it has sent the dialer's attributes and has a turn among `VANS_RDMA_MAX_HANDSHAKES`
+//!   handshakes in progress; more wait (a bounded number, within the connect timeout), so a
+//!   burst of connections cannot pin memory up to the memlock limit.
 //! - **Threads:** one per connection, sleeping in `poll(2)` on its completion channel, an
 //!   eventfd rung by `send`, and the side channel. Every wait is bounded.
 //! - **Connections** are kept in van-core's link table ([`van_core::link`]), as in every
@@ -88,6 +93,12 @@ pub mod verbs;
 // Registered buffers for large messages, reused (the registration cache).
 #[cfg(feature = "rdma")]
 pub mod pool;
+// One connection's queue and ring sizes, checked against the device's limits at start.
+#[cfg(feature = "rdma")]
+mod sizing;
+// The bound on accepted handshakes holding a queue pair and rings at once.
+#[cfg(feature = "rdma")]
+mod handshakes;
 // One connection's resources (queue pair, rings) and the flags the van shares with it.
 #[cfg(feature = "rdma")]
 mod connection;
@@ -110,12 +121,21 @@ pub const KIND: van_core::VanKind = van_core::VanKind::Rdma;
 /// Whether this build has the RDMA van (the `rdma` feature).
 pub const COMPILED: bool = cfg!(feature = "rdma");
 
-/// Opens the device `settings` select, as the van would, and describes it in one line; or
-/// the error the van would fail with (no device, port down, bad GID, not compiled in).
+/// Opens the device `settings` select, as the van would, checks the queue depths against it,
+/// and describes it in one line; or the error the van would fail with (no device, port down,
+/// bad GID, a depth above the device's limits, not compiled in).
 pub fn probe(settings: &van_core::config::RdmaSettings) -> Result<String, RdmaError> {
     #[cfg(feature = "rdma")]
     {
-        device::open(settings).map(|d| d.describe())
+        let device = device::open(settings)?;
+        let options = RdmaOptions {
+            settings: settings.clone(),
+            ..RdmaOptions::default()
+        };
+        options
+            .sizes()
+            .check(device.context.name(), &device.attributes)?;
+        Ok(device.describe())
     }
     #[cfg(not(feature = "rdma"))]
     {

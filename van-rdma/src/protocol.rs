@@ -5,10 +5,12 @@
 //!
 //! # Side channel
 //!
-//! The dialer opens a TCP connection to the listener's RDMA endpoint (`host:port`); both write
-//! their [`QpAttributes`] ([`QpAttributes::LEN`] bytes), read the peer's, move their queue
-//! pair to RTR and RTS with them, and then exchange one [`READY`] byte, so that neither side
-//! sends before the other can receive. The TCP connection stays open for the life of the
+//! The dialer opens a TCP connection to the listener's RDMA endpoint (`host:port`) and writes
+//! its [`QpAttributes`] ([`QpAttributes::LEN`] bytes) at once; the listener reads them before
+//! it creates a queue pair of its own for the connection (so an idle or foreign connection
+//! costs it no registered memory), then answers with its attributes. Both move their queue
+//! pair to RTR and RTS with the other's, and then exchange one [`READY`] byte, so that neither
+//! side sends before the other can receive. The TCP connection stays open for the life of the
 //! queue pair: its end of file is how a side learns that its peer stopped or died (an RC
 //! queue pair with no traffic notices nothing). An orderly stop writes [`BYE`] once every
 //! message has been acknowledged.

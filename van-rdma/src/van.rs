@@ -17,13 +17,15 @@ use van_core::{
     Config, Endpoint, Event, InboxSender, Message, Node, NodeId, SharedBuf, Van, VanError, VanKind,
 };
 
-use crate::connection::{ConnShared, RingSizes, Setup};
+use crate::connection::{ConnShared, Setup};
 use crate::device::{self, Device};
 use crate::engine::{Engine, EngineContext};
+use crate::handshakes::{Handshakes, Turn};
 use crate::machine::End;
 use crate::memlock;
 use crate::pool::{Pool, PoolStats};
 use crate::protocol::{QpAttributes, READY};
+use crate::sizing::RingSizes;
 use crate::RdmaError;
 
 /// Frames queued per peer before `send` waits.
@@ -81,7 +83,8 @@ impl RdmaOptions {
         }
     }
 
-    fn sizes(&self) -> RingSizes {
+    /// The sizes of each connection's queues and rings these options ask for.
+    pub(crate) fn sizes(&self) -> RingSizes {
         RingSizes {
             rx_depth: self.settings.rx_depth.clamp(4, 32768),
             slot_bytes: self.slot_bytes.clamp(256, 1 << 20),
@@ -117,6 +120,8 @@ struct Shared {
     links: Links<Link>,
     /// Authenticates every side channel (see [`van_core::auth`]).
     gate: Gate,
+    /// Bounds the accepted handshakes that hold a queue pair and rings at once.
+    handshakes: Handshakes,
 }
 
 /// The sending side of one connection: its queue, and the flags whose eventfd wakes its
@@ -134,18 +139,80 @@ fn io_error(context: &str, error: impl std::fmt::Display) -> VanError {
     }
 }
 
+/// The error of a failed handshake with `address`, from its reason.
+fn handshake_error(address: &str) -> impl Fn(String) -> VanError + '_ {
+    move |reason| {
+        RdmaError::Handshake {
+            peer: address.to_owned(),
+            reason,
+        }
+        .into()
+    }
+}
+
+/// Reads and checks the peer's queue-pair attributes.
+async fn read_attributes(stream: &mut TcpStream) -> Result<QpAttributes, String> {
+    let mut buf = [0u8; QpAttributes::LEN];
+    stream
+        .read_exact(&mut buf)
+        .await
+        .map_err(|e| format!("reading attributes: {e}"))?;
+    QpAttributes::decode(&buf).map_err(|e| e.to_string())
+}
+
+/// Writes our attributes, reads the peer's unless they came first (an acceptor reads the
+/// dialer's before it creates anything), moves the queue pair to RTS towards the peer and
+/// exchanges [`READY`], so that neither side sends before the other can receive.
+async fn exchange(
+    stream: &mut TcpStream,
+    setup: &Setup,
+    device: &Device,
+    theirs: Option<QpAttributes>,
+) -> Result<QpAttributes, String> {
+    stream.set_nodelay(true).ok();
+    stream
+        .write_all(&setup.attributes(device).encode())
+        .await
+        .map_err(|e| format!("sending attributes: {e}"))?;
+    let theirs = match theirs {
+        Some(theirs) => theirs,
+        None => read_attributes(stream).await?,
+    };
+    setup
+        .connect(device, &theirs)
+        .map_err(|e| format!("connecting the queue pair: {e}"))?;
+    stream
+        .write_all(&[READY])
+        .await
+        .map_err(|e| format!("sending ready: {e}"))?;
+    let mut ready = [0u8; 1];
+    stream
+        .read_exact(&mut ready)
+        .await
+        .map_err(|e| format!("waiting for ready: {e}"))?;
+    if ready[0] != READY {
+        return Err("peer did not confirm".to_owned());
+    }
+    Ok(theirs)
+}
+
 impl RdmaVan {
-    /// Opens the RDMA device and checks the memlock limit: fails with a clear error when
-    /// there is no device, no driver, no kernel support, no usable GID, or too little
-    /// lockable memory. Not yet bound.
+    /// Opens the RDMA device and checks the queue depths against it and the memlock limit:
+    /// fails with a clear error when there is no device, no driver, no kernel support, no
+    /// usable GID, a depth above the device's limits
+    /// ([`RdmaError::DepthAboveDeviceLimit`]), or too little lockable memory. Not yet bound.
     pub fn new(options: RdmaOptions) -> Result<RdmaVan, RdmaError> {
         let device = device::open(&options.settings)?;
+        options
+            .sizes()
+            .check(device.context.name(), &device.attributes)?;
         memlock::current().check(options.registered_bytes())?;
         let pool = Pool::new(Arc::clone(&device.pd), options.settings.pool_bytes);
         info!("rdma van on {}", device.describe());
         Ok(RdmaVan {
             shared: Arc::new(Shared {
                 gate: Gate::from_options(&options.auth),
+                handshakes: Handshakes::new(options.settings.max_handshakes),
                 options,
                 device: Arc::new(device),
                 pool,
@@ -159,10 +226,19 @@ impl RdmaVan {
         self.shared.device.describe()
     }
 
-    /// Side-channel connections refused so far: failed authentication, or too many from one
-    /// address authenticating at once.
+    /// Side-channel connections refused so far: failed authentication, too many from one
+    /// address authenticating at once, or closed before their handshake began (no valid
+    /// queue-pair attributes, or no turn among `VANS_RDMA_MAX_HANDSHAKES`, within the connect
+    /// timeout; too many waiting already).
     pub fn refused_connections(&self) -> u64 {
-        self.shared.gate.refused_count()
+        self.shared.gate.refused_count() + self.shared.handshakes.refused_count()
+    }
+
+    /// Handshakes whose queue pair and rings exist but that are not connections yet, dialed
+    /// or accepted; accepted ones are at most `VANS_RDMA_MAX_HANDSHAKES` (see
+    /// [`RdmaOptions::settings`]).
+    pub fn handshakes_in_progress(&self) -> usize {
+        self.shared.handshakes.in_progress()
     }
 
     /// The registration cache's counters.
@@ -185,61 +261,145 @@ impl Drop for RdmaVan {
 }
 
 impl Shared {
-    /// Exchanges queue-pair attributes over `stream` and starts the connection's thread.
-    async fn handshake(
+    /// Creates a connection's queue pair and rings, on a blocking thread (registration pins
+    /// pages, which can take a while for large rings).
+    async fn create_setup(&self, fail: &impl Fn(String) -> VanError) -> Result<Setup, VanError> {
+        let device = Arc::clone(&self.device);
+        let sizes = self.options.sizes();
+        tokio::task::spawn_blocking(move || Setup::new(&device, sizes))
+            .await
+            .map_err(|e| fail(format!("setup task: {e}")))?
+            .map_err(|e| fail(format!("creating the queue pair and rings: {e}")))
+    }
+
+    /// Sets up a dialed connection: creates our queue pair and rings, exchanges attributes
+    /// over `stream` (ours first) and starts the connection's thread.
+    async fn dialed(
         self: &Arc<Self>,
         mut stream: TcpStream,
+        peer: NodeId,
+        inbox: InboxSender,
+        address: &str,
+    ) -> Result<(), VanError> {
+        let fail = handshake_error(address);
+        let _in_progress = self.handshakes.start();
+        let setup = self.create_setup(&fail).await?;
+        let theirs = tokio::time::timeout(
+            self.options.connect_timeout,
+            exchange(&mut stream, &setup, &self.device, None),
+        )
+        .await
+        .map_err(|_| fail("no answer within the connect timeout".into()))?
+        .map_err(&fail)?;
+        self.established(stream, setup, theirs, Some(peer), inbox, address)
+    }
+
+    /// Serves a side channel accepted (and authenticated, with a secret) from `from`: admits
+    /// it ([`admit`](Self::admit)), then sets it up. Refusals are counted and logged by
+    /// [`Handshakes::refused`]; a failed setup is logged.
+    async fn serve_accepted(
+        self: &Arc<Self>,
+        mut stream: TcpStream,
+        from: std::net::SocketAddr,
+        inbox: InboxSender,
+    ) {
+        let address = from.to_string();
+        let deadline = tokio::time::Instant::now() + self.options.connect_timeout;
+        match self.admit(&mut stream, &address, deadline).await {
+            Err(e) => self.handshakes.refused(&e),
+            Ok((theirs, turn)) => {
+                let accepted = self.accepted(stream, theirs, deadline, inbox, &address);
+                if let Err(e) = accepted.await {
+                    warn!("refused an RDMA connection: {e}");
+                }
+                // Held until the connection is established or has failed.
+                drop(turn);
+            }
+        }
+    }
+
+    /// What an accepted side channel goes through before anything is created for it (see
+    /// [`crate::handshakes`]): the dialer's attributes (which it writes first), a place among
+    /// those waiting and a turn among the handshakes in progress, by `deadline`; and the
+    /// dialer must still be there.
+    async fn admit(
+        &self,
+        stream: &mut TcpStream,
+        address: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<(QpAttributes, Turn), RdmaError> {
+        let not_started = |what| RdmaError::HandshakeNotStarted {
+            peer: address.to_owned(),
+            what,
+            waited: self.options.connect_timeout,
+            max: self.handshakes.max(),
+        };
+        let theirs = tokio::time::timeout_at(deadline, read_attributes(stream))
+            .await
+            .map_err(|_| not_started("no queue-pair attributes arrived"))?
+            .map_err(|reason| RdmaError::Handshake {
+                peer: address.to_owned(),
+                reason,
+            })?;
+        let place = self.handshakes.place(address)?;
+        let turn = tokio::time::timeout_at(deadline, self.handshakes.turn(place))
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| not_started("no turn among the handshakes in progress came"))?;
+        // A dialer writes nothing more before our answer, so anything readable now is the end
+        // of a dialer that gave up while it waited (its connect timed out): no queue pair for
+        // it.
+        let mut next = [0u8; 1];
+        let gone = match stream.try_read(&mut next) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Ok(0) => Some("the dialer closed the side channel while it waited for a turn".into()),
+            Ok(_) => Some("bytes after the attributes, before our answer".into()),
+            Err(e) => Some(format!("side channel: {e}")),
+        };
+        if let Some(reason) = gone {
+            return Err(RdmaError::Handshake {
+                peer: address.to_owned(),
+                reason,
+            });
+        }
+        Ok((theirs, turn))
+    }
+
+    /// Sets up an admitted connection: creates our queue pair and rings, answers the
+    /// dialer's attributes with ours, and starts the connection's thread.
+    async fn accepted(
+        self: &Arc<Self>,
+        mut stream: TcpStream,
+        theirs: QpAttributes,
+        deadline: tokio::time::Instant,
+        inbox: InboxSender,
+        address: &str,
+    ) -> Result<(), VanError> {
+        let fail = handshake_error(address);
+        let _in_progress = self.handshakes.start();
+        let setup = self.create_setup(&fail).await?;
+        tokio::time::timeout_at(
+            deadline,
+            exchange(&mut stream, &setup, &self.device, Some(theirs)),
+        )
+        .await
+        .map_err(|_| fail("no answer within the connect timeout".into()))?
+        .map_err(&fail)?;
+        self.established(stream, setup, theirs, None, inbox, address)
+    }
+
+    /// Hands a connected queue pair and its side channel to a new connection.
+    fn established(
+        self: &Arc<Self>,
+        stream: TcpStream,
+        setup: Setup,
+        theirs: QpAttributes,
         peer: Option<NodeId>,
         inbox: InboxSender,
         address: &str,
     ) -> Result<(), VanError> {
-        let fail = |reason: String| -> VanError {
-            RdmaError::Handshake {
-                peer: address.to_owned(),
-                reason,
-            }
-            .into()
-        };
-        let device = Arc::clone(&self.device);
-        let sizes = self.options.sizes();
-        let setup = tokio::task::spawn_blocking(move || Setup::new(&device, sizes))
-            .await
-            .map_err(|e| fail(format!("setup task: {e}")))?
-            .map_err(|e| fail(format!("creating the queue pair and rings: {e}")))?;
-        let ours = setup.attributes(&self.device);
-        let exchange = async {
-            stream.set_nodelay(true).ok();
-            stream
-                .write_all(&ours.encode())
-                .await
-                .map_err(|e| format!("sending attributes: {e}"))?;
-            let mut buf = [0u8; QpAttributes::LEN];
-            stream
-                .read_exact(&mut buf)
-                .await
-                .map_err(|e| format!("reading attributes: {e}"))?;
-            let theirs = QpAttributes::decode(&buf).map_err(|e| e.to_string())?;
-            setup
-                .connect(&self.device, &theirs)
-                .map_err(|e| format!("connecting the queue pair: {e}"))?;
-            stream
-                .write_all(&[READY])
-                .await
-                .map_err(|e| format!("sending ready: {e}"))?;
-            let mut ready = [0u8; 1];
-            stream
-                .read_exact(&mut ready)
-                .await
-                .map_err(|e| format!("waiting for ready: {e}"))?;
-            if ready[0] != READY {
-                return Err("peer did not confirm".to_owned());
-            }
-            Ok(theirs)
-        };
-        let theirs = tokio::time::timeout(self.options.connect_timeout, exchange)
-            .await
-            .map_err(|_| fail("no answer within the connect timeout".into()))?
-            .map_err(fail)?;
+        let fail = handshake_error(address);
         let tcp = stream
             .into_std()
             .map_err(|e| fail(format!("side channel: {e}")))?;
@@ -350,21 +510,16 @@ impl Van for RdmaVan {
         self.shared.gate.warn_if_open(host);
         let shared = Arc::clone(&self.shared);
         let accept_inbox = inbox.clone();
-        // Authenticated first (by `serve`): only then are a queue pair and rings created.
+        // Authenticated first (by `serve`), then admitted (`Shared::admit`): only then are
+        // a queue pair and rings created.
         let accept = tokio::spawn(stream::serve(
             listener,
             self.shared.gate.clone(),
             move |socket, from| {
-                let handshake_shared = Arc::clone(&shared);
+                let serving = Arc::clone(&shared);
                 let inbox = accept_inbox.clone();
                 let handshake = tokio::spawn(async move {
-                    let address = from.to_string();
-                    if let Err(e) = handshake_shared
-                        .handshake(socket, None, inbox, &address)
-                        .await
-                    {
-                        warn!("refused an RDMA connection: {e}");
-                    }
+                    serving.serve_accepted(socket, from, inbox).await;
                 });
                 shared.links.track(handshake);
             },
@@ -391,9 +546,7 @@ impl Van for RdmaVan {
                     &self.shared.gate,
                 )
                 .await?;
-                self.shared
-                    .handshake(stream, Some(peer), inbox, &address)
-                    .await?;
+                self.shared.dialed(stream, peer, inbox, &address).await?;
                 debug!(peer, "connected over RDMA");
                 Ok(())
             })

@@ -123,6 +123,19 @@ pub struct PortAttributes {
     pub max_msg_size: u32,
 }
 
+/// What a device allows (the part of `ibv_device_attr` the van sizes its queues by).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttributes {
+    /// Scatter/gather entries per work request (at least 1).
+    pub max_sge: u32,
+    /// Work requests one queue (send or receive) of a queue pair may hold.
+    pub max_qp_wr: u32,
+    /// Entries one completion queue may hold.
+    pub max_cqe: u32,
+    /// Largest memory region one registration may cover, in bytes.
+    pub max_mr_size: u64,
+}
+
 /// An open device context (`ibv_context`).
 pub struct Context {
     ctx: NonNull<ffi::ibv_context>,
@@ -174,13 +187,22 @@ impl Context {
         Ok(unsafe { gid.raw })
     }
 
-    /// The device's scatter/gather limit per work request (`ibv_query_device`).
-    pub fn max_sge(&self) -> io::Result<u32> {
+    /// The device's limits on work requests, completion queues, registrations and
+    /// scatter/gather entries (`ibv_query_device`).
+    pub fn query_device(&self) -> io::Result<DeviceAttributes> {
         let mut attr = ffi::ibv_device_attr::default();
         // SAFETY: `attr` is a valid out-pointer for one `ibv_device_attr`.
         let code = unsafe { ffi::ibv_query_device(self.ctx.as_ptr(), &mut attr) };
         from_errno(code)?;
-        Ok(u32::try_from(attr.max_sge).unwrap_or(1).max(1))
+        // Negative counts (a broken provider) read as 0: every check against them then fails
+        // with the value shown, instead of wrapping to a huge limit.
+        let count = |n: i32| u32::try_from(n).unwrap_or(0);
+        Ok(DeviceAttributes {
+            max_sge: count(attr.max_sge).max(1),
+            max_qp_wr: count(attr.max_qp_wr),
+            max_cqe: count(attr.max_cqe),
+            max_mr_size: attr.max_mr_size,
+        })
     }
 }
 

@@ -350,3 +350,226 @@ fn a_start_depth_above_the_peers_receive_depth_stays_within_it() {
         testkit::expect_quiet(&mut a.inbox, Duration::from_millis(200)).await;
     });
 }
+
+/// Queue depths the device cannot hold fail when the van starts, naming the variable, the
+/// value and the device's limit (`ibv_query_device`), instead of failing every connection
+/// later with `EINVAL` from `ibv_create_qp` / `ibv_create_cq`; the largest value the error
+/// suggests starts.
+#[test]
+fn depths_above_the_devices_limits_fail_at_start() {
+    if !device_here() {
+        return;
+    }
+    let attributes = van_rdma::device::open(&RdmaSettings::default())
+        .unwrap()
+        .attributes;
+    eprintln!("device limits: {attributes:?}");
+    let start =
+        |rx_depth: u32, start_depth: u32| RdmaVan::new(options(rx_depth, start_depth)).map(|_| ());
+    let check = |error: van_rdma::RdmaError, variable: &str, value: u64, attribute: &str| {
+        let message = error.to_string();
+        eprintln!("{message}");
+        let van_rdma::RdmaError::DepthAboveDeviceLimit {
+            variable: named,
+            value: shown,
+            attribute: exceeded,
+            limit,
+            largest,
+            ..
+        } = error
+        else {
+            panic!("not a depth error: {message}");
+        };
+        let largest = largest.unwrap_or_else(|| panic!("no suggested value: {message}"));
+        assert_eq!(
+            (named, shown, exceeded),
+            (variable, value, attribute),
+            "{message}"
+        );
+        for part in [
+            format!("{variable}={value}"),
+            format!("{attribute} is {limit}"),
+            format!("at most {largest}"),
+        ] {
+            assert!(message.contains(&part), "`{part}` missing: {message}");
+        }
+        largest
+    };
+    let max_qp_wr = attributes.max_qp_wr;
+    // The deepest rings vans takes (`VANS_RDMA_RX_DEPTH` ..= 32768), from the environment
+    // when the device's max_qp_wr is below it; else a start depth above it, from code.
+    if max_qp_wr < 32768 {
+        let depth = (max_qp_wr + 1).to_string();
+        let config = van_core::Config::from_vars([("VANS_RDMA_RX_DEPTH", depth.as_str())]).unwrap();
+        let error = RdmaVan::new(RdmaOptions::from_config(&config)).unwrap_err();
+        check(
+            error,
+            "VANS_RDMA_RX_DEPTH",
+            u64::from(max_qp_wr) + 1,
+            "max_qp_wr",
+        );
+    } else {
+        let error = start(4, max_qp_wr).unwrap_err();
+        let largest = check(
+            error,
+            "VANS_RDMA_START_DEPTH",
+            u64::from(max_qp_wr),
+            "max_qp_wr",
+        );
+        start(4, u32::try_from(largest).unwrap()).unwrap();
+    }
+    // A completion queue above max_cqe (2 × rx + start + 2 entries), when a depth vans takes
+    // and the queue pair holds gets there.
+    let rx = (u64::from(attributes.max_cqe).saturating_sub(18) / 2 + 1).max(4);
+    if rx <= 32768 && rx + 17 <= u64::from(max_qp_wr) {
+        let rx = u32::try_from(rx).unwrap();
+        let error = start(rx, 16).unwrap_err();
+        let largest = check(error, "VANS_RDMA_RX_DEPTH", u64::from(rx), "max_cqe");
+        start(u32::try_from(largest).unwrap(), 16).unwrap();
+    } else {
+        eprintln!(
+            "max_cqe {} holds every depth vans takes",
+            attributes.max_cqe
+        );
+    }
+    // The defaults fit.
+    start(128, 16).unwrap();
+}
+
+/// The bound on accepted handshakes (`VANS_RDMA_MAX_HANDSHAKES`): a burst of side channels
+/// cannot make a van create a queue pair and rings for each at once.
+mod handshakes {
+    use super::*;
+    use std::net::SocketAddr;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    use van_rdma::protocol::QpAttributes;
+
+    fn make_bounded(max_handshakes: usize, connect_timeout: Duration) -> RdmaVan {
+        let mut options = options(128, 16);
+        options.settings.max_handshakes = max_handshakes;
+        options.connect_timeout = connect_timeout;
+        RdmaVan::new(options).unwrap_or_else(|e| panic!("RDMA van: {e}"))
+    }
+
+    fn side_channel(peer: &testkit::Peer<RdmaVan>) -> SocketAddr {
+        peer.node.endpoints[0].address.parse().unwrap()
+    }
+
+    /// Attributes a real dialer on this device could send (its GID, so moving a queue pair
+    /// to RTR towards it succeeds), for a queue pair that never answers.
+    fn stalled_dialer_attributes() -> [u8; QpAttributes::LEN] {
+        let device = van_rdma::device::open(&RdmaSettings::default()).unwrap();
+        QpAttributes {
+            qpn: 0x00ab_cdef,
+            psn: 1,
+            lid: device.lid,
+            mtu: u8::try_from(device.mtu).unwrap(),
+            gid: device.gid.raw,
+            rx_depth: 128,
+            slot_bytes: 8192,
+        }
+        .encode()
+    }
+
+    /// Polls `value` every 10 ms for `period` and returns the largest value seen.
+    async fn largest_over(period: Duration, value: impl Fn() -> usize) -> usize {
+        let end = tokio::time::Instant::now() + period;
+        let mut largest = value();
+        while tokio::time::Instant::now() < end {
+            largest = largest.max(value());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        largest
+    }
+
+    /// Waits (at most 60 s: queue pairs are slow to create in an emulated guest) until
+    /// `done`.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Side channels that send nothing get no queue pair (the van reads the dialer's
+    /// attributes first), and hold no turn: with one turn and a dozen of them open, a real
+    /// peer connects at once.
+    #[test]
+    fn idle_side_channels_get_no_queue_pair_and_hold_no_turn() {
+        if !device_here() {
+            return;
+        }
+        testkit::run(async {
+            let make = || make_bounded(1, Duration::from_secs(30));
+            let mut b = testkit::start(&make, 8).await;
+            let mut idle = Vec::new();
+            for _ in 0..12 {
+                idle.push(TcpStream::connect(side_channel(&b)).await.unwrap());
+            }
+            let largest =
+                largest_over(Duration::from_secs(2), || b.van.handshakes_in_progress()).await;
+            assert_eq!(largest, 0, "idle side channels got queue pairs");
+            let a = testkit::start(&make, 9).await;
+            testkit::connect(&a, &b).await;
+            testkit::send(&*a.van, numbered(9, 8, 1, 100)).await;
+            check_numbered(&expect_message(&mut b.inbox).await, 9, 1);
+            assert_eq!(b.van.handshakes_in_progress(), 0);
+            drop(idle);
+        });
+    }
+
+    /// 140 dialers send their attributes and stall: 2 handshakes (the bound) hold a queue
+    /// pair at a time, 128 (64 per turn) wait for a turn, the other 10 are closed at once;
+    /// once the dialers go, every handshake ends and a real peer connects.
+    #[test]
+    fn a_burst_of_handshakes_holds_at_most_the_bound() {
+        if !device_here() {
+            return;
+        }
+        testkit::run(async {
+            const BOUND: usize = 2;
+            const BURST: usize = 140;
+            let make = || make_bounded(BOUND, Duration::from_secs(60));
+            let mut b = testkit::start(&make, 8).await;
+            let attributes = stalled_dialer_attributes();
+            let mut burst = Vec::with_capacity(BURST);
+            for _ in 0..BURST {
+                let mut socket = TcpStream::connect(side_channel(&b)).await.unwrap();
+                socket.write_all(&attributes).await.unwrap();
+                burst.push(socket);
+            }
+            until("the bound's handshakes", || {
+                b.van.handshakes_in_progress() >= BOUND
+            })
+            .await;
+            let largest =
+                largest_over(Duration::from_secs(2), || b.van.handshakes_in_progress()).await;
+            assert_eq!(largest, BOUND, "more handshakes than the bound");
+            // 140 - 2 with a turn - 128 waiting; a turn's place may come back a moment late.
+            until("the refusals beyond the waiting places", || {
+                b.van.refused_connections() >= 10
+            })
+            .await;
+            let refused = b.van.refused_connections();
+            eprintln!("{largest} handshakes in progress at most, {refused} refused");
+            assert!(
+                (10..=12).contains(&refused),
+                "{refused} refused, 10 expected"
+            );
+
+            // The dialers give up: the handshakes with a turn fail, the waiting ones are
+            // dropped without a queue pair, and a real peer connects.
+            drop(burst);
+            until("every handshake's end", || {
+                b.van.handshakes_in_progress() == 0
+            })
+            .await;
+            let a = testkit::start(&make, 9).await;
+            testkit::connect(&a, &b).await;
+            testkit::send(&*a.van, numbered(9, 8, 1, 100)).await;
+            check_numbered(&expect_message(&mut b.inbox).await, 9, 1);
+        });
+    }
+}

@@ -81,8 +81,8 @@ mod variables; // `VARIABLES`: every variable, its default and effect
 pub use builder::ConfigBuilder;
 pub use error::ConfigError;
 pub use rdma::{
-    RdmaFallback, RdmaMode, RdmaSettings, DEFAULT_RDMA_POOL_BYTES, DEFAULT_RDMA_RX_DEPTH,
-    DEFAULT_RDMA_START_DEPTH,
+    RdmaFallback, RdmaMode, RdmaSettings, DEFAULT_RDMA_MAX_HANDSHAKES, DEFAULT_RDMA_POOL_BYTES,
+    DEFAULT_RDMA_RX_DEPTH, DEFAULT_RDMA_START_DEPTH,
 };
 pub use tensorflow::DEFAULT_ENDPOINT_MAP;
 pub use variables::{EnvVar, VARIABLES};

@@ -34,6 +34,10 @@ pub const DEFAULT_RDMA_RX_DEPTH: u32 = 128;
 pub const DEFAULT_RDMA_START_DEPTH: u32 = 16;
 /// Default registered memory an RDMA van keeps for reuse (`VANS_RDMA_POOL_BYTES`).
 pub const DEFAULT_RDMA_POOL_BYTES: usize = 256 << 20;
+/// Default accepted RDMA handshakes that may hold a queue pair and rings at once
+/// (`VANS_RDMA_MAX_HANDSHAKES`): with the default depths each holds 2 MiB of registered rings,
+/// so a burst of connections locks at most 32 MiB before any of them is established.
+pub const DEFAULT_RDMA_MAX_HANDSHAKES: usize = 16;
 
 /// Settings of the RDMA van (`VANS_RDMA_*`, and BytePS's `BYTEPS_RDMA_*` names).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +55,9 @@ pub struct RdmaSettings {
     pub start_depth: u32,
     /// `VANS_RDMA_POOL_BYTES`: registered memory kept for reuse.
     pub pool_bytes: usize,
+    /// `VANS_RDMA_MAX_HANDSHAKES`: accepted connections whose queue pair and rings may exist
+    /// at once before their handshake completes; more wait for a turn.
+    pub max_handshakes: usize,
 }
 
 impl Default for RdmaSettings {
@@ -62,6 +69,7 @@ impl Default for RdmaSettings {
             rx_depth: DEFAULT_RDMA_RX_DEPTH,
             start_depth: DEFAULT_RDMA_START_DEPTH,
             pool_bytes: DEFAULT_RDMA_POOL_BYTES,
+            max_handshakes: DEFAULT_RDMA_MAX_HANDSHAKES,
         }
     }
 }

@@ -168,6 +168,9 @@ impl Vars {
         if let Some(n) = self.number::<usize>("VANS_RDMA_POOL_BYTES", "a whole number of bytes")? {
             r.pool_bytes = n;
         }
+        if let Some(n) = self.positive("VANS_RDMA_MAX_HANDSHAKES")? {
+            r.max_handshakes = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         Ok(r)
     }
 }
@@ -244,6 +247,7 @@ mod tests {
             ("VANS_RDMA_DEVICE", "rxe0"),
             ("VANS_RDMA_FALLBACK", "tcp"),
             ("VANS_RDMA_POOL_BYTES", "1048576"),
+            ("VANS_RDMA_MAX_HANDSHAKES", "4"),
         ])
         .unwrap();
         assert_eq!(
@@ -255,6 +259,7 @@ mod tests {
                 rx_depth: 256,
                 start_depth: 8,
                 pool_bytes: 1 << 20,
+                max_handshakes: 4,
             }
         );
         // Ours and BytePS's names may both be set when they agree.
@@ -266,6 +271,8 @@ mod tests {
         assert!(message.contains("from 4 to 32768"), "{message}");
         let message = err(&[("BYTEPS_RDMA_START_DEPTH", "0")]);
         assert!(message.contains("VANS_RDMA_START_DEPTH"), "{message}");
+        let message = err(&[("VANS_RDMA_MAX_HANDSHAKES", "0")]);
+        assert!(message.contains("VANS_RDMA_MAX_HANDSHAKES"), "{message}");
         let message = err(&[("VANS_RDMA_FALLBACK", "udp")]);
         assert!(message.contains("`tcp`"), "{message}");
     }

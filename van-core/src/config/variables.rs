@@ -324,6 +324,16 @@ pub const VARIABLES: &[EnvVar] = &[
                  `Postoffice::alloc`); more is registered on demand and released after use; \
                  the memlock limit must allow it",
     },
+    EnvVar {
+        name: "VANS_RDMA_MAX_HANDSHAKES",
+        default: "16",
+        effect: "accepted RDMA connections that may hold a queue pair and registered rings at \
+                 once before their handshake completes (each holds 2 × VANS_RDMA_RX_DEPTH × 8 \
+                 KiB, 2 MiB by default); an accepted connection gets one only once it has sent \
+                 its queue-pair attributes, and more wait for a turn within the connect \
+                 timeout (up to 64 per turn; more are closed at once), so a burst of \
+                 connections cannot exhaust the memlock limit; at least 1",
+    },
 ];
 
 /// The `'static` name of a variable vans reads, or `None`.
