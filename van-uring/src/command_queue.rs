@@ -54,7 +54,8 @@ pub(crate) struct CommandQueue {
     armed: AtomicBool,
     /// Something was posted since the thread last looked.
     work: AtomicBool,
-    commands: Mutex<Vec<Command>>,
+    /// `None` once the loop has ended: nothing posted later would ever be read.
+    commands: Mutex<Option<Vec<Command>>>,
     /// Connections whose send queue has frames (their queue's waker fired).
     ready: Mutex<Vec<u64>>,
     /// The loop's task, when it runs on a runtime and waits (see [`CommandQueue::arm_task`]).
@@ -83,7 +84,7 @@ impl CommandQueue {
             eventfd,
             armed: AtomicBool::new(false),
             work: AtomicBool::new(false),
-            commands: Mutex::new(Vec::new()),
+            commands: Mutex::new(Some(Vec::new())),
             ready: Mutex::new(Vec::new()),
             task: Mutex::new(None),
         })
@@ -94,10 +95,19 @@ impl CommandQueue {
         self.eventfd.as_raw_fd()
     }
 
-    /// Posts a command and wakes the thread.
-    pub(crate) fn post(&self, command: Command) {
-        lock(&self.commands).push(command);
+    /// Posts a command and wakes the thread; gives it back when the loop has ended.
+    pub(crate) fn post(&self, command: Command) -> Result<(), Command> {
+        match lock(&self.commands).as_mut() {
+            Some(commands) => commands.push(command),
+            None => return Err(command),
+        }
         self.wake();
+        Ok(())
+    }
+
+    /// The loop has ended: later posts are refused; returns what was posted and never read.
+    pub(crate) fn close(&self) -> Vec<Command> {
+        lock(&self.commands).take().unwrap_or_default()
     }
 
     /// Marks connection `id` ready to send and wakes the thread.
@@ -162,7 +172,9 @@ impl CommandQueue {
 
     /// Takes the posted commands.
     pub(crate) fn take_commands(&self, into: &mut Vec<Command>) {
-        std::mem::swap(&mut *lock(&self.commands), into);
+        if let Some(commands) = lock(&self.commands).as_mut() {
+            std::mem::swap(commands, into);
+        }
     }
 
     /// Takes the ready connections.

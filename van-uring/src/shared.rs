@@ -125,15 +125,26 @@ impl Shared {
         peer: Option<NodeId>,
     ) -> Option<usize> {
         let new = self.new_connection(stream, remote, peer)?;
+        let id = new.id;
         let thread = self.pick_thread();
-        self.command_queues.get(thread)?.post(Command::Adopt(new));
+        let posted = match self.command_queues.get(thread) {
+            Some(queue) => queue.post(Command::Adopt(new)).is_ok(),
+            None => false,
+        };
+        if !posted {
+            // The loop has ended (its runtime is gone): the socket closes as the command
+            // drops, and the table forgets the connection.
+            self.links.closed(id, "the io_uring loop has ended");
+            return None;
+        }
         Some(thread)
     }
 
     /// Tells every I/O thread to stop (see [`Command::Stop`]).
     pub(crate) fn stop_threads(&self, flush: bool, deadline: Instant) {
         for command_queue in &self.command_queues {
-            command_queue.post(Command::Stop { flush, deadline });
+            // A loop that has ended has nothing left to stop.
+            let _ = command_queue.post(Command::Stop { flush, deadline });
         }
     }
 }

@@ -228,7 +228,8 @@ impl Van for IoUringVan {
             .map_err(bind_error)?;
         let local = listener.local_addr().map_err(bind_error)?;
         for command_queue in &self.shared.command_queues {
-            command_queue.post(Command::Inbox(inbox.clone()));
+            // A loop that has ended takes no connections either (see `Shared::adopt`).
+            let _ = command_queue.post(Command::Inbox(inbox.clone()));
         }
         // Accepting (and authenticating) runs on the runtime; each connection is then handed
         // to a ring, as a dialed one is.

@@ -186,8 +186,17 @@ impl Worker {
     ///
     /// Dropped unfinished (the runtime shut down first), it frees nothing the kernel may
     /// still write: the ring, its buffers and its connections are leaked instead.
-    pub(crate) async fn run_task(self, done: oneshot::Sender<()>) {
-        let mut guard = Unfinished(Some(self));
+    ///
+    /// The guard is taken before the first poll: a loop whose runtime ends before it ever
+    /// ran still refuses the connections posted to it.
+    pub(crate) fn run_task(
+        self,
+        done: oneshot::Sender<()>,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        Worker::drive(Unfinished(Some(self)), done)
+    }
+
+    async fn drive(mut guard: Unfinished, done: oneshot::Sender<()>) {
         let Some(worker) = guard.0.as_mut() else {
             return;
         };
@@ -728,7 +737,21 @@ impl Worker {
         done
     }
 
+    /// The loop is over: connections posted to it and never adopted are closed and
+    /// forgotten, and later posts are refused (see [`CommandQueue::close`]).
+    fn refuse_commands(&self) {
+        for command in self.command_queue.close() {
+            if let Command::Adopt(new) = command {
+                debug!(remote = %new.remote, "closing a connection posted to an ended loop");
+                self.shared
+                    .links
+                    .closed(new.id, "the io_uring loop has ended");
+            }
+        }
+    }
+
     fn teardown(mut self) {
+        self.refuse_commands();
         if self.eventfd_armed {
             self.cancel(user_data(K_EVENTFD, 0, 0), 0);
         }
@@ -806,6 +829,7 @@ impl Drop for Unfinished {
                 index = worker.index,
                 "io_uring loop dropped unfinished; leaking its ring"
             );
+            worker.refuse_commands();
             std::mem::forget(worker);
         }
     }

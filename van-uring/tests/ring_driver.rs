@@ -87,3 +87,61 @@ async fn a_single_threaded_runtime_drives_its_rings() {
     a.stop().await.unwrap_or_else(|e| panic!("{e}"));
     b.stop().await.unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// A van whose runtime (and so whose ring loops) has ended cannot hand a new connection to a
+/// loop: the dial fails and the socket is closed, instead of a connection nobody serves
+/// staying open (the peer would wait on it for ever).
+#[test]
+fn a_connection_for_a_loop_that_ended_is_closed_and_the_dial_fails() {
+    use std::io::Read;
+    use van_core::{Endpoint, Node, Role, Van, VanKind};
+    let van = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"))
+        .block_on(async {
+            let van = van_uring::IoUringVan::new(van_uring::UringOptions::default())
+                .unwrap_or_else(|e| panic!("io_uring van: {e}"));
+            let (inbox, _) = van_core::inbox(4);
+            van.bind("127.0.0.1", 0, inbox)
+                .await
+                .unwrap_or_else(|e| panic!("bind: {e}"));
+            van
+        });
+    // That runtime is gone, and its loops with it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let mut peer = Node::new(Role::Server, "127.0.0.1", port).with_id(8);
+    peer.endpoints
+        .push(Endpoint::stream(VanKind::Uring, "127.0.0.1", port));
+    let dialed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"))
+        .block_on(van.connect(&peer));
+    assert!(dialed.is_err(), "a dial handed to an ended loop succeeded");
+    listener
+        .set_nonblocking(true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut accepted = loop {
+        match listener.accept() {
+            Ok((accepted, _)) => break accepted,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Err(e) => panic!("the dial never reached the peer: {e}"),
+        }
+    };
+    accepted
+        .set_nonblocking(false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    accepted
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut byte = [0u8; 1];
+    match accepted.read(&mut byte) {
+        Ok(0) => {}
+        other => panic!("the connection stayed open: {other:?}"),
+    }
+}
