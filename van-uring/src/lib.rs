@@ -85,6 +85,10 @@ mod van;
 #[cfg(target_os = "linux")]
 mod worker;
 
+/// Events a ring loop gathers for the inbox before it hands them over (more arrive with the
+/// last completions it takes: one completion can hold a buffer full of small messages).
+pub const MAX_BATCH_EVENTS: usize = 4096;
+
 #[cfg(target_os = "linux")]
 pub use error::{UringError, FALLBACK_SETTING, MIN_KERNEL};
 #[cfg(target_os = "linux")]

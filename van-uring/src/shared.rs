@@ -31,6 +31,7 @@ pub(crate) struct Stats {
     pub(crate) zc_sends: AtomicU64,
     pub(crate) zc_copied: AtomicU64,
     pub(crate) large_copied: AtomicU64,
+    pub(crate) largest_batch: AtomicUsize,
     pub(crate) ring_lent: Vec<AtomicUsize>,
 }
 
@@ -44,6 +45,7 @@ impl Stats {
             zc_sends: AtomicU64::new(0),
             zc_copied: AtomicU64::new(0),
             large_copied: AtomicU64::new(0),
+            largest_batch: AtomicUsize::new(0),
             ring_lent: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
         }
     }

@@ -38,6 +38,9 @@ pub struct UringStats {
     /// Bytes of large frames copied out of provided receive buffers rather than received
     /// straight into the frame's own buffer (only a frame's first chunk should be).
     pub large_copied: u64,
+    /// Most events handed to the inbox in one batch so far (bounded: under a continuous flood
+    /// a ring delivers what it has every [`MAX_BATCH_EVENTS`](crate::MAX_BATCH_EVENTS) or so).
+    pub largest_batch: usize,
 }
 
 /// A van over TCP sockets driven by io_uring; see the [crate docs](crate).
@@ -164,6 +167,7 @@ impl IoUringVan {
             zc_sends: stats.zc_sends.load(Ordering::Relaxed),
             zc_copied: stats.zc_copied.load(Ordering::Relaxed),
             large_copied: stats.large_copied.load(Ordering::Relaxed),
+            largest_batch: stats.largest_batch.load(Ordering::Relaxed),
         }
     }
 

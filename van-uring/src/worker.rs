@@ -44,6 +44,7 @@ use crate::command_queue::{Command, CommandQueue, DeliveryWaker, NewConnection, 
 use crate::error::{setup_failed, UringError};
 use crate::reassembly::Reassembly;
 use crate::shared::Shared;
+use crate::MAX_BATCH_EVENTS;
 
 mod recv;
 mod send;
@@ -57,6 +58,8 @@ use state::{
 /// Send slots per connection: one send in flight, the others zero-copy sends waiting for
 /// their notification.
 const SEND_SLOTS: usize = 16;
+/// Completions handled between checks of the batch's size.
+const REAP_CHUNK: usize = 8;
 /// How often a stopping loop looks whether flushed connections were acknowledged.
 const ACK_POLL: Duration = Duration::from_millis(1);
 /// After stop gave up on flushing, how long the kernel has to return every buffer.
@@ -408,13 +411,22 @@ impl Worker {
         self.command_queue.disarm();
     }
 
+    /// Handles completions until none is left, or until the batch of events for the inbox
+    /// is full: under a continuous flood every buffer given back is filled again at once, so
+    /// an unbounded reap would grow the batch (and starve sends) for as long as the flood
+    /// lasts. While a delivery is pending, buffers are held (see `BufRing::hold`), so the
+    /// completions left are bounded by the buffers and are all taken.
     fn reap(&mut self) {
         loop {
+            if self.delivering.is_none() && self.batch.len() >= MAX_BATCH_EVENTS {
+                return;
+            }
             let mut cqes = std::mem::take(&mut self.cqes);
             cqes.clear();
             cqes.extend(
                 self.ring
                     .completion()
+                    .take(REAP_CHUNK)
                     .map(|c| (c.user_data(), c.result(), c.flags())),
             );
             if cqes.is_empty() {
@@ -628,6 +640,10 @@ impl Worker {
         };
         let inbox = inbox.clone();
         let batch = std::mem::take(&mut self.batch);
+        self.shared
+            .stats
+            .largest_batch
+            .fetch_max(batch.len(), Ordering::Relaxed);
         let mut delivery: Delivery = Box::pin(async move { inbox.deliver(batch).await });
         let mut cx = Context::from_waker(&self.delivery_waker);
         match delivery.as_mut().poll(&mut cx) {
