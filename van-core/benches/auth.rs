@@ -26,7 +26,10 @@ fn connect(c: &mut Criterion) {
         .sample_size(20);
     for (name, secret) in [
         ("plain", None),
-        ("authenticated", Some(ClusterSecret::new("0123456789abcdef0123").unwrap())),
+        (
+            "authenticated",
+            Some(ClusterSecret::new("0123456789abcdef0123").unwrap()),
+        ),
     ] {
         let gate = Gate::new(secret, Duration::from_secs(5));
         let (listener, address) = rt.block_on(async {
