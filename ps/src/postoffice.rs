@@ -299,8 +299,9 @@ impl Postoffice {
             let mut attempts = 0u32;
             while let Err(e) = self.inner.router.connect(&scheduler).await {
                 // A scheduler that refuses our secret will not accept it on a retry: say why
-                // now instead of at the bootstrap deadline.
-                if matches!(e, PsError::Van(van_core::VanError::Unauthenticated { .. })) {
+                // now instead of at the bootstrap deadline. A handshake that merely did not
+                // finish (timeout, closed, busy) may succeed next time.
+                if is_final_refusal(&e) {
                     return Err(e);
                 }
                 attempts += 1;
@@ -875,6 +876,21 @@ fn host_scheduler(config: &Config) -> JoinHandle<Result<()>> {
     tokio::spawn(async move { Box::pin(Postoffice::start(config)).await?.finalize().await })
 }
 
+/// Whether `e` is a handshake answer that no retry can change: the scheduler holds another
+/// secret, speaks another handshake version, or does not authenticate at all. A handshake
+/// cut short (timeout, closed connection, I/O error, too many pending from our address) is
+/// not: the scheduler may be starting or busy, so bootstrap keeps trying.
+fn is_final_refusal(e: &PsError) -> bool {
+    use van_core::auth::AuthError;
+    matches!(
+        e,
+        PsError::Van(van_core::VanError::Unauthenticated {
+            source: AuthError::WrongSecret | AuthError::Version(_) | AuthError::NotAuthenticating,
+            ..
+        })
+    )
+}
+
 fn endpoint_port(endpoint: &van_core::Endpoint) -> u16 {
     endpoint
         .address
@@ -899,5 +915,40 @@ fn control_message(recipient: NodeId, cmd: Command, request: bool) -> Message {
             ..Meta::default()
         },
         data: van_core::Parts::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use van_core::auth::AuthError;
+    use van_core::{VanError, VanKind};
+
+    use super::*;
+
+    fn refused(source: AuthError) -> PsError {
+        PsError::Van(VanError::Unauthenticated {
+            kind: VanKind::Tcp,
+            peer: node_ids::SCHEDULER,
+            address: "127.0.0.1:1".into(),
+            source,
+        })
+    }
+
+    #[test]
+    fn only_final_handshake_answers_stop_bootstrap() {
+        assert!(is_final_refusal(&refused(AuthError::WrongSecret)));
+        assert!(is_final_refusal(&refused(AuthError::Version(2))));
+        assert!(is_final_refusal(&refused(AuthError::NotAuthenticating)));
+        for transient in [
+            AuthError::Timeout(Duration::from_secs(10)),
+            AuthError::Closed,
+            AuthError::Io(std::io::ErrorKind::ConnectionReset.into()),
+            AuthError::TooManyPending { count: 8, max: 8 },
+        ] {
+            assert!(!is_final_refusal(&refused(transient)));
+        }
+        assert!(!is_final_refusal(&PsError::Stopped));
     }
 }
