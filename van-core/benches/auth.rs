@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use tokio::net::{TcpListener, TcpStream};
-use van_core::auth::{ClusterSecret, Gate, Side};
+use van_core::auth::{AuthOptions, ClusterSecret, Gate, Side};
 
 fn connect(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -31,7 +31,10 @@ fn connect(c: &mut Criterion) {
             Some(ClusterSecret::new("0123456789abcdef0123").unwrap()),
         ),
     ] {
-        let gate = Gate::new(secret, Duration::from_secs(5));
+        let gate = Gate::new(AuthOptions {
+            secret,
+            ..AuthOptions::default()
+        });
         let (listener, address) = rt.block_on(async {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let address = listener.local_addr().unwrap();

@@ -41,7 +41,7 @@ pub const MIN_SECRET_BYTES: usize = 16;
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The first bytes of a hello.
-pub const HELLO_MAGIC: [u8; 8] = *b"VANSAUTH";
+const HELLO_MAGIC: [u8; 8] = *b"VANSAUTH";
 const VERSION: u16 = 1;
 const NONCE_LEN: usize = 32;
 const HELLO_LEN: usize = HELLO_MAGIC.len() + 4 + NONCE_LEN;
@@ -282,33 +282,39 @@ impl AuthOptions {
             max_pending_per_address: config.max_pending_per_address,
         }
     }
-
-    /// Options with `secret` and the defaults otherwise.
-    pub fn with_secret(secret: ClusterSecret) -> AuthOptions {
-        AuthOptions {
-            secret: Some(secret),
-            ..AuthOptions::default()
-        }
-    }
 }
 
-/// Where a van's new connections are admitted: the secret (if any), the handshake timeout,
-/// the bound on connections authenticating at once per address, and the record of refusals.
-/// Clones share the record.
+/// Where a van's new connections are admitted: its [`AuthOptions`] and the record of
+/// connections authenticating and refused. Clones share the record.
 #[derive(Debug, Clone)]
 pub struct Gate {
-    secret: Option<ClusterSecret>,
-    timeout: Duration,
-    max_pending_per_address: usize,
+    options: AuthOptions,
     record: Arc<Record>,
 }
 
 #[derive(Debug, Default)]
 struct Record {
     refused: AtomicU64,
+    /// Refusals per address, for logging the first one loudly; at most
+    /// [`REMEMBERED_ADDRESSES`] addresses are remembered.
     by_address: Mutex<HashMap<String, u64>>,
-    pending: Mutex<HashMap<IpAddr, usize>>,
+    pending: Mutex<Places>,
 }
+
+/// Connections authenticating now, per address and in all.
+#[derive(Debug, Default)]
+struct Places {
+    by_address: HashMap<IpAddr, usize>,
+    total: usize,
+}
+
+/// Addresses whose refusals are counted for the log; beyond them refusals are logged at
+/// debug level and only counted in all, so that a flood from many addresses cannot grow the
+/// record without bound.
+const REMEMBERED_ADDRESSES: usize = 1024;
+/// Connections authenticating at once from all addresses together, in multiples of the
+/// per-address bound.
+const PENDING_TOTAL_FACTOR: usize = 16;
 
 /// One connection authenticating; releases its place when dropped.
 #[derive(Debug)]
@@ -319,11 +325,12 @@ pub struct Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let mut pending = lock(&self.record.pending);
-        if let Some(n) = pending.get_mut(&self.address) {
+        let mut places = lock(&self.record.pending);
+        places.total = places.total.saturating_sub(1);
+        if let Some(n) = places.by_address.get_mut(&self.address) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                pending.remove(&self.address);
+                places.by_address.remove(&self.address);
             }
         }
     }
@@ -338,36 +345,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub const DEFAULT_MAX_PENDING_PER_ADDRESS: usize = 64;
 
 impl Gate {
-    /// A gate that authenticates with `secret` (none: admits every connection at once).
-    pub fn new(secret: Option<ClusterSecret>, timeout: Duration) -> Gate {
+    /// The gate `options` describe.
+    pub fn new(options: AuthOptions) -> Gate {
         Gate {
-            secret,
-            timeout,
-            max_pending_per_address: DEFAULT_MAX_PENDING_PER_ADDRESS,
+            options,
             record: Arc::default(),
         }
     }
 
-    /// The gate a van's [`AuthOptions`] describe.
-    pub fn from_options(options: &AuthOptions) -> Gate {
-        Gate::new(options.secret.clone(), options.handshake_timeout)
-            .max_pending_per_address(options.max_pending_per_address)
-    }
-
-    /// Sets how many connections one address may have authenticating at once.
-    pub fn max_pending_per_address(mut self, max: usize) -> Gate {
-        self.max_pending_per_address = max.max(1);
-        self
-    }
-
     /// Whether connections must authenticate.
     pub fn requires_auth(&self) -> bool {
-        self.secret.is_some()
+        self.options.secret.is_some()
     }
 
     /// Warns when a node without a secret listens where others can reach it.
     pub fn warn_if_open(&self, host: &str) {
-        if self.secret.is_some() {
+        if self.requires_auth() {
             return;
         }
         let loopback =
@@ -382,22 +375,34 @@ impl Gate {
     }
 
     /// Takes a place for a connection from `address` that is about to authenticate, or
-    /// refuses it when that address already has its limit authenticating (a flood of idle
-    /// connections then cannot hold a node's listener).
+    /// refuses it when that address already has its bound authenticating, or all addresses
+    /// together have [`PENDING_TOTAL_FACTOR`] times that (a flood of idle connections, from
+    /// one address or many, then cannot hold a node's listener or its descriptors).
     pub fn admit(&self, address: IpAddr) -> Result<Pending, AuthError> {
-        let mut pending = lock(&self.record.pending);
-        let count = pending.entry(address).or_insert(0);
-        if *count >= self.max_pending_per_address {
-            let count = *count;
-            drop(pending);
-            let error = AuthError::TooManyPending {
+        let per_address = self.options.max_pending_per_address.max(1);
+        let total = per_address.saturating_mul(PENDING_TOTAL_FACTOR);
+        let mut places = lock(&self.record.pending);
+        let count = places.by_address.get(&address).copied().unwrap_or(0);
+        let refusal = if count >= per_address {
+            Some(AuthError::TooManyPending {
                 count,
-                max: self.max_pending_per_address,
-            };
-            self.refused(&address, &error);
+                max: per_address,
+            })
+        } else if places.total >= total {
+            Some(AuthError::TooManyPending {
+                count: places.total,
+                max: total,
+            })
+        } else {
+            None
+        };
+        if let Some(error) = refusal {
+            drop(places);
+            self.refuse(&address, &error);
             return Err(error);
         }
-        *count += 1;
+        *places.by_address.entry(address).or_insert(0) += 1;
+        places.total += 1;
         Ok(Pending {
             record: Arc::clone(&self.record),
             address,
@@ -406,7 +411,7 @@ impl Gate {
 
     /// Authenticates a new connection from or to `peer` (its address, for the log) as `side`
     /// within the timeout (at once without a secret). A refusal of an accepted connection is
-    /// logged, once per address at `warn` (then at `debug`), and counted.
+    /// recorded (see [`refuse`](Self::refuse)).
     pub async fn authenticate<S>(
         &self,
         stream: &mut S,
@@ -416,36 +421,48 @@ impl Gate {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let Some(secret) = &self.secret else {
+        let Some(secret) = &self.options.secret else {
             return Ok(());
         };
-        let result = match tokio::time::timeout(self.timeout, handshake(stream, secret, side)).await
-        {
+        let timeout = self.options.handshake_timeout;
+        let result = match tokio::time::timeout(timeout, handshake(stream, secret, side)).await {
             Ok(result) => result,
-            Err(_) => Err(AuthError::Timeout(self.timeout)),
+            Err(_) => Err(AuthError::Timeout(timeout)),
         };
         if let Err(e) = &result {
             if side == Side::Acceptor {
-                self.refused(peer, e);
+                self.refuse(peer, e);
             }
         }
         result
     }
 
-    fn refused(&self, address: &dyn std::fmt::Display, error: &AuthError) {
+    /// Records a refused connection from `address`: counted, and logged at `warn` the first
+    /// time for that address (then at `debug`). Vans call it for refusals of their own too
+    /// (the RDMA van's handshake bound), so every refusal is counted and logged one way.
+    pub fn refuse(&self, address: &dyn std::fmt::Display, error: &dyn std::fmt::Display) {
         self.record.refused.fetch_add(1, Ordering::Relaxed);
         let address = address.to_string();
         let mut by_address = lock(&self.record.by_address);
-        let count = by_address.entry(address.clone()).or_insert(0);
-        *count += 1;
-        if *count == 1 {
+        let first = if let Some(count) = by_address.get_mut(&address) {
+            *count += 1;
+            false
+        } else if by_address.len() < REMEMBERED_ADDRESSES {
+            by_address.insert(address.clone(), 1);
+            true
+        } else {
+            false
+        };
+        drop(by_address);
+        if first {
             warn!(%address, "refused a connection: {error} (later refusals from this address are logged at debug level)");
         } else {
-            debug!(%address, refusals = *count, "refused a connection: {error}");
+            debug!(%address, "refused a connection: {error}");
         }
     }
 
-    /// Connections refused so far (failed authentication or over the pending limit).
+    /// Connections refused so far (failed authentication, over the pending bounds, or
+    /// recorded by the van through [`refuse`](Self::refuse)).
     pub fn refused_count(&self) -> u64 {
         self.record.refused.load(Ordering::Relaxed)
     }

@@ -78,7 +78,7 @@ impl IpcVan {
     pub fn new(options: IpcOptions) -> IpcVan {
         IpcVan {
             shared: Arc::new(Shared {
-                gate: Gate::from_options(&options.auth),
+                gate: Gate::new(options.auth.clone()),
                 options,
                 links: Links::new(VanKind::Ipc),
                 arena: OnceLock::new(),

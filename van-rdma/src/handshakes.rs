@@ -25,11 +25,10 @@
 //! cluster's size, and sharing the turns with accepted ones could deadlock two vans that dial
 //! each other while each waits for a turn the other's dial holds.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, warn};
 
 use crate::RdmaError;
 
@@ -44,7 +43,6 @@ pub(crate) struct Handshakes {
     max: usize,
     max_waiting: usize,
     in_progress: Arc<AtomicUsize>,
-    refused: AtomicU64,
 }
 
 /// An accepted connection's place among those waiting for a turn.
@@ -77,7 +75,6 @@ impl Handshakes {
             max,
             max_waiting,
             in_progress: Arc::default(),
-            refused: AtomicU64::new(0),
         }
     }
 
@@ -121,22 +118,6 @@ impl Handshakes {
     pub(crate) fn in_progress(&self) -> usize {
         self.in_progress.load(Ordering::Relaxed)
     }
-
-    /// Counts an accepted side channel closed before its handshake began, and logs why: the
-    /// first at `warn`, later ones at `debug` (a flood must not flood the log too).
-    pub(crate) fn refused(&self, error: &RdmaError) {
-        let count = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
-        if count == 1 {
-            warn!("{error} (later refusals are logged at debug level)");
-        } else {
-            debug!(refusals = count, "{error}");
-        }
-    }
-
-    /// Accepted side channels closed before their handshake began.
-    pub(crate) fn refused_count(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
 }
 
 #[cfg(test)]
@@ -169,8 +150,6 @@ mod tests {
                     "{full:?}"
                 );
                 assert!(full.to_string().contains("VANS_RDMA_MAX_HANDSHAKES"));
-                handshakes.refused(&full);
-                assert_eq!(handshakes.refused_count(), 1);
 
                 let first = handshakes.turn(places.pop().unwrap()).await.unwrap();
                 let _second = handshakes.turn(places.pop().unwrap()).await.unwrap();

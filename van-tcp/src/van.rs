@@ -188,7 +188,7 @@ impl TcpVan {
         TcpVan {
             shared: Arc::new(Shared {
                 pool: FramePool::new(options.frame_pool_bytes),
-                gate: Gate::from_options(&options.auth),
+                gate: Gate::new(options.auth.clone()),
                 options,
                 links: Links::new(VanKind::Tcp),
                 local: OnceLock::new(),

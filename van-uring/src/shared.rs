@@ -76,7 +76,7 @@ impl Shared {
         Shared {
             stats: Stats::new(command_queues.len()),
             pool: van_core::FramePool::new(options.frame_pool_bytes),
-            gate: van_core::auth::Gate::from_options(&options.auth),
+            gate: van_core::auth::Gate::new(options.auth.clone()),
             options,
             links: Links::new(VanKind::Uring),
             local: OnceLock::new(),

@@ -10,6 +10,14 @@ fn secret(s: &str) -> ClusterSecret {
     ClusterSecret::new(s).unwrap()
 }
 
+fn gate(secret: Option<ClusterSecret>, handshake_timeout: Duration) -> Gate {
+    Gate::new(AuthOptions {
+        secret,
+        handshake_timeout,
+        ..AuthOptions::default()
+    })
+}
+
 const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 async fn pair(
@@ -17,8 +25,8 @@ async fn pair(
     b: Option<ClusterSecret>,
 ) -> (Result<(), AuthError>, Result<(), AuthError>, Gate) {
     let (mut x, mut y) = duplex(4096);
-    let dialer = Gate::new(a, Duration::from_secs(5));
-    let acceptor = Gate::new(b, Duration::from_secs(5));
+    let dialer = gate(a, Duration::from_secs(5));
+    let acceptor = gate(b, Duration::from_secs(5));
     let (r1, r2) = tokio::join!(
         async {
             let r = dialer.authenticate(&mut x, Side::Dialer, &LOCAL).await;
@@ -69,7 +77,7 @@ async fn a_different_secret_is_refused_on_both_sides_and_counted() {
 #[tokio::test]
 async fn a_peer_without_a_secret_is_refused_before_its_frame_is_read() {
     let (mut x, mut y) = duplex(4096);
-    let gate = Gate::new(Some(secret("0123456789abcdef")), Duration::from_secs(5));
+    let gate = gate(Some(secret("0123456789abcdef")), Duration::from_secs(5));
     // What a node without a secret sends first: a wire frame.
     let frame =
         crate::wire::encode_to_vec(&crate::Message::default(), &crate::Limits::default()).unwrap();
@@ -83,7 +91,7 @@ async fn a_peer_without_a_secret_is_refused_before_its_frame_is_read() {
 async fn a_peer_that_closes_or_stays_silent_fails_in_time() {
     let (x, mut y) = duplex(4096);
     drop(x);
-    let gate = Gate::new(Some(secret("0123456789abcdef")), Duration::from_millis(200));
+    let gate = gate(Some(secret("0123456789abcdef")), Duration::from_millis(200));
     let r = gate.authenticate(&mut y, Side::Acceptor, &LOCAL).await;
     assert!(matches!(r, Err(AuthError::Closed)), "{r:?}");
 
@@ -113,7 +121,11 @@ async fn without_a_secret_nothing_is_exchanged() {
 
 #[test]
 fn pending_places_per_address_are_bounded_and_returned() {
-    let gate = Gate::new(None, Duration::from_secs(1)).max_pending_per_address(2);
+    let gate = Gate::new(AuthOptions {
+        secret: None,
+        handshake_timeout: Duration::from_secs(1),
+        max_pending_per_address: 2,
+    });
     let other = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
     let one = gate.admit(LOCAL).unwrap();
     let _two = gate.admit(LOCAL).unwrap();
@@ -127,6 +139,35 @@ fn pending_places_per_address_are_bounded_and_returned() {
     drop(one);
     gate.admit(LOCAL).unwrap();
     assert_eq!(gate.refused_count(), 1);
+}
+
+#[test]
+fn pending_places_are_bounded_in_all_too() {
+    let gate = Gate::new(AuthOptions {
+        max_pending_per_address: 2,
+        ..AuthOptions::default()
+    });
+    // One place each from many addresses: 16 × 2 = 32 in all, then none.
+    let places: Vec<_> = (1..=32u8)
+        .map(|i| gate.admit(IpAddr::V4(Ipv4Addr::new(10, 0, 0, i))).unwrap())
+        .collect();
+    let over = gate.admit(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)));
+    assert!(matches!(
+        over,
+        Err(AuthError::TooManyPending { count: 32, max: 32 })
+    ));
+    drop(places);
+    gate.admit(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1))).unwrap();
+}
+
+#[test]
+fn the_refusal_record_remembers_a_bounded_number_of_addresses() {
+    let gate = gate(None, Duration::from_secs(1));
+    for i in 0..5000u32 {
+        gate.refuse(&format!("10.{}.{}.1", i >> 8, i & 0xff), &"test");
+    }
+    assert_eq!(gate.refused_count(), 5000);
+    assert_eq!(gate.record.by_address.lock().unwrap().len(), 1024);
 }
 
 #[test]
