@@ -211,7 +211,7 @@ impl RdmaVan {
         info!("rdma van on {}", device.describe());
         Ok(RdmaVan {
             shared: Arc::new(Shared {
-                gate: Gate::from_options(&options.auth),
+                gate: Gate::new(options.auth.clone()),
                 handshakes: Handshakes::new(options.settings.max_handshakes),
                 options,
                 device: Arc::new(device),
@@ -231,7 +231,7 @@ impl RdmaVan {
     /// queue-pair attributes, or no turn among `VANS_RDMA_MAX_HANDSHAKES`, within the connect
     /// timeout; too many waiting already).
     pub fn refused_connections(&self) -> u64 {
-        self.shared.gate.refused_count() + self.shared.handshakes.refused_count()
+        self.shared.gate.refused_count()
     }
 
     /// Handshakes whose queue pair and rings exist but that are not connections yet, dialed
@@ -295,8 +295,8 @@ impl Shared {
     }
 
     /// Serves a side channel accepted (and authenticated, with a secret) from `from`: admits
-    /// it ([`admit`](Self::admit)), then sets it up. Refusals are counted and logged by
-    /// [`Handshakes::refused`]; a failed setup is logged.
+    /// it ([`admit`](Self::admit)), then sets it up. Refusals are counted and logged by the
+    /// gate, with those of authentication; a failed setup is logged.
     async fn serve_accepted(
         self: &Arc<Self>,
         mut stream: TcpStream,
@@ -306,7 +306,7 @@ impl Shared {
         let address = from.to_string();
         let deadline = tokio::time::Instant::now() + self.options.connect_timeout;
         match self.admit(&mut stream, &address, deadline).await {
-            Err(e) => self.handshakes.refused(&e),
+            Err(e) => self.gate.refuse(&address, &e),
             Ok((theirs, turn)) => {
                 let accepted = self.accepted(stream, theirs, deadline, inbox, &address);
                 if let Err(e) = accepted.await {
@@ -565,6 +565,9 @@ impl Van for RdmaVan {
     fn try_send(&self, msg: Message) -> Result<Option<Message>, VanError> {
         let peer = recipient_of(&msg)?;
         let link = self.shared.links.link(peer)?;
+        if !link.queue.may_take_at_once(msg.data_len()) {
+            return Ok(Some(msg));
+        }
         let frame = wire::encode(&msg, &self.shared.options.limits)?;
         if link.queue.try_push(peer, frame)?.is_some() {
             return Ok(Some(msg));

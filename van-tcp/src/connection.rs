@@ -29,7 +29,7 @@ const LARGE_FRAME_WINDOW: usize = 4 << 20;
 /// is dropped as soon as it is written, so a frame's budget comes back before the rest of the
 /// batch goes out and senders refill the queue meanwhile.
 ///
-/// Once the queue closes (a stop), it sends FIN after the data and waits up to `linger` for
+/// Once the queue closes (a stop, or the connection's end), it sends FIN after the data and waits up to `linger` for
 /// the peer to acknowledge everything: the connection closes when the writer and reader are
 /// gone, and a close with unread input would reset it and drop what is still unsent.
 pub(crate) async fn write_loop(

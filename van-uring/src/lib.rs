@@ -22,9 +22,10 @@
 //!   into the connection's pending buffer and the provided buffer goes straight back to the
 //!   ring. A frame over 32 KiB is received straight into a buffer of its own: the van
 //!   cancels the multishot receive, waits for its last completion (so the two never race for
-//!   bytes), then issues plain receives into the frame's buffer and re-arms the multishot
-//!   receive when the frame is complete — one copy, by the kernel. Every frame decoded in one
-//!   round of completions goes to the inbox as one batch.
+//!   bytes), then issues plain receives into the frame's buffer — one copy, by the kernel —
+//!   and, when the frame is complete, receives one provided buffer at a time while a large
+//!   frame may follow, else re-arms the multishot receive. The frames decoded in a round of
+//!   completions go to the inbox as one batch of at most about [`MAX_BATCH_EVENTS`].
 //! - **Sending**: `send` encodes on the caller's task (errors are returned there) into
 //!   `Bytes` parts that reference the payload, and puts them on the peer's bounded queue.
 //!   The queue's waker marks the connection ready and wakes the thread through an eventfd

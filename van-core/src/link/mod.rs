@@ -457,6 +457,13 @@ impl FrameQueue {
             })
     }
 
+    /// Whether a message of `payload` bytes is small enough that the byte budget does not
+    /// apply to its frame (so [`try_push`](Self::try_push) may take it): checked before
+    /// encoding, so a large message is not encoded twice. The frame's own check is exact.
+    pub fn may_take_at_once(&self, payload: usize) -> bool {
+        self.budget.is_exempt(payload)
+    }
+
     /// Queues `frame` for `peer` if that needs no waiting (room in the queue, and a frame
     /// small enough that the byte budget does not apply); otherwise gives it back.
     pub fn try_push(&self, peer: NodeId, frame: Frame) -> Result<Option<Frame>, VanError> {
@@ -497,6 +504,9 @@ impl Links<FrameQueue> {
     pub fn try_send(&self, msg: Message, limits: &Limits) -> Result<Option<Message>, VanError> {
         let peer = recipient_of(&msg)?;
         let queue = self.link(peer)?;
+        if !queue.may_take_at_once(msg.data_len()) {
+            return Ok(Some(msg));
+        }
         let frame = wire::encode(&msg, limits)?;
         Ok(queue.try_push(peer, frame)?.map(|_| msg))
     }

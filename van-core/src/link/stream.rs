@@ -50,13 +50,17 @@ pub async fn dial(
 /// Accepts connections on `listener` until the task is aborted. Each is authenticated through
 /// `gate` on a task of its own (so a slow or silent peer holds up nobody, and one address may
 /// have only the gate's bound authenticating at once) and then handed to `admit`; refused
-/// connections are closed, logged and counted by the gate. Without a secret `admit` runs at
-/// once, on the accepting task.
+/// connections are closed, logged and counted by the gate. The handshakes are this task's
+/// own: aborting it ends them too, so none admits a connection after a stop. Without a
+/// secret `admit` runs at once, on the accepting task.
 pub async fn serve<F>(listener: TcpListener, gate: Gate, admit: F)
 where
     F: Fn(TcpStream, SocketAddr) + Clone + Send + 'static,
 {
+    let mut handshakes = tokio::task::JoinSet::new();
     loop {
+        // Forget the handshakes that have ended.
+        while handshakes.try_join_next().is_some() {}
         let (mut stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -76,7 +80,7 @@ where
         };
         let gate = gate.clone();
         let admit = admit.clone();
-        tokio::spawn(async move {
+        handshakes.spawn(async move {
             let authenticated = gate
                 .authenticate(&mut stream, Side::Acceptor, &remote.ip())
                 .await;
@@ -95,23 +99,33 @@ where
 /// reaches the peer even when the peer's own frames are still arriving.
 pub async fn wait_sent(socket: &impl AsFd, timeout: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
+    // Loopback acknowledges at once; a distant peer takes round trips: look soon, then less
+    // often.
+    let mut pause = Duration::from_millis(1);
     loop {
         match unsent_bytes(socket) {
             Ok(0) => return true,
             Ok(_) => {}
-            // Not a socket any more, or already reset: nothing left to wait for.
+            // Not a socket any more: nothing left to wait for.
             Err(_) => return false,
         }
-        if tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
 
-/// Bytes written to `socket` that the peer has not acknowledged yet (`TIOCOUTQ`).
+/// Bytes written to `socket` that the peer has not acknowledged yet (`TIOCOUTQ`); 0 once the
+/// connection has failed (reset by the peer, timed out): the count stays where it was then,
+/// but nothing will be acknowledged any more. Takes (clears) the socket's pending error.
 pub fn unsent_bytes(socket: &impl AsFd) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
+    if socket2::SockRef::from(socket).take_error()?.is_some() {
+        return Ok(0);
+    }
     let mut bytes: libc::c_int = 0;
     // SAFETY: TIOCOUTQ writes one int through the pointer, which points at a live c_int;
     // the descriptor is borrowed for the call.

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{connect, numbered, send, start, WAIT};
+use super::{check_numbered, connect, expect_message, numbered, send, start, within, WAIT};
 use crate::van::{Event, Van};
 
 /// A sends `FRAMES` frames of 64 KiB to B and stops (flushing) while B floods A, whose inbox
@@ -18,10 +18,7 @@ pub async fn flushed_frames_survive_unread_input<V: Van + 'static>(make: &impl F
     let mut b = start(make, 8).await;
     connect(&a, &b).await;
     send(&*a.van, numbered(9, 8, 0, LEN)).await;
-    match tokio::time::timeout(WAIT, b.inbox.recv()).await {
-        Ok(Some(Event::Message(msg))) => assert_eq!(msg.meta.request_id, 0),
-        other => panic!("first frame: {other:?}"),
-    }
+    check_numbered(&expect_message(&mut b.inbox).await, 9, 0);
     // B floods A until the test ends; A never reads its inbox.
     let flood_van = b.van.clone();
     let flood = tokio::spawn(async move {
@@ -61,10 +58,7 @@ pub async fn flushed_frames_survive_unread_input<V: Van + 'static>(make: &impl F
     for seq in 1..FRAMES {
         send(&*a.van, numbered(9, 8, seq, LEN)).await;
     }
-    tokio::time::timeout(WAIT, a.van.stop())
-        .await
-        .unwrap_or_else(|_| panic!("stop did not finish"))
-        .unwrap_or_else(|e| panic!("stop failed: {e}"));
+    within(a.van.stop(), "stop").await;
     match receiver.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => panic!("{e}"),
