@@ -65,6 +65,9 @@ struct Inner {
     customers: Mutex<Customers>,
     barriers: Mutex<HashMap<i32, oneshot::Sender<Result<()>>>>,
     dead: Mutex<HashMap<NodeId, String>>,
+    /// Set when `finalize` begins: the all-nodes barrier this node now waits at is the final
+    /// one, not an ordinary `barrier(ALL_GROUPS)` of the run.
+    finalizing: AtomicBool,
     /// Set once the final barrier has released: departures are no longer failures.
     finishing: AtomicBool,
     stopped: AtomicBool,
@@ -221,6 +224,7 @@ impl Postoffice {
                 customers: Mutex::new(Customers::default()),
                 barriers: Mutex::new(HashMap::new()),
                 dead: Mutex::new(HashMap::new()),
+                finalizing: AtomicBool::new(false),
                 finishing: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
                 alloc_warned: AtomicBool::new(false),
@@ -504,7 +508,12 @@ impl Postoffice {
                         dead: control.nodes.iter().filter_map(|n| n.id).collect(),
                     })
                 };
-                if control.barrier_group == ALL_GROUPS && result.is_ok() {
+                // Only the release of finalize's barrier ends the run (peers may leave from
+                // now on, before `finalize` resumes); an ordinary all-nodes barrier does not.
+                if control.barrier_group == ALL_GROUPS
+                    && result.is_ok()
+                    && self.inner.finalizing.load(Ordering::Acquire)
+                {
                     self.inner.finishing.store(true, Ordering::Release);
                 }
                 match waiter {
@@ -611,13 +620,12 @@ impl Postoffice {
         if self.inner.scheduler.is_some() {
             let outputs = self.with_scheduler(|s| s.peer_lost(Instant::now(), peer, reason));
             self.execute(outputs).await;
-        } else if peer != node_ids::SCHEDULER
-            && lock(&self.inner.barriers).contains_key(&ALL_GROUPS)
-        {
-            // Waiting at the all-nodes barrier (finalize): a peer released before us stops in
-            // order while our release is still on its way over the scheduler link, so its close
-            // is no failure. A peer that really died is declared by the scheduler, which also
-            // fails this barrier; only the scheduler's own loss is ours to report.
+        } else if peer != node_ids::SCHEDULER && self.inner.finalizing.load(Ordering::Acquire) {
+            // Waiting at the final barrier: a peer released before us stops in order while
+            // our release is still on its way over the scheduler link, so its close is no
+            // failure. A peer that really died is declared by the scheduler, which also fails
+            // this barrier; only the scheduler's own loss is ours to report. (An ordinary
+            // `barrier(ALL_GROUPS)` of the run is no reason to stay quiet: nobody leaves there.)
             debug!(
                 peer,
                 "peer closed while this node waits at the final barrier: {reason}"
@@ -714,6 +722,7 @@ impl Postoffice {
     /// Leaves the cluster in order: a barrier of every node, a goodbye to the scheduler, then
     /// stop. The scheduler waits (bounded) for everyone's goodbye before it stops.
     pub async fn finalize(&self) -> Result<()> {
+        self.inner.finalizing.store(true, Ordering::Release);
         let barrier = self.barrier(ALL_GROUPS).await;
         self.inner.finishing.store(true, Ordering::Release);
         let goodbye = control_message(node_ids::SCHEDULER, Command::Terminate, true);
