@@ -409,6 +409,28 @@ fn response(
     }
 }
 
+/// A large request's hold on `units` of the byte budget, waiting for them (0 units: a small
+/// request, nothing to hold). Its `bytes` count in `held` while it waits, too: the message is
+/// held in memory meanwhile. Fails only if the budget was closed, which the caller answers
+/// like any request it cannot serve.
+async fn wait_for_budget(
+    budget: &Arc<Semaphore>,
+    units: u32,
+    bytes: usize,
+    held: &Arc<AtomicUsize>,
+) -> std::result::Result<Option<Arc<Hold>>, String> {
+    if units == 0 {
+        return Ok(None);
+    }
+    let mut hold = Hold::new(bytes, held);
+    let permit = Arc::clone(budget)
+        .acquire_many_owned(units)
+        .await
+        .map_err(|_| "the server is stopping (its byte budget is closed)".to_owned())?;
+    hold._permit = Some(permit);
+    Ok(Some(Arc::new(hold)))
+}
+
 /// Sends the answer to `request` on its own.
 async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<KvPairs, String>) {
     let msg = response(po, request, result);
@@ -475,20 +497,13 @@ impl Customer for ServerInner {
             return;
         }
         let units = self.units(&msg);
-        let held = if units == 0 {
-            None
-        } else {
-            // Counted while it waits, too: the message is held in memory meanwhile.
-            let mut hold = Hold::new(msg.data_len(), &self.held);
-            match Arc::clone(&self.budget).acquire_many_owned(units).await {
-                Ok(permit) => hold._permit = Some(permit),
-                Err(_) => return, // closed: the server is going away
-            }
-            Some(Arc::new(hold))
+        let routed = match wait_for_budget(&self.budget, units, msg.data_len(), &self.held).await {
+            Ok(held) => self.route(meta, &msg, held).await,
+            Err(reason) => Err(reason),
         };
         // A request that cannot be served is answered with the reason: the worker's `wait`
         // must end, and the server keeps serving everyone else.
-        if let Err(reason) = self.route(meta, &msg, held).await {
+        if let Err(reason) = routed {
             warn!("request {} from {sender}: {reason}", meta.request_id);
             respond(&self.po, &meta, Err(reason)).await;
         }
@@ -618,6 +633,31 @@ mod tests {
             customer_id: 0,
             val_type: DataType::F32,
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_waiting_for_a_closed_budget_fails_and_is_no_longer_counted() {
+        let held = Arc::new(AtomicUsize::new(0));
+        let budget = Arc::new(Semaphore::new(2));
+        let small = wait_for_budget(&budget, 0, 100, &held).await.unwrap();
+        assert!(small.is_none());
+        let big = wait_for_budget(&budget, 2, 1 << 20, &held).await.unwrap();
+        assert_eq!(held.load(Ordering::Relaxed), 1 << 20);
+        // A second large request waits; closing the budget ends the wait with an error.
+        let waiting = wait_for_budget(&budget, 1, 1 << 19, &held);
+        let closer = async {
+            tokio::task::yield_now().await;
+            assert_eq!(held.load(Ordering::Relaxed), (1 << 20) + (1 << 19));
+            budget.close();
+        };
+        let (refused, ()) = tokio::join!(waiting, closer);
+        let Err(reason) = refused else {
+            panic!("a closed budget granted a hold");
+        };
+        assert!(reason.contains("stopping"), "{reason}");
+        assert_eq!(held.load(Ordering::Relaxed), 1 << 20);
+        drop(big);
+        assert_eq!(held.load(Ordering::Relaxed), 0);
     }
 
     #[test]
