@@ -408,22 +408,26 @@ impl Van for IpcVan {
                     Ok((socket, _)) => {
                         let handshake_shared = Arc::clone(&shared);
                         let inbox = accept_inbox.clone();
-                        let handshake = tokio::spawn(async move {
-                            let shared = handshake_shared;
-                            let accepted = handshake::accept(
-                                socket,
-                                &shared.options,
-                                shared.arena.get(),
-                                &shared.gate,
-                            )
-                            .await
-                            .and_then(|established| {
-                                shared.start_connection(established, None, inbox)
+                        let handshake =
+                            tokio::spawn(async move {
+                                let shared = handshake_shared;
+                                let accepted = handshake::accept(
+                                    socket,
+                                    &shared.options,
+                                    shared.arena.get(),
+                                    &shared.gate,
+                                )
+                                .await
+                                .and_then(|established| match established {
+                                    Some(established) => {
+                                        shared.start_connection(established, None, inbox)
+                                    }
+                                    None => Ok(()), // refused by the gate, which logged it
+                                });
+                                if let Err(e) = accepted {
+                                    warn!("refused an IPC connection: {e}");
+                                }
                             });
-                            if let Err(e) = accepted {
-                                warn!("refused an IPC connection: {e}");
-                            }
-                        });
                         // Tracked so `stop` ends a handshake that never completes.
                         shared.links.track(handshake);
                     }

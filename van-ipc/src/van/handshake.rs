@@ -42,13 +42,14 @@ fn max_frame(options: &IpcOptions) -> usize {
     usize::try_from(options.limits.max_frame).unwrap_or(usize::MAX)
 }
 
-/// The listener side of the socket handshake.
+/// The listener side of the socket handshake; `None` when the gate refused the peer (it logs
+/// and counts that itself).
 pub(super) async fn accept(
     mut socket: UnixStream,
     options: &IpcOptions,
     arena: Option<&Arc<Arena>>,
     gate: &Gate,
-) -> Result<Established, VanError> {
+) -> Result<Option<Established>, VanError> {
     // Abstract sockets ignore file permissions: only our own user may connect.
     let credentials = socket
         .peer_cred()
@@ -64,10 +65,16 @@ pub(super) async fn accept(
         ));
     }
     // The cluster secret, before any descriptor is taken.
-    let peer = format!("pid {}", credentials.pid().unwrap_or(0));
-    gate.authenticate(&mut socket, Side::Acceptor, &peer)
+    // Only this user's processes get this far: one label for all of them, so the gate logs
+    // the first refusal loudly and counts the rest.
+    let peer = format!("uid {}", credentials.uid());
+    if gate
+        .authenticate(&mut socket, Side::Acceptor, &peer)
         .await
-        .map_err(|e| io_error("IPC authentication", format!("{peer}: {e}")))?;
+        .is_err()
+    {
+        return Ok(None); // counted and logged by the gate
+    }
     let fds = receive(&socket, [3, 5]).await.map_err(|e| {
         io_error(
             "IPC handshake",
@@ -99,7 +106,7 @@ pub(super) async fn accept(
     producer.set_consumer_doorbell(
         Doorbell::from_peer(their_bell).map_err(|e| io_error("IPC handshake", e))?,
     );
-    Ok(Established {
+    Ok(Some(Established {
         watch: Watch::Socket(socket),
         producer,
         consumer,
@@ -108,7 +115,7 @@ pub(super) async fn accept(
             ours: table,
             theirs: peer_arena,
         },
-    })
+    }))
 }
 
 /// Dials an abstract-socket address (`@name`) and hands over the rings.
@@ -136,27 +143,20 @@ pub(super) async fn dial_socket(
     let name = name.to_owned();
     let ring_bytes = options.ring_bytes;
     let max_frame = max_frame(options);
-    let setup = tokio::task::spawn_blocking(move || {
+    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    let dial = tokio::task::spawn_blocking(move || {
         let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
         let socket = std::os::unix::net::UnixStream::connect_addr(&address)?;
         socket.set_nonblocking(true)?;
-        let ring = |e: crate::IpcError| std::io::Error::other(e.to_string());
-        let outgoing =
-            create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
-        let incoming =
-            create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
-        let producer = Producer::new(Arc::clone(&outgoing), false).map_err(ring)?;
-        let mut consumer = Consumer::new(Arc::clone(&incoming), false).map_err(ring)?;
-        consumer.set_max_message(max_frame);
-        Ok::<_, std::io::Error>((socket, outgoing, incoming, producer, consumer))
+        Ok::<_, std::io::Error>(socket)
     });
-    let (socket, outgoing, incoming, mut producer, consumer) =
-        tokio::time::timeout(CONNECT_TIMEOUT, setup)
-            .await
-            .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
-            .map_err(|e| connect_error(std::io::Error::other(e.to_string())))?
-            .map_err(connect_error)?;
+    let socket = tokio::time::timeout_at(deadline, dial)
+        .await
+        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(|e| connect_error(std::io::Error::other(e.to_string())))?
+        .map_err(connect_error)?;
     let mut socket = UnixStream::from_std(socket).map_err(connect_error)?;
+    // Authenticated before any ring is created: a refused dial costs no shared memory.
     gate.authenticate(&mut socket, Side::Dialer, &address)
         .await
         .map_err(|source| VanError::Unauthenticated {
@@ -165,6 +165,22 @@ pub(super) async fn dial_socket(
             address: address.to_owned(),
             source,
         })?;
+    let rings = tokio::task::spawn_blocking(move || {
+        let ring = |e: crate::IpcError| std::io::Error::other(e.to_string());
+        let outgoing =
+            create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
+        let incoming =
+            create_ring(&unique_name("ring").map_err(ring)?, ring_bytes).map_err(ring)?;
+        let producer = Producer::new(Arc::clone(&outgoing), false).map_err(ring)?;
+        let mut consumer = Consumer::new(Arc::clone(&incoming), false).map_err(ring)?;
+        consumer.set_max_message(max_frame);
+        Ok::<_, std::io::Error>((outgoing, incoming, producer, consumer))
+    });
+    let (outgoing, incoming, mut producer, consumer) = tokio::time::timeout_at(deadline, rings)
+        .await
+        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(|e| connect_error(std::io::Error::other(e.to_string())))?
+        .map_err(connect_error)?;
     let peer_pid = socket.peer_cred().ok().and_then(|c| c.pid());
     let table = new_table(arena, peer_pid)?;
     let doorbell = Doorbell::new().map_err(connect_error)?;
