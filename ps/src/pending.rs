@@ -54,11 +54,25 @@ pub(crate) fn lock<E>(table: &Mutex<IntMap<RequestId, E>>) -> MutexGuard<'_, Int
     table.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Enters `entry`, a new request, into `table` under a fresh id from `next`, and returns the
+/// id. The id is picked and the entry inserted under one lock, so after the ids wrap one
+/// still pending is skipped instead of shared.
+pub(crate) fn insert_new<E>(
+    next: &AtomicI32,
+    table: &Mutex<IntMap<RequestId, E>>,
+    entry: E,
+) -> RequestId {
+    let mut pending = lock(table);
+    let id = next_free_id(next, &pending);
+    pending.insert(id, entry);
+    id
+}
+
 /// The id for a new request of `table`, advancing `next` (call it with the table's lock
 /// held, and insert the request before letting go). Ids count up from 0 and wrap back to 0
 /// after `i32::MAX`; an id still in `table` (issued and not yet waited for) is skipped, so a
 /// request can never take over another's entry and answers.
-pub(crate) fn next_free_id<E>(next: &AtomicI32, table: &IntMap<RequestId, E>) -> RequestId {
+fn next_free_id<E>(next: &AtomicI32, table: &IntMap<RequestId, E>) -> RequestId {
     let mut id = next.load(Ordering::Relaxed) & i32::MAX;
     // Of `table.len() + 1` consecutive ids at least one is free: the loop ends by then.
     for _ in 0..=table.len() {
@@ -119,5 +133,20 @@ mod tests {
         // Never negative, whatever the counter holds.
         next.store(i32::MIN, Ordering::Relaxed);
         assert_eq!(next_free_id(&next, &table), 3);
+    }
+
+    #[test]
+    fn a_new_request_is_entered_under_the_id_it_is_given() {
+        let next = AtomicI32::new(i32::MAX);
+        let table = Mutex::new(IntMap::default());
+        lock(&table).insert(0, "old");
+        assert_eq!(insert_new(&next, &table, "max"), i32::MAX);
+        // 0 is still pending: the next request skips it.
+        assert_eq!(insert_new(&next, &table, "new"), 1);
+        let table = lock(&table);
+        assert_eq!(
+            (table.get(&0), table.get(&i32::MAX), table.get(&1)),
+            (Some(&"old"), Some(&"max"), Some(&"new"))
+        );
     }
 }

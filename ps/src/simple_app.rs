@@ -51,7 +51,7 @@ use van_core::{node_ids, Message, Meta, NodeId};
 use crate::error::{PsError, Result};
 use crate::hash::IntMap;
 use crate::kv::RequestId;
-use crate::pending::{next_free_id, Completion};
+use crate::pending::{insert_new, Completion};
 use crate::postoffice::{role_name, Customer, Postoffice};
 
 /// Requests queued for the handler before the node stops reading (back-pressure).
@@ -189,20 +189,13 @@ impl SimpleApp {
         if let Some(e) = targets.iter().find_map(|node| po.dead_error(*node)) {
             return Err(e);
         }
-        let id = {
-            let mut pending = lock(&inner.pending);
-            // Picked and entered under one lock: after the ids wrap, one still pending is
-            // skipped instead of shared.
-            let id = next_free_id(&inner.next_id, &pending);
-            let mut entry = Pending::default();
-            if targets.is_empty() {
-                entry.complete(Ok(Vec::new()));
-            } else {
-                entry.outstanding = targets.clone();
-            }
-            pending.insert(id, entry);
-            id
-        };
+        let mut entry = Pending::default();
+        if targets.is_empty() {
+            entry.complete(Ok(Vec::new()));
+        } else {
+            entry.outstanding = targets.clone();
+        }
+        let id = insert_new(&inner.next_id, &inner.pending, entry);
         let msgs: Vec<Message> = targets
             .iter()
             .map(|node| Message {

@@ -14,7 +14,7 @@ use super::{kv_message, kv_pairs, KvPairs};
 use crate::error::{PsError, Result};
 use crate::hash::IntMap;
 pub use crate::pending::RequestId;
-use crate::pending::{lock, next_free_id, Completion};
+use crate::pending::{insert_new, lock, Completion};
 use crate::postoffice::{role_name, Customer, Postoffice};
 use crate::range::{slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
@@ -202,20 +202,13 @@ impl<T: Value> KvWorker<T> {
             .filter(|(_, slice)| !slice.is_empty())
             .map(|(rank, _)| node_ids::server_rank_to_id(rank))
             .collect();
-        let id = {
-            let mut pending = lock(&inner.pending);
-            // Picked and entered under one lock: after the ids wrap, one still pending is
-            // skipped instead of shared.
-            let id = next_free_id(&inner.next_id, &pending);
-            let mut entry = Pending::default();
-            if servers.is_empty() {
-                entry.complete(Ok(KvPairs::default()));
-            } else {
-                entry.outstanding = servers.clone();
-            }
-            pending.insert(id, entry);
-            id
-        };
+        let mut entry = Pending::default();
+        if servers.is_empty() {
+            entry.complete(Ok(KvPairs::default()));
+        } else {
+            entry.outstanding = servers.clone();
+        }
+        let id = insert_new(&inner.next_id, &inner.pending, entry);
         let mut msgs: SmallVec<[Message; 1]> = SmallVec::new();
         for (slice, server) in slices.into_iter().filter(|s| !s.is_empty()).zip(&servers) {
             let server = *server;
