@@ -272,26 +272,28 @@ impl Shared {
             .map_err(|e| fail(format!("creating the queue pair and rings: {e}")))
     }
 
-    /// Sets up a dialed connection: creates our queue pair and rings, exchanges attributes
-    /// over `stream` (ours first) and starts the connection's thread.
-    async fn dialed(
+    /// Sets up a connection: creates our queue pair and rings, exchanges attributes over
+    /// `stream` (ours first; the dialer's are `known` to an acceptor, which read them before it
+    /// took a turn) by `deadline`, and starts the connection's thread. `peer`: the node
+    /// dialed, or `None` for an accepted connection.
+    async fn set_up(
         self: &Arc<Self>,
         mut stream: TcpStream,
-        peer: NodeId,
+        known: Option<QpAttributes>,
+        deadline: tokio::time::Instant,
+        peer: Option<NodeId>,
         inbox: InboxSender,
         address: &str,
     ) -> Result<(), VanError> {
         let fail = handshake_error(address);
         let _in_progress = self.handshakes.start();
         let setup = self.create_setup(&fail).await?;
-        let theirs = tokio::time::timeout(
-            self.options.connect_timeout,
-            exchange(&mut stream, &setup, &self.device, None),
-        )
-        .await
-        .map_err(|_| fail("no answer within the connect timeout".into()))?
-        .map_err(&fail)?;
-        self.established(stream, setup, theirs, Some(peer), inbox, address)
+        let theirs =
+            tokio::time::timeout_at(deadline, exchange(&mut stream, &setup, &self.device, known))
+                .await
+                .map_err(|_| fail("no answer within the connect timeout".into()))?
+                .map_err(&fail)?;
+        self.established(stream, setup, theirs, peer, inbox, address)
     }
 
     /// Serves a side channel accepted (and authenticated, with a secret) from `from`: admits
@@ -308,7 +310,7 @@ impl Shared {
         match self.admit(&mut stream, &address, deadline).await {
             Err(e) => self.gate.refuse(&address, &e),
             Ok((theirs, turn)) => {
-                let accepted = self.accepted(stream, theirs, deadline, inbox, &address);
+                let accepted = self.set_up(stream, Some(theirs), deadline, None, inbox, &address);
                 if let Err(e) = accepted.await {
                     warn!("refused an RDMA connection: {e}");
                 }
@@ -364,29 +366,6 @@ impl Shared {
             });
         }
         Ok((theirs, turn))
-    }
-
-    /// Sets up an admitted connection: creates our queue pair and rings, answers the
-    /// dialer's attributes with ours, and starts the connection's thread.
-    async fn accepted(
-        self: &Arc<Self>,
-        mut stream: TcpStream,
-        theirs: QpAttributes,
-        deadline: tokio::time::Instant,
-        inbox: InboxSender,
-        address: &str,
-    ) -> Result<(), VanError> {
-        let fail = handshake_error(address);
-        let _in_progress = self.handshakes.start();
-        let setup = self.create_setup(&fail).await?;
-        tokio::time::timeout_at(
-            deadline,
-            exchange(&mut stream, &setup, &self.device, Some(theirs)),
-        )
-        .await
-        .map_err(|_| fail("no answer within the connect timeout".into()))?
-        .map_err(&fail)?;
-        self.established(stream, setup, theirs, None, inbox, address)
     }
 
     /// Hands a connected queue pair and its side channel to a new connection.
@@ -546,7 +525,10 @@ impl Van for RdmaVan {
                     &self.shared.gate,
                 )
                 .await?;
-                self.shared.dialed(stream, peer, inbox, &address).await?;
+                let deadline = tokio::time::Instant::now() + self.shared.options.connect_timeout;
+                self.shared
+                    .set_up(stream, None, deadline, Some(peer), inbox, &address)
+                    .await?;
                 debug!(peer, "connected over RDMA");
                 Ok(())
             })
