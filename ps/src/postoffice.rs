@@ -71,6 +71,9 @@ struct Inner {
     /// Set once the final barrier has released: departures are no longer failures.
     finishing: AtomicBool,
     stopped: AtomicBool,
+    /// When this node last heard from the scheduler (a reply to its heartbeat, a release, a
+    /// notice): a scheduler silent for a whole heartbeat timeout is lost.
+    scheduler_heard: Mutex<Instant>,
     /// Set once `alloc` has warned about falling back to ordinary memory.
     alloc_warned: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -227,6 +230,7 @@ impl Postoffice {
                 finalizing: AtomicBool::new(false),
                 finishing: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
+                scheduler_heard: Mutex::new(Instant::now()),
                 alloc_warned: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
                 hosted_scheduler: Mutex::new(hosted_scheduler),
@@ -347,6 +351,7 @@ impl Postoffice {
     fn start_timers(&self) {
         if self.inner.role != Role::Scheduler {
             if let Some(interval) = self.inner.config.heartbeat_interval {
+                *lock(&self.inner.scheduler_heard) = Instant::now();
                 let po = self.clone();
                 self.spawn(async move {
                     let mut ticker = tokio::time::interval(interval);
@@ -356,6 +361,7 @@ impl Postoffice {
                         if po.send_control(msg).await.is_err() && po.is_stopped() {
                             break;
                         }
+                        po.check_scheduler_heard();
                     }
                 });
             }
@@ -476,11 +482,35 @@ impl Postoffice {
         Ok(())
     }
 
+    /// With heartbeats on both ways (`PS_HEARTBEAT_INTERVAL` and `PS_HEARTBEAT_TIMEOUT`), a
+    /// scheduler that has not answered for a whole timeout is lost: the same failure as a
+    /// broken scheduler connection, so barriers and requests end with an error naming it.
+    /// This catches a scheduler that is stalled or cut off while its connection stays open.
+    fn check_scheduler_heard(&self) {
+        let Some(timeout) = self.inner.config.heartbeat_timeout else {
+            return;
+        };
+        let silent = lock(&self.inner.scheduler_heard).elapsed();
+        if silent >= timeout && !self.is_stopped() {
+            self.node_failed(
+                node_ids::SCHEDULER,
+                &format!(
+                    "no answer from the scheduler for {:.1} s (PS_HEARTBEAT_TIMEOUT is {:.1} s)",
+                    silent.as_secs_f64(),
+                    timeout.as_secs_f64()
+                ),
+            );
+        }
+    }
+
     /// A control message arrived (or the scheduler sent one to itself).
     async fn handle_control(&self, msg: Message) {
         let Some(control) = msg.meta.control.as_ref() else {
             return;
         };
+        if msg.meta.sender == Some(node_ids::SCHEDULER) && self.inner.scheduler.is_none() {
+            *lock(&self.inner.scheduler_heard) = Instant::now();
+        }
         if msg.meta.request {
             if self.inner.scheduler.is_none() {
                 warn!(
@@ -542,6 +572,8 @@ impl Postoffice {
                     }
                 }
             }
+            // The scheduler's answer to a heartbeat: noted above, nothing more to do.
+            Command::Heartbeat => {}
             other => debug!("ignoring control {other:?} from {:?}", msg.meta.sender),
         }
     }

@@ -20,6 +20,8 @@
 //!   has sent `Terminate` or is dead; [`Scheduler::dead`] tells a clean end from a failed one.
 //! - Messages for the scheduler itself (barrier releases, failure notices) are `Send`s to
 //!   id 1: the I/O loop hands them to the scheduler's own postoffice.
+//! - Every heartbeat is answered: a node that hears nothing from the scheduler for a whole
+//!   heartbeat timeout knows the scheduler is lost, even while its connection stays open.
 //! - Replies echo `app_id`, `customer_id` and `request_id` of the request they answer, so
 //!   that a postoffice can hand them to the customer that waits.
 //!
@@ -171,6 +173,12 @@ impl Scheduler {
             }
         }
         match cmd {
+            // Answered, so that a node can tell a silent scheduler from a quiet cluster.
+            Command::Heartbeat if from != node_ids::SCHEDULER => vec![reply(
+                from,
+                Control::command(Command::Heartbeat),
+                Echo::of(&msg.meta),
+            )],
             Command::Heartbeat => Vec::new(),
             Command::Barrier => self.on_barrier(from, control.barrier_group, Echo::of(&msg.meta)),
             Command::Terminate => {

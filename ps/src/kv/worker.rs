@@ -229,7 +229,8 @@ impl<T: Value> KvWorker<T> {
         }
         // Checked after the entry exists: a failure noticed from now on finds the entry, and
         // one noticed before is in the dead list (it is recorded before entries are failed).
-        for server in servers {
+        // A lost scheduler fails every request: the cluster can no longer coordinate.
+        for server in servers.into_iter().chain([node_ids::SCHEDULER]) {
             if let Some(e) = po.dead_error(server) {
                 lock(&inner.pending).remove(&id);
                 return Err(e);
@@ -349,15 +350,19 @@ impl WorkerInner {
         }
     }
 
-    /// Fails the requests waiting on `node` (or all, when our own postoffice stopped).
+    /// Fails the requests waiting on `node` (all of them when the scheduler is lost, or when
+    /// our own postoffice stopped).
     fn fail_node(&self, node: NodeId, error: &str) {
         let mut pending = lock(&self.pending);
         // Our own postoffice stopped: nothing will answer anything any more.
         let everything = node == self.po.my_id() || self.po.is_stopped();
+        let scheduler = node == node_ids::SCHEDULER;
         for entry in pending.values_mut() {
             if everything && !entry.outstanding.is_empty() {
                 entry.complete(Err(PsError::Stopped));
-            } else if entry.outstanding.contains(&node) {
+            } else if entry.outstanding.contains(&node)
+                || (scheduler && !entry.outstanding.is_empty())
+            {
                 entry.complete(Err(PsError::NodeFailed {
                     node,
                     role: role_name(node),

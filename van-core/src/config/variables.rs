@@ -91,8 +91,9 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: "PS_HEARTBEAT_TIMEOUT",
         default: "0 (off)",
-        effect: "seconds of silence after which the scheduler declares a node dead; 0: never; \
-                 must exceed PS_HEARTBEAT_INTERVAL when both are set",
+        effect: "seconds of silence after which the scheduler declares a node dead, and a \
+                 node that sends heartbeats declares the scheduler lost; 0: never; must exceed \
+                 PS_HEARTBEAT_INTERVAL when both are set",
     },
     EnvVar {
         name: "VANS_STREAM_VAN",
