@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start"; CI runs exactly this):
 # formatting, the source tree's structure, lints, every test of every crate with every feature (the C and C++ programs of
-# bindings/c among them), the Python package built as a wheel and its pytest suite, the RDMA
+# bindings/c among them), a 60 s chaos soak, the Python package built as a wheel and its pytest suite, the RDMA
 # tests again inside a Soft-RoCE guest, then a short fuzz run.
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 10; 0 skips fuzzing)
 set -euo pipefail
@@ -16,6 +16,8 @@ echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features
+echo "== chaos soak, 60 s (scripts/soak.sh: exact sums under faults, PS_RESEND on)"
+./scripts/soak.sh 60
 echo "== Python bindings: the wheel in a virtual environment, then pytest"
 ./scripts/python-tests.sh
 echo "== parameter-server cluster tests again with the io_uring stream van"

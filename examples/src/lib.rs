@@ -2,7 +2,9 @@
 //!
 //! - `van-bench` (src/bin/van-bench.rs): the TCP and in-process vans beside a raw socket.
 //! - `ps-bench` (src/bin/ps-bench/): ps-lite's test_benchmark over the parameter server.
+//! - `vans-soak` (src/bin/vans-soak/): a cluster under a chaos schedule, checking exact sums.
 
+pub mod chaos; // the fault proxy, chaos schedule and garbage of vans-soak and the tests
 pub mod cli; // value parsers the binaries' command lines share
 pub mod plot; // ps-bench's PNG: goodput and latency against value size
 pub mod raw; // the raw-socket reference every benchmark compares with

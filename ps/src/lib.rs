@@ -31,6 +31,8 @@ pub mod netif;
 mod pending;
 pub mod postoffice;
 pub mod range;
+// Exactly-once delivery across broken connections (`PS_RESEND`).
+mod resend;
 // The RDMA van of a node, when `DMLC_ENABLE_RDMA` asks for it (feature `rdma`).
 mod rdma;
 pub mod router;
@@ -40,5 +42,6 @@ pub mod values;
 pub use error::{PsError, Result};
 pub use kv::{KvMeta, KvPairs, KvServer, KvWorker, RequestHandler, RequestId, SumHandler};
 pub use postoffice::{Postoffice, ALL_GROUPS};
+pub use resend::ResendStats;
 pub use simple_app::SimpleApp;
 pub use van_core::{node_ids, Config, Message, Meta, Node, Role};

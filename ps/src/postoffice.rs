@@ -349,6 +349,23 @@ impl Postoffice {
     }
 
     fn start_timers(&self) {
+        if let Some(resend) = self.inner.router.resender() {
+            if self.inner.config.heartbeat_timeout.is_none() {
+                warn!(
+                    "PS_RESEND is on without PS_HEARTBEAT_TIMEOUT: a broken connection is no \
+                     failure, so a node that dies is never declared dead"
+                );
+            }
+            let period = (resend.timeout() / 4).max(Duration::from_millis(10));
+            let po = self.clone();
+            self.spawn(async move {
+                let mut ticker = tokio::time::interval(period);
+                loop {
+                    ticker.tick().await;
+                    po.resend_overdue().await;
+                }
+            });
+        }
         if self.inner.role != Role::Scheduler {
             if let Some(interval) = self.inner.config.heartbeat_interval {
                 *lock(&self.inner.scheduler_heard) = Instant::now();
@@ -387,6 +404,7 @@ impl Postoffice {
     /// [`DataQueue`]): a barrier release or a failure notice never waits behind data.
     async fn dispatch(self, mut inbox: Inbox) {
         let mut events = Vec::new();
+        let mut acks = Vec::new();
         let mut data = DataQueue::default();
         loop {
             let read = if data.is_idle() {
@@ -406,9 +424,20 @@ impl Postoffice {
                 break;
             }
             for event in events.drain(..) {
-                if self.inner.config.verbose >= 2 {
-                    if let Event::Message(msg) = &event {
+                if let Event::Message(msg) = &event {
+                    if self.inner.config.verbose >= 2 {
                         info!("recv {}", crate::router::describe(msg));
+                    }
+                    if let Some(resend) = self.inner.router.resender() {
+                        let received = resend.received(msg);
+                        acks.extend(received.ack);
+                        if received.duplicate {
+                            debug!(
+                                "dropping a copy already received: {}",
+                                crate::router::describe(msg)
+                            );
+                            continue;
+                        }
                     }
                 }
                 match event {
@@ -417,6 +446,17 @@ impl Postoffice {
                     }
                     event if data.is_idle() => self.deliver_event(event, &mut data).await,
                     event => data.push(event),
+                }
+            }
+            if !acks.is_empty() {
+                // A lost acknowledgement costs a resend, which is acknowledged again.
+                if let Err(e) = self
+                    .inner
+                    .router
+                    .send_batch(std::mem::take(&mut acks))
+                    .await
+                {
+                    debug!("acknowledgements not sent: {e}");
                 }
             }
         }
@@ -480,6 +520,30 @@ impl Postoffice {
             }
         }
         Ok(())
+    }
+
+    /// Sends again what its recipient has not acknowledged in time (`PS_RESEND`), except to
+    /// nodes declared dead, whose messages are dropped.
+    async fn resend_overdue(&self) {
+        let Some(resend) = self.inner.router.resender() else {
+            return;
+        };
+        let due = resend.due(Instant::now());
+        if !due.is_empty() {
+            debug!(count = due.len(), "resending unacknowledged messages");
+        }
+        for msg in due {
+            let Some(peer) = msg.meta.recipient else {
+                continue;
+            };
+            if self.dead_error(peer).is_some() {
+                resend.forget(peer);
+                continue;
+            }
+            if let Err(e) = self.inner.router.send_once(msg).await {
+                debug!(peer, "resend failed, will try again: {e}");
+            }
+        }
     }
 
     /// With heartbeats on both ways (`PS_HEARTBEAT_INTERVAL` and `PS_HEARTBEAT_TIMEOUT`), a
@@ -574,6 +638,12 @@ impl Postoffice {
             }
             // The scheduler's answer to a heartbeat: noted above, nothing more to do.
             Command::Heartbeat => {}
+            Command::Ack => {
+                if let (Some(resend), Some(from)) = (self.inner.router.resender(), msg.meta.sender)
+                {
+                    resend.acked(from, control.msg_sig);
+                }
+            }
             other => debug!("ignoring control {other:?} from {:?}", msg.meta.sender),
         }
     }
@@ -649,6 +719,15 @@ impl Postoffice {
         if self.inner.finishing.load(Ordering::Acquire) || self.is_stopped() {
             return;
         }
+        if self.inner.router.resender().is_some() {
+            // PS_RESEND: what the connection carried unacknowledged goes again over a new
+            // one; a node that really died is declared by the heartbeat timeout.
+            info!(
+                peer,
+                "connection lost ({reason}); unacknowledged messages will be resent"
+            );
+            return;
+        }
         if self.inner.scheduler.is_some() {
             let outputs = self.with_scheduler(|s| s.peer_lost(Instant::now(), peer, reason));
             self.execute(outputs).await;
@@ -680,6 +759,9 @@ impl Postoffice {
         }
         warn!(node, "node failed: {reason}");
         self.inner.router.peer_lost(node);
+        if let Some(resend) = self.inner.router.resender() {
+            resend.forget(node);
+        }
         if node == node_ids::SCHEDULER {
             // Nobody is left to release barriers.
             let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
@@ -894,6 +976,12 @@ impl Postoffice {
     /// per van. Stops at the first error; earlier messages stay queued.
     pub async fn send_batch(&self, msgs: Vec<Message>) -> Result<()> {
         self.inner.router.send_batch(msgs).await
+    }
+
+    /// What this node resent, dropped as duplicates and still waits to have acknowledged;
+    /// `None` unless `PS_RESEND` is on.
+    pub fn resend_stats(&self) -> Option<crate::ResendStats> {
+        self.inner.router.resender().map(|r| r.stats())
     }
 
     /// The router, for applications to send through.

@@ -13,6 +13,7 @@ use van_core::select::{select_van, Available};
 use van_core::{Config, Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
 
 use crate::error::PsError;
+use crate::resend::Resender;
 
 /// Routes messages to peers over the right van, connecting on first use.
 pub struct Router {
@@ -23,6 +24,8 @@ pub struct Router {
     /// This node (its role and host identity drive the selection).
     me: Node,
     state: Mutex<RouterState>,
+    /// With `PS_RESEND`: numbers what is sent and keeps it until acknowledged.
+    resend: Option<Resender>,
 }
 
 impl std::fmt::Debug for Router {
@@ -63,6 +66,7 @@ impl Router {
             config: config.clone(),
             me,
             state: Mutex::new(RouterState::default()),
+            resend: config.resend_timeout.map(Resender::new),
         }
     }
 
@@ -171,9 +175,24 @@ impl Router {
         Ok(())
     }
 
+    /// The resender, when `PS_RESEND` is on.
+    pub(crate) fn resender(&self) -> Option<&Resender> {
+        self.resend.as_ref()
+    }
+
     /// Sends `msg` to its recipient, connecting first if needed. A broken connection is
-    /// reported as [`PsError::NodeFailed`] naming the peer.
-    pub async fn send(&self, msg: Message) -> Result<(), PsError> {
+    /// reported as [`PsError::NodeFailed`] naming the peer, unless `PS_RESEND` is on: then
+    /// the message is kept and sent again over a new connection until acknowledged.
+    pub async fn send(&self, mut msg: Message) -> Result<(), PsError> {
+        if let Some(resend) = &self.resend {
+            resend.stamp(&mut msg, std::time::Instant::now());
+        }
+        let numbered = msg.meta.seq.is_some();
+        self.forgiven(numbered, self.send_once(msg).await)
+    }
+
+    /// Sends `msg` as it is (a resend keeps its sequence number).
+    pub(crate) async fn send_once(&self, msg: Message) -> Result<(), PsError> {
         let peer = msg.meta.recipient.ok_or(VanError::NoRecipient)?;
         let kind = self.ensure_connected(peer).await?;
         if self.config.verbose >= 2 {
@@ -186,9 +205,34 @@ impl Router {
         }
     }
 
+    /// A failed send of numbered messages that the resender will repeat is no error: the
+    /// peer is unreachable for now, and only the scheduler declares it dead.
+    fn forgiven(&self, numbered: bool, result: Result<(), PsError>) -> Result<(), PsError> {
+        match result {
+            Err(e) if numbered && is_transient(&e) => {
+                debug!("send failed, will resend: {e}");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     /// Sends many messages (to any recipients), connecting first where needed; one batch
     /// per van.
-    pub async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), PsError> {
+    pub async fn send_batch(&self, mut msgs: Vec<Message>) -> Result<(), PsError> {
+        let mut numbered = false;
+        if let Some(resend) = &self.resend {
+            let now = std::time::Instant::now();
+            for msg in &mut msgs {
+                resend.stamp(msg, now);
+                numbered |= msg.meta.seq.is_some();
+            }
+        }
+        let result = self.send_batch_once(msgs).await;
+        self.forgiven(numbered, result)
+    }
+
+    async fn send_batch_once(&self, msgs: Vec<Message>) -> Result<(), PsError> {
         let mut by_van: Vec<(VanKind, Vec<Message>)> = Vec::new();
         let mut seen = HashSet::new();
         for msg in msgs {
@@ -284,6 +328,18 @@ pub(crate) fn describe(msg: &Message) -> String {
         m.customer_id,
         msg.data.len(),
         msg.data_len()
+    )
+}
+
+/// Whether a send failed because the peer cannot be reached right now (a broken or refused
+/// connection), which a resend may cure.
+fn is_transient(e: &PsError) -> bool {
+    matches!(
+        e,
+        PsError::NodeFailed { .. }
+            | PsError::Van(
+                VanError::PeerGone { .. } | VanError::Connect { .. } | VanError::Io { .. }
+            )
     )
 }
 

@@ -389,6 +389,10 @@ pub struct Meta {
     pub val_len: u64,
     /// Free option word of zero-copy paths (e.g. an RDMA rkey).
     pub option: i32,
+    /// The sender's sequence number for this message to this recipient, when the sender
+    /// resends unacknowledged messages (`PS_RESEND`); the receiver acknowledges it and drops
+    /// a copy it has seen. `None` otherwise.
+    pub seq: Option<u64>,
 }
 
 /// A message: a [`Meta`] and zero or more data segments.

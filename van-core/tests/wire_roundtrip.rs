@@ -254,7 +254,13 @@ fn meta() -> impl Strategy<Value = Meta> {
         node_id(),
         node_id(),
     );
-    let flags = (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>());
+    let flags = (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        prop::option::of(any::<u64>()),
+    );
     let rest = (
         bytes_up_to(100),
         vec(select(DataType::ALL.to_vec()), 0..8),
@@ -268,7 +274,7 @@ fn meta() -> impl Strategy<Value = Meta> {
     (ids, flags, rest).prop_map(
         |(
             (head, app_id, customer_id, request_id, sender, recipient),
-            (request, push, pull, simple_app),
+            (request, push, pull, simple_app, seq),
             (body, data_types, control, priority, key, addr, val_len, option),
         )| Meta {
             head,
@@ -289,6 +295,7 @@ fn meta() -> impl Strategy<Value = Meta> {
             addr,
             val_len,
             option,
+            seq,
         },
     )
 }

@@ -138,6 +138,13 @@ impl Vars {
         };
         c.heartbeat_interval = seconds("PS_HEARTBEAT_INTERVAL")?;
         c.heartbeat_timeout = seconds("PS_HEARTBEAT_TIMEOUT")?;
+        let resend_after = self
+            .positive("PS_RESEND_TIMEOUT")?
+            .map_or(super::DEFAULT_RESEND_TIMEOUT, Duration::from_millis);
+        c.resend_timeout = self
+            .flag("PS_RESEND")?
+            .unwrap_or(false)
+            .then_some(resend_after);
         if let Some(name) = self.get("VANS_STREAM_VAN") {
             c.stream_van = name
                 .parse()

@@ -193,6 +193,11 @@ pub struct Config {
     /// `VANS_MAX_PENDING_PER_ADDRESS`: connections one address may have authenticating at
     /// once; more are refused at once.
     pub max_pending_per_address: usize,
+    /// `PS_RESEND` / `PS_RESEND_TIMEOUT` (ms, default 1000): resend a message its recipient
+    /// has not acknowledged within this time, and drop copies already received, so that
+    /// delivery is exactly once across broken connections; `None`: off (a broken connection
+    /// fails the peer at once).
+    pub resend_timeout: Option<Duration>,
 }
 
 impl Default for Config {
@@ -234,9 +239,13 @@ impl Default for Config {
             cluster_secret: None,
             handshake_timeout: crate::auth::DEFAULT_HANDSHAKE_TIMEOUT,
             max_pending_per_address: crate::auth::DEFAULT_MAX_PENDING_PER_ADDRESS,
+            resend_timeout: None,
         }
     }
 }
+
+/// ps-lite's default `PS_RESEND_TIMEOUT`.
+pub const DEFAULT_RESEND_TIMEOUT: Duration = Duration::from_millis(1000);
 
 const PORT_EXPECTED: &str = "a port number in 0..=65535 (0: ephemeral)";
 const POSITIVE_EXPECTED: &str = "a whole number of at least 1";

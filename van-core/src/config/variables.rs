@@ -96,6 +96,18 @@ pub const VARIABLES: &[EnvVar] = &[
                  PS_HEARTBEAT_INTERVAL when both are set",
     },
     EnvVar {
+        name: "PS_RESEND",
+        default: "0 (off)",
+        effect: "1: resend messages not acknowledged in time and drop duplicates (exactly-once \
+                 delivery across broken connections); a broken connection is then no failure, \
+                 only PS_HEARTBEAT_TIMEOUT declares a node dead",
+    },
+    EnvVar {
+        name: "PS_RESEND_TIMEOUT",
+        default: "1000",
+        effect: "milliseconds to wait for an acknowledgement before resending (with PS_RESEND=1)",
+    },
+    EnvVar {
         name: "VANS_STREAM_VAN",
         default: "tcp",
         effect: "van for remote peers without RDMA: `tcp`, `uring`, or `inproc` \

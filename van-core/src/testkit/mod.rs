@@ -326,6 +326,7 @@ pub async fn meta_round_trip<V: Van + 'static>(make: &impl Fn() -> V) {
         addr: 0xdead_beef,
         val_len: 1 << 40,
         option: 5,
+        seq: Some(u64::MAX - 1),
     };
     let msg = Message {
         meta,

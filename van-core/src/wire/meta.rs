@@ -13,7 +13,9 @@ const FLAG_PUSH: u8 = 1 << 1;
 const FLAG_PULL: u8 = 1 << 2;
 const FLAG_SIMPLE_APP: u8 = 1 << 3;
 const FLAG_CONTROL: u8 = 1 << 4;
-const KNOWN_FLAGS: u8 = FLAG_REQUEST | FLAG_PUSH | FLAG_PULL | FLAG_SIMPLE_APP | FLAG_CONTROL;
+const FLAG_SEQ: u8 = 1 << 5;
+const KNOWN_FLAGS: u8 =
+    FLAG_REQUEST | FLAG_PUSH | FLAG_PULL | FLAG_SIMPLE_APP | FLAG_CONTROL | FLAG_SEQ;
 
 /// Smallest encoded node (role, id, two empty strings, port, recovery, no endpoints), used to
 /// bound a node count by the bytes present before allocating.
@@ -53,6 +55,7 @@ pub fn encode_meta(meta: &Meta, out: &mut BytesMut) -> Result<(), WireError> {
         (meta.pull, FLAG_PULL),
         (meta.simple_app, FLAG_SIMPLE_APP),
         (meta.control.is_some(), FLAG_CONTROL),
+        (meta.seq.is_some(), FLAG_SEQ),
     ] {
         if set {
             flags |= bit;
@@ -64,6 +67,9 @@ pub fn encode_meta(meta: &Meta, out: &mut BytesMut) -> Result<(), WireError> {
     out.put_u64_le(meta.addr);
     out.put_u64_le(meta.val_len);
     out.put_i32_le(meta.option);
+    if let Some(seq) = meta.seq {
+        out.put_u64_le(seq);
+    }
     out.put_u32_le(len_u32(meta.body.len(), "body")?);
     out.put_slice(&meta.body);
     out.put_u32_le(len_u32(meta.data_types.len(), "data types")?);
@@ -224,6 +230,9 @@ pub fn decode_meta(bytes: Bytes) -> Result<Meta, WireError> {
     meta.addr = r.u64("addr")?;
     meta.val_len = r.u64("val_len")?;
     meta.option = r.i32("option")?;
+    if flags & FLAG_SEQ != 0 {
+        meta.seq = Some(r.u64("seq")?);
+    }
     let body_len = r.u32("body length")? as usize;
     meta.body = r.take_bytes(body_len, "body")?;
     let types = r.count(1, "data types")?;

@@ -36,12 +36,13 @@
 //! | 4 | request_id, i32 |
 //! | 4 | sender, i32 (`i32::MAX` = none) |
 //! | 4 | recipient, i32 (`i32::MAX` = none) |
-//! | 1 | flags: bit 0 request, 1 push, 2 pull, 3 simple_app, 4 control present; others must be 0 |
+//! | 1 | flags: bit 0 request, 1 push, 2 pull, 3 simple_app, 4 control present, 5 seq present; others must be 0 |
 //! | 4 | priority, i32 |
 //! | 8 | key, u64 |
 //! | 8 | addr, u64 |
 //! | 8 | val_len, u64 |
 //! | 4 | option, i32 |
+//! | if seq: 8 | seq, u64 (the resend sequence number) |
 //! | 4 + n | body: u32 length, bytes |
 //! | 4 + n | data types: u32 count, one u8 code each ([`DataType`](crate::DataType) order) |
 //! | if control: 1 | command code, u8 |

@@ -1,0 +1,335 @@
+//! Exactly-once delivery across broken connections (ps-lite's `PS_RESEND`): every message a
+//! node sends to another (but acknowledgements and heartbeats) carries a sequence number of
+//! that (sender, recipient) pair; the recipient acknowledges each one and drops a copy it
+//! has seen; the sender keeps each message until it is acknowledged and sends it again when
+//! the acknowledgement is late.
+//!
+//! So a push that was on its way when its connection broke reaches the server once, over a
+//! new connection, and the server counts it once even when the first copy did arrive and only
+//! its acknowledgement was lost. A broken connection is then no failure: only the scheduler's
+//! heartbeat timeout declares a node dead, and the messages kept for it are dropped.
+//!
+//! Unlike ps-lite, which remembers a signature of every message ever received, the receiver
+//! keeps per sender only the lowest sequence number not yet seen and the few seen above it:
+//! memory stays bounded by what is in flight, and a message whose fields repeat an earlier
+//! one's (the same request id after the ids wrap) is never mistaken for a duplicate.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use van_core::{Command, Control, Message, Meta, NodeId};
+
+/// Sends, acknowledgements and duplicates of one node.
+#[derive(Debug)]
+pub(crate) struct Resender {
+    timeout: Duration,
+    state: Mutex<State>,
+    resent: AtomicU64,
+    duplicates: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Per recipient: what was sent and not yet acknowledged.
+    outgoing: HashMap<NodeId, Outgoing>,
+    /// Per sender: which sequence numbers arrived.
+    incoming: HashMap<NodeId, Incoming>,
+}
+
+#[derive(Debug)]
+struct Outgoing {
+    next: u64,
+    unacked: BTreeMap<u64, Unacked>,
+}
+
+impl Default for Outgoing {
+    fn default() -> Self {
+        Outgoing {
+            next: 1,
+            unacked: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Unacked {
+    msg: Message,
+    sent: Instant,
+}
+
+/// The sequence numbers that arrived from one sender: all below `below`, and those in
+/// `above` (beyond a gap a resend will fill).
+#[derive(Debug)]
+struct Incoming {
+    below: u64,
+    above: BTreeSet<u64>,
+}
+
+impl Default for Incoming {
+    fn default() -> Self {
+        Incoming {
+            below: 1,
+            above: BTreeSet::new(),
+        }
+    }
+}
+
+impl Incoming {
+    /// Records `seq`; false if it had arrived before.
+    fn insert(&mut self, seq: u64) -> bool {
+        if seq < self.below || !self.above.insert(seq) {
+            return false;
+        }
+        while self.above.remove(&self.below) {
+            self.below += 1;
+        }
+        true
+    }
+}
+
+/// What the receiver makes of a message.
+#[derive(Debug)]
+pub(crate) struct Received {
+    /// The acknowledgement to send back, if the message carried a sequence number.
+    pub(crate) ack: Option<Message>,
+    /// Whether the message arrived before and must be dropped.
+    pub(crate) duplicate: bool,
+}
+
+impl Resender {
+    /// A resender that sends again what is unacknowledged after `timeout`.
+    pub(crate) fn new(timeout: Duration) -> Resender {
+        Resender {
+            timeout,
+            state: Mutex::new(State::default()),
+            resent: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Map operations only: a poisoned lock still holds consistent data.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long an acknowledgement may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Gives `msg` its sequence number and keeps a copy until it is acknowledged. Messages
+    /// without both ends known, acknowledgements and heartbeats are left alone (a lost
+    /// heartbeat is not worth a resend: the next one follows).
+    pub(crate) fn stamp(&self, msg: &mut Message, now: Instant) {
+        let (Some(_), Some(to)) = (msg.meta.sender, msg.meta.recipient) else {
+            return;
+        };
+        if msg.meta.seq.is_some() || !needs_ack(&msg.meta) {
+            return;
+        }
+        let mut state = self.lock();
+        let out = state.outgoing.entry(to).or_default();
+        let seq = out.next;
+        out.next += 1;
+        msg.meta.seq = Some(seq);
+        let kept = Unacked {
+            msg: msg.clone(),
+            sent: now,
+        };
+        out.unacked.insert(seq, kept);
+    }
+
+    /// `from` acknowledged `seq`.
+    pub(crate) fn acked(&self, from: NodeId, seq: u64) {
+        if let Some(out) = self.lock().outgoing.get_mut(&from) {
+            out.unacked.remove(&seq);
+        }
+    }
+
+    /// A message arrived: the acknowledgement to send, and whether it is a copy seen before.
+    pub(crate) fn received(&self, msg: &Message) -> Received {
+        let (Some(seq), Some(from)) = (msg.meta.seq, msg.meta.sender) else {
+            return Received {
+                ack: None,
+                duplicate: false,
+            };
+        };
+        let fresh = self.lock().incoming.entry(from).or_default().insert(seq);
+        if !fresh {
+            self.duplicates.fetch_add(1, Ordering::Relaxed);
+        }
+        let ack = Message {
+            meta: Meta {
+                sender: msg.meta.recipient,
+                recipient: Some(from),
+                control: Some(Control {
+                    msg_sig: seq,
+                    ..Control::command(Command::Ack)
+                }),
+                ..Meta::default()
+            },
+            data: van_core::Parts::new(),
+        };
+        Received {
+            ack: Some(ack),
+            duplicate: !fresh,
+        }
+    }
+
+    /// The messages whose acknowledgement is overdue at `now`, to send again (their clock
+    /// restarts).
+    pub(crate) fn due(&self, now: Instant) -> Vec<Message> {
+        let mut again = Vec::new();
+        let mut state = self.lock();
+        for out in state.outgoing.values_mut() {
+            for kept in out.unacked.values_mut() {
+                if now.saturating_duration_since(kept.sent) >= self.timeout {
+                    kept.sent = now;
+                    again.push(kept.msg.clone());
+                }
+            }
+        }
+        self.resent.fetch_add(again.len() as u64, Ordering::Relaxed);
+        again
+    }
+
+    /// Forgets `peer`: it died (nothing kept for it will ever be acknowledged), or a new
+    /// process took its place (which numbers its messages from 1 again).
+    pub(crate) fn forget(&self, peer: NodeId) {
+        let mut state = self.lock();
+        state.outgoing.remove(&peer);
+        state.incoming.remove(&peer);
+    }
+
+    /// What this node resent, dropped and still keeps.
+    pub(crate) fn stats(&self) -> ResendStats {
+        ResendStats {
+            resent: self.resent.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
+            unacked: self.lock().outgoing.values().map(|o| o.unacked.len()).sum(),
+        }
+    }
+}
+
+/// A node's resend counters ([`Postoffice::resend_stats`](crate::Postoffice::resend_stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResendStats {
+    /// Messages sent again because their acknowledgement was late, since the start.
+    pub resent: u64,
+    /// Copies received and dropped because the message had arrived before, since the start.
+    pub duplicates: u64,
+    /// Messages sent and not yet acknowledged, now.
+    pub unacked: usize,
+}
+
+/// Whether a message is one the resender numbers: everything but acknowledgements and
+/// heartbeats.
+fn needs_ack(meta: &Meta) -> bool {
+    !matches!(
+        meta.control.as_ref().map(|c| c.cmd),
+        Some(Command::Ack | Command::Heartbeat)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(from: NodeId, to: NodeId) -> Message {
+        let mut msg = Message::default();
+        (msg.meta.sender, msg.meta.recipient) = (Some(from), Some(to));
+        msg
+    }
+
+    #[test]
+    fn sequence_numbers_count_per_recipient_and_acks_release_the_copies() {
+        let r = Resender::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        let mut seqs = Vec::new();
+        for to in [8, 8, 9, 8] {
+            let mut msg = data(10, to);
+            r.stamp(&mut msg, t0);
+            seqs.push(msg.meta.seq);
+        }
+        assert_eq!(seqs, [Some(1), Some(2), Some(1), Some(3)]);
+        assert_eq!(r.stats().unacked, 4);
+        r.acked(8, 2);
+        r.acked(9, 1);
+        r.acked(9, 7); // unknown: ignored
+        assert_eq!(r.stats().unacked, 2);
+        // Nothing is due before the timeout; then the two left, once per timeout.
+        assert!(r.due(t0 + Duration::from_millis(999)).is_empty());
+        let again = r.due(t0 + Duration::from_secs(1));
+        let mut resent: Vec<_> = again.iter().map(|m| m.meta.seq).collect();
+        resent.sort_unstable();
+        assert_eq!(resent, [Some(1), Some(3)]);
+        assert!(r.due(t0 + Duration::from_millis(1500)).is_empty());
+        assert_eq!(r.due(t0 + Duration::from_secs(2)).len(), 2);
+        assert_eq!(r.stats().resent, 4);
+        r.forget(8);
+        assert_eq!(r.stats().unacked, 0);
+    }
+
+    #[test]
+    fn acks_and_heartbeats_are_not_numbered() {
+        let r = Resender::new(Duration::from_secs(1));
+        for cmd in [Command::Ack, Command::Heartbeat] {
+            let mut msg = data(10, 1);
+            msg.meta.control = Some(Control::command(cmd));
+            r.stamp(&mut msg, Instant::now());
+            assert_eq!(msg.meta.seq, None);
+        }
+        let mut barrier = data(10, 1);
+        barrier.meta.control = Some(Control::command(Command::Barrier));
+        r.stamp(&mut barrier, Instant::now());
+        assert_eq!(barrier.meta.seq, Some(1));
+        // Nor is a message without a sender (a registration before ids exist).
+        let mut joining = data(10, 1);
+        joining.meta.sender = None;
+        r.stamp(&mut joining, Instant::now());
+        assert_eq!(joining.meta.seq, None);
+    }
+
+    #[test]
+    fn the_receiver_acks_every_copy_and_drops_all_but_the_first_in_any_order() {
+        let r = Resender::new(Duration::from_secs(1));
+        let arrive = |from, seq| {
+            let mut msg = data(from, 8);
+            msg.meta.seq = Some(seq);
+            let got = r.received(&msg);
+            let ack = got.ack.expect("every numbered message is acknowledged");
+            assert_eq!(ack.meta.recipient, Some(from));
+            assert_eq!(ack.meta.sender, Some(8));
+            let control = ack.meta.control.expect("an ack is a control message");
+            assert_eq!((control.cmd, control.msg_sig), (Command::Ack, seq));
+            got.duplicate
+        };
+        // Out of order, with a gap filled later, and copies of each.
+        let order = [
+            (10, 2),
+            (10, 1),
+            (10, 2),
+            (11, 1),
+            (10, 4),
+            (10, 1),
+            (10, 3),
+            (10, 4),
+        ];
+        let dups: Vec<bool> = order.iter().map(|&(f, s)| arrive(f, s)).collect();
+        assert_eq!(dups, [false, false, true, false, false, true, false, true]);
+        assert_eq!(r.stats().duplicates, 3);
+        // The window moved past the gap: nothing kept above it.
+        let state = r.lock();
+        let from_10 = &state.incoming[&10];
+        assert_eq!((from_10.below, from_10.above.len()), (5, 0));
+        drop(state);
+        // A new process in 10's place numbers from 1 again.
+        r.forget(10);
+        assert!(!arrive(10, 1));
+        // Unnumbered messages pass without an ack.
+        let plain = r.received(&data(12, 8));
+        assert!(plain.ack.is_none() && !plain.duplicate);
+    }
+}
