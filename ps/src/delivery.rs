@@ -58,6 +58,12 @@ pub trait Customer: Send + Sync {
     /// `node` failed; fail whatever waits on it. `node` is this node's own id when the local
     /// postoffice stopped.
     fn node_failed(&self, node: NodeId, error: &str);
+    /// A new process took the place of `node`, which had failed (recovery): it is reachable
+    /// again at its new address, and holds nothing of what the old process held unless the
+    /// application restored it. The default does nothing.
+    fn node_recovered(&self, node: NodeId) {
+        let _ = node;
+    }
 }
 
 /// A node's applications by (app id, customer id), and the messages held for those that

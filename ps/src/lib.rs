@@ -40,7 +40,9 @@ pub mod simple_app;
 pub mod values;
 
 pub use error::{PsError, Result};
-pub use kv::{KvMeta, KvPairs, KvServer, KvWorker, RequestHandler, RequestId, SumHandler};
+pub use kv::{
+    KvMeta, KvPairs, KvServer, KvWorker, RequestHandler, RequestId, Snapshot, SumHandler,
+};
 pub use postoffice::{Postoffice, ALL_GROUPS};
 pub use resend::ResendStats;
 pub use simple_app::SimpleApp;

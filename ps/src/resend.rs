@@ -13,6 +13,12 @@
 //! keeps per sender only the lowest sequence number not yet seen and the few seen above it:
 //! memory stays bounded by what is in flight, and a message whose fields repeat an earlier
 //! one's (the same request id after the ids wrap) is never mistaken for a duplicate.
+//!
+//! A node id outlives a process: a node that dies and is started again takes its old id
+//! (recovery). So a sequence number's top [`INCARNATION_BITS`] bits are the sending
+//! process's *incarnation*, drawn at random when it starts, and the rest count its messages
+//! from 1. A receiver that sees a new incarnation starts a new window for it, and drops
+//! whatever still arrives from the incarnations it replaced (a dead process's leftovers).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,10 +27,31 @@ use std::time::{Duration, Instant};
 
 use van_core::{Command, Control, Message, Meta, NodeId};
 
+/// Bits of a sequence number that hold the sender's incarnation; the rest count messages.
+pub(crate) const INCARNATION_BITS: u32 = 24;
+const COUNTER_BITS: u32 = 64 - INCARNATION_BITS;
+/// Incarnations of one sender remembered as replaced.
+const RETIRED: usize = 8;
+
+/// A random incarnation number for this process: nonzero, [`INCARNATION_BITS`] wide.
+pub(crate) fn new_incarnation() -> u64 {
+    let mut raw = [0u8; 8];
+    // Without the OS generator, the clock still tells two processes apart.
+    let random = match getrandom::fill(&mut raw) {
+        Ok(()) => u64::from_le_bytes(raw),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+    };
+    (random & ((1 << INCARNATION_BITS) - 1)).max(1)
+}
+
 /// Sends, acknowledgements and duplicates of one node.
 #[derive(Debug)]
 pub(crate) struct Resender {
     timeout: Duration,
+    /// This process's incarnation, the top bits of every sequence number it gives.
+    incarnation: u64,
     state: Mutex<State>,
     resent: AtomicU64,
     duplicates: AtomicU64,
@@ -44,10 +71,10 @@ struct Outgoing {
     unacked: BTreeMap<u64, Unacked>,
 }
 
-impl Default for Outgoing {
-    fn default() -> Self {
+impl Outgoing {
+    fn new(incarnation: u64) -> Outgoing {
         Outgoing {
-            next: 1,
+            next: (incarnation << COUNTER_BITS) | 1,
             unacked: BTreeMap::new(),
         }
     }
@@ -59,26 +86,36 @@ struct Unacked {
     sent: Instant,
 }
 
-/// The sequence numbers that arrived from one sender: all below `below`, and those in
-/// `above` (beyond a gap a resend will fill).
-#[derive(Debug)]
+/// The sequence numbers that arrived from one sender's current incarnation: all below
+/// `below`, and those in `above` (beyond a gap a resend will fill); and the incarnations it
+/// replaced.
+#[derive(Debug, Default)]
 struct Incoming {
+    incarnation: u64,
     below: u64,
     above: BTreeSet<u64>,
-}
-
-impl Default for Incoming {
-    fn default() -> Self {
-        Incoming {
-            below: 1,
-            above: BTreeSet::new(),
-        }
-    }
+    retired: Vec<u64>,
 }
 
 impl Incoming {
-    /// Records `seq`; false if it had arrived before.
+    /// Records `seq`; false if it had arrived before, or comes from a replaced incarnation.
     fn insert(&mut self, seq: u64) -> bool {
+        let incarnation = seq >> COUNTER_BITS;
+        if incarnation != self.incarnation {
+            if self.retired.contains(&incarnation) {
+                return false;
+            }
+            // A new process in the sender's place (or the first message from it).
+            if self.incarnation != 0 {
+                if self.retired.len() == RETIRED {
+                    self.retired.remove(0);
+                }
+                self.retired.push(self.incarnation);
+            }
+            self.incarnation = incarnation;
+            self.below = (incarnation << COUNTER_BITS) | 1;
+            self.above.clear();
+        }
         if seq < self.below || !self.above.insert(seq) {
             return false;
         }
@@ -100,9 +137,10 @@ pub(crate) struct Received {
 
 impl Resender {
     /// A resender that sends again what is unacknowledged after `timeout`.
-    pub(crate) fn new(timeout: Duration) -> Resender {
+    pub(crate) fn new(timeout: Duration, incarnation: u64) -> Resender {
         Resender {
             timeout,
+            incarnation,
             state: Mutex::new(State::default()),
             resent: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
@@ -130,7 +168,11 @@ impl Resender {
             return;
         }
         let mut state = self.lock();
-        let out = state.outgoing.entry(to).or_default();
+        let incarnation = self.incarnation;
+        let out = state
+            .outgoing
+            .entry(to)
+            .or_insert_with(|| Outgoing::new(incarnation));
         let seq = out.next;
         out.next += 1;
         msg.meta.seq = Some(seq);
@@ -195,12 +237,11 @@ impl Resender {
         again
     }
 
-    /// Forgets `peer`: it died (nothing kept for it will ever be acknowledged), or a new
-    /// process took its place (which numbers its messages from 1 again).
+    /// Drops what is kept for `peer`: it died, or a new process took its place (which would
+    /// not know what to do with what was meant for the old one). What arrives from it is
+    /// still told apart by incarnation.
     pub(crate) fn forget(&self, peer: NodeId) {
-        let mut state = self.lock();
-        state.outgoing.remove(&peer);
-        state.incoming.remove(&peer);
+        self.lock().outgoing.remove(&peer);
     }
 
     /// What this node resent, dropped and still keeps.
@@ -237,6 +278,12 @@ fn needs_ack(meta: &Meta) -> bool {
 mod tests {
     use super::*;
 
+    const INC: u64 = 5;
+    /// Sequence number `n` of incarnation `inc`.
+    fn seq(inc: u64, n: u64) -> u64 {
+        (inc << COUNTER_BITS) | n
+    }
+
     fn data(from: NodeId, to: NodeId) -> Message {
         let mut msg = Message::default();
         (msg.meta.sender, msg.meta.recipient) = (Some(from), Some(to));
@@ -245,7 +292,7 @@ mod tests {
 
     #[test]
     fn sequence_numbers_count_per_recipient_and_acks_release_the_copies() {
-        let r = Resender::new(Duration::from_secs(1));
+        let r = Resender::new(Duration::from_secs(1), INC);
         let t0 = Instant::now();
         let mut seqs = Vec::new();
         for to in [8, 8, 9, 8] {
@@ -253,18 +300,19 @@ mod tests {
             r.stamp(&mut msg, t0);
             seqs.push(msg.meta.seq);
         }
-        assert_eq!(seqs, [Some(1), Some(2), Some(1), Some(3)]);
+        let s = |n| Some(seq(INC, n));
+        assert_eq!(seqs, [s(1), s(2), s(1), s(3)]);
         assert_eq!(r.stats().unacked, 4);
-        r.acked(8, 2);
-        r.acked(9, 1);
-        r.acked(9, 7); // unknown: ignored
+        r.acked(8, seq(INC, 2));
+        r.acked(9, seq(INC, 1));
+        r.acked(9, seq(INC, 7)); // unknown: ignored
         assert_eq!(r.stats().unacked, 2);
         // Nothing is due before the timeout; then the two left, once per timeout.
         assert!(r.due(t0 + Duration::from_millis(999)).is_empty());
         let again = r.due(t0 + Duration::from_secs(1));
         let mut resent: Vec<_> = again.iter().map(|m| m.meta.seq).collect();
         resent.sort_unstable();
-        assert_eq!(resent, [Some(1), Some(3)]);
+        assert_eq!(resent, [s(1), s(3)]);
         assert!(r.due(t0 + Duration::from_millis(1500)).is_empty());
         assert_eq!(r.due(t0 + Duration::from_secs(2)).len(), 2);
         assert_eq!(r.stats().resent, 4);
@@ -274,7 +322,7 @@ mod tests {
 
     #[test]
     fn acks_and_heartbeats_are_not_numbered() {
-        let r = Resender::new(Duration::from_secs(1));
+        let r = Resender::new(Duration::from_secs(1), INC);
         for cmd in [Command::Ack, Command::Heartbeat] {
             let mut msg = data(10, 1);
             msg.meta.control = Some(Control::command(cmd));
@@ -284,7 +332,7 @@ mod tests {
         let mut barrier = data(10, 1);
         barrier.meta.control = Some(Control::command(Command::Barrier));
         r.stamp(&mut barrier, Instant::now());
-        assert_eq!(barrier.meta.seq, Some(1));
+        assert_eq!(barrier.meta.seq, Some(seq(INC, 1)));
         // Nor is a message without a sender (a registration before ids exist).
         let mut joining = data(10, 1);
         joining.meta.sender = None;
@@ -294,7 +342,7 @@ mod tests {
 
     #[test]
     fn the_receiver_acks_every_copy_and_drops_all_but_the_first_in_any_order() {
-        let r = Resender::new(Duration::from_secs(1));
+        let r = Resender::new(Duration::from_secs(1), INC);
         let arrive = |from, seq| {
             let mut msg = data(from, 8);
             msg.meta.seq = Some(seq);
@@ -317,17 +365,24 @@ mod tests {
             (10, 3),
             (10, 4),
         ];
-        let dups: Vec<bool> = order.iter().map(|&(f, s)| arrive(f, s)).collect();
+        let dups: Vec<bool> = order.iter().map(|&(f, n)| arrive(f, seq(7, n))).collect();
         assert_eq!(dups, [false, false, true, false, false, true, false, true]);
         assert_eq!(r.stats().duplicates, 3);
         // The window moved past the gap: nothing kept above it.
         let state = r.lock();
         let from_10 = &state.incoming[&10];
-        assert_eq!((from_10.below, from_10.above.len()), (5, 0));
+        assert_eq!((from_10.below, from_10.above.len()), (seq(7, 5), 0));
         drop(state);
-        // A new process in 10's place numbers from 1 again.
-        r.forget(10);
-        assert!(!arrive(10, 1));
+        // A new process in 10's place (incarnation 9) numbers from 1 again: all fresh, even
+        // arriving before the old one's last resend, which is then dropped.
+        assert!(!arrive(10, seq(9, 2)));
+        assert!(!arrive(10, seq(9, 1)));
+        assert!(
+            arrive(10, seq(7, 5)),
+            "a replaced incarnation's leftovers are dropped"
+        );
+        assert!(arrive(10, seq(9, 1)));
+        assert!(!arrive(10, seq(9, 3)));
         // Unnumbered messages pass without an ack.
         let plain = r.received(&data(12, 8));
         assert!(plain.ack.is_none() && !plain.duplicate);

@@ -49,7 +49,9 @@ impl Router {
     /// A router over `vans` (the stream van first) for the node `me`. The configuration gives
     /// the selection switches and, with an endpoint map (the `.endpoint_map` of TensorFlow
     /// Seastar / StarServer deployments), the data address of each mapped control address.
-    pub fn new(vans: Vec<Arc<dyn Van>>, config: &Config, me: Node) -> Router {
+    /// `incarnation` tells this process from another that later takes its node id (the top
+    /// bits of its resend sequence numbers, with `PS_RESEND`).
+    pub fn new(vans: Vec<Arc<dyn Van>>, config: &Config, me: Node, incarnation: u64) -> Router {
         let mut available = Available::default();
         for van in &vans {
             match van.kind() {
@@ -66,7 +68,9 @@ impl Router {
             config: config.clone(),
             me,
             state: Mutex::new(RouterState::default()),
-            resend: config.resend_timeout.map(Resender::new),
+            resend: config
+                .resend_timeout
+                .map(|timeout| Resender::new(timeout, incarnation)),
         }
     }
 
@@ -370,7 +374,8 @@ mod tests {
             ..Config::default()
         };
         let me = Node::new(Role::Worker, "10.0.0.3", 1);
-        let router = Router::new(vec![Arc::new(InProcessVan::new(&Hub::new()))], &config, me);
+        let vans: Vec<Arc<dyn Van>> = vec![Arc::new(InProcessVan::new(&Hub::new()))];
+        let router = Router::new(vans, &config, me, 1);
         let mut node = Node::new(Role::Server, "10.0.0.1", 2222).with_id(8);
         node.endpoints
             .push(Endpoint::stream(VanKind::Tcp, "10.0.0.1", 2222));

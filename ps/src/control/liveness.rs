@@ -29,12 +29,14 @@ impl Scheduler {
             }
         }
         let reason = format!("no heartbeat for {timeout:?}");
-        self.bury(newly_dead, &reason)
+        let mut out = self.bury(newly_dead.clone(), &reason);
+        out.extend(self.replace_dead(now, &newly_dead));
+        out
     }
 
     /// A connection to `peer` broke: the node is dead at once, unless it is unknown, already
     /// dead, or leaving (then it is merely gone).
-    pub fn peer_lost(&mut self, _now: Instant, peer: NodeId, reason: &str) -> Vec<Output> {
+    pub fn peer_lost(&mut self, now: Instant, peer: NodeId, reason: &str) -> Vec<Output> {
         match self.peers.get_mut(&peer) {
             None => {
                 debug!(peer, reason, "lost a connection to an unregistered node");
@@ -46,7 +48,11 @@ impl Scheduler {
                 state.gone = true;
                 self.bury(Vec::new(), reason)
             }
-            Some(_) => self.bury(vec![peer], reason),
+            Some(_) => {
+                let mut out = self.bury(vec![peer], reason);
+                out.extend(self.replace_dead(now, &[peer]));
+                out
+            }
         }
     }
 
@@ -76,7 +82,7 @@ impl Scheduler {
     }
 
     /// Declares `ids` dead, tells every live node, and settles every pending barrier.
-    fn bury(&mut self, ids: Vec<NodeId>, reason: &str) -> Vec<Output> {
+    pub(super) fn bury(&mut self, ids: Vec<NodeId>, reason: &str) -> Vec<Output> {
         let mut out = Vec::new();
         if !ids.is_empty() {
             warn!(dead = ?ids, reason, "declaring nodes dead");

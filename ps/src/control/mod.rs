@@ -11,6 +11,12 @@
 //! - Ids are assigned once every expected node has registered, by sorting each role on
 //!   `(host, port, host_identity)`, so a restart of the same job gives the same ids whatever
 //!   the arrival order.
+//! - Recovery (ps-lite's `is_recovery`): a node that registers once the cluster is complete
+//!   takes the id of a dead node of its role (the one at its address if any, else the lowest),
+//!   is marked `is_recovery` in the table, and every live node is told its new address. A
+//!   registration at the address of a live node from another process (another incarnation,
+//!   the `msg_sig` of `AddNode`) means that node restarted: it is declared dead, then
+//!   replaced. One with no dead node to replace waits until a node of its role dies.
 //! - A node is declared dead when it has been silent for a whole heartbeat timeout
 //!   (`now - last_seen >= timeout`); [`Scheduler::next_deadline`] is exactly that instant.
 //! - After `Terminate`, a node is *leaving*: a broken connection or a lapsed heartbeat is then
@@ -69,6 +75,8 @@ struct Peer {
     /// Leaving, and its connection broke or its heartbeat lapsed: no longer waited for.
     gone: bool,
     dead: bool,
+    /// The registered process's incarnation (the `msg_sig` of its `AddNode`; 0: not given).
+    incarnation: u64,
 }
 
 /// The scheduler's control plane: feed it what arrives, carry out what it returns.
@@ -94,13 +102,16 @@ pub struct Scheduler {
     config: SchedulerConfig,
     me: Node,
     /// Registrations before the cluster is complete, with the echo of each request.
-    joining: Vec<(Node, Echo)>,
+    joining: Vec<(Node, u64, Echo)>,
     /// Empty until ready; then scheduler, servers by id, workers by id.
     table: Vec<Node>,
     peers: BTreeMap<NodeId, Peer>,
     me_leaving: bool,
     /// Pending barriers: group mask → arrived node → echo of its request.
     barriers: BTreeMap<i32, BTreeMap<NodeId, Echo>>,
+    /// Registrations after the cluster was complete, waiting for a node of their role to be
+    /// declared dead so that they can take its place.
+    waiting: Vec<(Node, u64, Echo)>,
 }
 
 impl Scheduler {
@@ -122,6 +133,7 @@ impl Scheduler {
             peers: BTreeMap::new(),
             me_leaving: false,
             barriers: BTreeMap::new(),
+            waiting: Vec::new(),
         }
     }
 
@@ -224,7 +236,10 @@ impl Scheduler {
     /// Who has joined, for humans: `"1/2 servers, 3/3 workers joined; waiting for 1 server"`.
     pub fn summary(&self) -> String {
         // Before ready only `joining` holds nodes, after it only `table`.
-        let joined = self.table.iter().chain(self.joining.iter().map(|(n, _)| n));
+        let joined = self
+            .table
+            .iter()
+            .chain(self.joining.iter().map(|(n, _, _)| n));
         let count = |role| joined.clone().filter(|n| n.role == role).count();
         let (servers, workers) = (count(Role::Server), count(Role::Worker));
         let want_servers = self.expected(Role::Server);

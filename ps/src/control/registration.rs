@@ -1,11 +1,13 @@
 //! Registration: nodes join with `AddNode`; once every expected node has, ids are assigned
 //! by sorted address and everyone is welcomed with the table. A registration re-sent after
-//! that gets the table again.
+//! that gets the table again; one from a new process takes the place of a dead node of its
+//! role (recovery), declaring the node at its address dead first if that one still counts
+//! as alive, or waits for a node of its role to die.
 
 use std::time::Instant;
 
 use tracing::{debug, info, warn};
-use van_core::{node_ids, Command, Control, Node, Role};
+use van_core::{node_ids, Command, Control, Node, NodeId, Role};
 
 use super::output::{reply, Echo};
 use super::{Output, Peer, Scheduler};
@@ -32,29 +34,9 @@ impl Scheduler {
             known.role == node.role && known.host == node.host && known.port == node.port
         };
         if self.is_ready() {
-            if node.is_recovery {
-                warn!(%node, "ignoring a recovery registration (not supported)");
-                return Vec::new();
-            }
-            let Some(index) = self.table.iter().skip(1).position(same).map(|i| i + 1) else {
-                warn!(%node, "ignoring a registration: the cluster is complete");
-                return Vec::new();
-            };
-            let id = self.table[index].id.unwrap_or_default();
-            match self.peers.get_mut(&id) {
-                Some(peer) if !peer.dead => {
-                    peer.last_seen = peer.last_seen.max(now);
-                    peer.gone = false;
-                }
-                _ => {
-                    warn!(%node, "ignoring a registration from a dead node");
-                    return Vec::new();
-                }
-            }
-            debug!(id, "registration re-sent; sending the table again");
-            return self.welcome(index, echo);
+            return self.on_late_registration(now, node, control.msg_sig, echo);
         }
-        if self.joining.iter().any(|(known, _)| same(known)) {
+        if self.joining.iter().any(|(known, _, _)| same(known)) {
             debug!(%node, "duplicate registration ignored");
             return Vec::new();
         }
@@ -62,7 +44,7 @@ impl Scheduler {
         let have = self
             .joining
             .iter()
-            .filter(|(n, _)| n.role == node.role)
+            .filter(|(n, _, _)| n.role == node.role)
             .count();
         if have >= want {
             warn!(%node, want, "ignoring a registration beyond the expected count");
@@ -72,7 +54,7 @@ impl Scheduler {
         node.id = None;
         node.is_recovery = false;
         info!(%node, "registered ({})", self.summary());
-        self.joining.push((node, echo));
+        self.joining.push((node, control.msg_sig, echo));
         if self.joining.len()
             < self
                 .expected(Role::Server)
@@ -87,12 +69,13 @@ impl Scheduler {
     fn assign_ids(&mut self, now: Instant) -> Vec<Output> {
         let mut joining = std::mem::take(&mut self.joining);
         // Role orders Server before Worker, so the table comes out in id order.
-        joining
-            .sort_by_cached_key(|(n, _)| (n.role, n.host.clone(), n.port, n.host_identity.clone()));
+        joining.sort_by_cached_key(|(n, _, _)| {
+            (n.role, n.host.clone(), n.port, n.host_identity.clone())
+        });
         self.table = vec![self.me.clone()];
         let (mut servers, mut workers) = (0u32, 0u32);
         let mut echoes = Vec::with_capacity(joining.len());
-        for (mut node, echo) in joining {
+        for (mut node, incarnation, echo) in joining {
             let id = if node.role == Role::Server {
                 servers += 1;
                 node_ids::server_rank_to_id(servers - 1)
@@ -107,6 +90,7 @@ impl Scheduler {
                 leaving: false,
                 gone: false,
                 dead: false,
+                incarnation,
             };
             self.peers.insert(id, peer);
             self.table.push(node);
@@ -117,6 +101,148 @@ impl Scheduler {
         for (i, echo) in echoes.into_iter().enumerate() {
             out.extend(self.welcome(i + 1, echo));
         }
+        out
+    }
+
+    /// A registration once the cluster is complete: the same process again (the table
+    /// again), a restart or a replacement (recovery), or one that waits for a place.
+    fn on_late_registration(
+        &mut self,
+        now: Instant,
+        node: &Node,
+        incarnation: u64,
+        echo: Echo,
+    ) -> Vec<Output> {
+        let at_address = self.table.iter().skip(1).position(|known| {
+            known.role == node.role && known.host == node.host && known.port == node.port
+        });
+        let mut out = Vec::new();
+        if let Some(index) = at_address.map(|i| i + 1) {
+            let id = self.table[index].id.unwrap_or_default();
+            let Some(peer) = self.peers.get_mut(&id) else {
+                return out;
+            };
+            let same_process =
+                incarnation == 0 || peer.incarnation == 0 || incarnation == peer.incarnation;
+            if !peer.dead && same_process {
+                peer.last_seen = peer.last_seen.max(now);
+                peer.gone = false;
+                debug!(id, "registration re-sent; sending the table again");
+                return self.welcome(index, echo);
+            }
+            if !peer.dead {
+                // Another process at its address: the one we knew is gone.
+                // Not told itself: the old process is gone, and its address is the new one's.
+                let notices = self.bury(
+                    vec![id],
+                    "restarted: a new process registered at its address",
+                );
+                out.extend(
+                    notices
+                        .into_iter()
+                        .filter(|o| !matches!(o, Output::Send(m) if m.meta.recipient == Some(id))),
+                );
+            }
+            out.extend(self.revive(now, id, node, incarnation, echo));
+            return out;
+        }
+        if self
+            .waiting
+            .iter()
+            .any(|(n, inc, _)| n.host == node.host && n.port == node.port && *inc == incarnation)
+        {
+            debug!(%node, "waiting registration re-sent");
+            return out;
+        }
+        match self.replaceable(node.role) {
+            Some(id) => self.revive(now, id, node, incarnation, echo),
+            None => {
+                let waiting = self
+                    .waiting
+                    .iter()
+                    .filter(|(n, ..)| n.role == node.role)
+                    .count();
+                if waiting >= self.expected(node.role) {
+                    warn!(%node, "ignoring a registration: the cluster is complete");
+                    return out;
+                }
+                warn!(
+                    %node,
+                    "registration after the cluster is complete: it will take the place of the \
+                     next {} declared dead",
+                    node.role
+                );
+                self.waiting.push((node.clone(), incarnation, echo));
+                out
+            }
+        }
+    }
+
+    /// The lowest id of a dead node of `role`, if any.
+    fn replaceable(&self, role: Role) -> Option<NodeId> {
+        self.table
+            .iter()
+            .skip(1)
+            .filter(|n| n.role == role)
+            .filter_map(|n| n.id)
+            .find(|id| self.peers.get(id).is_some_and(|p| p.dead))
+    }
+
+    /// Nodes just declared dead whose place a waiting registration takes.
+    pub(super) fn replace_dead(&mut self, now: Instant, dead: &[NodeId]) -> Vec<Output> {
+        let mut out = Vec::new();
+        for &id in dead {
+            let Some(role) = self.node(id).map(|n| n.role) else {
+                continue;
+            };
+            let Some(at) = self.waiting.iter().position(|(n, ..)| n.role == role) else {
+                continue;
+            };
+            let (node, incarnation, echo) = self.waiting.remove(at);
+            out.extend(self.revive(now, id, &node, incarnation, echo));
+        }
+        out
+    }
+
+    /// `node` (a new process) takes the place of dead node `id`: it is alive again at its new
+    /// address and marked `is_recovery`; the scheduler, then every live node, is told (so
+    /// that they reconnect), then the node gets the table.
+    fn revive(
+        &mut self,
+        now: Instant,
+        id: NodeId,
+        node: &Node,
+        incarnation: u64,
+        echo: Echo,
+    ) -> Vec<Output> {
+        let Some(peer) = self.peers.get_mut(&id) else {
+            return Vec::new();
+        };
+        (peer.dead, peer.gone, peer.leaving) = (false, false, false);
+        peer.last_seen = now;
+        peer.incarnation = incarnation;
+        let index = peer.index;
+        let mut node = node.clone();
+        node.id = Some(id);
+        node.is_recovery = true;
+        info!(%node, "a new process takes the place of node {id} (recovery)");
+        let Some(entry) = self.table.get_mut(index) else {
+            return Vec::new();
+        };
+        *entry = node.clone();
+        let control = Control {
+            cmd: Command::AddNode,
+            nodes: vec![node],
+            ..Control::default()
+        };
+        let mut out: Vec<Output> = self
+            .table
+            .iter()
+            .filter_map(|n| n.id)
+            .filter(|&other| other != id && self.is_live(other))
+            .map(|other| reply(other, control.clone(), Echo::default()))
+            .collect();
+        out.extend(self.welcome(index, echo));
         out
     }
 

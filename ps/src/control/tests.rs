@@ -158,12 +158,148 @@ fn duplicate_registration_is_idempotent_and_resend_after_ready_gets_the_table() 
     let out = s.handle(t0, &add_node(&all[1]));
     assert_eq!(out[0], Output::Connect(s.table()[2].clone()));
     assert_eq!(sends(&out[1..]), [(9, AddNode, 0, vec![1, 8, 9])]);
-    // Strangers and recoveries after ready are ignored.
+    // A stranger after ready waits for a place (nobody is dead): no answer yet. A node's
+    // own claim to be recovering changes nothing: the scheduler decides.
     let stranger = Node::new(Role::Worker, "x", 1);
     assert!(s.handle(t0, &add_node(&stranger)).is_empty());
     let mut recovering = all[1].clone();
     recovering.is_recovery = true;
-    assert!(s.handle(t0, &add_node(&recovering)).is_empty());
+    assert_eq!(
+        sends(&s.handle(t0, &add_node(&recovering))[1..]),
+        [(9, AddNode, 0, vec![1, 8, 9])]
+    );
+}
+
+/// A registration from process `incarnation`.
+fn add_node_from(node: &Node, incarnation: u64) -> Message {
+    let mut msg = add_node(node);
+    if let Some(control) = &mut msg.meta.control {
+        control.msg_sig = incarnation;
+    }
+    msg
+}
+
+/// A scheduler of 1 server and 2 workers whose nodes registered as incarnations 100, 101, 102.
+fn ready_with_incarnations(t0: Instant) -> Scheduler {
+    let mut s = fresh(1, 2, Some(TIMEOUT));
+    for (i, node) in nodes(1, 2).iter().enumerate() {
+        s.handle(t0, &add_node_from(node, 100 + i as u64));
+    }
+    assert!(s.is_ready());
+    s
+}
+
+/// The recovery notice every live node gets, then the welcome of the recovered node.
+fn assert_recovery(out: &[Output], id: NodeId, told: &[NodeId], table: &[Node]) {
+    let notices = &out[..told.len()];
+    assert_eq!(
+        sends(notices),
+        told.iter()
+            .map(|&to| (to, AddNode, 0, vec![id]))
+            .collect::<Vec<_>>()
+    );
+    for notice in notices {
+        let Output::Send(m) = notice else {
+            panic!("expected a send")
+        };
+        let node = &m.meta.control.as_ref().unwrap().nodes[0];
+        assert!(node.is_recovery, "the notice marks the node as recovering");
+    }
+    let entry = table.iter().find(|n| n.id == Some(id)).unwrap();
+    assert!(entry.is_recovery);
+    assert_eq!(out[told.len()], Output::Connect(entry.clone()));
+    assert_eq!(
+        sends(&out[told.len() + 1..]),
+        [(id, AddNode, 0, vec![1, 8, 9, 11])]
+    );
+}
+
+#[test]
+fn a_new_process_takes_the_place_of_a_dead_node_of_its_role() {
+    let t0 = Instant::now();
+    let mut s = ready_with_incarnations(t0);
+    // Worker 11 dies; the others keep beating.
+    s.handle(t0 + TIMEOUT / 2, &request(8, Heartbeat, 0));
+    s.handle(t0 + TIMEOUT / 2, &request(9, Heartbeat, 0));
+    s.tick(t0 + TIMEOUT);
+    assert_eq!(s.dead(), [11]);
+    // A new worker process at a new address takes id 11.
+    let newcomer = Node::new(Role::Worker, "10.0.0.77", 7777);
+    let now = t0 + TIMEOUT + MS;
+    let out = s.handle(now, &add_node_from(&newcomer, 555));
+    assert_recovery(&out, 11, &[1, 8, 9], s.table());
+    assert_eq!(
+        s.node(11).map(|n| (n.host.as_str(), n.port)),
+        Some(("10.0.0.77", 7777))
+    );
+    assert!(s.dead().is_empty());
+    // It is watched again, and re-sending its registration only gets the table again.
+    assert_eq!(s.next_deadline(), Some(t0 + TIMEOUT / 2 + TIMEOUT));
+    let again = s.handle(now, &add_node_from(&newcomer, 555));
+    assert_eq!(sends(&again[1..]), [(11, AddNode, 0, vec![1, 8, 9, 11])]);
+    // A server cannot take a worker's place: it waits.
+    let server = Node::new(Role::Server, "10.0.0.78", 7778);
+    assert!(s.handle(now, &add_node_from(&server, 556)).is_empty());
+}
+
+#[test]
+fn a_restart_at_the_same_address_buries_the_old_process_then_recovers() {
+    let t0 = Instant::now();
+    let mut s = ready_with_incarnations(t0);
+    let worker = s.node(9).unwrap().clone();
+    // The same process re-sending: the table again, nothing else.
+    let incarnation = s.peers[&9].incarnation;
+    assert!((100..=102).contains(&incarnation));
+    let resent = s.handle(t0, &add_node_from(&worker, incarnation));
+    assert_eq!(sends(&resent[1..]), [(9, AddNode, 0, vec![1, 8, 9, 11])]);
+    // Another process at worker 9's address: 9 is declared dead (the others told, not the
+    // new process), then recovered.
+    let out = s.handle(t0, &add_node_from(&worker, 999));
+    let (failure, recovery) = out.split_at(3);
+    assert_eq!(
+        sends(failure),
+        [
+            (1, NodeFailure, 0, vec![9]),
+            (8, NodeFailure, 0, vec![9]),
+            (11, NodeFailure, 0, vec![9])
+        ]
+    );
+    assert_recovery(recovery, 9, &[1, 8, 11], s.table());
+    assert!(s.dead().is_empty());
+}
+
+#[test]
+fn a_registration_with_no_place_waits_for_a_node_of_its_role_to_die() {
+    let t0 = Instant::now();
+    let mut s = ready_with_incarnations(t0);
+    let early = Node::new(Role::Worker, "10.0.0.90", 9090);
+    assert!(
+        s.handle(t0, &add_node_from(&early, 7)).is_empty(),
+        "nobody to replace yet"
+    );
+    assert!(
+        s.handle(t0, &add_node_from(&early, 7)).is_empty(),
+        "re-sent: still waiting"
+    );
+    // Worker 9's connection breaks: it is declared dead and the waiting one takes its place.
+    let out = s.peer_lost(t0 + MS, 9, "reset");
+    let (failure, recovery) = out.split_at(4);
+    assert!(sends(failure)
+        .iter()
+        .all(|(_, cmd, _, dead)| *cmd == NodeFailure && dead == &[9]));
+    assert_recovery(recovery, 9, &[1, 8, 11], s.table());
+    assert_eq!(s.node(9).map(|n| n.port), Some(9090));
+    // Only as many wait as the role has members; more are refused.
+    let mut s = ready_with_incarnations(t0);
+    for port in 1..=2 {
+        assert!(s
+            .handle(t0, &add_node_from(&Node::new(Role::Worker, "w", port), 0))
+            .is_empty());
+    }
+    assert!(s
+        .handle(t0, &add_node_from(&Node::new(Role::Worker, "w", 3), 0))
+        .is_empty());
+    assert_eq!(s.waiting.len(), 2);
 }
 
 #[test]

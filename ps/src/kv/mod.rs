@@ -6,6 +6,7 @@
 //! A response with a non-empty `meta.body` is an error reported by the server's handler.
 
 mod server;
+mod snapshot;
 mod worker;
 
 use std::borrow::Cow;
@@ -17,6 +18,7 @@ use crate::error::PsError;
 use crate::values::{self, Value};
 
 pub use server::{KvServer, RequestHandler, SumHandler};
+pub use snapshot::Snapshot;
 pub use worker::{KvWorker, RequestId};
 
 /// Keys, values and optional per-key lengths, as bytes that travel without copies.

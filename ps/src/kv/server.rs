@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use van_core::{Message, Meta};
 
+use super::snapshot::{decode_store, encode_store, Snapshot};
 use super::{kv_message, kv_pairs, KvMeta, KvPairs};
 use crate::error::{PsError, Result};
 use crate::hash::IntMap;
@@ -41,6 +42,19 @@ pub trait RequestHandler: Send + 'static {
     /// An `Err` is sent back to the worker, whose `wait` fails with
     /// [`PsError::HandlerFailed`] naming this server and carrying the text.
     fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String>;
+
+    /// This shard's state as bytes, for [`KvServer::snapshot`]. The default has none to
+    /// give: an error saying so.
+    fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {
+        Err("this request handler does not take snapshots".to_owned())
+    }
+
+    /// Replaces this shard's state with bytes [`snapshot`](Self::snapshot) gave, for
+    /// [`KvServer::restore`]. The default cannot: an error saying so.
+    fn restore(&mut self, state: &[u8]) -> std::result::Result<(), String> {
+        let _ = state;
+        Err("this request handler does not restore snapshots".to_owned())
+    }
 }
 
 /// ps-lite's default handler: a push adds the values into the store (the first push of a key
@@ -71,6 +85,15 @@ impl<T: Value> Default for SumHandler<T> {
 }
 
 impl<T: Value> RequestHandler for SumHandler<T> {
+    fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {
+        Ok(encode_store(&self.store))
+    }
+
+    fn restore(&mut self, state: &[u8]) -> std::result::Result<(), String> {
+        self.store = decode_store(state)?;
+        Ok(())
+    }
+
     fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String> {
         // A pure pull carries no values, so its declared type does not matter.
         let carries_values = meta.push || !meta.pull;
@@ -139,6 +162,16 @@ impl<T: Value> RequestHandler for SumHandler<T> {
     }
 }
 
+/// What a shard's task is asked to do, in the order asked.
+enum Work {
+    /// Handle a request (or a part of one).
+    Request(Job),
+    /// Give the handler's state.
+    Snapshot(oneshot::Sender<std::result::Result<Vec<u8>, String>>),
+    /// Replace the handler's state.
+    Restore(Bytes, oneshot::Sender<std::result::Result<(), String>>),
+}
+
 /// One request, or one shard's part of it, on its way to a shard.
 struct Job {
     meta: KvMeta,
@@ -205,8 +238,10 @@ impl<T: Value> std::fmt::Debug for KvServer<T> {
 
 struct ServerInner {
     po: Postoffice,
+    /// This server's key range, and each shard's part of it.
+    range: KeyRange,
     ranges: Vec<KeyRange>,
-    shards: Vec<mpsc::Sender<Job>>,
+    shards: Vec<mpsc::Sender<Work>>,
     /// Bytes of large requests received and not yet handled, in units of
     /// [`BUDGET_UNIT`]: a server holds at most the frame pool's worth (so the pool's buffers
     /// are reused instead of fresh memory paging in), and stops reading beyond that, which
@@ -243,6 +278,7 @@ impl<T: Value> KvServer<T> {
                 .unwrap_or(u32::MAX >> 4);
         let inner = Arc::new(ServerInner {
             po: po.clone(),
+            range: my_range,
             ranges,
             shards: senders,
             budget: Arc::new(Semaphore::new(budget_units as usize)),
@@ -277,17 +313,81 @@ impl<T: Value> KvServer<T> {
     pub fn held_bytes(&self) -> usize {
         self._inner.held.load(Ordering::Relaxed)
     }
+
+    /// The values this server holds, shard by shard, for a checkpoint. Each shard's state is
+    /// taken after the requests queued to it before this call: take it where no request is
+    /// in flight (after a barrier of the workers) for a consistent checkpoint of the cluster.
+    /// Fails if a handler cannot give its state ([`RequestHandler::snapshot`]).
+    pub async fn snapshot(&self) -> Result<Snapshot> {
+        let mut shards = Vec::with_capacity(self._inner.shards.len());
+        for (shard, queue) in self._inner.shards.iter().enumerate() {
+            let (tx, rx) = oneshot::channel();
+            queue
+                .send(Work::Snapshot(tx))
+                .await
+                .map_err(|_| PsError::Stopped)?;
+            let state = rx.await.map_err(|_| PsError::Stopped)?;
+            let state = state.map_err(|e| {
+                PsError::InvalidArgument(format!("shard {shard} cannot take a snapshot: {e}"))
+            })?;
+            shards.push(Bytes::from(state));
+        }
+        Ok(Snapshot {
+            range: self._inner.range,
+            shards,
+        })
+    }
+
+    /// Replaces the values this server holds with `snapshot`'s: how a server that came back
+    /// as a new process (recovery, [`Postoffice::is_recovery`]) resumes from a checkpoint.
+    /// The snapshot must come from a server of the same key range and shard count.
+    pub async fn restore(&self, snapshot: &Snapshot) -> Result<()> {
+        let inner = &self._inner;
+        if snapshot.range != inner.range || snapshot.shards.len() != inner.shards.len() {
+            return Err(PsError::InvalidArgument(format!(
+                "the snapshot holds keys {}..={} in {} shards; this server holds {}..={} in {}",
+                snapshot.range.first,
+                snapshot.range.last,
+                snapshot.shards.len(),
+                inner.range.first,
+                inner.range.last,
+                inner.shards.len()
+            )));
+        }
+        for (shard, (queue, state)) in inner.shards.iter().zip(&snapshot.shards).enumerate() {
+            let (tx, rx) = oneshot::channel();
+            queue
+                .send(Work::Restore(state.clone(), tx))
+                .await
+                .map_err(|_| PsError::Stopped)?;
+            rx.await.map_err(|_| PsError::Stopped)?.map_err(|e| {
+                PsError::InvalidArgument(format!("shard {shard} cannot restore: {e}"))
+            })?;
+        }
+        Ok(())
+    }
 }
 
 async fn run_shard<H: RequestHandler>(
     po: Postoffice,
     mut handler: H,
-    mut jobs: mpsc::Receiver<Job>,
+    mut jobs: mpsc::Receiver<Work>,
 ) {
     let mut batch = Vec::with_capacity(SHARD_BATCH);
     let mut answers = Vec::new();
     while jobs.recv_many(&mut batch, SHARD_BATCH).await > 0 {
-        for job in batch.drain(..) {
+        for work in batch.drain(..) {
+            let job = match work {
+                Work::Request(job) => job,
+                Work::Snapshot(reply) => {
+                    let _ = reply.send(handler.snapshot());
+                    continue;
+                }
+                Work::Restore(state, reply) => {
+                    let _ = reply.send(handler.restore(&state));
+                    continue;
+                }
+            };
             // A handler that panics answers this request with an error and keeps its shard.
             let call = std::panic::AssertUnwindSafe(|| handler.handle(&job.meta, job.pairs));
             let result = std::panic::catch_unwind(call)
@@ -480,7 +580,7 @@ impl Customer for ServerInner {
             reply: Reply::Direct,
             _held: held,
         };
-        match self.shards[0].try_send(job) {
+        match self.shards[0].try_send(Work::Request(job)) {
             Ok(()) => None,
             Err(_) => Some(msg),
         }
@@ -611,7 +711,7 @@ impl ServerInner {
             .get(shard)
             .ok_or_else(|| format!("no shard {shard}"))?;
         queue
-            .send(job)
+            .send(Work::Request(job))
             .await
             .map_err(|_| format!("shard {shard} has stopped"))
     }

@@ -59,6 +59,8 @@ struct WorkerInner {
     customer_id: i32,
     next_id: AtomicI32,
     pending: Mutex<IntMap<RequestId, Pending>>,
+    /// Servers a new process took the place of, not yet taken by the application.
+    restarted: Mutex<Vec<NodeId>>,
 }
 
 /// Servers of one request (inline up to four: no allocation per request).
@@ -105,6 +107,7 @@ impl<T: Value> KvWorker<T> {
             customer_id,
             next_id: AtomicI32::new(0),
             pending: Mutex::new(IntMap::default()),
+            restarted: Mutex::new(Vec::new()),
         });
         po.register_customer(app_id, customer_id, Arc::clone(&inner) as Arc<dyn Customer>)
             .await?;
@@ -178,6 +181,20 @@ impl<T: Value> KvWorker<T> {
             ));
         }
         crate::embed::block_on_until(self.wait(id), None).unwrap_or(Err(PsError::Stopped))
+    }
+
+    /// The servers that failed and came back as a new process (recovery) since the last
+    /// call, by id. Such a server starts empty unless its application restored a snapshot
+    /// ([`KvServer::restore`](crate::KvServer::restore)): a worker that finds one here
+    /// should push again what the server must hold (or check what it restored).
+    pub fn take_restarted_servers(&self) -> Vec<NodeId> {
+        std::mem::take(
+            &mut *self
+                .inner
+                .restarted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// Number of requests issued and not yet waited for.
@@ -305,6 +322,21 @@ impl Customer for WorkerInner {
 
     fn node_failed(&self, node: NodeId, error: &str) {
         self.fail_node(node, error);
+    }
+
+    fn node_recovered(&self, node: NodeId) {
+        if node_ids::role_of(node) != Some(van_core::Role::Server) {
+            return;
+        }
+        tracing::warn!(
+            server = node,
+            "server {node} came back as a new process: it holds no values unless its \
+             application restored them"
+        );
+        let mut restarted = self.restarted.lock().unwrap_or_else(|e| e.into_inner());
+        if !restarted.contains(&node) {
+            restarted.push(node);
+        }
     }
 }
 

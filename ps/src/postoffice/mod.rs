@@ -26,6 +26,9 @@ use crate::error::{PsError, Result};
 use crate::range::{server_key_ranges, KeyRange};
 use crate::router::Router;
 
+// Failures, recoveries and resends: who this node counts alive.
+mod membership;
+
 /// Barrier group of every node (scheduler, servers and workers).
 pub const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
 
@@ -61,6 +64,11 @@ struct Inner {
     /// The node table, scheduler first, then servers and workers by id.
     table: OnceLock<Vec<Node>>,
     ready: watch::Sender<bool>,
+    /// This process's incarnation: sent with its registration, so that the scheduler tells a
+    /// registration re-sent from one sent by a new process at the same address.
+    incarnation: u64,
+    /// Bumped whenever a node is declared dead or recovers ([`Postoffice::wait_alive`]).
+    membership: watch::Sender<u64>,
     scheduler: Option<Mutex<Scheduler>>,
     customers: Mutex<Customers>,
     barriers: Mutex<HashMap<i32, oneshot::Sender<Result<()>>>>,
@@ -198,7 +206,8 @@ impl Postoffice {
             (config.hosts_scheduler && role != Role::Scheduler).then(|| host_scheduler(&config));
         let mut me = Node::new(role, host.clone(), port);
         me.host_identity = config.host_id.clone().unwrap_or_else(host_identity);
-        let router = Router::new(vans, &config, me.clone());
+        let incarnation = crate::resend::new_incarnation();
+        let router = Router::new(vans, &config, me.clone(), incarnation);
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         let endpoints = router.bind(&host, port, inbox_tx).await?;
         me.port = endpoints.first().map_or(port, endpoint_port);
@@ -223,6 +232,8 @@ impl Postoffice {
                 my_id: OnceLock::new(),
                 table: OnceLock::new(),
                 ready,
+                incarnation,
+                membership: watch::channel(0).0,
                 scheduler,
                 customers: Mutex::new(Customers::default()),
                 barriers: Mutex::new(HashMap::new()),
@@ -324,6 +335,7 @@ impl Postoffice {
             let mut msg = control_message(node_ids::SCHEDULER, Command::AddNode, true);
             if let Some(control) = &mut msg.meta.control {
                 control.nodes.push(self.inner.me.clone());
+                control.msg_sig = self.inner.incarnation;
             }
             self.inner.router.send(msg).await?;
         }
@@ -522,51 +534,6 @@ impl Postoffice {
         Ok(())
     }
 
-    /// Sends again what its recipient has not acknowledged in time (`PS_RESEND`), except to
-    /// nodes declared dead, whose messages are dropped.
-    async fn resend_overdue(&self) {
-        let Some(resend) = self.inner.router.resender() else {
-            return;
-        };
-        let due = resend.due(Instant::now());
-        if !due.is_empty() {
-            debug!(count = due.len(), "resending unacknowledged messages");
-        }
-        for msg in due {
-            let Some(peer) = msg.meta.recipient else {
-                continue;
-            };
-            if self.dead_error(peer).is_some() {
-                resend.forget(peer);
-                continue;
-            }
-            if let Err(e) = self.inner.router.send_once(msg).await {
-                debug!(peer, "resend failed, will try again: {e}");
-            }
-        }
-    }
-
-    /// With heartbeats on both ways (`PS_HEARTBEAT_INTERVAL` and `PS_HEARTBEAT_TIMEOUT`), a
-    /// scheduler that has not answered for a whole timeout is lost: the same failure as a
-    /// broken scheduler connection, so barriers and requests end with an error naming it.
-    /// This catches a scheduler that is stalled or cut off while its connection stays open.
-    fn check_scheduler_heard(&self) {
-        let Some(timeout) = self.inner.config.heartbeat_timeout else {
-            return;
-        };
-        let silent = lock(&self.inner.scheduler_heard).elapsed();
-        if silent >= timeout && !self.is_stopped() {
-            self.node_failed(
-                node_ids::SCHEDULER,
-                &format!(
-                    "no answer from the scheduler for {:.1} s (PS_HEARTBEAT_TIMEOUT is {:.1} s)",
-                    silent.as_secs_f64(),
-                    timeout.as_secs_f64()
-                ),
-            );
-        }
-    }
-
     /// A control message arrived (or the scheduler sent one to itself).
     async fn handle_control(&self, msg: Message) {
         let Some(control) = msg.meta.control.as_ref() else {
@@ -663,14 +630,21 @@ impl Postoffice {
         }
     }
 
+    /// The node table arrived (joining), or once joined, the scheduler's notice that new
+    /// processes took the place of failed nodes.
     fn table_arrived(&self, msg: &Message) {
         let (Some(control), Some(id)) = (&msg.meta.control, msg.meta.recipient) else {
             return;
         };
-        if self.inner.table.get().is_some() {
+        if self.inner.table.get().is_none() {
+            self.set_table(id, control.nodes.clone());
             return;
         }
-        self.set_table(id, control.nodes.clone());
+        for node in control.nodes.iter().filter(|n| n.is_recovery) {
+            if let Some(peer) = node.id.filter(|&p| p != self.my_id()) {
+                self.node_recovered(peer, node);
+            }
+        }
     }
 
     fn set_table(&self, my_id: NodeId, table: Vec<Node>) {
@@ -712,86 +686,6 @@ impl Postoffice {
         } else {
             self.inner.router.send(msg).await
         }
-    }
-
-    async fn peer_lost(&self, peer: NodeId, reason: &str) {
-        self.inner.router.peer_lost(peer);
-        if self.inner.finishing.load(Ordering::Acquire) || self.is_stopped() {
-            return;
-        }
-        if self.inner.router.resender().is_some() {
-            // PS_RESEND: what the connection carried unacknowledged goes again over a new
-            // one; a node that really died is declared by the heartbeat timeout.
-            info!(
-                peer,
-                "connection lost ({reason}); unacknowledged messages will be resent"
-            );
-            return;
-        }
-        if self.inner.scheduler.is_some() {
-            let outputs = self.with_scheduler(|s| s.peer_lost(Instant::now(), peer, reason));
-            self.execute(outputs).await;
-        } else if peer != node_ids::SCHEDULER && self.inner.finalizing.load(Ordering::Acquire) {
-            // Waiting at the final barrier: a peer released before us stops in order while
-            // our release is still on its way over the scheduler link, so its close is no
-            // failure. A peer that really died is declared by the scheduler, which also fails
-            // this barrier; only the scheduler's own loss is ours to report. (An ordinary
-            // `barrier(ALL_GROUPS)` of the run is no reason to stay quiet: nobody leaves there.)
-            debug!(
-                peer,
-                "peer closed while this node waits at the final barrier: {reason}"
-            );
-        } else {
-            self.node_failed(peer, &format!("connection lost: {reason}"));
-        }
-    }
-
-    /// Records that `node` is dead and fails everything waiting on it.
-    fn node_failed(&self, node: NodeId, reason: &str) {
-        if self.inner.finishing.load(Ordering::Acquire) {
-            return;
-        }
-        let first = lock(&self.inner.dead)
-            .insert(node, reason.to_owned())
-            .is_none();
-        if !first {
-            return;
-        }
-        warn!(node, "node failed: {reason}");
-        self.inner.router.peer_lost(node);
-        if let Some(resend) = self.inner.router.resender() {
-            resend.forget(node);
-        }
-        if node == node_ids::SCHEDULER {
-            // Nobody is left to release barriers.
-            let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
-            for (group, waiter) in waiters {
-                let _ = waiter.send(Err(PsError::BarrierFailed {
-                    group,
-                    dead: vec![node_ids::SCHEDULER],
-                }));
-            }
-        }
-        self.tell_customers(node, reason);
-    }
-
-    /// Tells every application that `node` failed (called without holding any lock).
-    fn tell_customers(&self, node: NodeId, reason: &str) {
-        let customers = lock(&self.inner.customers).all();
-        for customer in customers {
-            customer.node_failed(node, reason);
-        }
-    }
-
-    /// The error for a request to `node`, if it is known to be dead.
-    pub fn dead_error(&self, node: NodeId) -> Option<PsError> {
-        lock(&self.inner.dead)
-            .get(&node)
-            .map(|reason| PsError::NodeFailed {
-                node,
-                role: role_name(node),
-                reason: reason.clone(),
-            })
     }
 
     /// Waits until every node of `group` (a bitmask of [`node_ids`] groups; [`ALL_GROUPS`]

@@ -1,0 +1,193 @@
+//! A node's view of who is alive: failures (a broken connection, the scheduler's notice, a
+//! silent scheduler), recoveries (a new process in a failed node's place), and the resends
+//! of `PS_RESEND` that make a broken connection no failure.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+use van_core::{node_ids, Node, NodeId};
+
+use super::{lock, role_name, Postoffice};
+use crate::error::{PsError, Result};
+
+impl Postoffice {
+    /// With heartbeats on both ways (`PS_HEARTBEAT_INTERVAL` and `PS_HEARTBEAT_TIMEOUT`), a
+    /// scheduler that has not answered for a whole timeout is lost: the same failure as a
+    /// broken scheduler connection, so barriers and requests end with an error naming it.
+    /// This catches a scheduler that is stalled or cut off while its connection stays open.
+    pub(super) fn check_scheduler_heard(&self) {
+        let Some(timeout) = self.inner.config.heartbeat_timeout else {
+            return;
+        };
+        let silent = lock(&self.inner.scheduler_heard).elapsed();
+        if silent >= timeout && !self.is_stopped() {
+            self.node_failed(
+                node_ids::SCHEDULER,
+                &format!(
+                    "no answer from the scheduler for {:.1} s (PS_HEARTBEAT_TIMEOUT is {:.1} s)",
+                    silent.as_secs_f64(),
+                    timeout.as_secs_f64()
+                ),
+            );
+        }
+    }
+
+    /// Sends again what its recipient has not acknowledged in time (`PS_RESEND`), except to
+    /// nodes declared dead, whose messages are dropped.
+    pub(super) async fn resend_overdue(&self) {
+        let Some(resend) = self.inner.router.resender() else {
+            return;
+        };
+        let due = resend.due(Instant::now());
+        if !due.is_empty() {
+            debug!(count = due.len(), "resending unacknowledged messages");
+        }
+        for msg in due {
+            let Some(peer) = msg.meta.recipient else {
+                continue;
+            };
+            if self.dead_error(peer).is_some() {
+                resend.forget(peer);
+                continue;
+            }
+            if let Err(e) = self.inner.router.send_once(msg).await {
+                debug!(peer, "resend failed, will try again: {e}");
+            }
+        }
+    }
+
+    pub(super) async fn peer_lost(&self, peer: NodeId, reason: &str) {
+        self.inner.router.peer_lost(peer);
+        if self.inner.finishing.load(Ordering::Acquire) || self.is_stopped() {
+            return;
+        }
+        if self.inner.router.resender().is_some() {
+            // PS_RESEND: what the connection carried unacknowledged goes again over a new
+            // one; a node that really died is declared by the heartbeat timeout.
+            info!(
+                peer,
+                "connection lost ({reason}); unacknowledged messages will be resent"
+            );
+            return;
+        }
+        if self.inner.scheduler.is_some() {
+            let outputs = self.with_scheduler(|s| s.peer_lost(Instant::now(), peer, reason));
+            self.execute(outputs).await;
+        } else if peer != node_ids::SCHEDULER && self.inner.finalizing.load(Ordering::Acquire) {
+            // Waiting at the final barrier: a peer released before us stops in order while
+            // our release is still on its way over the scheduler link, so its close is no
+            // failure. A peer that really died is declared by the scheduler, which also fails
+            // this barrier; only the scheduler's own loss is ours to report. (An ordinary
+            // `barrier(ALL_GROUPS)` of the run is no reason to stay quiet: nobody leaves there.)
+            debug!(
+                peer,
+                "peer closed while this node waits at the final barrier: {reason}"
+            );
+        } else {
+            self.node_failed(peer, &format!("connection lost: {reason}"));
+        }
+    }
+
+    /// Records that `node` is dead and fails everything waiting on it.
+    pub(super) fn node_failed(&self, node: NodeId, reason: &str) {
+        if self.inner.finishing.load(Ordering::Acquire) {
+            return;
+        }
+        let first = lock(&self.inner.dead)
+            .insert(node, reason.to_owned())
+            .is_none();
+        if !first {
+            return;
+        }
+        warn!(node, "node failed: {reason}");
+        self.inner.membership.send_modify(|n| *n += 1);
+        self.inner.router.peer_lost(node);
+        if let Some(resend) = self.inner.router.resender() {
+            resend.forget(node);
+        }
+        if node == node_ids::SCHEDULER {
+            // Nobody is left to release barriers.
+            let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
+            for (group, waiter) in waiters {
+                let _ = waiter.send(Err(PsError::BarrierFailed {
+                    group,
+                    dead: vec![node_ids::SCHEDULER],
+                }));
+            }
+        }
+        self.tell_customers(node, reason);
+    }
+
+    /// Tells every application that `node` failed (called without holding any lock).
+    pub(super) fn tell_customers(&self, node: NodeId, reason: &str) {
+        let customers = lock(&self.inner.customers).all();
+        for customer in customers {
+            customer.node_failed(node, reason);
+        }
+    }
+
+    /// The error for a request to `node`, if it is known to be dead.
+    pub fn dead_error(&self, node: NodeId) -> Option<PsError> {
+        lock(&self.inner.dead)
+            .get(&node)
+            .map(|reason| PsError::NodeFailed {
+                node,
+                role: role_name(node),
+                reason: reason.clone(),
+            })
+    }
+
+    /// A new process took the place of failed node `peer` at `node`'s address: reach it
+    /// there (a fresh connection, a fresh resend window), no longer count it dead, and tell
+    /// the applications.
+    pub(super) fn node_recovered(&self, peer: NodeId, node: &Node) {
+        info!(
+            "node {peer} ({}) rejoined at {}:{} (a new process: recovery)",
+            node.role, node.host, node.port
+        );
+        self.inner.router.set_nodes(std::slice::from_ref(node));
+        self.inner.router.peer_lost(peer);
+        if let Some(resend) = self.inner.router.resender() {
+            resend.forget(peer);
+        }
+        lock(&self.inner.dead).remove(&peer);
+        self.inner.membership.send_modify(|n| *n += 1);
+        let customers = lock(&self.inner.customers).all();
+        for customer in customers {
+            customer.node_recovered(peer);
+        }
+    }
+
+    /// Whether this process took the place of a node that had failed (ps-lite's
+    /// `is_recovery`): the cluster was running before it joined, so it must not wait at the
+    /// start barriers the others passed long ago, and a server holds none of the old values
+    /// unless it restores them ([`KvServer::restore`](crate::KvServer::restore)).
+    pub fn is_recovery(&self) -> bool {
+        let me = self.my_id();
+        self.nodes()
+            .iter()
+            .any(|n| n.id == Some(me) && n.is_recovery)
+    }
+
+    /// Waits until `node` is not (or no longer) counted dead: a failed node that a new
+    /// process replaced (recovery). Fails with the node's failure if that does not happen
+    /// within `timeout`, or with [`PsError::Stopped`].
+    pub async fn wait_alive(&self, node: NodeId, timeout: Duration) -> Result<()> {
+        let mut changes = self.inner.membership.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let Some(error) = self.dead_error(node) else {
+                return Ok(());
+            };
+            if self.is_stopped() {
+                return Err(PsError::Stopped);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(PsError::Stopped),
+                Err(_) => return Err(error),
+            }
+        }
+    }
+}
