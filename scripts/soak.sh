@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/soak.sh SECONDS [SEED]: the chaos soak (README "Chaos and soak"). A cluster of real
 # processes, 2 servers x 4 workers, with a fault proxy in front of every node and a chaos
-# schedule (delay, throttle, blackhole, partition, cut, reset, garbage on every node's port)
-# while the workers push, pull and push-pull and check every sum exactly, with PS_RESEND on.
+# schedule (delay, throttle, blackhole, partition, cut, reset, garbage on every node's port,
+# and every 8 s a kill -9 of a worker or a server, started again in its place) while the
+# workers push, pull and push-pull and check every sum exactly, with PS_RESEND on.
 # Half the time over TCP, half with co-located nodes over shared memory. Exits 1 if any
 # update was lost or counted twice, or a node failed.
 #
@@ -26,6 +27,6 @@ cargo test --workspace --all-features --no-run -q 2>/dev/null \
 bin="$PWD/target/debug/vans-soak"
 half=$(( seconds / 2 ))
 echo "== soak over TCP, ${half}s (seed $seed)"
-"$bin" --seconds "$half" --van tcp --seed "$seed"
+"$bin" --seconds "$half" --van tcp --seed "$seed" --kill-every 8
 echo "== soak over shared memory, $(( seconds - half ))s (seed $(( seed + 1 )))"
-"$bin" --seconds "$(( seconds - half ))" --van ipc --seed "$(( seed + 1 ))"
+"$bin" --seconds "$(( seconds - half ))" --van ipc --seed "$(( seed + 1 ))" --kill-every 8

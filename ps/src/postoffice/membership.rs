@@ -62,6 +62,11 @@ impl Postoffice {
         if self.inner.finishing.load(Ordering::Acquire) || self.is_stopped() {
             return;
         }
+        if self.inner.table.get().is_none() {
+            // Still joining: bootstrap sends the registration again over a new connection.
+            debug!(peer, "connection lost while joining ({reason})");
+            return;
+        }
         if self.inner.router.resender().is_some() {
             // PS_RESEND: what the connection carried unacknowledged goes again over a new
             // one; a node that really died is declared by the heartbeat timeout.

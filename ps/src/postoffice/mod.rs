@@ -36,6 +36,8 @@ pub const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_
 const INBOX_BATCHES: usize = 1024;
 /// How often a node retries reaching the scheduler while bootstrapping.
 const CONNECT_RETRY: Duration = Duration::from_millis(200);
+/// How often a node re-sends its registration until the node table arrives.
+const REGISTER_RETRY: Duration = Duration::from_secs(2);
 /// How long the scheduler waits, after the final barrier, for the others to say goodbye.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
 
@@ -337,12 +339,23 @@ impl Postoffice {
                 control.nodes.push(self.inner.me.clone());
                 control.msg_sig = self.inner.incarnation;
             }
-            self.inner.router.send(msg).await?;
+            // The registration is re-sent until the table arrives: one lost with its
+            // connection (a cut, a reset) would otherwise leave this node waiting until the
+            // bootstrap deadline. The scheduler takes a re-sent one from the same process
+            // (same incarnation) as a duplicate.
+            loop {
+                match self.inner.router.send(msg.clone()).await {
+                    Ok(()) => {}
+                    Err(e) if is_final_refusal(&e) => return Err(e),
+                    Err(e) => debug!("registration not sent, will try again: {e}"),
+                }
+                match tokio::time::timeout(REGISTER_RETRY, wait_ready(&mut ready)).await {
+                    Ok(result) => return result,
+                    Err(_) => debug!("no node table yet; registering again"),
+                }
+            }
         }
-        while !*ready.borrow_and_update() {
-            ready.changed().await.map_err(|_| PsError::Stopped)?;
-        }
-        Ok(())
+        wait_ready(&mut ready).await
     }
 
     /// What the bootstrap deadline error says.
@@ -640,6 +653,14 @@ impl Postoffice {
             self.set_table(id, control.nodes.clone());
             return;
         }
+        // The whole table again (an answer to a re-sent registration): nothing new.
+        if control
+            .nodes
+            .iter()
+            .any(|n| n.id == Some(node_ids::SCHEDULER))
+        {
+            return;
+        }
         for node in control.nodes.iter().filter(|n| n.is_recovery) {
             if let Some(peer) = node.id.filter(|&p| p != self.my_id()) {
                 self.node_recovered(peer, node);
@@ -897,6 +918,14 @@ fn host_scheduler(config: &Config) -> JoinHandle<Result<()>> {
         config.root_uri, config.root_port
     );
     tokio::spawn(async move { Box::pin(Postoffice::start(config)).await?.finalize().await })
+}
+
+/// Waits until the node table has arrived.
+async fn wait_ready(ready: &mut watch::Receiver<bool>) -> Result<()> {
+    while !*ready.borrow_and_update() {
+        ready.changed().await.map_err(|_| PsError::Stopped)?;
+    }
+    Ok(())
 }
 
 /// Whether `e` is a handshake answer that no retry can change: the scheduler holds another

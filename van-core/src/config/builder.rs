@@ -93,6 +93,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// Sets the resend timeout (`PS_RESEND=1` with `PS_RESEND_TIMEOUT`); `None`: off.
+    pub fn resend_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.resend_timeout = timeout;
+        self
+    }
+
     /// Sets the role (`DMLC_ROLE`); a cluster node then needs a root port.
     pub fn role(mut self, role: Role) -> Self {
         self.config.role = Some(role);

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use examples::chaos::{self, FaultProxy, Mode, Rng, Schedule};
 
@@ -16,7 +16,7 @@ use crate::{BoxError, Options};
 const HEARTBEAT_TIMEOUT_SECS: u64 = 20;
 const MAX_OUTAGE: Duration = Duration::from_millis(1500);
 /// How long the nodes may take, after the chaos ends, to check and leave.
-const FINISH: Duration = Duration::from_secs(180);
+const FINISH: Duration = Duration::from_secs(60);
 
 /// A port on 127.0.0.1 that was free a moment ago.
 fn free_port() -> Result<u16, BoxError> {
@@ -70,32 +70,54 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
         "vans-soak: {} servers x {} workers over {}, {} s of chaos (seed {}), PS_RESEND on",
         o.servers, o.workers, o.van, o.seconds, o.seed
     );
+    let until_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64
+        + 2_000
+        + (o.seconds * 1000.0) as u64;
+    let launch = Launch {
+        o,
+        plan: &plan,
+        map: &map_file,
+        ipc,
+        until_ms,
+    };
     let mut nodes = Vec::new();
-    for p in &plan {
-        nodes.push(spawn(o, p, &plan[0], &map_file, ipc)?);
+    for index in 0..plan.len() {
+        nodes.push(launch.spawn(index)?);
     }
-    let chaos = chaos_loop(o, &plan).await;
+    let mut killed = Vec::new();
+    let chaos = chaos_loop(&launch, &mut nodes, &mut killed).await;
     for p in &plan {
         p.proxy.set_mode(Mode::Pass);
     }
-    let outcome = finish(nodes);
+    let outcome = finish(nodes, killed);
     let _ = std::fs::remove_dir_all(&dir);
     report(o, &chaos, &plan, outcome?)
 }
 
-fn spawn(
-    o: &Options,
-    p: &Planned,
-    scheduler: &Planned,
-    map: &Path,
+/// What starting a node takes: the same for its first start and every restart.
+struct Launch<'a> {
+    o: &'a Options,
+    plan: &'a [Planned],
+    map: &'a Path,
     ipc: bool,
-) -> Result<Running, BoxError> {
+    until_ms: u64,
+}
+
+impl Launch<'_> {
+    /// Starts node `index` of the plan (again).
+    fn spawn(&self, index: usize) -> Result<Running, BoxError> {
+        spawn(self, &self.plan[index], &self.plan[0])
+    }
+}
+
+fn spawn(launch: &Launch<'_>, p: &Planned, scheduler: &Planned) -> Result<Running, BoxError> {
+    let (o, map, ipc) = (launch.o, launch.map, launch.ipc);
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.args([
         "--node",
-        "--seconds",
-        &o.seconds.to_string(),
+        "--until-ms",
+        &launch.until_ms.to_string(),
         "--workers",
         &o.workers.to_string(),
         "--keys",
@@ -150,15 +172,63 @@ struct Chaos {
     garbage_closed: u64,
 }
 
-async fn chaos_loop(o: &Options, plan: &[Planned]) -> Chaos {
+/// Kills node `index` (-9) and starts a new process in its place; the old one joins
+/// `killed`.
+async fn kill_and_restart(
+    launch: &Launch<'_>,
+    index: usize,
+    nodes: &mut [Running],
+    killed: &mut Vec<Running>,
+    rng: &mut Rng,
+) -> Result<(), BoxError> {
+    let node = &mut nodes[index];
+    node.child.kill()?;
+    node.child.wait()?;
+    println!("vans-soak: killed {} (pid {})", node.name, node.child.id());
+    tokio::time::sleep(rng.between(Duration::from_millis(200), Duration::from_millis(800))).await;
+    let fresh = launch.spawn(index)?;
+    killed.push(std::mem::replace(node, fresh));
+    Ok(())
+}
+
+async fn chaos_loop(
+    launch: &Launch<'_>,
+    nodes: &mut [Running],
+    killed: &mut Vec<Running>,
+) -> Chaos {
+    let (o, plan) = (launch.o, launch.plan);
     let mut out = Chaos::default();
     let mut schedule = Schedule::new(o.seed, plan.len(), MAX_OUTAGE);
     let mut rng = Rng::new(o.seed ^ 0x5eed);
     // Let the cluster form before the first fault.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let end = Instant::now() + Duration::from_secs_f64(o.seconds);
+    let kills_end = end.checked_sub(Duration::from_secs(10)).unwrap_or(end);
+    let mut next_kill =
+        (o.kill_every > 0.0).then(|| Instant::now() + Duration::from_secs_f64(o.kill_every));
+    let mut kill_server = false;
     let mut last_said = Instant::now();
     while Instant::now() < end {
+        if let Some(at) = next_kill.filter(|at| Instant::now() >= *at && *at < kills_end) {
+            // Workers and servers in turn; never the scheduler.
+            let (first, count) = if kill_server {
+                (1, o.servers as usize)
+            } else {
+                (1 + o.servers as usize, o.workers as usize)
+            };
+            let index = first + rng.below(count as u64) as usize;
+            let what = if kill_server {
+                "kill -9 server"
+            } else {
+                "kill -9 worker"
+            };
+            *out.faults.entry(what).or_default() += 1;
+            if let Err(e) = kill_and_restart(launch, index, nodes, killed, &mut rng).await {
+                println!("vans-soak: could not kill and restart node {index}: {e}");
+            }
+            kill_server = !kill_server;
+            next_kill = Some(at + Duration::from_secs_f64(o.kill_every));
+        }
         let step = schedule.next_step();
         let proxy = &plan[step.proxy].proxy;
         *out.faults.entry(step.fault.name()).or_default() += 1;
@@ -201,8 +271,12 @@ async fn chaos_loop(o: &Options, plan: &[Planned]) -> Chaos {
     out
 }
 
-/// Waits for every node; returns the output lines of each, or which failed.
-fn finish(mut nodes: Vec<Running>) -> Result<Vec<(String, Vec<String>)>, BoxError> {
+/// Waits for every node; returns the output lines of each (the killed ones' too), or which
+/// failed.
+fn finish(
+    mut nodes: Vec<Running>,
+    killed: Vec<Running>,
+) -> Result<Vec<(String, Vec<String>)>, BoxError> {
     let deadline = Instant::now() + FINISH;
     let mut failed = Vec::new();
     for node in &mut nodes {
@@ -224,7 +298,7 @@ fn finish(mut nodes: Vec<Running>) -> Result<Vec<(String, Vec<String>)>, BoxErro
         }
     }
     let mut out = Vec::new();
-    for node in nodes {
+    for node in killed.into_iter().chain(nodes) {
         let lines = node.lines.join().unwrap_or_default();
         out.push((node.name, lines));
     }

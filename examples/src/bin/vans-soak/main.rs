@@ -38,9 +38,17 @@ pub(crate) struct Options {
     /// Shared keys every worker adds to.
     #[arg(long, default_value_t = 16)]
     keys: u64,
+    /// Kill -9 a worker or a server (in turn) every this many seconds and start a new
+    /// process in its place (0: never). Kills stop 10 s before the end.
+    #[arg(long, default_value_t = 0.0)]
+    kill_every: f64,
     /// Run as one node of the cluster (set by the driver, with the node's environment).
     #[arg(long, hide = true)]
     node: bool,
+    /// When a node's workers stop, in milliseconds since the epoch (set by the driver, so
+    /// that a worker started again stops with the others).
+    #[arg(long, hide = true)]
+    until_ms: Option<u64>,
 }
 
 fn main() {

@@ -1,43 +1,98 @@
 //! One node of the soak cluster: the scheduler and servers serve; a worker runs rounds of
 //! push, pull and push-pull and checks every answer exactly, then checks the shared sums.
 //!
-//! Each worker owns a key only it adds to: after `n` adds it must read exactly `n`, so a lost
-//! or doubled update shows at once. Every worker also adds `rank + 1` to the shared keys each
-//! push round; at the end each worker publishes how many such rounds it made, and every
-//! shared key must hold exactly the sum of `(rank + 1) × rounds` over the workers.
+//! What a worker checks:
+//! - It owns a key only it adds to: after `n` adds it must read exactly `n`.
+//! - Each push round sends every server one request: `rank + 1` onto that server's shared
+//!   keys and 1 onto the worker's *count key* on that server. A request to one server is
+//!   applied whole or not at all, so on every server each shared key must equal
+//!   Σ (rank + 1) × count over the workers, whatever was lost or cut; and the worker's count
+//!   on each server must be exactly the rounds that server acknowledged.
+//!
+//! Killed processes (`--kill-every`) come back as new processes in their place (recovery):
+//! a worker that `is_recovery` reads its counts back from the servers and goes on; a server
+//! comes back empty, the workers learn it (`take_restarted_servers`) and push their totals
+//! onto it again. A request the server died under may or may not have been applied: it is
+//! *uncertain*, and the final check allows exactly that many extra rounds, no more; without
+//! server kills every check is strict.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ps::{node_ids, Config, KvServer, KvWorker, Postoffice, Role};
+use ps::{node_ids, Config, KvServer, KvWorker, Postoffice, PsError, Role};
+use van_core::NodeId;
 
 use crate::{BoxError, Options};
 
-/// The shared keys: spread over the whole key space, so every server holds some.
-fn shared_keys(o: &Options) -> Vec<u64> {
-    let step = u64::MAX / o.keys.max(1);
-    (0..o.keys.max(1)).map(|i| i * step + 7).collect()
+/// How long a worker waits for a failed server to come back.
+const COMEBACK: Duration = Duration::from_secs(90);
+
+/// The keys of one worker: shared keys by server, its count key on each server, its own key.
+struct Keys {
+    shared: Vec<Vec<u64>>,
+    counts: Vec<u64>,
+    own: u64,
+    /// Index of the server holding `own`.
+    own_server: usize,
 }
 
-/// Worker `rank`'s own key, and the key it publishes its round count under.
-fn own_keys(rank: u32, o: &Options) -> (u64, u64) {
-    let step = u64::MAX / (u64::from(o.workers) + 1);
-    let own = (u64::from(rank) + 1) * step + 1_001;
-    (own, own + 1)
+impl Keys {
+    fn new(po: &Postoffice, rank: u32, o: &Options) -> Keys {
+        let ranges = po.server_key_ranges();
+        let step = u64::MAX / o.keys.max(1);
+        let all: Vec<u64> = (0..o.keys.max(1)).map(|i| i * step + 7).collect();
+        let shared = ranges
+            .iter()
+            .map(|r| all.iter().copied().filter(|k| r.contains(*k)).collect())
+            .collect();
+        let counts = ranges
+            .iter()
+            .map(|r| r.first + 100 + u64::from(rank))
+            .collect();
+        let own_server = rank as usize % ranges.len().max(1);
+        let own = ranges
+            .get(own_server)
+            .map_or(0, |r| r.first + 100_000 + u64::from(rank));
+        Keys {
+            shared,
+            counts,
+            own,
+            own_server,
+        }
+    }
 }
 
 pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     let config = Config::from_env()?;
     let po = Postoffice::start(config).await?;
+    // The scheduler and the servers wait out the run before their final barrier: a barrier
+    // fails when a member dies, and workers die here on purpose (kills stop 10 s before the
+    // end, so the final barrier sees everyone).
+    let wait_out = || async {
+        let left = deadline(o)
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::sleep(left).await;
+    };
     let result = match po.role() {
-        Role::Scheduler => Ok(()),
+        Role::Scheduler => {
+            wait_out().await;
+            Ok(())
+        }
         Role::Server => {
             let server = KvServer::<i64>::with_sum(&po, 0, 0, 1).await?;
+            if po.is_recovery() {
+                println!(
+                    "SOAK-EVENT server {} came back as a new process",
+                    po.my_rank()
+                );
+            }
+            wait_out().await;
             let done = po.finalize().await;
             report(&po, &format!("server {}", po.my_rank()));
             drop(server);
             return done.map_err(Into::into);
         }
-        Role::Worker => worker(&po, o).await,
+        Role::Worker => Worker::start(&po, o).await?.run(o).await,
     };
     let done = po.finalize().await;
     if po.role() == Role::Scheduler {
@@ -56,107 +111,317 @@ fn report(po: &Postoffice, who: &str) {
     }
 }
 
-/// The exact checks a worker makes; `lost` and `duplicated` count updates, not messages.
-#[derive(Default)]
-struct Tally {
-    checked: u64,
-    lost: i64,
-    duplicated: i64,
+struct Worker<'a> {
+    po: &'a Postoffice,
+    kv: KvWorker<i64>,
+    rank: u32,
+    keys: Keys,
+    /// Push rounds each server acknowledged.
+    acked: Vec<i64>,
+    /// Push rounds each server failed under (applied or not: unknown).
+    uncertain: Vec<i64>,
+    /// Adds onto the own key acknowledged, and those failed under.
+    adds: i64,
+    adds_uncertain: i64,
+    /// Restarted servers not yet refilled (they failed again meanwhile).
+    refill: Vec<NodeId>,
+    checks: u64,
 }
 
-impl Tally {
-    fn compare(&mut self, what: &str, got: i64, want: i64) -> Result<(), BoxError> {
-        self.checked += 1;
-        if got == want {
-            return Ok(());
+impl<'a> Worker<'a> {
+    async fn start(po: &'a Postoffice, o: &Options) -> Result<Worker<'a>, BoxError> {
+        let rank = po.my_rank();
+        let servers = po.num_servers() as usize;
+        let mut w = Worker {
+            po,
+            kv: KvWorker::<i64>::new(po, 0, 0).await?,
+            rank,
+            keys: Keys::new(po, rank, o),
+            acked: vec![0; servers],
+            uncertain: vec![0; servers],
+            adds: 0,
+            adds_uncertain: 0,
+            refill: Vec::new(),
+            checks: 0,
+        };
+        if po.is_recovery() {
+            // The process before us died: what the servers hold is the truth.
+            w.acked = w.pull(&w.keys.counts.clone()).await?;
+            w.adds = w.pull(&[w.keys.own]).await?.first().copied().unwrap_or(0);
+            println!(
+                "SOAK-EVENT worker {rank} came back as a new process: counts {:?}, own {}",
+                w.acked, w.adds
+            );
         }
-        if got < want {
-            self.lost += want - got;
+        Ok(w)
+    }
+
+    /// The values of `keys` (any order; each key one value, 0 for a key never pushed).
+    async fn pull(&self, keys: &[u64]) -> Result<Vec<i64>, BoxError> {
+        let mut sorted = keys.to_vec();
+        sorted.sort_unstable();
+        let id = self.kv.pull(&sorted, 0).await?;
+        let pulled = self.kv.wait(id).await?;
+        let vals = pulled.vals::<i64>()?;
+        let lens = pulled.lens()?;
+        let mut by_key = std::collections::HashMap::new();
+        let mut at = 0usize;
+        for (i, key) in sorted.iter().enumerate() {
+            let n = lens
+                .as_ref()
+                .map_or(Some(1), |l| l.get(i).and_then(|&n| usize::try_from(n).ok()))
+                .ok_or("a pull answered without a length per key")?;
+            let value = if n == 0 {
+                0
+            } else {
+                vals.get(at).copied().ok_or("a short pull")?
+            };
+            by_key.insert(*key, value);
+            at += n;
+        }
+        Ok(keys
+            .iter()
+            .map(|k| by_key.get(k).copied().unwrap_or(0))
+            .collect())
+    }
+
+    /// One round's request failed: a server died under it. Wait for it to come back (a
+    /// new process in its place); the next round puts back what it lost.
+    async fn recover(&mut self, error: PsError) -> Result<(), BoxError> {
+        let PsError::NodeFailed { node, .. } = &error else {
+            return Err(error.into());
+        };
+        if node_ids::role_of(*node) != Some(Role::Server) {
+            return Err(error.into());
+        }
+        self.po.wait_alive(*node, COMEBACK).await?;
+        Ok(())
+    }
+
+    /// Puts back onto every server that came back as a new process (empty) what this worker
+    /// had put there and it does not hold: the server's own count of this worker's rounds
+    /// is read first, since rounds sent after it came back did land on it. A server that
+    /// fails again meanwhile is tried again next round.
+    async fn refill_restarted(&mut self) -> Result<Vec<usize>, BoxError> {
+        let mut done = Vec::new();
+        let mut todo = std::mem::take(&mut self.refill);
+        for server in self.kv.take_restarted_servers() {
+            if !todo.contains(&server) {
+                todo.push(server);
+            }
+        }
+        while let Some(server) = todo.pop() {
+            match self.refill(server).await {
+                Ok(()) => done.push(node_ids::id_to_rank(server) as usize),
+                Err(e) if matches!(e, PsError::NodeFailed { .. }) => {
+                    self.refill.push(server);
+                    self.recover(e).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(done)
+    }
+
+    async fn refill(&mut self, server: NodeId) -> Result<(), PsError> {
+        let s = node_ids::id_to_rank(server) as usize;
+        let held = self.pull_one(self.keys.counts[s]).await?;
+        let missing = (self.acked[s] - held).max(0);
+        let mut pairs: Vec<(u64, i64)> = self.keys.shared[s]
+            .iter()
+            .map(|&k| (k, (i64::from(self.rank) + 1) * missing))
+            .collect();
+        pairs.push((self.keys.counts[s], missing));
+        let mut own_missing = 0;
+        if s == self.keys.own_server {
+            own_missing = (self.adds - self.pull_one(self.keys.own).await?).max(0);
+            pairs.push((self.keys.own, own_missing));
+        }
+        pairs.sort_unstable();
+        let (keys, vals): (Vec<u64>, Vec<i64>) = pairs.into_iter().unzip();
+        let id = self.kv.push(&keys, &vals, None, 0).await?;
+        self.kv.wait(id).await?;
+        println!(
+            "SOAK-EVENT worker {}: put back {missing} rounds and {own_missing} own adds onto \
+             restarted server {s}",
+            self.rank
+        );
+        Ok(())
+    }
+
+    /// The value of one key (0 if never pushed).
+    async fn pull_one(&self, key: u64) -> Result<i64, PsError> {
+        let id = self.kv.pull(&[key], 0).await?;
+        let pulled = self.kv.wait(id).await?;
+        Ok(pulled.vals::<i64>()?.first().copied().unwrap_or(0))
+    }
+
+    /// Checks a read of the own key against the adds made: exact, except that adds a
+    /// server died under may each have landed.
+    fn check_own(&mut self, what: &str, got: i64, want: i64) -> Result<(), BoxError> {
+        self.checks += 1;
+        let slack = self.adds_uncertain;
+        if got < want || got > want + slack {
+            return Err(format!("{what}: read {got}, expected {want} (+{slack} uncertain)").into());
+        }
+        self.adds = got;
+        self.adds_uncertain = 0;
+        Ok(())
+    }
+
+    async fn push_round(&mut self) -> Result<(), BoxError> {
+        for s in 0..self.acked.len() {
+            let mut keys = self.keys.shared[s].clone();
+            let mut vals = vec![i64::from(self.rank) + 1; keys.len()];
+            keys.push(self.keys.counts[s]);
+            vals.push(1);
+            let mut pairs: Vec<(u64, i64)> = keys.into_iter().zip(vals).collect();
+            pairs.sort_unstable();
+            let (keys, vals): (Vec<u64>, Vec<i64>) = pairs.into_iter().unzip();
+            let sent = self.kv.push(&keys, &vals, None, 0).await;
+            match sent {
+                Ok(id) => match self.kv.wait(id).await {
+                    Ok(_) => self.acked[s] += 1,
+                    Err(e) => {
+                        self.uncertain[s] += 1;
+                        self.recover(e).await?;
+                    }
+                },
+                Err(e) => self.recover(e).await?,
+            }
+        }
+        Ok(())
+    }
+
+    async fn own_round(&mut self, add: bool) -> Result<(), BoxError> {
+        let own = self.keys.own;
+        let result = if add {
+            match self.kv.push_pull(&[own], &[1], None, 0).await {
+                Ok(id) => self.kv.wait(id).await,
+                Err(e) => Err(e),
+            }
         } else {
-            self.duplicated += got - want;
+            match self.kv.pull(&[own], 0).await {
+                Ok(id) => self.kv.wait(id).await,
+                Err(e) => Err(e),
+            }
+        };
+        match result {
+            Ok(pairs) => {
+                let got = pairs.vals::<i64>()?.first().copied().unwrap_or(0);
+                let want = self.adds + i64::from(add);
+                // The read may have reached the own key's server just after it came back
+                // empty (the notice on its way): put back what it lost and count the add
+                // (which did land there) instead of calling the read a loss.
+                if got < want {
+                    let before = self.adds;
+                    self.adds = want; // the server acknowledged the add
+                    if self
+                        .refill_restarted()
+                        .await?
+                        .contains(&self.keys.own_server)
+                    {
+                        return Ok(());
+                    }
+                    self.adds = before;
+                }
+                let what = if add {
+                    "own key after push-pull"
+                } else {
+                    "own key after pull"
+                };
+                self.check_own(what, got, want)
+            }
+            Err(e) => {
+                if add {
+                    self.adds_uncertain += 1;
+                }
+                self.recover(e).await
+            }
         }
-        Err(format!("{what}: read {got}, expected {want}").into())
+    }
+
+    async fn run(mut self, o: &Options) -> Result<(), BoxError> {
+        let deadline = deadline(o);
+        let (mut round, mut last_said) = (0u64, Instant::now());
+        while SystemTime::now() < deadline {
+            let _refilled = self.refill_restarted().await?;
+            match round % 3 {
+                0 => self.push_round().await?,
+                1 => self.own_round(false).await?,
+                _ => self.own_round(true).await?,
+            }
+            round += 1;
+            if last_said.elapsed() >= Duration::from_secs(10) {
+                last_said = Instant::now();
+                eprintln!(
+                    "vans-soak: worker {}: {round} rounds, acked {:?}",
+                    self.rank, self.acked
+                );
+            }
+        }
+        self.finish(o, round).await
+    }
+
+    /// Every worker done: check each server's shared keys against all count keys, and this
+    /// worker's counts against what it knows it sent.
+    async fn finish(mut self, o: &Options, round: u64) -> Result<(), BoxError> {
+        let _refilled = self.refill_restarted().await?;
+        self.po.barrier(node_ids::WORKER_GROUP).await?;
+        let servers = self.acked.len();
+        let mut lost = 0i64;
+        let mut duplicated = 0i64;
+        let mut updates = 0i64;
+        for s in 0..servers {
+            let counts: Vec<u64> = (0..o.workers)
+                .map(|w| Keys::new(self.po, w, o).counts[s])
+                .collect();
+            let counts = self.pull(&counts).await?;
+            let want: i64 = (1i64..).zip(&counts).map(|(weight, n)| weight * n).sum();
+            let shared = self.keys.shared[s].clone();
+            for (key, got) in shared.iter().zip(self.pull(&shared).await?) {
+                self.checks += 1;
+                if got != want {
+                    return Err(format!(
+                        "server {s} shared key {key}: {got}, but the counts {counts:?} make {want}"
+                    )
+                    .into());
+                }
+            }
+            let mine = counts[self.rank as usize];
+            let (low, high) = (self.acked[s], self.acked[s] + self.uncertain[s]);
+            self.checks += 1;
+            lost += (low - mine).max(0);
+            duplicated += (mine - high).max(0);
+            updates += mine * (shared.len() as i64 + 1);
+        }
+        let own = self.pull(&[self.keys.own]).await?[0];
+        self.check_own("own key at the end", own, self.adds)?;
+        updates += own;
+        let stats = self.po.resend_stats().unwrap_or_default();
+        println!(
+            "SOAK-WORKER {}: rounds {round} updates {updates} checks {} lost {lost} duplicated \
+             {duplicated} uncertain {} resent {} duplicates-dropped {}",
+            self.rank,
+            self.checks,
+            self.uncertain.iter().sum::<i64>(),
+            stats.resent,
+            stats.duplicates
+        );
+        if lost != 0 || duplicated != 0 {
+            return Err(
+                format!("worker {}: lost {lost}, duplicated {duplicated}", self.rank).into(),
+            );
+        }
+        Ok(())
     }
 }
 
-async fn worker(po: &Postoffice, o: &Options) -> Result<(), BoxError> {
-    let rank = po.my_rank();
-    let kv = KvWorker::<i64>::new(po, 0, 0).await?;
-    let shared = shared_keys(o);
-    let (own, count_key) = own_keys(rank, o);
-    let mut push_keys = shared.clone();
-    push_keys.push(own);
-    push_keys.sort_unstable();
-    let push_vals: Vec<i64> = push_keys
-        .iter()
-        .map(|&k| if k == own { 1 } else { i64::from(rank) + 1 })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
-    let (mut adds, mut shared_rounds, mut round) = (0i64, 0i64, 0u64);
-    let mut tally = Tally::default();
-    let mut last_said = Instant::now();
-    while Instant::now() < deadline {
-        match round % 3 {
-            0 => {
-                let id = kv.push(&push_keys, &push_vals, None, 0).await?;
-                kv.wait(id).await?;
-                adds += 1;
-                shared_rounds += 1;
-            }
-            1 => {
-                let id = kv.pull(&[own], 0).await?;
-                let got = kv.wait(id).await?.vals::<i64>()?.first().copied();
-                tally.compare("own key after pull", got.unwrap_or(0), adds)?;
-            }
-            _ => {
-                let id = kv.push_pull(&[own], &[1], None, 0).await?;
-                let got = kv.wait(id).await?.vals::<i64>()?.first().copied();
-                adds += 1;
-                tally.compare("own key after push-pull", got.unwrap_or(0), adds)?;
-            }
-        }
-        round += 1;
-        if last_said.elapsed() >= Duration::from_secs(10) {
-            last_said = Instant::now();
-            eprintln!("vans-soak: worker {rank}: {round} rounds, {adds} adds checked so far");
-        }
+/// When the workers stop: `--until-ms` (milliseconds since the epoch, set by the driver so
+/// that a restarted worker stops with the others), else `--seconds` from now.
+fn deadline(o: &Options) -> SystemTime {
+    match o.until_ms {
+        Some(ms) => UNIX_EPOCH + Duration::from_millis(ms),
+        None => SystemTime::now() + Duration::from_secs_f64(o.seconds),
     }
-    // Publish the round count, wait for every worker, then check the shared sums.
-    let id = kv.push(&[count_key], &[shared_rounds], None, 0).await?;
-    kv.wait(id).await?;
-    po.barrier(node_ids::WORKER_GROUP).await?;
-    let counts: Vec<u64> = (0..o.workers).map(|w| own_keys(w, o).1).collect();
-    let id = kv.pull(&counts, 0).await?;
-    let rounds = kv.wait(id).await?.vals::<i64>()?.to_vec();
-    if rounds.len() != counts.len() {
-        return Err(format!(
-            "pulled {} round counts for {} workers",
-            rounds.len(),
-            counts.len()
-        )
-        .into());
-    }
-    let want: i64 = (1i64..).zip(&rounds).map(|(weight, n)| weight * n).sum();
-    let id = kv.pull(&shared, 0).await?;
-    let sums = kv.wait(id).await?.vals::<i64>()?.to_vec();
-    if sums.len() != shared.len() {
-        return Err(format!(
-            "pulled {} shared sums for {} keys",
-            sums.len(),
-            shared.len()
-        )
-        .into());
-    }
-    for (key, got) in shared.iter().zip(&sums) {
-        tally.compare(&format!("shared key {key}"), *got, want)?;
-    }
-    // Updates this worker's checks covered: its own adds, and its share of the shared adds.
-    let updates = adds + shared_rounds * shared.len() as i64;
-    let stats = po.resend_stats().unwrap_or_default();
-    println!(
-        "SOAK-WORKER {rank}: rounds {round} updates {updates} checks {} lost {} duplicated {} \
-         resent {} duplicates-dropped {}",
-        tally.checked, tally.lost, tally.duplicated, stats.resent, stats.duplicates
-    );
-    Ok(())
 }
