@@ -150,3 +150,54 @@ async fn with_resend_sums_stay_exact_while_the_proxy_cuts_and_resets_every_conne
     server.await.unwrap();
     scheduler.await.unwrap();
 }
+
+/// A worker and then a server killed with `kill -9` and started again: each comes back in
+/// its old place (the ranks at the end are exactly 0..4, the restarted ones among them),
+/// the restarted server is refilled by the workers, and every sum is exact.
+#[test]
+fn killed_nodes_rejoin_in_their_old_place_and_the_sums_stay_exact() {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_vans-soak"))
+        .args([
+            "--seconds",
+            "24",
+            "--van",
+            "tcp",
+            "--seed",
+            "3",
+            "--kill-every",
+            "4",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = common::wait_output(child, "vans-soak");
+    let all = common::text(&out);
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("vans-soak: PASS"), "{all}");
+    assert!(all.contains("lost 0, duplicated 0"), "{all}");
+    for event in [
+        "killed worker",
+        "killed server",
+        "came back as a new process: counts",
+        "server 0 came back as a new process",
+    ] {
+        let found = all.contains(event) || {
+            // The server killed may be either one.
+            event.starts_with("server 0") && all.contains("server 1 came back as a new process")
+        };
+        assert!(found, "no `{event}` in: {all}");
+    }
+    let mut ranks: Vec<u32> = all
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("SOAK-WORKER ")?
+                .split(':')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2, 3], "{all}");
+}

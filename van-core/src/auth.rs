@@ -179,6 +179,19 @@ pub enum AuthError {
     /// The peer sent our own nonce back: a reflection, or a connection to ourselves.
     #[error("the peer sent our own challenge back (a reflection, or a connection to ourselves)")]
     Reflected,
+    /// The van holds as many accepted connections as it may, from this address or in all.
+    #[error(
+        "{count} connections are open {scope}, the most allowed ({}); this one is closed",
+        if *per_address { "VANS_MAX_CONNECTIONS_PER_ADDRESS" } else { "VANS_MAX_CONNECTIONS" }
+    )]
+    TooManyConnections {
+        /// How many are open.
+        count: usize,
+        /// Whether the limit is the one per address (else the total).
+        per_address: bool,
+        /// `from this address` or `in all`, for the message.
+        scope: &'static str,
+    },
     /// Too many connections from this address are authenticating at once.
     #[error("{count} connections from this address are already authenticating (at most {max})")]
     TooManyPending {
@@ -261,6 +274,10 @@ pub struct AuthOptions {
     pub handshake_timeout: Duration,
     /// Connections one address may have authenticating at once.
     pub max_pending_per_address: usize,
+    /// Accepted connections a van keeps open at once, in all.
+    pub max_connections: usize,
+    /// Accepted connections a van keeps open at once from one address.
+    pub max_connections_per_address: usize,
 }
 
 impl Default for AuthOptions {
@@ -269,6 +286,8 @@ impl Default for AuthOptions {
             secret: None,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_pending_per_address: DEFAULT_MAX_PENDING_PER_ADDRESS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }
@@ -280,6 +299,8 @@ impl AuthOptions {
             secret: config.cluster_secret.clone(),
             handshake_timeout: config.handshake_timeout,
             max_pending_per_address: config.max_pending_per_address,
+            max_connections: config.max_connections,
+            max_connections_per_address: config.max_connections_per_address,
         }
     }
 }
@@ -343,6 +364,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Connections one address may have authenticating at once, unless
 /// `VANS_MAX_PENDING_PER_ADDRESS` says otherwise.
 pub const DEFAULT_MAX_PENDING_PER_ADDRESS: usize = 64;
+/// Accepted connections a van keeps open at once, unless `VANS_MAX_CONNECTIONS` says
+/// otherwise: room for a few thousand peers with two connections each.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 8192;
+/// Accepted connections a van keeps open from one address, unless
+/// `VANS_MAX_CONNECTIONS_PER_ADDRESS` says otherwise: a host may run many nodes.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 1024;
 
 impl Gate {
     /// The gate `options` describe.
@@ -351,6 +378,11 @@ impl Gate {
             options,
             record: Arc::default(),
         }
+    }
+
+    /// The options the gate admits by.
+    pub fn options(&self) -> &AuthOptions {
+        &self.options
     }
 
     /// Whether connections must authenticate.

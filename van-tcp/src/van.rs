@@ -128,6 +128,11 @@ impl Shared {
     ) -> Result<(), VanError> {
         stream::tune(&stream, &remote);
         let id = self.links.next_id();
+        // Accepted: within the connection limits, or closed at once (the stream drops here;
+        // the gate has logged the refusal).
+        if peer.is_none() && self.links.admit(id, remote.ip(), &self.gate).is_err() {
+            return Ok(());
+        }
         let (read_half, write_half) = stream.into_split();
         let (queue, frames) = FrameQueue::new(
             self.options.send_queue_depth,

@@ -102,6 +102,10 @@ impl Shared {
     ) -> Option<NewConnection> {
         stream::tune(&stream, &remote);
         let id = self.links.next_id();
+        if peer.is_none() {
+            // Accepted: within the connection limits, or closed at once (dropped).
+            self.links.admit(id, remote.ip(), &self.gate).ok()?;
+        }
         let (link, queue) = FrameQueue::new(
             self.options.send_queue_depth,
             self.options.peer_budget_bytes,

@@ -125,6 +125,7 @@ fn pending_places_per_address_are_bounded_and_returned() {
         secret: None,
         handshake_timeout: Duration::from_secs(1),
         max_pending_per_address: 2,
+        ..AuthOptions::default()
     });
     let other = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
     let one = gate.admit(LOCAL).unwrap();

@@ -193,6 +193,12 @@ pub struct Config {
     /// `VANS_MAX_PENDING_PER_ADDRESS`: connections one address may have authenticating at
     /// once; more are refused at once.
     pub max_pending_per_address: usize,
+    /// `VANS_MAX_CONNECTIONS`: accepted connections a van keeps open at once, in all; more
+    /// are closed at once.
+    pub max_connections: usize,
+    /// `VANS_MAX_CONNECTIONS_PER_ADDRESS`: accepted connections a van keeps open at once from
+    /// one address; more are closed at once.
+    pub max_connections_per_address: usize,
     /// `PS_RESEND` / `PS_RESEND_TIMEOUT` (ms, default 1000): resend a message its recipient
     /// has not acknowledged within this time, and drop copies already received, so that
     /// delivery is exactly once across broken connections; `None`: off (a broken connection
@@ -239,6 +245,8 @@ impl Default for Config {
             cluster_secret: None,
             handshake_timeout: crate::auth::DEFAULT_HANDSHAKE_TIMEOUT,
             max_pending_per_address: crate::auth::DEFAULT_MAX_PENDING_PER_ADDRESS,
+            max_connections: crate::auth::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: crate::auth::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             resend_timeout: None,
         }
     }

@@ -83,6 +83,12 @@ impl Vars {
         if let Some(n) = self.positive("VANS_MAX_PENDING_PER_ADDRESS")? {
             c.max_pending_per_address = usize::try_from(n).unwrap_or(usize::MAX);
         }
+        if let Some(n) = self.positive("VANS_MAX_CONNECTIONS")? {
+            c.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = self.positive("VANS_MAX_CONNECTIONS_PER_ADDRESS")? {
+            c.max_connections_per_address = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         Ok(())
     }
 

@@ -271,6 +271,18 @@ pub const VARIABLES: &[EnvVar] = &[
                  refused at once, so a flood of idle connections cannot hold a listener",
     },
     EnvVar {
+        name: "VANS_MAX_CONNECTIONS",
+        default: "8192",
+        effect: "accepted connections a van keeps open at once, in all; more are closed at \
+                 once (logged once per address), so a flood cannot take every descriptor",
+    },
+    EnvVar {
+        name: "VANS_MAX_CONNECTIONS_PER_ADDRESS",
+        default: "1024",
+        effect: "accepted connections a van keeps open at once from one source address; more \
+                 are closed at once, so one address cannot take every place",
+    },
+    EnvVar {
         name: "VANS_EAGER_CONNECT",
         default: "0",
         effect: "`1`: once the node table arrives, connect to every peer at once (as ps-lite \

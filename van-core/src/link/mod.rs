@@ -87,6 +87,10 @@ struct State<L> {
     dialing: HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>,
     /// Accept loops, handshakes and watchers: aborted on stop.
     tasks: Vec<JoinHandle<()>>,
+    /// The address of each accepted connection still open, and how many each address has
+    /// open: bounded by the gate's connection limits ([`Links::admit`]).
+    accepted: HashMap<ConnectionId, std::net::IpAddr>,
+    open_by_address: HashMap<std::net::IpAddr, usize>,
 }
 
 /// The table of a van's connections; see the [module docs](self).
@@ -121,6 +125,8 @@ impl<L: Clone + Send + 'static> Links<L> {
                 lost: HashMap::new(),
                 dialing: HashMap::new(),
                 tasks: Vec::new(),
+                accepted: HashMap::new(),
+                open_by_address: HashMap::new(),
             }),
             next_id: AtomicU64::new(0),
         }
@@ -281,10 +287,59 @@ impl<L: Clone + Send + 'static> Links<L> {
         }
     }
 
+    /// Admits accepted connection `id` from `address` under the connection limits of
+    /// `gate` (in all, and per address), or refuses it: the caller then closes it, and the
+    /// gate logs the refusal once per address. An admitted connection counts until
+    /// [`closed`](Self::closed). So a flood of idle connections cannot take every descriptor
+    /// of the process, and one address cannot take every place.
+    pub fn admit(
+        &self,
+        id: ConnectionId,
+        address: std::net::IpAddr,
+        gate: &crate::auth::Gate,
+    ) -> Result<(), crate::auth::AuthError> {
+        use crate::auth::AuthError::TooManyConnections;
+        let limits = gate.options();
+        let mut state = self.lock();
+        let total = state.accepted.len();
+        let from_address = state.open_by_address.get(&address).copied().unwrap_or(0);
+        let refusal = if from_address >= limits.max_connections_per_address.max(1) {
+            Some(TooManyConnections {
+                count: from_address,
+                per_address: true,
+                scope: "from this address",
+            })
+        } else if total >= limits.max_connections.max(1) {
+            Some(TooManyConnections {
+                count: total,
+                per_address: false,
+                scope: "in all",
+            })
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            drop(state);
+            gate.refuse(&address, &refusal);
+            return Err(refusal);
+        }
+        state.accepted.insert(id, address);
+        *state.open_by_address.entry(address).or_default() += 1;
+        Ok(())
+    }
+
     /// Connection `id` ended for `reason`: forgets it and the route over it. Returns the loss
     /// to report, if it is one (see the [module docs](self)).
     pub fn closed(&self, id: ConnectionId, reason: &str) -> Option<PeerLost> {
         let mut state = self.lock();
+        if let Some(address) = state.accepted.remove(&id) {
+            if let Some(open) = state.open_by_address.get_mut(&address) {
+                *open -= 1;
+                if *open == 0 {
+                    state.open_by_address.remove(&address);
+                }
+            }
+        }
         let entry = state.connections.remove(&id)?;
         let was_route = match entry.peer {
             Some(peer) if state.routes.get(&peer) == Some(&id) => {

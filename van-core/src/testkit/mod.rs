@@ -23,6 +23,7 @@ pub mod auth;
 mod budget;
 mod close;
 pub mod garbage;
+pub mod limits;
 mod pool;
 pub mod remote;
 
