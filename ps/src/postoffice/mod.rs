@@ -121,11 +121,23 @@ fn announced_host(config: &Config) -> Result<String> {
     }
 }
 
-/// The machine's identity: boot id plus host name, so nodes can tell who shares memory.
-fn host_identity() -> String {
+/// The identity of what this node can share memory with: boot id and host name, and in the
+/// default shared-memory mode the network namespace too. That mode meets its peers on
+/// abstract Unix sockets, which belong to a network namespace: two containers (or two test
+/// "hosts") on one machine with separate network namespaces cannot reach each other there,
+/// so they are different hosts and talk TCP. Named mode (`VANS_IPC_NAMED`) meets through
+/// files in `/dev/shm`, which such containers may share, so it leaves the namespace out.
+fn host_identity(config: &Config) -> String {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{}/{}", boot.trim(), name.trim())
+    let mut identity = format!("{}/{}", boot.trim(), name.trim());
+    if !config.ipc_named {
+        if let Ok(net) = std::fs::read_link("/proc/self/ns/net") {
+            identity.push('/');
+            identity.push_str(&net.to_string_lossy());
+        }
+    }
+    identity
 }
 
 /// The vans besides the stream van that this build and configuration provide: shared memory
@@ -207,7 +219,10 @@ impl Postoffice {
         let hosted_scheduler =
             (config.hosts_scheduler && role != Role::Scheduler).then(|| host_scheduler(&config));
         let mut me = Node::new(role, host.clone(), port);
-        me.host_identity = config.host_id.clone().unwrap_or_else(host_identity);
+        me.host_identity = config
+            .host_id
+            .clone()
+            .unwrap_or_else(|| host_identity(&config));
         let incarnation = crate::resend::new_incarnation();
         let router = Router::new(vans, &config, me.clone(), incarnation);
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);

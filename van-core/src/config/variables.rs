@@ -290,7 +290,7 @@ pub const VARIABLES: &[EnvVar] = &[
     },
     EnvVar {
         name: "VANS_HOST_ID",
-        default: "unset (boot id and host name)",
+        default: "unset (boot id, host name and network namespace)",
         effect: "this machine's identity as announced to the cluster: nodes with equal \
                  identities share memory; override only to test selection",
     },
