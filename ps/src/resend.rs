@@ -19,13 +19,19 @@
 //! process's *incarnation*, drawn at random when it starts, and the rest count its messages
 //! from 1. A receiver that sees a new incarnation starts a new window for it, and drops
 //! whatever still arrives from the incarnations it replaced (a dead process's leftovers).
+//! Each message also names the recipient's incarnation the sender meant (from the node
+//! table, [`Node::incarnation`](van_core::Node::incarnation)): a process that took the
+//! recipient's id since drops it unacknowledged, so nothing meant for the process before is
+//! applied by its successor, and numbering towards the successor can start again at 1.
+//! Likewise a message whose sender's incarnation is not the one the table names for that
+//! node comes from a replaced process and is dropped.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use van_core::{Command, Control, Message, Meta, NodeId};
+use van_core::{Command, Control, Message, Meta, NodeId, Seq};
 
 /// Bits of a sequence number that hold the sender's incarnation; the rest count messages.
 pub(crate) const INCARNATION_BITS: u32 = 24;
@@ -55,6 +61,7 @@ pub(crate) struct Resender {
     state: Mutex<State>,
     resent: AtomicU64,
     duplicates: AtomicU64,
+    stale: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -129,9 +136,11 @@ impl Incoming {
 /// What the receiver makes of a message.
 #[derive(Debug)]
 pub(crate) struct Received {
-    /// The acknowledgement to send back, if the message carried a sequence number.
+    /// The acknowledgement to send back, if the message carried a sequence number and was
+    /// meant for this process.
     pub(crate) ack: Option<Message>,
-    /// Whether the message arrived before and must be dropped.
+    /// Whether the message must be dropped: it arrived before, or it was meant for (or sent
+    /// by) a process that has been replaced.
     pub(crate) duplicate: bool,
 }
 
@@ -144,6 +153,7 @@ impl Resender {
             state: Mutex::new(State::default()),
             resent: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
         }
     }
 
@@ -157,10 +167,11 @@ impl Resender {
         self.timeout
     }
 
-    /// Gives `msg` its sequence number and keeps a copy until it is acknowledged. Messages
-    /// without both ends known, acknowledgements and heartbeats are left alone (a lost
-    /// heartbeat is not worth a resend: the next one follows).
-    pub(crate) fn stamp(&self, msg: &mut Message, now: Instant) {
+    /// Gives `msg` its sequence number, addressed to the recipient's incarnation `to` (0:
+    /// not known), and keeps a copy until it is acknowledged. Messages without both ends
+    /// known, acknowledgements and heartbeats are left alone (a lost heartbeat is not worth a
+    /// resend: the next one follows).
+    pub(crate) fn stamp(&self, msg: &mut Message, now: Instant, to_incarnation: u64) {
         let (Some(_), Some(to)) = (msg.meta.sender, msg.meta.recipient) else {
             return;
         };
@@ -175,12 +186,26 @@ impl Resender {
             .or_insert_with(|| Outgoing::new(incarnation));
         let seq = out.next;
         out.next += 1;
-        msg.meta.seq = Some(seq);
+        msg.meta.seq = Some(Seq {
+            number: seq,
+            to: to_incarnation,
+        });
         let kept = Unacked {
             msg: msg.clone(),
             sent: now,
         };
         out.unacked.insert(seq, kept);
+    }
+
+    /// Forgets messages that were numbered but could not be sent for good (the caller is
+    /// told of the failure, so they must not arrive later through a resend).
+    pub(crate) fn unstamp(&self, sent: &[(NodeId, u64)]) {
+        let mut state = self.lock();
+        for (peer, seq) in sent {
+            if let Some(out) = state.outgoing.get_mut(peer) {
+                out.unacked.remove(seq);
+            }
+        }
     }
 
     /// `from` acknowledged `seq`.
@@ -190,14 +215,26 @@ impl Resender {
         }
     }
 
-    /// A message arrived: the acknowledgement to send, and whether it is a copy seen before.
-    pub(crate) fn received(&self, msg: &Message) -> Received {
-        let (Some(seq), Some(from)) = (msg.meta.seq, msg.meta.sender) else {
+    /// A message arrived at this process (incarnation `mine`) from a node whose table entry
+    /// names incarnation `sender` (0: not known): the acknowledgement to send, and whether to
+    /// drop it.
+    pub(crate) fn received(&self, msg: &Message, mine: u64, sender: u64) -> Received {
+        let (Some(Seq { number: seq, to }), Some(from)) = (msg.meta.seq, msg.meta.sender) else {
             return Received {
                 ack: None,
                 duplicate: false,
             };
         };
+        let from_replaced = sender != 0 && seq >> COUNTER_BITS != sender;
+        if (to != 0 && to != mine) || from_replaced {
+            // Meant for the process before this one, or sent by one that has been replaced:
+            // not acknowledged (its sender forgets it on learning of the replacement).
+            self.stale.fetch_add(1, Ordering::Relaxed);
+            return Received {
+                ack: None,
+                duplicate: true,
+            };
+        }
         let fresh = self.lock().incoming.entry(from).or_default().insert(seq);
         if !fresh {
             self.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -249,6 +286,7 @@ impl Resender {
         ResendStats {
             resent: self.resent.load(Ordering::Relaxed),
             duplicates: self.duplicates.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
             unacked: self.lock().outgoing.values().map(|o| o.unacked.len()).sum(),
         }
     }
@@ -261,6 +299,9 @@ pub struct ResendStats {
     pub resent: u64,
     /// Copies received and dropped because the message had arrived before, since the start.
     pub duplicates: u64,
+    /// Messages dropped because they were meant for, or sent by, a process that has been
+    /// replaced (recovery), since the start.
+    pub stale: u64,
     /// Messages sent and not yet acknowledged, now.
     pub unacked: usize,
 }
@@ -279,6 +320,8 @@ mod tests {
     use super::*;
 
     const INC: u64 = 5;
+    /// The receiving process's incarnation in the tests.
+    const MINE: u64 = 3;
     /// Sequence number `n` of incarnation `inc`.
     fn seq(inc: u64, n: u64) -> u64 {
         (inc << COUNTER_BITS) | n
@@ -297,8 +340,8 @@ mod tests {
         let mut seqs = Vec::new();
         for to in [8, 8, 9, 8] {
             let mut msg = data(10, to);
-            r.stamp(&mut msg, t0);
-            seqs.push(msg.meta.seq);
+            r.stamp(&mut msg, t0, 0);
+            seqs.push(msg.meta.seq.map(|s| s.number));
         }
         let s = |n| Some(seq(INC, n));
         assert_eq!(seqs, [s(1), s(2), s(1), s(3)]);
@@ -310,7 +353,7 @@ mod tests {
         // Nothing is due before the timeout; then the two left, once per timeout.
         assert!(r.due(t0 + Duration::from_millis(999)).is_empty());
         let again = r.due(t0 + Duration::from_secs(1));
-        let mut resent: Vec<_> = again.iter().map(|m| m.meta.seq).collect();
+        let mut resent: Vec<_> = again.iter().map(|m| m.meta.seq.map(|s| s.number)).collect();
         resent.sort_unstable();
         assert_eq!(resent, [s(1), s(3)]);
         assert!(r.due(t0 + Duration::from_millis(1500)).is_empty());
@@ -326,17 +369,17 @@ mod tests {
         for cmd in [Command::Ack, Command::Heartbeat] {
             let mut msg = data(10, 1);
             msg.meta.control = Some(Control::command(cmd));
-            r.stamp(&mut msg, Instant::now());
+            r.stamp(&mut msg, Instant::now(), 0);
             assert_eq!(msg.meta.seq, None);
         }
         let mut barrier = data(10, 1);
         barrier.meta.control = Some(Control::command(Command::Barrier));
-        r.stamp(&mut barrier, Instant::now());
-        assert_eq!(barrier.meta.seq, Some(seq(INC, 1)));
+        r.stamp(&mut barrier, Instant::now(), 0);
+        assert_eq!(barrier.meta.seq.map(|s| s.number), Some(seq(INC, 1)));
         // Nor is a message without a sender (a registration before ids exist).
         let mut joining = data(10, 1);
         joining.meta.sender = None;
-        r.stamp(&mut joining, Instant::now());
+        r.stamp(&mut joining, Instant::now(), 0);
         assert_eq!(joining.meta.seq, None);
     }
 
@@ -345,8 +388,8 @@ mod tests {
         let r = Resender::new(Duration::from_secs(1), INC);
         let arrive = |from, seq| {
             let mut msg = data(from, 8);
-            msg.meta.seq = Some(seq);
-            let got = r.received(&msg);
+            msg.meta.seq = Some(Seq { number: seq, to: 0 });
+            let got = r.received(&msg, MINE, 0);
             let ack = got.ack.expect("every numbered message is acknowledged");
             assert_eq!(ack.meta.recipient, Some(from));
             assert_eq!(ack.meta.sender, Some(8));
@@ -384,7 +427,38 @@ mod tests {
         assert!(arrive(10, seq(9, 1)));
         assert!(!arrive(10, seq(9, 3)));
         // Unnumbered messages pass without an ack.
-        let plain = r.received(&data(12, 8));
+        let plain = r.received(&data(12, 8), MINE, 0);
         assert!(plain.ack.is_none() && !plain.duplicate);
+    }
+
+    #[test]
+    fn messages_meant_for_or_sent_by_a_replaced_process_are_dropped_unacknowledged() {
+        let r = Resender::new(Duration::from_secs(1), INC);
+        let numbered = |from_inc: u64, n: u64, to: u64| {
+            let mut msg = data(10, 8);
+            msg.meta.seq = Some(Seq {
+                number: seq(from_inc, n),
+                to,
+            });
+            msg
+        };
+        // Meant for this process, or for whoever is there: taken and acknowledged.
+        for (n, to) in [(1, MINE), (2, 0)] {
+            let got = r.received(&numbered(7, n, to), MINE, 7);
+            assert!(got.ack.is_some() && !got.duplicate);
+        }
+        // Meant for the process before this one: dropped, not acknowledged.
+        let stale = r.received(&numbered(7, 3, MINE + 1), MINE, 7);
+        assert!(stale.ack.is_none() && stale.duplicate);
+        // From a process the table says was replaced (node 10 is now incarnation 9).
+        let replaced = r.received(&numbered(7, 3, MINE), MINE, 9);
+        assert!(replaced.ack.is_none() && replaced.duplicate);
+        assert_eq!(r.stats().stale, 2);
+        // The stale ones left the window alone: number 3 of incarnation 7 is still new.
+        assert!(!r.received(&numbered(7, 3, MINE), MINE, 7).duplicate);
+        // And a message is stamped with the incarnation it is meant for.
+        let mut out = data(8, 10);
+        r.stamp(&mut out, Instant::now(), 9);
+        assert_eq!(out.meta.seq.map(|s| s.to), Some(9));
     }
 }

@@ -179,6 +179,11 @@ impl Router {
         Ok(())
     }
 
+    /// The incarnation the node table names for `peer` (0: not known).
+    pub(crate) fn incarnation_of(&self, peer: NodeId) -> u64 {
+        self.lock().nodes.get(&peer).map_or(0, |n| n.incarnation)
+    }
+
     /// The resender, when `PS_RESEND` is on.
     pub(crate) fn resender(&self) -> Option<&Resender> {
         self.resend.as_ref()
@@ -189,10 +194,12 @@ impl Router {
     /// the message is kept and sent again over a new connection until acknowledged.
     pub async fn send(&self, mut msg: Message) -> Result<(), PsError> {
         if let Some(resend) = &self.resend {
-            resend.stamp(&mut msg, std::time::Instant::now());
+            let to = msg.meta.recipient.map_or(0, |p| self.incarnation_of(p));
+            resend.stamp(&mut msg, std::time::Instant::now(), to);
         }
-        let numbered = msg.meta.seq.is_some();
-        self.forgiven(numbered, self.send_once(msg).await)
+        let numbered: Vec<(NodeId, u64)> = numbered(std::slice::from_ref(&msg));
+        let result = self.send_once(msg).await;
+        self.forgiven(&numbered, result)
     }
 
     /// Sends `msg` as it is (a resend keeps its sequence number).
@@ -210,30 +217,41 @@ impl Router {
     }
 
     /// A failed send of numbered messages that the resender will repeat is no error: the
-    /// peer is unreachable for now, and only the scheduler declares it dead.
-    fn forgiven(&self, numbered: bool, result: Result<(), PsError>) -> Result<(), PsError> {
+    /// peer is unreachable for now, and only the scheduler declares it dead. Any other
+    /// failure is the caller's, and the messages are not resent behind its back.
+    fn forgiven(
+        &self,
+        numbered: &[(NodeId, u64)],
+        result: Result<(), PsError>,
+    ) -> Result<(), PsError> {
         match result {
-            Err(e) if numbered && is_transient(&e) => {
+            Err(e) if !numbered.is_empty() && is_transient(&e) => {
                 debug!("send failed, will resend: {e}");
                 Ok(())
             }
-            other => other,
+            Err(e) => {
+                if let Some(resend) = &self.resend {
+                    resend.unstamp(numbered);
+                }
+                Err(e)
+            }
+            ok => ok,
         }
     }
 
     /// Sends many messages (to any recipients), connecting first where needed; one batch
     /// per van.
     pub async fn send_batch(&self, mut msgs: Vec<Message>) -> Result<(), PsError> {
-        let mut numbered = false;
         if let Some(resend) = &self.resend {
             let now = std::time::Instant::now();
             for msg in &mut msgs {
-                resend.stamp(msg, now);
-                numbered |= msg.meta.seq.is_some();
+                let to = msg.meta.recipient.map_or(0, |p| self.incarnation_of(p));
+                resend.stamp(msg, now, to);
             }
         }
+        let numbered = numbered(&msgs);
         let result = self.send_batch_once(msgs).await;
-        self.forgiven(numbered, result)
+        self.forgiven(&numbered, result)
     }
 
     async fn send_batch_once(&self, msgs: Vec<Message>) -> Result<(), PsError> {
@@ -335,14 +353,32 @@ pub(crate) fn describe(msg: &Message) -> String {
     )
 }
 
+/// The (recipient, number) of each numbered message.
+fn numbered(msgs: &[Message]) -> Vec<(NodeId, u64)> {
+    msgs.iter()
+        .filter_map(|m| Some((m.meta.recipient?, m.meta.seq?.number)))
+        .collect()
+}
+
 /// Whether a send failed because the peer cannot be reached right now (a broken or refused
-/// connection), which a resend may cure.
+/// connection, a handshake that did not finish), which a resend may cure.
 fn is_transient(e: &PsError) -> bool {
+    use van_core::auth::AuthError;
     matches!(
         e,
         PsError::NodeFailed { .. }
             | PsError::Van(
-                VanError::PeerGone { .. } | VanError::Connect { .. } | VanError::Io { .. }
+                VanError::PeerGone { .. }
+                    | VanError::Connect { .. }
+                    | VanError::Io { .. }
+                    | VanError::Unauthenticated {
+                        source: AuthError::Timeout(_)
+                            | AuthError::Closed
+                            | AuthError::Io(_)
+                            | AuthError::TooManyPending { .. }
+                            | AuthError::TooManyConnections { .. },
+                        ..
+                    }
             )
     )
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use ps::local::LocalCluster;
 use ps::{
-    KvMeta, KvPairs, KvServer, KvWorker, PsError, RequestHandler, Role, Snapshot, ALL_GROUPS,
+    KvMeta, KvPairs, KvServer, KvWorker, PsError, RequestHandler, Role, Snapshot, SumHandler,
+    ALL_GROUPS,
 };
 
 /// Keys on both servers and on several shards of each.
@@ -27,11 +28,22 @@ async fn a_restored_snapshot_brings_back_the_values_of_its_moment() {
                 po.barrier(ALL_GROUPS).await?; // snapshot taken
                 po.barrier(ALL_GROUPS).await?; // second pushes done
                 server.restore(&snapshot).await?;
+                // A fresh application started from the snapshot (as a restarted server would).
+                let fresh = KvServer::<i64>::new_restored(
+                    &po,
+                    2,
+                    0,
+                    3,
+                    |_| SumHandler::<i64>::default(),
+                    &snapshot,
+                )
+                .await?;
                 po.barrier(ALL_GROUPS).await?; // restored
                                                // A snapshot of another server's range is refused, naming both.
                 let other = KvServer::<i64>::with_sum(&po, 1, 0, 2).await?;
                 let refused = other.restore(&snapshot).await.unwrap_err();
                 assert!(refused.to_string().contains("in 3 shards"), "{refused}");
+                drop(fresh);
                 po.finalize().await?;
             }
             Role::Worker => {
@@ -53,6 +65,10 @@ async fn a_restored_snapshot_brings_back_the_values_of_its_moment() {
                 let id = worker.pull(&KEYS, 0).await?;
                 let pulled = worker.wait(id).await?;
                 // 1 + 2 from the first pushes; the 100s came after the snapshot.
+                assert_eq!(&*pulled.vals::<i64>()?, &[3, 3, 3, 3]);
+                let started_from = KvWorker::<i64>::new(&po, 2, 0).await?;
+                let id = started_from.pull(&KEYS, 0).await?;
+                let pulled = started_from.wait(id).await?;
                 assert_eq!(&*pulled.vals::<i64>()?, &[3, 3, 3, 3]);
                 po.finalize().await?;
             }

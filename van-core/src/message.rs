@@ -290,6 +290,10 @@ pub struct Node {
     pub endpoints: Vec<Endpoint>,
     /// Whether the node rejoins after a failure (ps-lite's `is_recovery`).
     pub is_recovery: bool,
+    /// The node's process: a number each process draws when it starts (nonzero; 0 when not
+    /// known), so that a process that later takes this node's id (recovery) is told apart
+    /// from this one.
+    pub incarnation: u64,
 }
 
 impl Node {
@@ -303,6 +307,7 @@ impl Node {
             host_identity: String::new(),
             endpoints: Vec::new(),
             is_recovery: false,
+            incarnation: 0,
         }
     }
 
@@ -392,7 +397,18 @@ pub struct Meta {
     /// The sender's sequence number for this message to this recipient, when the sender
     /// resends unacknowledged messages (`PS_RESEND`); the receiver acknowledges it and drops
     /// a copy it has seen. `None` otherwise.
-    pub seq: Option<u64>,
+    pub seq: Option<Seq>,
+}
+
+/// A message's place in what one process sends another (`PS_RESEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Seq {
+    /// The number: the sender's incarnation in the top bits, a count from 1 below.
+    pub number: u64,
+    /// The incarnation of the recipient the sender meant ([`Node::incarnation`]; 0: any).
+    /// A process that took the recipient's id since drops the message: it was meant for the
+    /// one before.
+    pub to: u64,
 }
 
 /// A message: a [`Meta`] and zero or more data segments.

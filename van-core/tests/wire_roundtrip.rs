@@ -216,9 +216,10 @@ fn node() -> impl Strategy<Value = Node> {
         text(),
         vec(endpoint(), 0..6),
         any::<bool>(),
+        any::<u64>(),
     )
         .prop_map(
-            |(role, id, host, port, host_identity, endpoints, is_recovery)| Node {
+            |(role, id, host, port, host_identity, endpoints, is_recovery, incarnation)| Node {
                 role,
                 id,
                 host,
@@ -226,6 +227,7 @@ fn node() -> impl Strategy<Value = Node> {
                 host_identity,
                 endpoints,
                 is_recovery,
+                incarnation,
             },
         )
 }
@@ -259,7 +261,9 @@ fn meta() -> impl Strategy<Value = Meta> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
-        prop::option::of(any::<u64>()),
+        prop::option::of(
+            (any::<u64>(), any::<u64>()).prop_map(|(number, to)| van_core::Seq { number, to }),
+        ),
     );
     let rest = (
         bytes_up_to(100),
@@ -577,6 +581,7 @@ fn sample_message() -> Message {
             address: "ADDR".to_owned(),
         }],
         is_recovery: false,
+        incarnation: 0x00AB_CDEF,
     };
     Message {
         meta: Meta {

@@ -14,8 +14,8 @@
 //! - Recovery (ps-lite's `is_recovery`): a node that registers once the cluster is complete
 //!   takes the id of a dead node of its role (the one at its address if any, else the lowest),
 //!   is marked `is_recovery` in the table, and every live node is told its new address. A
-//!   registration at the address of a live node from another process (another incarnation,
-//!   the `msg_sig` of `AddNode`) means that node restarted: it is declared dead, then
+//!   registration at the address of a live node from another process (another
+//!   [`Node::incarnation`]) means that node restarted: it is declared dead, then
 //!   replaced. One with no dead node to replace waits until a node of its role dies.
 //! - A node is declared dead when it has been silent for a whole heartbeat timeout
 //!   (`now - last_seen >= timeout`); [`Scheduler::next_deadline`] is exactly that instant.
@@ -75,7 +75,8 @@ struct Peer {
     /// Leaving, and its connection broke or its heartbeat lapsed: no longer waited for.
     gone: bool,
     dead: bool,
-    /// The registered process's incarnation (the `msg_sig` of its `AddNode`; 0: not given).
+    /// The registered process's incarnation ([`Node::incarnation`] of its `AddNode`; 0: not
+    /// given).
     incarnation: u64,
 }
 
@@ -111,7 +112,8 @@ pub struct Scheduler {
     barriers: BTreeMap<i32, BTreeMap<NodeId, Echo>>,
     /// Registrations after the cluster was complete, waiting for a node of their role to be
     /// declared dead so that they can take its place.
-    waiting: Vec<(Node, u64, Echo)>,
+    /// Each: the node, its incarnation, the echo of its request, when it was last sent.
+    waiting: Vec<(Node, u64, Echo, Instant)>,
 }
 
 impl Scheduler {

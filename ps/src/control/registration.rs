@@ -10,6 +10,10 @@ use tracing::{debug, info, warn};
 use van_core::{node_ids, Command, Control, Node, NodeId, Role};
 
 use super::output::{reply, Echo};
+
+/// How long a registration waiting for a place counts without being re-sent (nodes re-send
+/// theirs every 2 s until the table arrives): one from a process that gave up is dropped.
+const WAITING_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 use super::{Output, Peer, Scheduler};
 
 impl Scheduler {
@@ -34,10 +38,19 @@ impl Scheduler {
             known.role == node.role && known.host == node.host && known.port == node.port
         };
         if self.is_ready() {
-            return self.on_late_registration(now, node, control.msg_sig, echo);
+            return self.on_late_registration(now, node, node.incarnation, echo);
         }
-        if self.joining.iter().any(|(known, _, _)| same(known)) {
-            debug!(%node, "duplicate registration ignored");
+        if let Some(entry) = self.joining.iter_mut().find(|(known, _, _)| same(known)) {
+            if node.incarnation != 0 && node.incarnation != entry.1 {
+                // The process registered before died while the cluster formed; this one takes
+                // its place (its own endpoints, its own answer).
+                info!(%node, "registration from a new process at the same address");
+                let mut fresh = node.clone();
+                (fresh.id, fresh.is_recovery) = (None, false);
+                *entry = (fresh, node.incarnation, echo);
+            } else {
+                debug!(%node, "duplicate registration ignored");
+            }
             return Vec::new();
         }
         let want = self.expected(node.role);
@@ -54,7 +67,8 @@ impl Scheduler {
         node.id = None;
         node.is_recovery = false;
         info!(%node, "registered ({})", self.summary());
-        self.joining.push((node, control.msg_sig, echo));
+        let incarnation = node.incarnation;
+        self.joining.push((node, incarnation, echo));
         if self.joining.len()
             < self
                 .expected(Role::Server)
@@ -146,12 +160,17 @@ impl Scheduler {
             out.extend(self.revive(now, id, node, incarnation, echo));
             return out;
         }
-        if self
+        // Waiting registrations not re-sent for a while are of processes that gave up.
+        self.waiting
+            .retain(|w| now.saturating_duration_since(w.3) < WAITING_TTL);
+        if let Some(entry) = self
             .waiting
-            .iter()
-            .any(|(n, inc, _)| n.host == node.host && n.port == node.port && *inc == incarnation)
+            .iter_mut()
+            .find(|(n, ..)| n.role == node.role && n.host == node.host && n.port == node.port)
         {
+            // Re-sent (or sent by a new process at that address): one entry per address.
             debug!(%node, "waiting registration re-sent");
+            *entry = (node.clone(), incarnation, echo, now);
             return out;
         }
         match self.replaceable(node.role) {
@@ -172,7 +191,7 @@ impl Scheduler {
                      next {} declared dead",
                     node.role
                 );
-                self.waiting.push((node.clone(), incarnation, echo));
+                self.waiting.push((node.clone(), incarnation, echo, now));
                 out
             }
         }
@@ -195,10 +214,13 @@ impl Scheduler {
             let Some(role) = self.node(id).map(|n| n.role) else {
                 continue;
             };
-            let Some(at) = self.waiting.iter().position(|(n, ..)| n.role == role) else {
+            let fresh = |w: &(Node, u64, Echo, Instant)| {
+                w.0.role == role && now.saturating_duration_since(w.3) < WAITING_TTL
+            };
+            let Some(at) = self.waiting.iter().position(fresh) else {
                 continue;
             };
-            let (node, incarnation, echo) = self.waiting.remove(at);
+            let (node, incarnation, echo, _) = self.waiting.remove(at);
             out.extend(self.revive(now, id, &node, incarnation, echo));
         }
         out

@@ -172,11 +172,9 @@ fn duplicate_registration_is_idempotent_and_resend_after_ready_gets_the_table() 
 
 /// A registration from process `incarnation`.
 fn add_node_from(node: &Node, incarnation: u64) -> Message {
-    let mut msg = add_node(node);
-    if let Some(control) = &mut msg.meta.control {
-        control.msg_sig = incarnation;
-    }
-    msg
+    let mut node = node.clone();
+    node.incarnation = incarnation;
+    add_node(&node)
 }
 
 /// A scheduler of 1 server and 2 workers whose nodes registered as incarnations 100, 101, 102.
@@ -574,4 +572,39 @@ fn malformed_messages_are_ignored() {
         assert!(s.handle(t0, &msg).is_empty(), "{msg:?}");
     }
     assert!(s.barriers.is_empty());
+}
+
+#[test]
+fn a_new_process_at_a_joining_address_replaces_the_one_before_and_stale_waiters_expire() {
+    let t0 = Instant::now();
+    let mut s = fresh(1, 1, Some(TIMEOUT));
+    let all = nodes(1, 1);
+    assert!(s.handle(t0, &add_node_from(&all[0], 5)).is_empty());
+    // The server restarts before the cluster is complete: its new registration counts.
+    let mut moved = all[0].clone();
+    moved.endpoints = vec![van_core::Endpoint::stream(
+        van_core::VanKind::Tcp,
+        "10.0.0.9",
+        4242,
+    )];
+    assert!(s.handle(t0, &add_node_from(&moved, 6)).is_empty());
+    s.handle(t0, &add_node_from(&all[1], 7));
+    assert!(s.is_ready());
+    let server = s.node(8).unwrap();
+    assert_eq!((server.incarnation, server.endpoints.len()), (6, 1));
+    // So the live server re-sending is the same process: the table again, no burial.
+    let again = s.handle(t0, &add_node_from(&moved, 6));
+    assert_eq!(sends(&again[1..]), [(8, AddNode, 0, vec![1, 8, 9])]);
+    assert!(s.dead().is_empty());
+    // A waiting registration not re-sent within its time is gone when a place frees.
+    let waiter = Node::new(Role::Worker, "10.0.0.50", 5050);
+    assert!(s.handle(t0, &add_node_from(&waiter, 9)).is_empty());
+    let late = t0 + Duration::from_secs(11);
+    s.handle(late, &request(8, Heartbeat, 0));
+    let out = s.peer_lost(late, 9, "reset");
+    assert!(
+        out.iter().all(|o| !matches!(o, Output::Connect(_))),
+        "an expired waiter took the place: {out:?}"
+    );
+    assert_eq!(s.dead(), [9]);
 }

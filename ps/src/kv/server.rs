@@ -262,15 +262,55 @@ impl<T: Value> KvServer<T> {
         shards: usize,
         make: impl Fn(usize) -> H,
     ) -> Result<KvServer<T>> {
+        KvServer::build(po, app_id, customer_id, shards, make, None).await
+    }
+
+    /// Like [`new`](Self::new), each shard's handler restored from `snapshot` before the
+    /// server takes any request: how a server that came back as a new process (recovery,
+    /// [`Postoffice::is_recovery`]) resumes from a checkpoint without a push that arrives
+    /// meanwhile being overwritten. The snapshot must come from a server of the same key
+    /// range and shard count.
+    pub async fn new_restored<H: RequestHandler>(
+        po: &Postoffice,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: impl Fn(usize) -> H,
+        snapshot: &Snapshot,
+    ) -> Result<KvServer<T>> {
+        KvServer::build(po, app_id, customer_id, shards, make, Some(snapshot)).await
+    }
+
+    async fn build<H: RequestHandler>(
+        po: &Postoffice,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: impl Fn(usize) -> H,
+        snapshot: Option<&Snapshot>,
+    ) -> Result<KvServer<T>> {
         let my_range = server_key_ranges(po.num_servers().max(1) as usize)
             .get(po.my_rank() as usize)
             .copied()
             .ok_or_else(|| PsError::InvalidArgument("this node is not a server".into()))?;
         let ranges = my_range.split(shards.max(1));
-        let mut senders = Vec::with_capacity(ranges.len());
+        if let Some(snapshot) = snapshot {
+            snapshot.check_shape(my_range, ranges.len())?;
+        }
+        let mut handlers = Vec::with_capacity(ranges.len());
         for shard in 0..ranges.len() {
+            let mut handler = make(shard);
+            if let Some(state) = snapshot.and_then(|s| s.shards.get(shard)) {
+                handler.restore(state).map_err(|e| {
+                    PsError::InvalidArgument(format!("shard {shard} cannot restore: {e}"))
+                })?;
+            }
+            handlers.push(handler);
+        }
+        let mut senders = Vec::with_capacity(ranges.len());
+        for handler in handlers {
             let (tx, rx) = mpsc::channel(SHARD_QUEUE);
-            tokio::spawn(run_shard(po.clone(), make(shard), rx));
+            tokio::spawn(run_shard(po.clone(), handler, rx));
             senders.push(tx);
         }
         let budget_units =
@@ -338,22 +378,14 @@ impl<T: Value> KvServer<T> {
         })
     }
 
-    /// Replaces the values this server holds with `snapshot`'s: how a server that came back
-    /// as a new process (recovery, [`Postoffice::is_recovery`]) resumes from a checkpoint.
-    /// The snapshot must come from a server of the same key range and shard count.
+    /// Replaces the values this server holds with `snapshot`'s, after the requests already
+    /// queued (a rollback to a checkpoint). A server started again after a failure should
+    /// use [`new_restored`](Self::new_restored) instead: requests may reach it as soon as it
+    /// exists, and this would overwrite them. The snapshot must come from a server of the
+    /// same key range and shard count.
     pub async fn restore(&self, snapshot: &Snapshot) -> Result<()> {
         let inner = &self._inner;
-        if snapshot.range != inner.range || snapshot.shards.len() != inner.shards.len() {
-            return Err(PsError::InvalidArgument(format!(
-                "the snapshot holds keys {}..={} in {} shards; this server holds {}..={} in {}",
-                snapshot.range.first,
-                snapshot.range.last,
-                snapshot.shards.len(),
-                inner.range.first,
-                inner.range.last,
-                inner.shards.len()
-            )));
-        }
+        snapshot.check_shape(inner.range, inner.shards.len())?;
         for (shard, (queue, state)) in inner.shards.iter().zip(&snapshot.shards).enumerate() {
             let (tx, rx) = oneshot::channel();
             queue

@@ -46,6 +46,22 @@ impl Snapshot {
         self.shards.len()
     }
 
+    /// Fails unless the snapshot fits a server holding `range` in `shards` shards.
+    pub(crate) fn check_shape(&self, range: KeyRange, shards: usize) -> Result<()> {
+        if self.range == range && self.shards.len() == shards {
+            return Ok(());
+        }
+        Err(PsError::InvalidArgument(format!(
+            "the snapshot holds keys {}..={} in {} shards; this server holds {}..={} in {}",
+            self.range.first,
+            self.range.last,
+            self.shards.len(),
+            range.first,
+            range.last,
+            shards
+        )))
+    }
+
     /// Its bytes, to store.
     pub fn to_bytes(&self) -> Vec<u8> {
         let len: usize = self.shards.iter().map(|s| 8 + s.len()).sum();

@@ -43,6 +43,9 @@ impl Postoffice {
         if !due.is_empty() {
             debug!(count = due.len(), "resending unacknowledged messages");
         }
+        // One peer that cannot be reached (a dial that times out) holds up this pass once,
+        // not once per message kept for it.
+        let mut unreachable = std::collections::HashSet::new();
         for msg in due {
             let Some(peer) = msg.meta.recipient else {
                 continue;
@@ -51,8 +54,12 @@ impl Postoffice {
                 resend.forget(peer);
                 continue;
             }
+            if unreachable.contains(&peer) {
+                continue;
+            }
             if let Err(e) = self.inner.router.send_once(msg).await {
                 debug!(peer, "resend failed, will try again: {e}");
+                unreachable.insert(peer);
             }
         }
     }

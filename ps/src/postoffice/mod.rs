@@ -224,6 +224,7 @@ impl Postoffice {
             .clone()
             .unwrap_or_else(|| host_identity(&config));
         let incarnation = crate::resend::new_incarnation();
+        me.incarnation = incarnation;
         let router = Router::new(vans, &config, me.clone(), incarnation);
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         let endpoints = router.bind(&host, port, inbox_tx).await?;
@@ -352,7 +353,6 @@ impl Postoffice {
             let mut msg = control_message(node_ids::SCHEDULER, Command::AddNode, true);
             if let Some(control) = &mut msg.meta.control {
                 control.nodes.push(self.inner.me.clone());
-                control.msg_sig = self.inner.incarnation;
             }
             // The registration is re-sent until the table arrives: one lost with its
             // connection (a cut, a reset) would otherwise leave this node waiting until the
@@ -469,7 +469,11 @@ impl Postoffice {
                         info!("recv {}", crate::router::describe(msg));
                     }
                     if let Some(resend) = self.inner.router.resender() {
-                        let received = resend.received(msg);
+                        let sender = msg
+                            .meta
+                            .sender
+                            .map_or(0, |s| self.inner.router.incarnation_of(s));
+                        let received = resend.received(msg, self.inner.incarnation, sender);
                         acks.extend(received.ack);
                         if received.duplicate {
                             debug!(
@@ -489,15 +493,15 @@ impl Postoffice {
                 }
             }
             if !acks.is_empty() {
-                // A lost acknowledgement costs a resend, which is acknowledged again.
-                if let Err(e) = self
-                    .inner
-                    .router
-                    .send_batch(std::mem::take(&mut acks))
-                    .await
-                {
-                    debug!("acknowledgements not sent: {e}");
-                }
+                // Sent from a task of their own: a sender that cannot be reached (a new
+                // connection to dial, a full queue) must not hold up this loop. A lost
+                // acknowledgement costs a resend, which is acknowledged again.
+                let (po, batch) = (self.clone(), std::mem::take(&mut acks));
+                tokio::spawn(async move {
+                    if let Err(e) = po.inner.router.send_batch(batch).await {
+                        debug!("acknowledgements not sent: {e}");
+                    }
+                });
             }
         }
         // What was read before the inbox ended is still delivered, in order.
@@ -617,6 +621,17 @@ impl Postoffice {
             }
             Command::NodeFailure => {
                 for node in &control.nodes {
+                    // A notice about a process that has been replaced since (recovery; a
+                    // resend can bring it after the news of the replacement): not ours.
+                    let known = match node.id {
+                        Some(id) if id == self.my_id() => self.inner.incarnation,
+                        Some(id) => self.inner.router.incarnation_of(id),
+                        None => 0,
+                    };
+                    if node.incarnation != 0 && known != 0 && node.incarnation != known {
+                        debug!("ignoring a failure notice about a replaced process: {node}");
+                        continue;
+                    }
                     match node.id {
                         Some(id) if id == self.my_id() => {
                             // Declared dead wrongly (we stalled, or lost the scheduler for a
@@ -664,16 +679,20 @@ impl Postoffice {
         let (Some(control), Some(id)) = (&msg.meta.control, msg.meta.recipient) else {
             return;
         };
+        let whole_table = control
+            .nodes
+            .iter()
+            .any(|n| n.id == Some(node_ids::SCHEDULER));
         if self.inner.table.get().is_none() {
-            self.set_table(id, control.nodes.clone());
+            // Only the table itself (it holds the scheduler) makes us joined; another node's
+            // recovery notice reaching a node whose welcome is still on its way does not.
+            if whole_table {
+                self.set_table(id, control.nodes.clone());
+            }
             return;
         }
         // The whole table again (an answer to a re-sent registration): nothing new.
-        if control
-            .nodes
-            .iter()
-            .any(|n| n.id == Some(node_ids::SCHEDULER))
-        {
+        if whole_table {
             return;
         }
         for node in control.nodes.iter().filter(|n| n.is_recovery) {

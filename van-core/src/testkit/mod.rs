@@ -327,7 +327,10 @@ pub async fn meta_round_trip<V: Van + 'static>(make: &impl Fn() -> V) {
         addr: 0xdead_beef,
         val_len: 1 << 40,
         option: 5,
-        seq: Some(u64::MAX - 1),
+        seq: Some(crate::Seq {
+            number: u64::MAX - 1,
+            to: 77,
+        }),
     };
     let msg = Message {
         meta,

@@ -3,7 +3,9 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::WireError;
-use crate::message::{Command, Control, DataType, Endpoint, Meta, Node, NodeId, Role, VanKind};
+use crate::message::{
+    Command, Control, DataType, Endpoint, Meta, Node, NodeId, Role, Seq, VanKind,
+};
 
 /// ps-lite's `Meta::kEmpty`: the wire value of an absent node id.
 const NO_NODE: i32 = i32::MAX;
@@ -17,9 +19,9 @@ const FLAG_SEQ: u8 = 1 << 5;
 const KNOWN_FLAGS: u8 =
     FLAG_REQUEST | FLAG_PUSH | FLAG_PULL | FLAG_SIMPLE_APP | FLAG_CONTROL | FLAG_SEQ;
 
-/// Smallest encoded node (role, id, two empty strings, port, recovery, no endpoints), used to
-/// bound a node count by the bytes present before allocating.
-const MIN_NODE_LEN: usize = 1 + 4 + 2 + 2 + 2 + 1 + 2;
+/// Smallest encoded node (role, id, two empty strings, port, recovery, incarnation, no
+/// endpoints), used to bound a node count by the bytes present before allocating.
+const MIN_NODE_LEN: usize = 1 + 4 + 2 + 2 + 2 + 1 + 8 + 2;
 
 fn node_id_to_wire(id: Option<NodeId>, field: &'static str) -> Result<i32, WireError> {
     match id {
@@ -68,7 +70,8 @@ pub fn encode_meta(meta: &Meta, out: &mut BytesMut) -> Result<(), WireError> {
     out.put_u64_le(meta.val_len);
     out.put_i32_le(meta.option);
     if let Some(seq) = meta.seq {
-        out.put_u64_le(seq);
+        out.put_u64_le(seq.number);
+        out.put_u64_le(seq.to);
     }
     out.put_u32_le(len_u32(meta.body.len(), "body")?);
     out.put_slice(&meta.body);
@@ -115,6 +118,7 @@ fn encode_node(node: &Node, out: &mut BytesMut) -> Result<(), WireError> {
     out.put_u16_le(node.port);
     put_short_str(out, &node.host_identity, "node host identity")?;
     out.put_u8(u8::from(node.is_recovery));
+    out.put_u64_le(node.incarnation);
     out.put_u16_le(len_u16(node.endpoints.len(), "endpoint count")?);
     for endpoint in &node.endpoints {
         out.put_u8(endpoint.kind.to_wire());
@@ -231,7 +235,10 @@ pub fn decode_meta(bytes: Bytes) -> Result<Meta, WireError> {
     meta.val_len = r.u64("val_len")?;
     meta.option = r.i32("option")?;
     if flags & FLAG_SEQ != 0 {
-        meta.seq = Some(r.u64("seq")?);
+        meta.seq = Some(Seq {
+            number: r.u64("seq")?,
+            to: r.u64("seq recipient incarnation")?,
+        });
     }
     let body_len = r.u32("body length")? as usize;
     meta.body = r.take_bytes(body_len, "body")?;
@@ -277,6 +284,7 @@ fn decode_node(r: &mut Reader) -> Result<Node, WireError> {
             })
         }
     };
+    let incarnation = r.u64("node incarnation")?;
     let count = usize::from(r.u16("endpoint count")?);
     let mut endpoints = Vec::with_capacity(count.min(r.bytes.len() - r.pos) / 3);
     for _ in 0..count {
@@ -292,5 +300,6 @@ fn decode_node(r: &mut Reader) -> Result<Node, WireError> {
         host_identity,
         endpoints,
         is_recovery,
+        incarnation,
     })
 }

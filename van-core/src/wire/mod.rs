@@ -42,7 +42,7 @@
 //! | 8 | addr, u64 |
 //! | 8 | val_len, u64 |
 //! | 4 | option, i32 |
-//! | if seq: 8 | seq, u64 (the resend sequence number) |
+//! | if seq: 8 + 8 | seq: the resend sequence number, u64, then the recipient's incarnation it was meant for, u64 (0: any) |
 //! | 4 + n | body: u32 length, bytes |
 //! | 4 + n | data types: u32 count, one u8 code each ([`DataType`](crate::DataType) order) |
 //! | if control: 1 | command code, u8 |
@@ -52,7 +52,7 @@
 //!
 //! A node is: role u8 (0 scheduler, 1 server, 2 worker), id i32 (`i32::MAX` = none), host
 //! (u16 length + UTF-8), port u16, host identity (u16 length + UTF-8), is_recovery u8 (0/1),
-//! then u16 endpoint count and per endpoint a van kind u8 (0 in-process, 1 tcp, 2 uring,
+//! incarnation u64, then u16 endpoint count and per endpoint a van kind u8 (0 in-process, 1 tcp, 2 uring,
 //! 3 rdma, 4 ipc) and an address (u16 length + UTF-8). The meta must be consumed exactly.
 //! Padding bytes are written as zeros and ignored when decoding.
 //!
