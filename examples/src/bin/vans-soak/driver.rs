@@ -327,7 +327,7 @@ fn report(
         words.next()?.parse().ok()
     };
     let (mut updates, mut checks, mut lost, mut duplicated, mut workers) = (0, 0, 0, 0, 0);
-    let (mut resent, mut dropped) = (0, 0);
+    let (mut resent, mut dropped, mut stale) = (0, 0, 0);
     for (_, lines) in &nodes {
         for line in lines {
             if line.starts_with("SOAK-WORKER") {
@@ -340,6 +340,7 @@ fn report(
             if line.starts_with("SOAK-") {
                 resent += field(line, "resent").unwrap_or(0);
                 dropped += field(line, "duplicates-dropped").unwrap_or(0);
+                stale += field(line, "stale-dropped").unwrap_or(0);
                 println!("{line}");
             }
         }
@@ -361,7 +362,8 @@ fn report(
     );
     println!(
         "vans-soak: {updates} updates verified by {checks} exact checks; lost {lost}, \
-         duplicated {duplicated}; messages resent {resent}, copies dropped {dropped}"
+         duplicated {duplicated}; messages resent {resent}, copies dropped {dropped}, dropped \
+         as meant for or sent by a replaced process {stale}"
     );
     if workers != o.workers {
         return Err(format!("{workers} of {} workers reported", o.workers).into());

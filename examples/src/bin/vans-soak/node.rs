@@ -105,8 +105,8 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
 fn report(po: &Postoffice, who: &str) {
     if let Some(s) = po.resend_stats() {
         println!(
-            "SOAK-NODE {who}: resent {} duplicates-dropped {} unacked {}",
-            s.resent, s.duplicates, s.unacked
+            "SOAK-NODE {who}: resent {} duplicates-dropped {} stale-dropped {} unacked {}",
+            s.resent, s.duplicates, s.stale, s.unacked
         );
     }
 }
@@ -401,12 +401,13 @@ impl<'a> Worker<'a> {
         let stats = self.po.resend_stats().unwrap_or_default();
         println!(
             "SOAK-WORKER {}: rounds {round} updates {updates} checks {} lost {lost} duplicated \
-             {duplicated} uncertain {} resent {} duplicates-dropped {}",
+             {duplicated} uncertain {} resent {} duplicates-dropped {} stale-dropped {}",
             self.rank,
             self.checks,
             self.uncertain.iter().sum::<i64>(),
             stats.resent,
-            stats.duplicates
+            stats.duplicates,
+            stats.stale
         );
         if lost != 0 || duplicated != 0 {
             return Err(
