@@ -26,7 +26,7 @@ use crate::error::{PsError, Result};
 use crate::range::{server_key_ranges, KeyRange};
 use crate::router::Router;
 
-// Failures, recoveries and resends: who this node counts alive.
+// The node table, failures, recoveries and resends: who this node counts in and alive.
 mod membership;
 
 /// Barrier group of every node (scheduler, servers and workers).
@@ -619,33 +619,7 @@ impl Postoffice {
                     ),
                 }
             }
-            Command::NodeFailure => {
-                for node in &control.nodes {
-                    // A notice about a process that has been replaced since (recovery; a
-                    // resend can bring it after the news of the replacement): not ours.
-                    let known = match node.id {
-                        Some(id) if id == self.my_id() => self.inner.incarnation,
-                        Some(id) => self.inner.router.incarnation_of(id),
-                        None => 0,
-                    };
-                    if node.incarnation != 0 && known != 0 && node.incarnation != known {
-                        debug!("ignoring a failure notice about a replaced process: {node}");
-                        continue;
-                    }
-                    match node.id {
-                        Some(id) if id == self.my_id() => {
-                            // Declared dead wrongly (we stalled, or lost the scheduler for a
-                            // while): the cluster has moved on without us, so stop, which
-                            // ends every wait here.
-                            warn!("the scheduler declared this node dead; stopping");
-                            let po = self.clone();
-                            tokio::spawn(async move { po.stop().await });
-                        }
-                        Some(id) => self.node_failed(id, "declared dead by the scheduler"),
-                        None => {}
-                    }
-                }
-            }
+            Command::NodeFailure => self.failure_notice(&control.nodes),
             // The scheduler's answer to a heartbeat: noted above, nothing more to do.
             Command::Heartbeat => {}
             Command::Ack => {
@@ -663,50 +637,6 @@ impl Postoffice {
             Some(s) => f(&mut lock(s)),
             None => T::default(),
         }
-    }
-
-    /// On the scheduler: once every node has registered, take the table.
-    fn scheduler_check_ready(&self) {
-        let table = self.with_scheduler(|s| s.is_ready().then(|| s.table().to_vec()));
-        if let Some(table) = table {
-            self.set_table(node_ids::SCHEDULER, table);
-        }
-    }
-
-    /// The node table arrived (joining), or once joined, the scheduler's notice that new
-    /// processes took the place of failed nodes.
-    fn table_arrived(&self, msg: &Message) {
-        let (Some(control), Some(id)) = (&msg.meta.control, msg.meta.recipient) else {
-            return;
-        };
-        let whole_table = control
-            .nodes
-            .iter()
-            .any(|n| n.id == Some(node_ids::SCHEDULER));
-        if self.inner.table.get().is_none() {
-            // Only the table itself (it holds the scheduler) makes us joined; another node's
-            // recovery notice reaching a node whose welcome is still on its way does not.
-            if whole_table {
-                self.set_table(id, control.nodes.clone());
-            }
-            return;
-        }
-        // The whole table again (an answer to a re-sent registration): nothing new.
-        if whole_table {
-            return;
-        }
-        for node in control.nodes.iter().filter(|n| n.is_recovery) {
-            if let Some(peer) = node.id.filter(|&p| p != self.my_id()) {
-                self.node_recovered(peer, node);
-            }
-        }
-    }
-
-    fn set_table(&self, my_id: NodeId, table: Vec<Node>) {
-        self.inner.router.set_nodes(&table);
-        let _ = self.inner.my_id.set(my_id);
-        let _ = self.inner.table.set(table);
-        self.inner.ready.send_replace(true);
     }
 
     /// Carries out what the scheduler state machine asked for.
