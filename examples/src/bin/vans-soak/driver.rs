@@ -253,9 +253,10 @@ async fn chaos_loop(
             let victim = &plan[rng.below(plan.len() as u64) as usize];
             let addr: SocketAddr = ([127, 0, 0, 1], victim.port).into();
             let len = 1 + rng.below(4096) as usize;
-            out.garbage += 1;
-            if let Ok(true) = chaos::garbage(addr, len, &mut rng).await {
-                out.garbage_closed += 1;
+            // Counted only when it connected (a node being restarted refuses it).
+            if let Ok(closed) = chaos::garbage(addr, len, &mut rng).await {
+                out.garbage += 1;
+                out.garbage_closed += u64::from(closed);
             }
         }
         tokio::time::sleep(step.pause).await;
