@@ -178,6 +178,27 @@ struct RawTask {
     index: Option<serde_json::Value>,
 }
 
+/// Whether `json` is a `TF_CONFIG` that declares no cluster: `{}`, or an object whose
+/// `cluster` is missing, `null` or lists no task. TensorFlow then runs on one machine, so
+/// such a `TF_CONFIG` stands for nothing (it is what some launchers set when there is no
+/// cluster), rather than being an error.
+pub fn declares_no_cluster(json: &str) -> bool {
+    let Ok(serde_json::Value::Object(config)) = serde_json::from_str::<serde_json::Value>(json)
+    else {
+        return false;
+    };
+    match config.get("cluster") {
+        None | Some(serde_json::Value::Null) => true,
+        Some(serde_json::Value::Object(jobs)) => jobs.values().all(|tasks| match tasks {
+            serde_json::Value::Array(tasks) => tasks.is_empty(),
+            serde_json::Value::Object(tasks) => tasks.is_empty(),
+            serde_json::Value::Null => true,
+            _ => false,
+        }),
+        Some(_) => false,
+    }
+}
+
 impl TfConfig {
     /// Parses `TF_CONFIG`: JSON shape, task index and every cluster address. Whether this
     /// task can join a parameter server is checked by the mapping methods ([`role`],

@@ -21,6 +21,10 @@ impl Vars {
         let Some(json) = self.get("TF_CONFIG") else {
             return Ok(false);
         };
+        // `{}` and the like: TensorFlow's "no cluster", so nothing to stand for.
+        if crate::tf_config::declares_no_cluster(json) {
+            return Ok(false);
+        }
         let wrap = |error| ConfigError::TfConfig {
             value: json.chars().take(1000).collect(),
             error: Box::new(error),
@@ -126,8 +130,24 @@ mod tests {
         assert_eq!((c.root_uri.as_str(), c.root_port), ("chief-0.ns", 2222));
         assert_eq!(c.host(), Some("chief-0.ns"));
         assert_eq!(c.port, 0);
-        // An empty TF_CONFIG is unset.
+        // An empty TF_CONFIG is unset, and so is one that declares no cluster (TensorFlow's
+        // single-machine setting), with or without a task.
         assert_eq!(from_tf(" ", &[]).unwrap(), Config::default());
+        for no_cluster in [
+            "{}",
+            r#"{"cluster": {}}"#,
+            r#"{"cluster": null, "task": {"type": "worker", "index": 0}}"#,
+            r#"{"cluster": {"worker": []}, "task": {}}"#,
+            r#"{"task": {"type": "chief", "index": 0}, "rpc_layer": "grpc"}"#,
+        ] {
+            assert_eq!(
+                from_tf(no_cluster, &[]).unwrap(),
+                Config::default(),
+                "{no_cluster}"
+            );
+        }
+        // A cluster with tasks is still checked.
+        assert!(from_tf(r#"{"cluster": {"worker": ["w:1"]}}"#, &[]).is_err());
     }
 
     #[test]
