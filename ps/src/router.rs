@@ -197,9 +197,10 @@ impl Router {
             let to = msg.meta.recipient.map_or(0, |p| self.incarnation_of(p));
             resend.stamp(&mut msg, std::time::Instant::now(), to);
         }
-        let numbered: Vec<(NodeId, u64)> = numbered(std::slice::from_ref(&msg));
+        // Inline, so that a send without PS_RESEND allocates nothing for it.
+        let numbered = msg.meta.recipient.zip(msg.meta.seq.map(|s| s.number));
         let result = self.send_once(msg).await;
-        self.forgiven(&numbered, result)
+        self.forgiven(numbered.as_slice(), result)
     }
 
     /// Sends `msg` as it is (a resend keeps its sequence number).
@@ -249,7 +250,11 @@ impl Router {
                 resend.stamp(msg, now, to);
             }
         }
-        let numbered = numbered(&msgs);
+        let numbered = if self.resend.is_some() {
+            numbered(&msgs)
+        } else {
+            Vec::new()
+        };
         let result = self.send_batch_once(msgs).await;
         self.forgiven(&numbered, result)
     }
