@@ -6,29 +6,20 @@
 
 mod common;
 
-use common::{free_port, text, wait_output};
+use common::{free_port, loopback_node, text, wait_output};
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 const SECRET: &str = "7f3a9c1e5b2d4f6a8c0e1b3d5f7a9c2e";
 
 /// `ps-bench --mode check` for one role of a 1-server, 1-worker cluster.
 fn node(role: &str, port: u16, secret: Option<&str>) -> Command {
-    let mut cmd = Command::new(PS_BENCH);
+    let mut cmd = loopback_node(PS_BENCH, role, port);
     cmd.args(["--mode", "check", "--keys", "16"])
-        .env("DMLC_ROLE", role)
-        .env("DMLC_NUM_WORKER", "1")
-        .env("DMLC_NUM_SERVER", "1")
-        .env("DMLC_PS_ROOT_URI", "127.0.0.1")
-        .env("DMLC_PS_ROOT_PORT", port.to_string())
-        .env("DMLC_INTERFACE", "lo")
-        .env("DMLC_ENABLE_RDMA", "0")
         .env("VANS_BOOTSTRAP_TIMEOUT_SECS", "20")
         .env_remove("VANS_CLUSTER_SECRET")
-        .env_remove("VANS_CLUSTER_SECRET_FILE")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("VANS_CLUSTER_SECRET_FILE");
     if let Some(secret) = secret {
         cmd.env("VANS_CLUSTER_SECRET", secret);
     }

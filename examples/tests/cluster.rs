@@ -19,17 +19,8 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 /// `ps-bench` for one role, configured only through ps-lite's environment.
 fn node(role: &str, port: u16, args: &[&str]) -> Command {
-    let mut cmd = Command::new(PS_BENCH);
-    cmd.args(args)
-        .env("DMLC_ROLE", role)
-        .env("DMLC_NUM_WORKER", "1")
-        .env("DMLC_NUM_SERVER", "1")
-        .env("DMLC_PS_ROOT_URI", "127.0.0.1")
-        .env("DMLC_PS_ROOT_PORT", port.to_string())
-        .env("DMLC_INTERFACE", "lo")
-        .env("DMLC_ENABLE_RDMA", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = common::loopback_node(PS_BENCH, role, port);
+    cmd.args(args);
     cmd
 }
 
@@ -226,12 +217,7 @@ fn killing_a_server_fails_the_workers_requests_by_name_and_the_launcher_cleans_u
     std::thread::sleep(Duration::from_secs(3));
     let (server, _) = nodes.iter().find(|(_, role)| role == "server").unwrap();
     let killed = Instant::now();
-    // The shell's builtin `kill`: no procps needed on a minimal machine.
-    let killed_ok = Command::new("/bin/sh")
-        .args(["-c", &format!("kill -KILL {server}")])
-        .status()
-        .unwrap();
-    assert!(killed_ok.success(), "could not kill server {server}");
+    common::signal(*server, "KILL");
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;

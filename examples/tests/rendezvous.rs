@@ -191,15 +191,8 @@ fn the_benchmark_reports_pull_and_push_rows_from_one_run() {
 
 /// One node of a hand-started cluster (1 server, 1 worker), with heartbeats.
 fn node(role: &str, port: u16, protocol: &str) -> Node {
-    let mut cmd = Command::new(EXCHANGE);
+    let mut cmd = common::loopback_node(EXCHANGE, role, port);
     cmd.args(["--mode", "hang", "--protocols", protocol])
-        .env("DMLC_ROLE", role)
-        .env("DMLC_NUM_WORKER", "1")
-        .env("DMLC_NUM_SERVER", "1")
-        .env("DMLC_PS_ROOT_URI", "127.0.0.1")
-        .env("DMLC_PS_ROOT_PORT", port.to_string())
-        .env("DMLC_INTERFACE", "lo")
-        .env("DMLC_ENABLE_RDMA", "0")
         .env("PS_HEARTBEAT_INTERVAL", "1")
         .env("PS_HEARTBEAT_TIMEOUT", "3");
     Node::spawn(cmd)

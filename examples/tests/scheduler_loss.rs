@@ -6,15 +6,15 @@
 
 mod common;
 
-use common::{free_port, text, wait_output};
+use common::{free_port, loopback_node, signal, text, wait_output};
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 
 fn node(role: &str, port: u16) -> Child {
-    Command::new(PS_BENCH)
+    loopback_node(PS_BENCH, role, port)
         .args([
             "--mode",
             "push",
@@ -26,28 +26,10 @@ fn node(role: &str, port: u16) -> Child {
             "120",
             "--no-raw",
         ])
-        .env("DMLC_ROLE", role)
-        .env("DMLC_NUM_WORKER", "1")
-        .env("DMLC_NUM_SERVER", "1")
-        .env("DMLC_PS_ROOT_URI", "127.0.0.1")
-        .env("DMLC_PS_ROOT_PORT", port.to_string())
-        .env("DMLC_INTERFACE", "lo")
-        .env("DMLC_ENABLE_RDMA", "0")
         .env("PS_HEARTBEAT_INTERVAL", "1")
         .env("PS_HEARTBEAT_TIMEOUT", "4")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn signal(pid: u32, sig: &str) {
-    // The shell's builtin `kill`: no procps needed on a minimal machine.
-    let ok = Command::new("/bin/sh")
-        .args(["-c", &format!("kill -{sig} {pid}")])
-        .status()
-        .unwrap();
-    assert!(ok.success(), "could not send {sig} to {pid}");
 }
 
 /// Whether the child is still running.

@@ -47,3 +47,30 @@ pub(crate) fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// `program` as one `role` of a hand-started 1-server, 1-worker cluster whose scheduler is at
+/// 127.0.0.1:`port`, configured only through ps-lite's environment (as in ps-lite's
+/// tutorial); output piped. Callers add their arguments and variables.
+pub(crate) fn loopback_node(program: &str, role: &str, port: u16) -> std::process::Command {
+    let mut cmd = std::process::Command::new(program);
+    cmd.env("DMLC_ROLE", role)
+        .env("DMLC_NUM_WORKER", "1")
+        .env("DMLC_NUM_SERVER", "1")
+        .env("DMLC_PS_ROOT_URI", "127.0.0.1")
+        .env("DMLC_PS_ROOT_PORT", port.to_string())
+        .env("DMLC_INTERFACE", "lo")
+        .env("DMLC_ENABLE_RDMA", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// Sends signal `sig` (`KILL`, `STOP`, `CONT`, …) to `pid` with the shell's builtin `kill`:
+/// no procps needed on a minimal machine.
+pub(crate) fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("/bin/sh")
+        .args(["-c", &format!("kill -{sig} {pid}")])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "could not send {sig} to {pid}");
+}

@@ -106,62 +106,59 @@ struct Launch<'a> {
 impl Launch<'_> {
     /// Starts node `index` of the plan (again).
     fn spawn(&self, index: usize) -> Result<Running, BoxError> {
-        spawn(self, &self.plan[index], &self.plan[0])
+        let (launch, p, scheduler) = (self, &self.plan[index], &self.plan[0]);
+        let (o, map, ipc) = (launch.o, launch.map, launch.ipc);
+        let exe = std::env::current_exe()?;
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "--node",
+            "--until-ms",
+            &launch.until_ms.to_string(),
+            "--workers",
+            &o.workers.to_string(),
+            "--keys",
+            &o.keys.to_string(),
+        ]);
+        // The scheduler binds its own port; the others reach it through its proxy.
+        let root_port = if p.role == "scheduler" {
+            scheduler.port
+        } else {
+            scheduler.proxy.addr().port()
+        };
+        let env = [
+            ("DMLC_ROLE", p.role.to_owned()),
+            ("DMLC_NUM_SERVER", o.servers.to_string()),
+            ("DMLC_NUM_WORKER", o.workers.to_string()),
+            ("DMLC_PS_ROOT_URI", "127.0.0.1".to_owned()),
+            ("DMLC_PS_ROOT_PORT", root_port.to_string()),
+            ("DMLC_PORT", p.port.to_string()),
+            ("DMLC_INTERFACE", "lo".to_owned()),
+            ("DMLC_ENABLE_RDMA", "0".to_owned()),
+            ("DMLC_ENABLE_IPC", if ipc { "1" } else { "0" }.to_owned()),
+            ("PS_RESEND", "1".to_owned()),
+            ("PS_RESEND_TIMEOUT", "500".to_owned()),
+            ("PS_HEARTBEAT_INTERVAL", "1".to_owned()),
+            ("PS_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_SECS.to_string()),
+            ("VANS_ENDPOINT_MAP", map.display().to_string()),
+        ];
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd.spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout from a node")?;
+        let lines = std::thread::spawn(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .collect()
+        });
+        Ok(Running {
+            name: p.role.to_owned(),
+            child,
+            lines,
+        })
     }
-}
-
-fn spawn(launch: &Launch<'_>, p: &Planned, scheduler: &Planned) -> Result<Running, BoxError> {
-    let (o, map, ipc) = (launch.o, launch.map, launch.ipc);
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "--node",
-        "--until-ms",
-        &launch.until_ms.to_string(),
-        "--workers",
-        &o.workers.to_string(),
-        "--keys",
-        &o.keys.to_string(),
-    ]);
-    // The scheduler binds its own port; the others reach it through its proxy.
-    let root_port = if p.role == "scheduler" {
-        scheduler.port
-    } else {
-        scheduler.proxy.addr().port()
-    };
-    let env = [
-        ("DMLC_ROLE", p.role.to_owned()),
-        ("DMLC_NUM_SERVER", o.servers.to_string()),
-        ("DMLC_NUM_WORKER", o.workers.to_string()),
-        ("DMLC_PS_ROOT_URI", "127.0.0.1".to_owned()),
-        ("DMLC_PS_ROOT_PORT", root_port.to_string()),
-        ("DMLC_PORT", p.port.to_string()),
-        ("DMLC_INTERFACE", "lo".to_owned()),
-        ("DMLC_ENABLE_RDMA", "0".to_owned()),
-        ("DMLC_ENABLE_IPC", if ipc { "1" } else { "0" }.to_owned()),
-        ("PS_RESEND", "1".to_owned()),
-        ("PS_RESEND_TIMEOUT", "500".to_owned()),
-        ("PS_HEARTBEAT_INTERVAL", "1".to_owned()),
-        ("PS_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_SECS.to_string()),
-        ("VANS_ENDPOINT_MAP", map.display().to_string()),
-    ];
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = cmd.spawn()?;
-    let stdout = child.stdout.take().ok_or("no stdout from a node")?;
-    let lines = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .collect()
-    });
-    Ok(Running {
-        name: p.role.to_owned(),
-        child,
-        lines,
-    })
 }
 
 /// What the chaos loop did: faults by kind, garbage connections and how many were dropped.

@@ -227,18 +227,13 @@ impl<'a> Worker<'a> {
         let s = node_ids::id_to_rank(server) as usize;
         let held = self.pull_one(self.keys.counts[s]).await?;
         let missing = (self.acked[s] - held).max(0);
-        let mut pairs: Vec<(u64, i64)> = self.keys.shared[s]
-            .iter()
-            .map(|&k| (k, (i64::from(self.rank) + 1) * missing))
-            .collect();
-        pairs.push((self.keys.counts[s], missing));
+        let mut pairs = self.rounds_onto(s, missing);
         let mut own_missing = 0;
         if s == self.keys.own_server {
             own_missing = (self.adds - self.pull_one(self.keys.own).await?).max(0);
             pairs.push((self.keys.own, own_missing));
         }
-        pairs.sort_unstable();
-        let (keys, vals): (Vec<u64>, Vec<i64>) = pairs.into_iter().unzip();
+        let (keys, vals) = sorted(pairs);
         let id = self.kv.push(&keys, &vals, None, 0).await?;
         self.kv.wait(id).await?;
         println!(
@@ -269,15 +264,21 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
+    /// What `rounds` push rounds add on server `s`: `rank + 1` each onto its shared keys and 1
+    /// each onto this worker's count key there.
+    fn rounds_onto(&self, s: usize, rounds: i64) -> Vec<(u64, i64)> {
+        let weight = i64::from(self.rank) + 1;
+        let mut pairs: Vec<(u64, i64)> = self.keys.shared[s]
+            .iter()
+            .map(|&k| (k, weight * rounds))
+            .collect();
+        pairs.push((self.keys.counts[s], rounds));
+        pairs
+    }
+
     async fn push_round(&mut self) -> Result<(), BoxError> {
         for s in 0..self.acked.len() {
-            let mut keys = self.keys.shared[s].clone();
-            let mut vals = vec![i64::from(self.rank) + 1; keys.len()];
-            keys.push(self.keys.counts[s]);
-            vals.push(1);
-            let mut pairs: Vec<(u64, i64)> = keys.into_iter().zip(vals).collect();
-            pairs.sort_unstable();
-            let (keys, vals): (Vec<u64>, Vec<i64>) = pairs.into_iter().unzip();
+            let (keys, vals) = sorted(self.rounds_onto(s, 1));
             let sent = self.kv.push(&keys, &vals, None, 0).await;
             match sent {
                 Ok(id) => match self.kv.wait(id).await {
@@ -416,6 +417,12 @@ impl<'a> Worker<'a> {
         }
         Ok(())
     }
+}
+
+/// Keys sorted (as a request needs them) with their values.
+fn sorted(mut pairs: Vec<(u64, i64)>) -> (Vec<u64>, Vec<i64>) {
+    pairs.sort_unstable();
+    pairs.into_iter().unzip()
 }
 
 /// When the workers stop: `--until-ms` (milliseconds since the epoch, set by the driver so
