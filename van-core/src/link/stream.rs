@@ -204,3 +204,19 @@ impl std::fmt::Display for Closed {
         }
     }
 }
+
+/// A free port on 127.0.0.1 for a node that others must be told about before it binds (or
+/// that binds it again after a restart), picked at random below Linux's ephemeral range
+/// (32768 and up): a port the kernel handed out and took back can be handed to any outgoing
+/// connection before the node binds it; one picked down here only meets another such pick.
+pub fn free_loopback_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        let port = 20_000 + (hasher.finish() % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}

@@ -122,15 +122,7 @@ pub async fn within<T>(call: impl Future<Output = Result<T, VanError>>, what: &s
 /// out and took back could be handed to another test's node before this one binds it; one
 /// picked at random down here only meets another test's pick.
 pub fn free_port() -> u16 {
-    use std::hash::{BuildHasher, Hasher};
-    loop {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u32(std::process::id());
-        let port = 20_000 + (hasher.finish() % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
+    crate::link::stream::free_loopback_port()
 }
 
 /// The next message in `inbox`, failing the check on a deadline, a lost peer or the end.

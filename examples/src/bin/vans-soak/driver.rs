@@ -18,13 +18,6 @@ const MAX_OUTAGE: Duration = Duration::from_millis(1500);
 /// How long the nodes may take, after the chaos ends, to check and leave.
 const FINISH: Duration = Duration::from_secs(60);
 
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> Result<u16, BoxError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// A node of the cluster: its role, its own port, and the proxy in front of it.
 struct Planned {
     role: &'static str,
@@ -54,7 +47,9 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
         .chain((0..o.servers).map(|_| "server"))
         .chain((0..o.workers).map(|_| "worker"));
     for role in roles {
-        let port = free_port()?;
+        // Below the ephemeral range: a killed node binds its port again, and a port the
+        // kernel hands out could meanwhile be the source port of another connection.
+        let port = van_core::link::stream::free_loopback_port();
         let target: SocketAddr = ([127, 0, 0, 1], port).into();
         let proxy = FaultProxy::start(0, target).await?;
         plan.push(Planned { role, port, proxy });
