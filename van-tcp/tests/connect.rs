@@ -69,3 +69,15 @@ fn an_orderly_stop_loses_no_flushed_frame_while_input_is_unread() {
         &TcpVan::default,
     ));
 }
+
+#[test]
+fn a_failed_write_loses_no_received_frame() {
+    testkit::run(testkit::received_frames_survive_a_failed_write(
+        &TcpVan::default,
+    ));
+}
+
+#[test]
+fn a_reset_loses_no_received_frame() {
+    testkit::run(testkit::received_frames_survive_a_reset(&TcpVan::default));
+}

@@ -546,6 +546,8 @@ impl Worker {
             sending: false,
             zc,
             closing: false,
+            write_error: None,
+            peer_done: false,
         };
         debug!(id = new.id, remote = %new.remote, peer = ?new.peer, thread = self.index, "connection adopted");
         self.conns.insert(new.id, conn);

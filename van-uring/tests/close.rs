@@ -12,3 +12,21 @@ fn an_orderly_stop_loses_no_flushed_frame_while_input_is_unread() {
         },
     ));
 }
+
+#[test]
+fn a_failed_write_loses_no_received_frame() {
+    van_core::testkit::run(van_core::testkit::received_frames_survive_a_failed_write(
+        &|| {
+            van_uring::IoUringVan::new(van_uring::UringOptions::default())
+                .unwrap_or_else(|e| panic!("cannot create the io_uring van: {e}"))
+        },
+    ));
+}
+
+#[test]
+fn a_reset_loses_no_received_frame() {
+    van_core::testkit::run(van_core::testkit::received_frames_survive_a_reset(&|| {
+        van_uring::IoUringVan::new(van_uring::UringOptions::default())
+            .unwrap_or_else(|e| panic!("cannot create the io_uring van: {e}"))
+    }));
+}

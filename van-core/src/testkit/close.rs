@@ -67,3 +67,100 @@ pub async fn flushed_frames_survive_unread_input<V: Van + 'static>(make: &impl F
     flood.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), flood).await;
 }
+
+/// A peer writes numbered frames until the van stops taking them (its inbox, which nobody
+/// reads, is full), then resets the connection. The frames the van's kernel had acknowledged
+/// are in its socket and must all reach the inbox, in order, before the peer is reported lost.
+pub async fn received_frames_survive_a_reset<V: Van + 'static>(make: &impl Fn() -> V) {
+    frames_before_a_reset(make, false).await;
+}
+
+/// As [`received_frames_survive_a_reset`], but the van writes to the peer after the reset, so
+/// its write fails before it has read what the peer sent: a failed write ends the writing,
+/// not the reading.
+pub async fn received_frames_survive_a_failed_write<V: Van + 'static>(make: &impl Fn() -> V) {
+    frames_before_a_reset(make, true).await;
+}
+
+async fn frames_before_a_reset<V: Van + 'static>(make: &impl Fn() -> V, write_after: bool) {
+    use tokio::io::AsyncWriteExt;
+    const LEN: usize = 4 << 10;
+    /// The peer stops writing after this much whether or not the van pushed back.
+    const CAP: usize = 64 << 20;
+    let mut v = start(make, 8).await;
+    let port = v
+        .node
+        .endpoints
+        .first()
+        .and_then(|e| e.address.rsplit(':').next()?.parse::<u16>().ok())
+        .unwrap_or_else(|| panic!("no port in {:?}", v.node.endpoints));
+    let mut peer = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap_or_else(|e| panic!("connect to the van: {e}"));
+    let frame = |seq: u32| {
+        crate::wire::encode_to_vec(&numbered(9, 8, seq, LEN), &crate::wire::Limits::default())
+            .unwrap_or_else(|e| panic!("encode: {e}"))
+    };
+    // The first frame tells the van who is on the connection.
+    peer.write_all(&frame(0))
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    check_numbered(&expect_message(&mut v.inbox).await, 9, 0);
+    // Write until the van stops taking bytes for half a second.
+    let (mut written, mut seq) = (0usize, 1u32);
+    while written < CAP {
+        let bytes = frame(seq);
+        match tokio::time::timeout(Duration::from_millis(500), peer.write_all(&bytes)).await {
+            Ok(Ok(())) => {
+                written += bytes.len();
+                seq += 1;
+            }
+            Ok(Err(e)) => panic!("write: {e}"),
+            // A frame may be partly written: only whole acknowledged frames are counted.
+            Err(_) => break,
+        }
+    }
+    let unacked = crate::link::stream::unsent_bytes(&peer)
+        .unwrap_or_else(|e| panic!("cannot read the peer's send queue: {e}"));
+    let acknowledged = (written.saturating_sub(unacked) / frame(1).len()) as u32;
+    assert!(
+        acknowledged > 0,
+        "the van took no frame ({written} bytes written, {unacked} unacknowledged)"
+    );
+    // Reset the connection (SO_LINGER 0).
+    let std_peer = peer.into_std().unwrap_or_else(|e| panic!("into_std: {e}"));
+    socket2::SockRef::from(&std_peer)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap_or_else(|e| panic!("set_linger: {e}"));
+    drop(std_peer);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    if write_after {
+        for seq in 1..=4 {
+            // The write may fail here or later in the van; either way the connection is
+            // broken.
+            let _ = v.van.send(numbered(8, 9, seq, 64 << 10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut next = 1u32;
+    loop {
+        match tokio::time::timeout(WAIT, v.inbox.recv()).await {
+            Ok(Some(Event::Message(msg))) => {
+                check_numbered(&msg, 9, next);
+                next += 1;
+            }
+            Ok(Some(Event::PeerLost(lost))) => {
+                assert!(
+                    next > acknowledged,
+                    "the van reported the peer lost ({}) after {} of the {acknowledged} frames \
+                     its kernel had acknowledged: received frames were lost",
+                    lost.reason,
+                    next - 1
+                );
+                break;
+            }
+            other => panic!("after {} frames: {other:?}", next - 1),
+        }
+    }
+    within(v.van.stop(), "stop").await;
+}

@@ -28,7 +28,10 @@ mod pool;
 pub mod remote;
 
 pub use budget::check_peer_budget;
-pub use close::flushed_frames_survive_unread_input;
+pub use close::{
+    flushed_frames_survive_unread_input, received_frames_survive_a_failed_write,
+    received_frames_survive_a_reset,
+};
 pub use pool::check_frame_pool;
 
 use crate::message::{Command, Control, DataType, Message, Meta, Node, NodeId, Role};

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use io_uring::{cqueue, opcode, squeue};
+use io_uring::{cqueue, opcode, squeue, types};
 use van_core::link::stream::Closed;
 use van_core::{Event, Message, NodeId, WireError};
 
@@ -48,7 +48,14 @@ impl Worker {
             return;
         }
         conn.multishot = true;
-        let entry = if conn.single_shot {
+        // A multishot receive armed once the peer has ended the stream (reset it, typically
+        // while this connection's reading was paused for a full inbox) takes the bytes left
+        // and then never completes (seen on Linux 6.18): the end is never reported. From then
+        // on single receives, each of which reports it. Only multishot arms pay for the check.
+        if !conn.single_shot && !conn.peer_done {
+            conn.peer_done = peer_done(&conn.fd());
+        }
+        let entry = if conn.single_shot || conn.peer_done {
             // One provided buffer, chosen by the kernel; completes like a multishot
             // receive's last completion.
             opcode::Recv::new(fd, std::ptr::null_mut(), self.bufs.buffer_len())
@@ -144,6 +151,7 @@ impl Worker {
             }
         }
         if let Some(closed) = closed {
+            let closed = conn.ended(closed);
             self.close(id, closed, false);
             return;
         }
@@ -207,7 +215,10 @@ impl Worker {
             n => Some(Closed::Io(std::io::Error::from_raw_os_error(-n))),
         };
         match closed {
-            Some(closed) => self.close(id, closed, false),
+            Some(closed) => {
+                let closed = conn.ended(closed);
+                self.close(id, closed, false)
+            }
             None => self.next_recv(id),
         }
     }
@@ -228,4 +239,27 @@ fn on_message(
         }
     }
     batch.push(Event::Message(msg));
+}
+
+/// Whether the peer has ended the stream or the socket failed: poll without waiting for a
+/// hang-up, half-close or error (a failed poll counts as ended, so single receives report it).
+fn peer_done(fd: &types::Fd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    // SAFETY: the descriptor belongs to a connection whose socket is open while receives are
+    // armed (`Conn::stream` is `Some` until the connection closes), and is borrowed for the
+    // call only.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd.0) };
+    let mut fds = [PollFd::new(&fd, PollFlags::RDHUP)];
+    match poll(
+        &mut fds,
+        Some(&Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        }),
+    ) {
+        Ok(_) => fds[0]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
+        Err(_) => true,
+    }
 }

@@ -29,7 +29,7 @@ impl Worker {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        if conn.closing || conn.sending {
+        if conn.closing || conn.sending || conn.write_error.is_some() {
             return;
         }
         if conn.out.is_empty() && !conn.queue_done {
@@ -133,10 +133,27 @@ impl Worker {
         }
         if !cqueue::notif(flags) {
             if result < 0 {
-                if !conn.closing {
-                    closed = Some(Closed::Io(std::io::Error::from_raw_os_error(-result)));
+                if !conn.closing && conn.write_error.is_none() {
+                    // Writing is over, reading is not: what the peer sent before the
+                    // connection broke (it may have reset it right after its last frame) is
+                    // still in the socket, and the receive ends the connection once it has
+                    // taken that. With no receive left to do so, it ends here.
+                    let e = std::io::Error::from_raw_os_error(-result);
+                    warn!(
+                        id,
+                        remote = %conn.remote,
+                        peer = ?conn.peer,
+                        "cannot write to the connection; queued frames are lost: {e}"
+                    );
+                    conn.write_error = Some(-result);
+                    conn.queue = None;
+                    conn.queue_done = true;
+                    conn.out.clear();
+                    if !conn.multishot && !conn.direct && !self.parked.contains(&id) {
+                        closed = Some(Closed::Io(e));
+                    }
                 }
-            } else if !conn.closing {
+            } else if !conn.closing && conn.write_error.is_none() {
                 // What was not written goes back to the front of the queue, in order. A
                 // zero-copy send keeps its own parts until the notification.
                 let mut sent = result as usize;

@@ -16,6 +16,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use io_uring::{squeue, types, IoUring};
 use tokio::sync::mpsc;
+use van_core::link::stream::Closed;
 use van_core::link::Frame;
 use van_core::van::InboxClosed;
 use van_core::{Event, InboxSender, NodeId};
@@ -86,6 +87,12 @@ pub(super) struct Conn {
     pub(super) sending: bool,
     pub(super) zc: bool,
     pub(super) closing: bool,
+    /// A send failed with this error number: nothing more is written, and the receive ends
+    /// the connection once it has taken what the peer sent before the break.
+    pub(super) write_error: Option<i32>,
+    /// The peer had ended the stream when a receive was armed: single receives from then on
+    /// (see `Worker::next_recv`).
+    pub(super) peer_done: bool,
 }
 
 impl Conn {
@@ -106,6 +113,15 @@ impl Conn {
 
     pub(super) fn fd(&self) -> types::Fd {
         types::Fd(self.raw_fd)
+    }
+
+    /// Why the connection ends when its receive ends with `closed`: the failed write's error
+    /// rather than the end of the stream it caused.
+    pub(super) fn ended(&self, closed: Closed) -> Closed {
+        match (closed, self.write_error) {
+            (Closed::Eof, Some(errno)) => Closed::Io(std::io::Error::from_raw_os_error(errno)),
+            (closed, _) => closed,
+        }
     }
 
     /// Everything queued was written (the queue is closed and drained).
