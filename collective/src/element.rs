@@ -1,0 +1,205 @@
+//! What a collective reduces: element types ([`Element`]: `f32`, `f64`, `i32`, `i64`, `bf16`)
+//! and reduction operators ([`ReduceOp`]).
+
+use half::bf16;
+use van_core::DataType;
+
+/// How values of different ranks combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The sum.
+    Sum,
+    /// The sum divided by the number of ranks (integers: truncated toward zero).
+    Mean,
+    /// The smallest value.
+    Min,
+    /// The largest value.
+    Max,
+}
+
+impl ReduceOp {
+    /// The operator's name, as in error messages and benchmark reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        }
+    }
+}
+
+impl std::fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ReduceOp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ReduceOp, String> {
+        match s {
+            "sum" => Ok(ReduceOp::Sum),
+            "mean" => Ok(ReduceOp::Mean),
+            "min" => Ok(ReduceOp::Min),
+            "max" => Ok(ReduceOp::Max),
+            other => Err(format!(
+                "unknown reduction {other:?} (expected sum, mean, min or max)"
+            )),
+        }
+    }
+}
+
+/// A type a collective can carry and reduce. Implemented for `f32`, `f64`, `i32`, `i64` and
+/// [`half::bf16`]; values travel in the machine's byte order (all ranks of a cluster share
+/// it in practice; a message says its element type and a mismatch is an error).
+pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+    /// The element's name (`f32`, `bf16`, …).
+    const NAME: &'static str;
+    /// The wire tag of the type. `bf16` has none in ps-lite's list and travels as
+    /// [`DataType::Other`]; [`TAG`](Self::TAG) tells it from other such types.
+    const DATA_TYPE: DataType;
+    /// A number unique among element types, checked on every message.
+    const TAG: u64;
+    /// `self ⊕ other` for `op` (for [`ReduceOp::Mean`], the sum).
+    fn combine(self, other: Self, op: ReduceOp) -> Self;
+    /// `self / n`, the last step of a mean.
+    fn divide(self, n: usize) -> Self;
+}
+
+macro_rules! integer_element {
+    ($t:ty, $name:literal, $dt:ident, $tag:literal) => {
+        impl Element for $t {
+            const NAME: &'static str = $name;
+            const DATA_TYPE: DataType = DataType::$dt;
+            const TAG: u64 = $tag;
+            #[inline]
+            fn combine(self, other: Self, op: ReduceOp) -> Self {
+                match op {
+                    // Wrapping, like MPI's and NCCL's integer sums: never a panic.
+                    ReduceOp::Sum | ReduceOp::Mean => self.wrapping_add(other),
+                    ReduceOp::Min => self.min(other),
+                    ReduceOp::Max => self.max(other),
+                }
+            }
+            #[inline]
+            fn divide(self, n: usize) -> Self {
+                self.wrapping_div(n.max(1) as $t)
+            }
+        }
+    };
+}
+
+macro_rules! float_element {
+    ($t:ty, $name:literal, $dt:ident, $tag:literal) => {
+        impl Element for $t {
+            const NAME: &'static str = $name;
+            const DATA_TYPE: DataType = DataType::$dt;
+            const TAG: u64 = $tag;
+            #[inline]
+            fn combine(self, other: Self, op: ReduceOp) -> Self {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Mean => self + other,
+                    ReduceOp::Min => self.min(other),
+                    ReduceOp::Max => self.max(other),
+                }
+            }
+            #[inline]
+            fn divide(self, n: usize) -> Self {
+                self / n.max(1) as $t
+            }
+        }
+    };
+}
+
+integer_element!(i32, "i32", I32, 1);
+integer_element!(i64, "i64", I64, 2);
+float_element!(f32, "f32", F32, 3);
+float_element!(f64, "f64", F64, 4);
+
+impl Element for bf16 {
+    const NAME: &'static str = "bf16";
+    const DATA_TYPE: DataType = DataType::Other;
+    const TAG: u64 = 5;
+    #[inline]
+    fn combine(self, other: Self, op: ReduceOp) -> Self {
+        match op {
+            // In f32, rounded once per step (as NCCL's bf16 sums).
+            ReduceOp::Sum | ReduceOp::Mean => bf16::from_f32(self.to_f32() + other.to_f32()),
+            ReduceOp::Min => self.min(other),
+            ReduceOp::Max => self.max(other),
+        }
+    }
+    #[inline]
+    fn divide(self, n: usize) -> Self {
+        bf16::from_f32(self.to_f32() / n.max(1) as f32)
+    }
+}
+
+/// Combines `incoming` (the bytes of `acc.len()` elements, in any alignment) into `acc`.
+/// The caller checked the length.
+pub(crate) fn reduce_into<T: Element>(acc: &mut [T], incoming: &[u8], op: ReduceOp) {
+    match bytemuck::try_cast_slice::<u8, T>(incoming) {
+        Ok(other) => {
+            for (a, b) in acc.iter_mut().zip(other) {
+                *a = a.combine(*b, op);
+            }
+        }
+        // A misaligned segment: read each element unaligned.
+        Err(_) => {
+            let size = std::mem::size_of::<T>();
+            for (a, b) in acc.iter_mut().zip(incoming.chunks_exact(size)) {
+                *a = a.combine(bytemuck::pod_read_unaligned(b), op);
+            }
+        }
+    }
+}
+
+/// Copies `incoming` (the bytes of `out.len()` elements, in any alignment) into `out`.
+pub(crate) fn copy_into<T: Element>(out: &mut [T], incoming: &[u8]) {
+    bytemuck::cast_slice_mut::<T, u8>(out).copy_from_slice(incoming);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combines_each_type_and_operator() {
+        assert_eq!(3i32.combine(4, ReduceOp::Sum), 7);
+        assert_eq!(i32::MAX.combine(1, ReduceOp::Sum), i32::MIN);
+        assert_eq!((-3i64).combine(4, ReduceOp::Min), -3);
+        assert_eq!(2.5f32.combine(4.0, ReduceOp::Max), 4.0);
+        assert_eq!(7i32.divide(2), 3);
+        assert_eq!((-7i64).divide(2), -3);
+        assert_eq!(3.0f64.divide(4), 0.75);
+        let x = bf16::from_f32(1.5);
+        assert_eq!(x.combine(bf16::from_f32(2.0), ReduceOp::Sum).to_f32(), 3.5);
+        assert_eq!(x.divide(3).to_f32(), bf16::from_f32(0.5).to_f32());
+    }
+
+    #[test]
+    fn reduces_aligned_and_misaligned_bytes_alike() {
+        let incoming: Vec<f64> = (0..9).map(|i| i as f64 * 0.5).collect();
+        let bytes = bytemuck::cast_slice::<f64, u8>(&incoming);
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(bytes);
+        let mut a = vec![1.0f64; 9];
+        let mut b = vec![1.0f64; 9];
+        reduce_into(&mut a, bytes, ReduceOp::Sum);
+        reduce_into(&mut b, &shifted[1..], ReduceOp::Sum);
+        assert_eq!(a, b);
+        assert_eq!(a[8], 5.0);
+        let mut c = vec![0.0f64; 9];
+        copy_into(&mut c, &shifted[1..]);
+        assert_eq!(c, incoming);
+    }
+
+    #[test]
+    fn parses_operator_names() {
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max] {
+            assert_eq!(op.as_str().parse::<ReduceOp>(), Ok(op));
+        }
+        assert!("avg".parse::<ReduceOp>().is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! The algorithms: every collective is a ring (each rank sends to the next and receives from
+//! the previous), buffers travel in slices, and a rank forwards each slice as soon as it has
+//! it, so every link carries data while the rest is still on its way.
+//!
+//! All-reduce is reduce-scatter then all-gather: the buffer is cut into one chunk per rank
+//! (sizes differ by at most one element); in `n - 1` hops each chunk travels the ring and
+//! collects every rank's contribution, ending fully reduced on its owner (rank `r` owns
+//! chunk `r`); in `n - 1` more hops the owners' chunks travel the ring again and are copied.
+//! Each chunk is reduced in one fixed order and then copied, so every rank ends with the
+//! same bits, floating point included.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::comm::{Op, Shared};
+use crate::element::{copy_into, reduce_into, Element, ReduceOp};
+use crate::error::Result;
+
+/// The elements of chunk `i` of `n` of a buffer of `len` elements: rank `i`'s share in
+/// [`reduce_scatter`](crate::Communicator::reduce_scatter).
+pub fn chunk(len: usize, n: usize, i: usize) -> Range<usize> {
+    let at = |i: usize| ((len as u128 * i as u128) / n as u128) as usize;
+    at(i)..at(i + 1)
+}
+
+/// The slices of `range`, each at most `per` elements (none for an empty range).
+fn slices(range: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>> {
+    let per = per.max(1);
+    (range.start..range.end)
+        .step_by(per)
+        .map(move |s| s..(s + per).min(range.end))
+}
+
+fn elements_per_slice<T: Element>(shared: &Shared) -> usize {
+    (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1)
+}
+
+/// A copy of `values` as message bytes, in memory the van can send without another copy
+/// where it has some (shared memory).
+fn to_bytes<T: Element>(shared: &Shared, values: &[T]) -> Bytes {
+    let bytes: &[u8] = bytemuck::cast_slice(values);
+    let mut buf = shared.po.alloc(bytes.len());
+    buf.as_mut_slice().copy_from_slice(bytes);
+    buf.freeze()
+}
+
+fn ring_neighbours(op: &Op) -> (usize, usize) {
+    let n = op.size();
+    ((op.rank + 1) % n, (op.rank + n - 1) % n)
+}
+
+/// Reduce-scatter (`phases` = 1) or all-reduce (`phases` = 2) of `buf` in place.
+pub(crate) async fn reduce<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &mut [T],
+    reduction: ReduceOp,
+    phases: usize,
+) -> Result<()> {
+    let n = op.size();
+    let r = op.rank;
+    let len = buf.len();
+    if n == 1 {
+        return Ok(());
+    }
+    let (right, left) = ring_neighbours(op);
+    let per = elements_per_slice::<T>(shared);
+    let size = std::mem::size_of::<T>();
+    let hops = phases * (n - 1);
+    // Hop 0: this rank's contribution to the chunk its right neighbour starts reducing.
+    for (s, range) in slices(chunk(len, n, (r + n - 1) % n), per).enumerate() {
+        let data = to_bytes(shared, &buf[range]);
+        shared.send(op, right, 0, s, data).await?;
+    }
+    for hop in 0..hops {
+        // The chunk arriving at this hop; the one sent at hop + 1 is the same chunk.
+        let c = (r + 2 * n - hop - 2) % n;
+        for (s, range) in slices(chunk(len, n, c), per).enumerate() {
+            let bytes = range.len() * size;
+            let data = shared.recv(op, left, hop, s, bytes).await?;
+            let forward = if hop < n - 1 {
+                let out = &mut buf[range.clone()];
+                reduce_into(out, &data, reduction);
+                if hop == n - 2 && reduction == ReduceOp::Mean {
+                    for v in out.iter_mut() {
+                        *v = v.divide(n);
+                    }
+                }
+                None
+            } else {
+                copy_into(&mut buf[range.clone()], &data);
+                // Copied as it came: forward the received bytes themselves.
+                Some(data)
+            };
+            if hop + 1 < hops {
+                let data = match forward {
+                    Some(data) => data,
+                    None => to_bytes(shared, &buf[range]),
+                };
+                shared.send(op, right, hop + 1, s, data).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// All-gather: `out` is `n` blocks of `input.len()` elements; block `i` ends as rank `i`'s
+/// input.
+pub(crate) async fn all_gather<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    input: &[T],
+    out: &mut [T],
+) -> Result<()> {
+    let n = op.size();
+    let r = op.rank;
+    let m = input.len();
+    out[r * m..(r + 1) * m].copy_from_slice(input);
+    if n == 1 {
+        return Ok(());
+    }
+    let (right, left) = ring_neighbours(op);
+    let per = elements_per_slice::<T>(shared);
+    let size = std::mem::size_of::<T>();
+    for (s, range) in slices(0..m, per).enumerate() {
+        let data = to_bytes(shared, &input[range]);
+        shared.send(op, right, 0, s, data).await?;
+    }
+    for hop in 0..n - 1 {
+        let block = (r + n - hop - 1) % n;
+        for (s, range) in slices(0..m, per).enumerate() {
+            let at = block * m + range.start..block * m + range.end;
+            let data = shared.recv(op, left, hop, s, range.len() * size).await?;
+            copy_into(&mut out[at], &data);
+            if hop + 1 < n - 1 {
+                shared.send(op, right, hop + 1, s, data).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Broadcast of `buf` from rank `root`: a chain around the ring, slice by slice.
+pub(crate) async fn broadcast<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let n = op.size();
+    if n == 1 {
+        return Ok(());
+    }
+    let (right, left) = ring_neighbours(op);
+    let per = elements_per_slice::<T>(shared);
+    let size = std::mem::size_of::<T>();
+    let len = buf.len();
+    let distance = (op.rank + n - root) % n;
+    for (s, range) in slices(0..len, per).enumerate() {
+        let data = if distance == 0 {
+            to_bytes(shared, &buf[range])
+        } else {
+            let data = shared.recv(op, left, 0, s, range.len() * size).await?;
+            copy_into(&mut buf[range], &data);
+            data
+        };
+        if distance + 1 < n {
+            shared.send(op, right, 0, s, data).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_buffer_and_differ_by_at_most_one() {
+        for len in [0usize, 1, 2, 3, 7, 10, 1000, 1001] {
+            for n in 1..6 {
+                let ranges: Vec<_> = (0..n).map(|i| chunk(len, n, i)).collect();
+                assert_eq!(ranges[0].start, 0);
+                assert_eq!(ranges[n - 1].end, len);
+                for w in ranges.windows(2) {
+                    assert_eq!(w[0].end, w[1].start);
+                }
+                let sizes: Vec<_> = ranges.iter().map(|r| r.len()).collect();
+                let (lo, hi) = (sizes.iter().min(), sizes.iter().max());
+                assert!(
+                    hi.zip(lo).is_some_and(|(h, l)| h - l <= 1),
+                    "{len}/{n}: {sizes:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn slices_cover_a_range_in_order() {
+        let s: Vec<_> = slices(3..10, 3).collect();
+        assert_eq!(s, vec![3..6, 6..9, 9..10]);
+        assert_eq!(slices(5..5, 3).count(), 0);
+    }
+}

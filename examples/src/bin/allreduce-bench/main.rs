@@ -1,0 +1,253 @@
+//! `allreduce-bench`: the `collective` crate's ring all-reduce beside Open MPI's
+//! `MPI_Allreduce`, on the same sizes, rank counts and machine, in one run.
+//!
+//! For each van (`--van tcp,ipc`) and rank count (`--ranks 2,4`) it launches a local cluster
+//! of itself (a scheduler, one idle server and the ranks as worker processes, through
+//! `launcher`), times f32-sum all-reduces of every size (`--sizes 4K,…,64M`), then runs the
+//! same sizes under `mpirun` (a small C program compiled with `mpicc`; TCP on loopback for
+//! `tcp`, shared memory for `ipc`). It prints, per size, p50 latency, algorithm bandwidth
+//! (bytes / time) and bus bandwidth (NCCL-tests: algbw × 2(n−1)/n) of both, and their
+//! ratios; `--plot FILE.png` draws bus bandwidth against size.
+//!
+//! `allreduce-bench node MODE` is one process of such a cluster (role from `DMLC_ROLE`):
+//! `check` runs every collective once and checks the results, `elastic` runs a loop of
+//! checked all-reduces that survives killed and joining ranks, `bench` is the timed part.
+
+mod mpi;
+mod node;
+mod options;
+
+use std::path::Path;
+
+use clap::Parser;
+use examples::raw::BoxError;
+use examples::Table;
+use launcher::{launch, LaunchSpec};
+use plotters::prelude::*;
+
+use crate::options::{NodeCommand, Options};
+
+/// Where a bench node's rank 0 appends its result lines (set by the driver).
+pub(crate) const OUT_ENV: &str = "ALLREDUCE_BENCH_OUT";
+
+/// One measured size of one implementation.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct Row {
+    #[serde(rename = "impl")]
+    pub imp: String,
+    pub ranks: usize,
+    pub bytes: usize,
+    pub mean_s: f64,
+    pub p50_s: f64,
+    #[serde(default)]
+    pub van: String,
+}
+
+impl Row {
+    /// Algorithm bandwidth, GB/s.
+    fn algbw(&self) -> f64 {
+        self.bytes as f64 / self.mean_s / 1e9
+    }
+
+    /// Bus bandwidth, GB/s: what each link carries (NCCL-tests' definition).
+    fn busbw(&self) -> f64 {
+        let n = self.ranks as f64;
+        self.algbw() * 2.0 * (n - 1.0) / n
+    }
+}
+
+fn main() {
+    examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let options = Options::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("allreduce-bench: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = match &options.node {
+        Some(NodeCommand::Node { mode }) => runtime.block_on(node::run(mode)),
+        None => runtime.block_on(drive(&options)),
+    };
+    if let Err(e) = result {
+        eprintln!("allreduce-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn drive(o: &Options) -> Result<(), BoxError> {
+    for van in &o.van {
+        match van.as_str() {
+            "tcp" => {}
+            "ipc" if cfg!(feature = "ipc") => {}
+            "ipc" => return Err("--van ipc needs a build with feature ipc".into()),
+            other => return Err(format!("--van {other}: expected tcp or ipc").into()),
+        }
+    }
+    let mpi = match o.mpi.as_str() {
+        "off" => None,
+        mode => match mpi::build() {
+            Ok(program) => Some(program),
+            Err(e) if mode == "required" => return Err(e),
+            Err(e) => {
+                eprintln!("allreduce-bench: Open MPI left out: {e}");
+                None
+            }
+        },
+    };
+    let mut rows = Vec::new();
+    for van in &o.van {
+        for &n in &o.ranks {
+            eprintln!("allreduce-bench: vans over {van}, {n} ranks");
+            rows.extend(run_vans(o, n, van).await?);
+            if let Some(program) = &mpi {
+                eprintln!("allreduce-bench: Open MPI over {van}, {n} ranks");
+                rows.extend(mpi::run(program, n, van, &o.sizes, o.iters)?);
+            }
+        }
+    }
+    print_table(&rows);
+    if let Some(path) = &o.plot {
+        plot(&rows, path)?;
+        eprintln!("allreduce-bench: plot written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// One local cluster of `n` ranks over `van`; rank 0's rows.
+async fn run_vans(o: &Options, n: usize, van: &str) -> Result<Vec<Row>, BoxError> {
+    let out = std::env::temp_dir().join(format!(
+        "allreduce-bench-{}-{van}-{n}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&out);
+    let mut spec = LaunchSpec::new(1, n as u32, std::env::current_exe()?);
+    let sizes: Vec<String> = o.sizes.iter().map(usize::to_string).collect();
+    spec.args = vec![
+        "node".into(),
+        "bench".into(),
+        "--sizes".into(),
+        sizes.join(","),
+        "--iters".into(),
+        o.iters.to_string(),
+    ];
+    spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
+    spec.env
+        .push((OUT_ENV.into(), out.to_string_lossy().into_owned()));
+    if van == "tcp" {
+        spec.env.push(("VANS_STREAM_VAN".into(), "tcp".into()));
+        spec.env.push(("DMLC_ENABLE_IPC".into(), "0".into()));
+    }
+    spec.timeout = Some(std::time::Duration::from_secs(1800));
+    launch(&spec).await?;
+    let text = std::fs::read_to_string(&out)
+        .map_err(|e| format!("rank 0 left no results in {out:?}: {e}"))?;
+    let _ = std::fs::remove_file(&out);
+    mpi::parse_rows(&text, van)
+}
+
+fn size_label(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    let mut table = Table::new(&[
+        "van",
+        "ranks",
+        "size",
+        "vans p50",
+        "vans algbw",
+        "vans busbw",
+        "MPI p50",
+        "MPI busbw",
+        "busbw vans/MPI",
+        "p50 vans/MPI",
+    ]);
+    for v in rows.iter().filter(|r| r.imp == "vans") {
+        let m = rows
+            .iter()
+            .find(|m| m.imp == "mpi" && m.van == v.van && m.ranks == v.ranks && m.bytes == v.bytes);
+        let us = |s: f64| format!("{:.1} µs", s * 1e6);
+        let gbs = |g: f64| format!("{g:.3} GB/s");
+        table.row(vec![
+            v.van.clone(),
+            v.ranks.to_string(),
+            size_label(v.bytes),
+            us(v.p50_s),
+            gbs(v.algbw()),
+            gbs(v.busbw()),
+            m.map_or("-".into(), |m| us(m.p50_s)),
+            m.map_or("-".into(), |m| gbs(m.busbw())),
+            m.map_or("-".into(), |m| format!("{:.2}", v.busbw() / m.busbw())),
+            m.map_or("-".into(), |m| format!("{:.2}", v.p50_s / m.p50_s)),
+        ]);
+    }
+    print!("{table}");
+}
+
+/// Bus bandwidth against size, one line per (implementation, van, ranks).
+fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| "the embedded DejaVu Sans font did not load")?;
+    let mut keys: Vec<(String, String, usize)> = rows
+        .iter()
+        .map(|r| (r.imp.clone(), r.van.clone(), r.ranks))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let max_bw = rows.iter().map(Row::busbw).fold(0.0f64, f64::max).max(1e-3) * 1.1;
+    let (lo, hi) = rows.iter().fold((u32::MAX, 0u32), |(lo, hi), r| {
+        let p = r.bytes.max(1).ilog2();
+        (lo.min(p), hi.max(p))
+    });
+    let root = BitMapBackend::new(path, (1400, 800)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "all-reduce bus bandwidth: vans vs Open MPI",
+            ("sans-serif", 28),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(lo..hi.max(lo + 1), 0.0..max_bw)?;
+    chart
+        .configure_mesh()
+        .x_desc("buffer size")
+        .y_desc("bus bandwidth, GB/s")
+        .x_label_formatter(&|p| size_label(1usize << p))
+        .label_style(("sans-serif", 16))
+        .draw()?;
+    for (i, (imp, van, ranks)) in keys.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let mut points: Vec<(u32, f64)> = rows
+            .iter()
+            .filter(|r| &r.imp == imp && &r.van == van && r.ranks == *ranks)
+            .map(|r| (r.bytes.max(1).ilog2(), r.busbw()))
+            .collect();
+        points.sort_by_key(|p| p.0);
+        let style = ShapeStyle::from(color).stroke_width(if imp == "vans" { 3 } else { 1 });
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))?
+            .label(format!("{imp} {van} {ranks} ranks"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 16))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Open MPI's `MPI_Allreduce` on the same sizes: a small C program, compiled with `mpicc`
+//! into a temporary directory and run with `mpirun` on this machine.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use examples::raw::BoxError;
+
+use crate::Row;
+
+/// Times `MPI_Allreduce` (float sum, in place) like the vans ranks do; rank 0 prints one
+/// JSON line per size.
+const PROGRAM: &str = r#"
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    int iters = atoi(argv[1]);
+    for (int a = 2; a < argc; a++) {
+        long bytes = atol(argv[a]);
+        long len = bytes / 4;
+        float *buf = malloc(bytes);
+        for (long i = 0; i < len; i++) buf[i] = 1.0f;
+        long big = bytes > (1 << 20) ? bytes : (1 << 20);
+        int rounds = (int)((long)iters * (1 << 20) / big);
+        if (rounds < 5) rounds = 5;
+        double *times = malloc(sizeof(double) * rounds);
+        for (int w = 0; w < 2; w++)
+            MPI_Allreduce(MPI_IN_PLACE, buf, (int)len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+        double all = MPI_Wtime();
+        for (int i = 0; i < rounds; i++) {
+            double t = MPI_Wtime();
+            MPI_Allreduce(MPI_IN_PLACE, buf, (int)len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            times[i] = MPI_Wtime() - t;
+        }
+        double total = MPI_Wtime() - all;
+        qsort(times, rounds, sizeof(double), cmp);
+        if (rank == 0)
+            printf("{\"impl\":\"mpi\",\"ranks\":%d,\"bytes\":%ld,\"rounds\":%d,"
+                   "\"mean_s\":%.9f,\"p50_s\":%.9f}\n",
+                   n, bytes, rounds, total / rounds, times[rounds / 2]);
+        fflush(stdout);
+        free(times);
+        free(buf);
+    }
+    MPI_Finalize();
+    return 0;
+}
+"#;
+
+/// The compiled program in a temporary directory (removed when dropped).
+pub(crate) struct MpiProgram {
+    dir: PathBuf,
+    binary: PathBuf,
+}
+
+impl Drop for MpiProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn found(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Compiles the program, or says why it cannot.
+pub(crate) fn build() -> Result<MpiProgram, BoxError> {
+    if !found("mpicc") || !found("mpirun") {
+        return Err(
+            "mpicc or mpirun not found (Debian: apt-get install openmpi-bin \
+                    libopenmpi-dev)"
+                .into(),
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("allreduce-bench-mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {dir:?}: {e}"))?;
+    let program = MpiProgram {
+        binary: dir.join("mpi-allreduce"),
+        dir,
+    };
+    let source = program.dir.join("mpi-allreduce.c");
+    std::fs::write(&source, PROGRAM).map_err(|e| format!("cannot write {source:?}: {e}"))?;
+    let out = Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&program.binary)
+        .arg(&source)
+        .output()
+        .map_err(|e| format!("mpicc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("mpicc failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(program)
+}
+
+/// Runs `ranks` MPI processes over `van` (tcp: the TCP transport on loopback; ipc: shared
+/// memory) and returns rank 0's rows.
+pub(crate) fn run(
+    program: &MpiProgram,
+    ranks: usize,
+    van: &str,
+    sizes: &[usize],
+    iters: usize,
+) -> Result<Vec<Row>, BoxError> {
+    let transport: &[&str] = match van {
+        "ipc" => &["--mca", "btl", "self,vader"],
+        _ => &[
+            "--mca",
+            "btl",
+            "self,tcp",
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+            "--mca",
+            "oob_tcp_if_include",
+            "lo",
+        ],
+    };
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ])
+        .args(["--mca", "pml", "ob1"])
+        .args(transport)
+        .args(["-np", &ranks.to_string()])
+        .arg(&program.binary)
+        .arg(iters.to_string())
+        .args(sizes.iter().map(|s| s.to_string()))
+        .output()
+        .map_err(|e| format!("mpirun: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mpirun failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    parse_rows(&String::from_utf8_lossy(&out.stdout), van)
+}
+
+/// The JSON lines of a run (either implementation), labelled with `van`.
+pub(crate) fn parse_rows(text: &str, van: &str) -> Result<Vec<Row>, BoxError> {
+    text.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            let mut row: Row =
+                serde_json::from_str(l).map_err(|e| format!("bad result line {l:?}: {e}"))?;
+            row.van = van.to_owned();
+            Ok(row)
+        })
+        .collect()
+}

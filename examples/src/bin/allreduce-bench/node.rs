@@ -1,0 +1,255 @@
+//! One process of a collective cluster (`allreduce-bench node MODE`, role from `DMLC_ROLE`):
+//! the scheduler and servers only join and finalize; workers run MODE.
+
+use std::time::{Duration, Instant};
+
+use collective::{bf16, Communicator, ReduceOp};
+use examples::raw::BoxError;
+use ps::{Config, Postoffice, Role};
+
+use crate::options::NodeMode;
+
+/// Joins the cluster described by the environment and runs `mode` on a worker.
+pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
+    let po = Postoffice::start(Config::from_env()?).await?;
+    if po.role() == Role::Worker {
+        let result = match mode {
+            NodeMode::Check => check(&po).await,
+            NodeMode::Elastic {
+                steps,
+                len,
+                step_ms,
+            } => elastic(&po, *steps, *len, Duration::from_millis(*step_ms)).await,
+            NodeMode::Bench { sizes, iters } => bench(&po, sizes, *iters).await,
+        };
+        if let Err(e) = result {
+            po.stop().await;
+            return Err(e);
+        }
+    }
+    if let Err(e) = all_done(&po).await {
+        po.stop().await;
+        return Err(e);
+    }
+    po.finalize().await?;
+    Ok(())
+}
+
+/// A barrier of every node, tried again while members that died come back (a worker killed
+/// in an elastic run is replaced by a new process with its id): the scheduler and the server
+/// wait here from the start, the workers when they are done.
+async fn all_done(po: &Postoffice) -> Result<(), BoxError> {
+    loop {
+        match po.barrier(ps::ALL_GROUPS).await {
+            Ok(()) => return Ok(()),
+            Err(ps::PsError::BarrierFailed { dead, .. }) => {
+                for node in dead {
+                    po.wait_alive(node, Duration::from_secs(120)).await?;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Every collective once, each result checked exactly.
+async fn check(po: &Postoffice) -> Result<(), BoxError> {
+    let mut comm = Communicator::new(po).await?;
+    let (r, n) = (comm.rank().unwrap_or(usize::MAX), comm.size());
+    let fail = |what: &str| -> BoxError { format!("rank {r}: wrong {what}").into() };
+    // A length no rank count divides, over several slices with the default slice size.
+    let len = 300_007;
+    let mut a: Vec<i64> = (0..len).map(|i| (r * 1_000_000 + i) as i64).collect();
+    comm.allreduce(&mut a, ReduceOp::Sum).await?;
+    let ranks: i64 = (0..n as i64).sum();
+    if a.iter()
+        .enumerate()
+        .any(|(i, v)| *v != ranks * 1_000_000 + (n * i) as i64)
+    {
+        return Err(fail("i64 sum"));
+    }
+    let mut f: Vec<f32> = (0..1001).map(|i| i as f32 * (r + 1) as f32).collect();
+    comm.allreduce(&mut f, ReduceOp::Max).await?;
+    if f.iter().enumerate().any(|(i, v)| *v != (i * n) as f32) {
+        return Err(fail("f32 max"));
+    }
+    let mut d: Vec<f64> = vec![r as f64; 17];
+    comm.allreduce(&mut d, ReduceOp::Mean).await?;
+    if d.iter().any(|v| *v != ranks as f64 / n as f64) {
+        return Err(fail("f64 mean"));
+    }
+    let mut m: Vec<i32> = vec![r as i32; 5];
+    comm.allreduce(&mut m, ReduceOp::Min).await?;
+    if m != [0; 5] {
+        return Err(fail("i32 min"));
+    }
+    let mut h: Vec<bf16> = vec![bf16::from_f32(r as f32 + 1.0); 3];
+    comm.allreduce(&mut h, ReduceOp::Sum).await?;
+    if h.iter().any(|v| v.to_f32() != (n * (n + 1) / 2) as f32) {
+        return Err(fail("bf16 sum"));
+    }
+    let mut empty: Vec<f64> = Vec::new();
+    comm.allreduce(&mut empty, ReduceOp::Sum).await?;
+    let mut rs: Vec<i32> = (0..11).collect();
+    let mine = comm.reduce_scatter(&mut rs, ReduceOp::Sum).await?;
+    if mine != collective::ring::chunk(11, n, r)
+        || mine.clone().any(|i| rs[i] != i as i32 * n as i32)
+    {
+        return Err(fail("reduce_scatter"));
+    }
+    let input = [r as i64; 3];
+    let mut out = vec![0i64; 3 * n];
+    comm.all_gather(&input, &mut out).await?;
+    if out.chunks(3).enumerate().any(|(k, b)| b != [k as i64; 3]) {
+        return Err(fail("all_gather"));
+    }
+    let mut b: Vec<f64> = if r == 0 {
+        vec![2.5; 70_001]
+    } else {
+        vec![0.0; 70_001]
+    };
+    comm.broadcast(&mut b, 0).await?;
+    if b.iter().any(|v| *v != 2.5) {
+        return Err(fail("broadcast"));
+    }
+    comm.barrier().await?;
+    println!("collective check ok: rank {r} of {n}");
+    Ok(())
+}
+
+/// What `node`'s value `i` is at `step`.
+fn contribution(step: u64, node: i32, i: usize) -> i64 {
+    (step as i64 + 1) * i64::from(node) * 1000 + i as i64
+}
+
+/// A training loop of `steps` all-reduces that survives failures and joins: after a failed
+/// collective it settles, and every new generation starts by broadcasting rank 0's step (as
+/// an elastic job restores its state). Each completed step is checked exactly against the
+/// generation's members.
+async fn elastic(po: &Postoffice, steps: u64, len: usize, pause: Duration) -> Result<(), BoxError> {
+    let mut comm = Communicator::new(po).await?;
+    let mut step = 0u64;
+    let mut sync = true;
+    let (mut interrupted, mut checked) = (0u64, 0u64);
+    let mut sizes = Vec::new();
+    let settle = Duration::from_secs(60);
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    loop {
+        let generation = comm.generation();
+        if sync {
+            let mut shared = [step as i64];
+            if let Err(e) = comm.broadcast(&mut shared, 0).await {
+                interrupted += 1;
+                println!("sync after generation {}: {e}", generation.number);
+                let g = comm.settle(settle).await?;
+                println!("generation {} members {:?}", g.number, g.members);
+                continue;
+            }
+            step = u64::try_from(shared[0]).map_err(|_| "negative step from rank 0")?;
+            sync = false;
+            sizes.push(generation.size());
+            println!(
+                "generation {} size {} at step {step}",
+                generation.number,
+                generation.size()
+            );
+        }
+        if step >= steps {
+            break;
+        }
+        let me = comm.node();
+        let mut values: Vec<i64> = (0..len).map(|i| contribution(step, me, i)).collect();
+        match comm.allreduce(&mut values, ReduceOp::Sum).await {
+            Ok(()) => {
+                for (i, v) in values.iter().enumerate() {
+                    let expected: i64 = generation
+                        .members
+                        .iter()
+                        .map(|&m| contribution(step, m, i))
+                        .sum();
+                    if *v != expected {
+                        return Err(format!(
+                            "step {step}, generation {}: element {i} is {v}, expected {expected}",
+                            generation.number
+                        )
+                        .into());
+                    }
+                }
+                checked += 1;
+                step += 1;
+                if last_report.elapsed() >= Duration::from_secs(1) {
+                    println!("step {step} generation {}", generation.number);
+                    last_report = Instant::now();
+                }
+                tokio::time::sleep(pause).await;
+            }
+            Err(e) => {
+                interrupted += 1;
+                println!("step {step}: {e}");
+                let g = comm.settle(settle).await?;
+                println!("generation {} members {:?}", g.number, g.members);
+                sync = true;
+            }
+        }
+    }
+    comm.barrier().await?;
+    println!(
+        "elastic ok: {steps} steps, {checked} checked here, {interrupted} interrupted, \
+         generation sizes {sizes:?}, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Times all-reduce (f32 sum) of each size; rank 0 prints one JSON line per size.
+async fn bench(po: &Postoffice, sizes: &[usize], iters: usize) -> Result<(), BoxError> {
+    let mut comm = Communicator::new(po).await?;
+    let (r, n) = (comm.rank().unwrap_or(usize::MAX), comm.size());
+    for &bytes in sizes {
+        let len = bytes / 4;
+        let mut buf = vec![1.0f32; len];
+        // Fewer rounds for large buffers, at least 5.
+        let rounds = (iters * (1 << 20) / bytes.max(1 << 20)).max(5);
+        for _ in 0..2 {
+            comm.allreduce(&mut buf, ReduceOp::Sum).await?;
+        }
+        let mut times = Vec::with_capacity(rounds);
+        comm.barrier().await?;
+        let all = Instant::now();
+        for _ in 0..rounds {
+            let t = Instant::now();
+            comm.allreduce(&mut buf, ReduceOp::Sum).await?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        let total = all.elapsed().as_secs_f64();
+        times.sort_by(f64::total_cmp);
+        if r == 0 {
+            let line = format!(
+                "{{\"impl\":\"vans\",\"ranks\":{n},\"bytes\":{bytes},\"rounds\":{rounds},\
+                 \"mean_s\":{},\"p50_s\":{}}}\n",
+                total / rounds as f64,
+                times[times.len() / 2]
+            );
+            report(&line)?;
+        }
+    }
+    Ok(())
+}
+
+/// Appends a result line to the driver's file ([`OUT_ENV`](crate::OUT_ENV)), or prints it.
+fn report(line: &str) -> Result<(), BoxError> {
+    use std::io::Write;
+    match std::env::var_os(crate::OUT_ENV) {
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| format!("cannot write results to {path:?}: {e}").into()),
+        None => {
+            print!("{line}");
+            Ok(())
+        }
+    }
+}

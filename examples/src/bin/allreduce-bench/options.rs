@@ -1,0 +1,99 @@
+//! `allreduce-bench`'s command line.
+
+use clap::{Parser, Subcommand};
+
+/// All-reduce over the vans beside Open MPI's `MPI_Allreduce`, 2 and 4 ranks as processes.
+#[derive(Parser, Debug)]
+#[command(name = "allreduce-bench", version)]
+pub(crate) struct Options {
+    /// Rank counts to run (each a local cluster of that many worker processes).
+    #[arg(long, value_delimiter = ',', default_value = "2,4", value_parser = examples::cli::positive)]
+    pub ranks: Vec<usize>,
+    /// Buffer sizes in bytes (suffixes K, M: powers of 1024).
+    #[arg(long, value_delimiter = ',', value_parser = size,
+          default_value = "4K,16K,64K,256K,1M,4M,16M,64M")]
+    pub sizes: Vec<usize>,
+    /// Vans to run: tcp (shared memory off), ipc (shared memory between the co-located
+    /// ranks; needs feature ipc).
+    #[arg(long, value_delimiter = ',', default_value = "tcp")]
+    pub van: Vec<String>,
+    /// Timed all-reduces per size up to 1 MiB (fewer above, at least 5).
+    #[arg(long, default_value = "50", value_parser = examples::cli::positive)]
+    pub iters: usize,
+    /// Open MPI beside vans: auto (when mpicc and mpirun are installed), off, or required.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off", "required"])]
+    pub mpi: String,
+    /// Also draw bus bandwidth against size to this PNG.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    pub node: Option<NodeCommand>,
+}
+
+/// Internal: one process of a cluster (the driver starts these).
+#[derive(Subcommand, Debug)]
+pub(crate) enum NodeCommand {
+    /// Run as one node of a cluster (role from DMLC_ROLE).
+    Node {
+        #[command(subcommand)]
+        mode: NodeMode,
+    },
+}
+
+/// What a worker process does.
+#[derive(Subcommand, Debug)]
+pub(crate) enum NodeMode {
+    /// Every collective once, results checked exactly.
+    Check,
+    /// A loop of all-reduces that survives failures and joins, each step checked exactly.
+    Elastic {
+        /// Steps to complete.
+        #[arg(long, default_value = "200")]
+        steps: u64,
+        /// Elements (i64) per all-reduce.
+        #[arg(long, default_value = "10000")]
+        len: usize,
+        /// Pause after each step, in milliseconds.
+        #[arg(long, default_value = "10")]
+        step_ms: u64,
+    },
+    /// Time all-reduces of each size (rank 0 reports).
+    Bench {
+        #[arg(long, value_delimiter = ',', value_parser = size)]
+        sizes: Vec<usize>,
+        #[arg(long, default_value = "50")]
+        iters: usize,
+    },
+}
+
+/// `4096`, `4K`, `64M`: a size in bytes.
+fn size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().last() {
+        Some((at, 'K' | 'k')) => (&t[..at], 1 << 10),
+        Some((at, 'M' | 'm')) => (&t[..at], 1 << 20),
+        Some((at, 'G' | 'g')) => (&t[..at], 1 << 30),
+        _ => (t, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|n| *n >= 4 && *n % 4 == 0)
+        .ok_or_else(|| format!("`{text}` is not a size of whole f32s (4, 4K, 64M)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_suffixes() {
+        assert_eq!(size("4K"), Ok(4096));
+        assert_eq!(size("64M"), Ok(64 << 20));
+        assert_eq!(size("8"), Ok(8));
+        for bad in ["0", "3", "1.5K", "K", "-4", "6"] {
+            assert!(size(bad).is_err(), "{bad}");
+        }
+    }
+}
