@@ -46,6 +46,7 @@
 
 mod comm;
 pub mod element;
+pub mod embed;
 pub mod error;
 pub mod ring;
 

@@ -1,5 +1,6 @@
 /*
- * vans: the C ABI of a ps-lite style parameter server and a TensorFlow-style rendezvous.
+ * vans: the C ABI of a ps-lite style parameter server, a TensorFlow-style rendezvous and
+ * collectives among the workers (all-reduce, broadcast, barrier).
  *
  * Conventions, valid for every function unless its documentation says otherwise:
  *
@@ -70,6 +71,19 @@
 // Rendezvous protocol where the producer delivers to the receiver (StarServer's `star_server`).
 #define VANS_RENDEZVOUS_PUSH 1
 
+// Reduction of `vans_allreduce`: the sum.
+#define VANS_OP_SUM 0
+
+// Reduction of `vans_allreduce`: the sum divided by the number of ranks (integers:
+// truncated toward zero).
+#define VANS_OP_MEAN 1
+
+// Reduction of `vans_allreduce`: the smallest value.
+#define VANS_OP_MIN 2
+
+// Reduction of `vans_allreduce`: the largest value.
+#define VANS_OP_MAX 3
+
 // Success.
 #define VANS_OK 0
 
@@ -120,9 +134,18 @@
 // `VANS_ERR_NODE_FAILED`, the server goes on serving: only this request failed.
 #define VANS_ERR_HANDLER_FAILED -13
 
+// A collective failed: a member of the generation died, the membership is changing (a
+// worker joins), or the ranks called different collectives; the message says which. Call
+// `vans_collective_settle`, then redo the step.
+#define VANS_ERR_COLLECTIVE -14
+
 // Bytes owned by the library (a received tensor); opaque to C. Read it with
 // `vans_buffer_data` / `vans_buffer_len`, release it with `vans_buffer_free`.
 typedef struct vans_buffer vans_buffer;
+
+// A worker's communicator; opaque to C. Thread-safe (collectives of one communicator run
+// one at a time).
+typedef struct vans_collective vans_collective;
 
 // A node's configuration, built with `vans_config_set`; opaque to C.
 typedef struct vans_config vans_config;
@@ -739,6 +762,78 @@ size_t vans_buffer_len(const struct vans_buffer *buffer);
 //
 // `buffer` must come from the library and not be used after this call.
 void vans_buffer_free(struct vans_buffer *buffer);
+
+// Starts the communicator of worker `node`, blocking until the first generation formed
+// (every worker of the job starts one).
+//
+// Ownership: the caller owns `*out` and releases it with `vans_collective_free`.
+// Thread-safety: any thread except a vans I/O thread.
+//
+// # Safety
+//
+// `node` must be a live node or NULL; `out` valid for writing one pointer.
+int vans_collective_start(const struct vans_node *node, struct vans_collective **out);
+
+// Releases a communicator; NULL is ignored.
+//
+// # Safety
+//
+// `comm` must come from `vans_collective_start` and not be used after this call.
+void vans_collective_free(struct vans_collective *comm);
+
+// Reduces the `count` elements of `dtype` (`VANS_F32`, `VANS_F64`, `VANS_I32`, `VANS_I64`)
+// at `data` across the workers with `op` (`VANS_OP_SUM`, `VANS_OP_MEAN`, `VANS_OP_MIN`,
+// `VANS_OP_MAX`), in place; every rank ends with the same values. Blocks until done.
+// `VANS_ERR_COLLECTIVE` when a member died or the membership changed: call
+// `vans_collective_settle`, then redo the step.
+//
+// Ownership: `data` is read and written during the call only. Thread-safety: any thread
+// except a vans I/O thread.
+//
+// # Safety
+//
+// `comm` must be live or NULL; `data` NULL with `count` 0, or valid for reading and
+// writing `count` elements of `dtype`, aligned for it.
+int vans_allreduce(const struct vans_collective *comm, int dtype, void *data, size_t count, int op);
+
+// Copies rank `root`'s `count` elements of `dtype` at `data` into every other rank's, in
+// place. Same rules as `vans_allreduce`.
+//
+// # Safety
+//
+// As `vans_allreduce`.
+int vans_broadcast(const struct vans_collective *comm,
+                   int dtype,
+                   void *data,
+                   size_t count,
+                   int root);
+
+// Returns once every rank has called it.
+//
+// # Safety
+//
+// `comm` must be live or NULL.
+int vans_collective_barrier(const struct vans_collective *comm);
+
+// After a `VANS_ERR_COLLECTIVE`, waits up to `timeout_ms` for the next generation this
+// worker is a member of (returns at once when the current one is intact); then `*rank` and
+// `*size` are this worker's place in it (either may be NULL).
+//
+// # Safety
+//
+// `comm` must be live or NULL; `rank` and `size` NULL or writable.
+int vans_collective_settle(const struct vans_collective *comm,
+                           uint64_t timeout_ms,
+                           int *rank,
+                           int *size);
+
+// This worker's rank and the number of ranks in the current generation (`*rank` is -1 when
+// it is not a member); either pointer may be NULL.
+//
+// # Safety
+//
+// `comm` must be live or NULL; `rank` and `size` NULL or writable.
+int vans_collective_rank(const struct vans_collective *comm, int *rank, int *size);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -44,6 +44,10 @@ pub const VANS_ERR_UNKNOWN_REQUEST: c_int = -12;
 /// message names the server and carries the handler's text (`vans_response_error`). Unlike
 /// `VANS_ERR_NODE_FAILED`, the server goes on serving: only this request failed.
 pub const VANS_ERR_HANDLER_FAILED: c_int = -13;
+/// A collective failed: a member of the generation died, the membership is changing (a
+/// worker joins), or the ranks called different collectives; the message says which. Call
+/// `vans_collective_settle`, then redo the step.
+pub const VANS_ERR_COLLECTIVE: c_int = -14;
 
 /// A failed call: its status code and the message `vans_last_error()` will return.
 #[derive(Debug)]
@@ -188,6 +192,7 @@ pub(crate) fn status_name(status: c_int) -> &'static std::ffi::CStr {
         VANS_ERR_PROTOCOL => c"VANS_ERR_PROTOCOL",
         VANS_ERR_UNKNOWN_REQUEST => c"VANS_ERR_UNKNOWN_REQUEST",
         VANS_ERR_HANDLER_FAILED => c"VANS_ERR_HANDLER_FAILED",
+        VANS_ERR_COLLECTIVE => c"VANS_ERR_COLLECTIVE",
         _ => c"VANS_ERR_UNKNOWN_STATUS",
     }
 }

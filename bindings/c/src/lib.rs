@@ -14,6 +14,8 @@
 //! - [`worker`]: `vans_worker`: push, pull, push-pull with caller buffers, wait or callback;
 //! - [`server`]: `vans_server`: the built-in sum or a C request handler, and its response;
 //! - [`rendezvous`]: `vans_rendezvous` send and receive, and `vans_buffer`.
+//! - [`collective`]: `vans_collective`: all-reduce, broadcast and barrier among the workers,
+//!   in place on caller arrays, with elastic generations (`vans_collective_settle`).
 //!
 //! Conventions, valid for every function unless its documentation says otherwise:
 //!
@@ -28,7 +30,7 @@
 //!   must not throw C++ exceptions or `longjmp` out.
 
 // In the order of the header: errors first, then configuration, nodes, workers, servers and
-// the rendezvous (cbindgen follows the declarations; blank lines keep rustfmt from sorting).
+// the rendezvous, collectives (cbindgen follows the declarations; blank lines keep rustfmt from sorting).
 pub mod error;
 
 mod args;
@@ -45,8 +47,11 @@ pub mod server;
 
 pub mod rendezvous;
 
+pub mod collective;
+
 use std::ffi::{c_char, c_int};
 
+pub use collective::Collective;
 pub use config::Config;
 pub use error::*;
 pub use node::Node;
@@ -87,6 +92,16 @@ pub const VANS_ALL_GROUPS: c_int = 7;
 pub const VANS_RENDEZVOUS_PULL: c_int = 0;
 /// Rendezvous protocol where the producer delivers to the receiver (StarServer's `star_server`).
 pub const VANS_RENDEZVOUS_PUSH: c_int = 1;
+
+/// Reduction of `vans_allreduce`: the sum.
+pub const VANS_OP_SUM: c_int = 0;
+/// Reduction of `vans_allreduce`: the sum divided by the number of ranks (integers:
+/// truncated toward zero).
+pub const VANS_OP_MEAN: c_int = 1;
+/// Reduction of `vans_allreduce`: the smallest value.
+pub const VANS_OP_MIN: c_int = 2;
+/// Reduction of `vans_allreduce`: the largest value.
+pub const VANS_OP_MAX: c_int = 3;
 
 /// The message of the last call that failed on the calling thread, or `""` if none has.
 ///

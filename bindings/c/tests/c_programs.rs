@@ -122,3 +122,19 @@ fn c_server_handler_keeps_the_maximum() {
         );
     }
 }
+
+#[test]
+fn c_collectives_among_three_workers() {
+    let program = c_program("test_collective.c");
+    let run = run_cluster(program.path(), &[], 1, 3);
+    run.assert_success();
+    let mut ranks: Vec<f64> = (0..3)
+        .map(|w| {
+            let log = run.log(&format!("worker-{w}"));
+            assert!(log.contains("of 3"), "{log}");
+            number_after(log, "collective ok: rank ").unwrap_or(-1.0)
+        })
+        .collect();
+    ranks.sort_by(f64::total_cmp);
+    assert_eq!(ranks, [0.0, 1.0, 2.0]);
+}

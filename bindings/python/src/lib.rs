@@ -4,6 +4,7 @@
 //! - [`worker`]: `Worker` and `Request` (push, pull, push-pull; requests in flight);
 //! - [`server`]: `Server` (ps-lite's sum, or a handler in Python);
 //! - [`rendezvous`]: `Rendezvous`, `create_key`, `cpu_device`;
+//! - [`collective`]: `Collective` (all-reduce, broadcast, barrier; elastic generations);
 //! - [`launch`]: `launch`, a local cluster of processes;
 //! - [`bench`]: `RustBench`, the Rust reference loop of `vans.bench`;
 //! - [`buffer`]: Python memory borrowed without copies (buffer protocol, DLPack);
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 
 mod bench;
 mod buffer;
+mod collective;
 mod errors;
 mod launch;
 mod node;
@@ -29,6 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::Request>()?;
     m.add_class::<rendezvous::Rendezvous>()?;
     m.add_class::<bench::RustBench>()?;
+    m.add_class::<collective::Collective>()?;
     m.add_function(wrap_pyfunction!(rendezvous::create_key, m)?)?;
     m.add_function(wrap_pyfunction!(rendezvous::cpu_device, m)?)?;
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;

@@ -31,6 +31,7 @@ import sys as _sys
 
 from . import errors
 from ._native import (
+    Collective,
     Node,
     Request,
     Rendezvous,
@@ -43,6 +44,7 @@ from ._native import (
 from ._native import launch as _launch
 
 __all__ = [
+    "Collective",
     "Node",
     "Request",
     "Rendezvous",

@@ -71,3 +71,14 @@ class TransportError(VansError):
 class LaunchError(VansError):
     """A local launch failed: a node exited with an error, was killed, or the job timed
     out; every node that was started has been stopped."""
+
+
+class CollectiveError(VansError):
+    """A collective (``Collective.allreduce``, ``broadcast``, ``barrier``) failed: a member
+    of the generation died (attributes ``node``, ``rank``, ``generation``), the membership is
+    changing (a worker joins; ``generation``), or the ranks called different collectives.
+    An elastic loop calls ``Collective.settle()`` and redoes the step."""
+
+    node = None
+    rank = None
+    generation = None
