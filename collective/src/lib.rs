@@ -6,7 +6,8 @@
 //! enabled, TCP otherwise) and runs collectives on caller buffers, in place:
 //!
 //! - [`allreduce`](Communicator::allreduce): ring reduce-scatter then all-gather, sliced and
-//!   pipelined ([`ring`] explains the algorithm);
+//!   pipelined ([`ring`] explains the algorithm); buffers up to
+//!   [`CommOptions::direct_bytes`] go to every rank at once instead (one message latency);
 //! - [`broadcast`](Communicator::broadcast), [`all_gather`](Communicator::all_gather),
 //!   [`reduce_scatter`](Communicator::reduce_scatter), [`barrier`](Communicator::barrier);
 //! - over `f32`, `f64`, `i32`, `i64` and `bf16` ([`Element`]) with sum, mean, min and max
@@ -136,7 +137,11 @@ impl Communicator {
             .shared
             .begin(OpKind::AllReduce, |_| Ok(()))?
             .carrying::<T>(buf.len());
-        ring::reduce(&self.shared, &call, buf, op, 2).await
+        if std::mem::size_of_val(buf) <= self.shared.options.direct_bytes {
+            ring::direct(&self.shared, &call, buf, op).await
+        } else {
+            ring::reduce(&self.shared, &call, buf, op, 2).await
+        }
     }
 
     /// Reduces `buf` across all ranks with `op`, leaving each rank's share of the result in

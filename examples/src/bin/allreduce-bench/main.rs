@@ -59,10 +59,14 @@ impl Row {
 fn main() {
     examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = if options.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(options.threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("allreduce-bench: cannot start the runtime: {e}");
@@ -128,6 +132,8 @@ async fn run_vans(o: &Options, n: usize, van: &str) -> Result<Vec<Row>, BoxError
     let mut spec = LaunchSpec::new(1, n as u32, std::env::current_exe()?);
     let sizes: Vec<String> = o.sizes.iter().map(usize::to_string).collect();
     spec.args = vec![
+        "--threads".into(),
+        o.threads.to_string(),
         "node".into(),
         "bench".into(),
         "--sizes".into(),

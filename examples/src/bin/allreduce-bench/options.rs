@@ -23,6 +23,10 @@ pub(crate) struct Options {
     /// Open MPI beside vans: auto (when mpicc and mpirun are installed), off, or required.
     #[arg(long, default_value = "auto", value_parser = ["auto", "off", "required"])]
     pub mpi: String,
+    /// Runtime threads of each rank process (1: the rank's I/O and collectives share one
+    /// thread, as MPI's ranks do).
+    #[arg(long, default_value = "1", value_parser = examples::cli::positive)]
+    pub threads: usize,
     /// Also draw bus bandwidth against size to this PNG.
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
