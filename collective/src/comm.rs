@@ -226,6 +226,8 @@ pub(crate) struct Shared {
     pub(crate) po: Postoffice,
     pub(crate) me: NodeId,
     pub(crate) options: CommOptions,
+    /// Send buffers for slices to peers over a stream van.
+    pub(crate) pool: Arc<crate::pool::SendPool>,
     state: Mutex<State>,
     /// Woken whenever a message arrives or the status changes.
     notify: Notify,
@@ -270,6 +272,7 @@ impl Shared {
             me: po.my_id(),
             po,
             options,
+            pool: Arc::default(),
             state: Mutex::new(State {
                 generation: Generation::default(),
                 status: Status::Settling,

@@ -49,6 +49,7 @@ mod comm;
 pub mod element;
 pub mod embed;
 pub mod error;
+mod pool;
 pub mod ring;
 
 use std::ops::Range;

@@ -12,6 +12,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
+use van_core::VanKind;
 
 use crate::comm::{Op, Shared};
 use crate::element::{copy_into, reduce_into, Element, ReduceOp};
@@ -36,10 +37,18 @@ fn elements_per_slice<T: Element>(shared: &Shared) -> usize {
     (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1)
 }
 
-/// A copy of `values` as message bytes, in memory the van can send without another copy
-/// where it has some (shared memory).
-fn to_bytes<T: Element>(shared: &Shared, values: &[T]) -> Bytes {
+/// A copy of `values` as message bytes for the member of rank `to`: in memory its van sends
+/// without another copy when it has some (the shared-memory arena, registered RDMA memory),
+/// else in a reused buffer.
+fn to_bytes<T: Element>(shared: &Shared, op: &Op, to: usize, values: &[T]) -> Bytes {
     let bytes: &[u8] = bytemuck::cast_slice(values);
+    let zero_copy = matches!(
+        shared.po.van_for(op.members[to]),
+        Some(VanKind::Ipc | VanKind::Rdma)
+    );
+    if !zero_copy {
+        return shared.pool.copy(bytes);
+    }
     let mut buf = shared.po.alloc(bytes.len());
     buf.as_mut_slice().copy_from_slice(bytes);
     buf.freeze()
@@ -70,7 +79,7 @@ pub(crate) async fn direct<T: Element>(
     let mine: Vec<T> = buf.to_vec();
     for k in (1..n).map(|d| (r + d) % n) {
         for (s, range) in slices(0..buf.len(), per).enumerate() {
-            let data = to_bytes(shared, &mine[range]);
+            let data = to_bytes(shared, op, k, &mine[range]);
             shared.send(op, k, 0, s, data).await?;
         }
     }
@@ -121,7 +130,7 @@ pub(crate) async fn reduce<T: Element>(
     let hops = phases * (n - 1);
     // Hop 0: this rank's contribution to the chunk its right neighbour starts reducing.
     for (s, range) in slices(chunk(len, n, (r + n - 1) % n), per).enumerate() {
-        let data = to_bytes(shared, &buf[range]);
+        let data = to_bytes(shared, op, right, &buf[range]);
         shared.send(op, right, 0, s, data).await?;
     }
     for hop in 0..hops {
@@ -147,7 +156,7 @@ pub(crate) async fn reduce<T: Element>(
             if hop + 1 < hops {
                 let data = match forward {
                     Some(data) => data,
-                    None => to_bytes(shared, &buf[range]),
+                    None => to_bytes(shared, op, right, &buf[range]),
                 };
                 shared.send(op, right, hop + 1, s, data).await?;
             }
@@ -175,7 +184,7 @@ pub(crate) async fn all_gather<T: Element>(
     let per = elements_per_slice::<T>(shared);
     let size = std::mem::size_of::<T>();
     for (s, range) in slices(0..m, per).enumerate() {
-        let data = to_bytes(shared, &input[range]);
+        let data = to_bytes(shared, op, right, &input[range]);
         shared.send(op, right, 0, s, data).await?;
     }
     for hop in 0..n - 1 {
@@ -210,7 +219,7 @@ pub(crate) async fn broadcast<T: Element>(
     let distance = (op.rank + n - root) % n;
     for (s, range) in slices(0..len, per).enumerate() {
         let data = if distance == 0 {
-            to_bytes(shared, &buf[range])
+            to_bytes(shared, op, right, &buf[range])
         } else {
             let data = shared.recv(op, left, 0, s, range.len() * size).await?;
             copy_into(&mut buf[range], &data);

@@ -1,0 +1,78 @@
+//! Send buffers that come back: a collective sends a copy of each slice, and a fresh
+//! allocation per slice costs page faults and zeroing that show up as a fifth of the CPU
+//! time of a large all-reduce over TCP. A slice's memory returns here when the van has
+//! written it (the last `Bytes` is dropped) and the next slice reuses it.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::Bytes;
+
+/// Buffers kept for reuse (each up to a slice: 64 × 256 KiB by default).
+const KEEP: usize = 64;
+
+/// A pool of send buffers; see the [module docs](self).
+#[derive(Default)]
+pub(crate) struct SendPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl SendPool {
+    /// A copy of `data`, in a reused buffer when one is free.
+    pub(crate) fn copy(self: &Arc<Self>, data: &[u8]) -> Bytes {
+        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut vec = reused.unwrap_or_default();
+        vec.clear();
+        vec.extend_from_slice(data);
+        Bytes::from_owner(Recycled {
+            vec,
+            pool: Arc::downgrade(self),
+        })
+    }
+}
+
+/// A buffer on its way through a van; back to its pool when dropped.
+struct Recycled {
+    vec: Vec<u8>,
+    pool: Weak<SendPool>,
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.vec
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            let mut free = pool.free.lock().unwrap_or_else(|e| e.into_inner());
+            if free.len() < KEEP {
+                free.push(std::mem::take(&mut self.vec));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_come_back_and_are_reused() {
+        let pool = Arc::new(SendPool::default());
+        let a = pool.copy(&[1, 2, 3]);
+        assert_eq!(&a[..], &[1, 2, 3]);
+        let at = a.as_ptr();
+        drop(a);
+        let b = pool.copy(&[4, 5]);
+        assert_eq!(&b[..], &[4, 5]);
+        assert_eq!(b.as_ptr(), at, "the first buffer was not reused");
+        // Slices keep the buffer out of the pool until the last one goes.
+        let c = b.slice(1..);
+        drop(b);
+        assert_eq!(&c[..], &[5]);
+        assert!(pool.free.lock().map(|f| f.is_empty()).unwrap_or(false));
+        drop(c);
+        assert_eq!(pool.free.lock().map(|f| f.len()).unwrap_or(0), 1);
+    }
+}
