@@ -232,8 +232,16 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
         .x_label_formatter(&|p| size_label(1usize << p))
         .label_style(("sans-serif", 16))
         .draw()?;
-    for (i, (imp, van, ranks)) in keys.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+    // One color per (van, ranks); vans thick, Open MPI thin.
+    let mut configs: Vec<(&str, usize)> = keys.iter().map(|k| (k.1.as_str(), k.2)).collect();
+    configs.sort_unstable();
+    configs.dedup();
+    for (imp, van, ranks) in &keys {
+        let index = configs
+            .iter()
+            .position(|c| *c == (van.as_str(), *ranks))
+            .unwrap_or(0);
+        let color = Palette99::pick(index).to_rgba();
         let mut points: Vec<(u32, f64)> = rows
             .iter()
             .filter(|r| &r.imp == imp && &r.van == van && r.ranks == *ranks)
