@@ -4,7 +4,8 @@
 //! `ip`; without them each test says it skipped and passes.
 //!
 //! What they show: TCP is chosen between hosts and shared memory only within one (the host
-//! identity includes the network namespace), `DMLC_INTERFACE` picks the veth, the sums are
+//! identity includes the network namespace), `DMLC_INTERFACE` picks the veth (and without it
+//! the address that routes to the scheduler is announced), the sums are
 //! exact; and a link taken down mid-run surfaces a named error on both sides.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -99,7 +100,12 @@ impl Hosts {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in env {
-            cmd.env(k, v);
+            // An empty value unsets the variable.
+            if v.is_empty() {
+                cmd.env_remove(k);
+            } else {
+                cmd.env(k, v);
+            }
         }
         cmd.spawn().unwrap()
     }
@@ -174,6 +180,43 @@ fn tcp_between_hosts_shared_memory_within_one_and_exact_sums() {
             line.ends_with(want),
             "host {host}: {line} (expected {want})"
         );
+    }
+}
+
+#[test]
+fn without_dmlc_interface_nodes_announce_the_address_that_routes_to_the_scheduler() {
+    // ps-lite's own tracker (tracker/dmlc_local.py) sets DMLC_PS_ROOT_URI to the host's
+    // address and no DMLC_INTERFACE; ps-lite then picks the interface itself.
+    let hosts = match Hosts::create("r") {
+        Ok(h) => h,
+        Err(why) => {
+            eprintln!("skipped: network namespaces unavailable ({why})");
+            return;
+        }
+    };
+    let args = ["--mode", "check", "--keys", "8"];
+    let unset = [("DMLC_INTERFACE", ""), ("PS_VERBOSE", "1")];
+    let children = LAYOUT
+        .iter()
+        .map(|&(host, role)| (host, role, hosts.node(host, role, &unset, &args)))
+        .collect();
+    for (host, role, out) in wait_all(children) {
+        let all = text(&out);
+        assert!(out.status.success(), "{role} on host {host}: {all}");
+        if role == "scheduler" {
+            continue;
+        }
+        let announced = format!(
+            "DMLC_INTERFACE is unset: announcing {} (eth0)",
+            hosts.addrs[host]
+        );
+        assert!(all.contains(&announced), "{role} on host {host}: {all}");
+        if role == "worker" {
+            assert!(
+                all.contains("exact sums verified for 8 keys from 3 workers"),
+                "{all}"
+            );
+        }
     }
 }
 

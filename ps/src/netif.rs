@@ -74,6 +74,68 @@ pub fn interfaces() -> Result<Vec<(String, Ipv4Addr)>, InterfaceError> {
         .collect())
 }
 
+/// Why no address routes to the scheduler.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// The scheduler's name did not resolve to an IPv4 address.
+    #[error("cannot resolve {host}:{port} to an IPv4 address: {reason}")]
+    Resolve {
+        /// The name.
+        host: String,
+        /// The port.
+        port: u16,
+        /// What the resolver said.
+        reason: String,
+    },
+    /// No route reaches it (the kernel refused to pick a source address).
+    #[error("no route from this machine to {addr}: {source}")]
+    NoRoute {
+        /// The scheduler's address.
+        addr: std::net::SocketAddrV4,
+        /// The system's error.
+        source: io::Error,
+    },
+}
+
+/// The local IPv4 address the kernel sends from to reach `host:port`, and the interface that
+/// holds it (when one does): what ps-lite announces when `DMLC_INTERFACE` is unset, so a
+/// launcher that sets only `DMLC_PS_ROOT_URI` (ps-lite's own tracker) works. A UDP socket
+/// connected to the address reports the source address routing picks; nothing is sent.
+pub async fn route_to(host: &str, port: u16) -> Result<(Ipv4Addr, Option<String>), RouteError> {
+    let resolve = |reason: String| RouteError::Resolve {
+        host: host.into(),
+        port,
+        reason,
+    };
+    let addrs = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| resolve(e.to_string()))?;
+    let addr = addrs
+        .filter_map(|a| match a {
+            std::net::SocketAddr::V4(v4) => Some(v4),
+            std::net::SocketAddr::V6(_) => None,
+        })
+        .next()
+        .ok_or_else(|| resolve("no IPv4 address".into()))?;
+    let no_route = |source: io::Error| RouteError::NoRoute { addr, source };
+    let socket = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(no_route)?;
+    socket.connect(addr).map_err(no_route)?;
+    let local = match socket.local_addr().map_err(no_route)? {
+        std::net::SocketAddr::V4(v4) => *v4.ip(),
+        std::net::SocketAddr::V6(v6) => {
+            return Err(no_route(io::Error::other(format!(
+                "the route picks the IPv6 address {}",
+                v6.ip()
+            ))))
+        }
+    };
+    let interface = interfaces()
+        .ok()
+        .and_then(|all| all.into_iter().find(|(_, ip)| *ip == local))
+        .map(|(name, _)| name);
+    Ok((local, interface))
+}
+
 // libc, not rustix: getifaddrs is libc code over netlink, which rustix does not implement.
 /// The list `getifaddrs` allocated. Owned: it is freed exactly once, when this drops, and
 /// nothing else frees or changes it meanwhile.
@@ -153,6 +215,29 @@ impl Drop for IfAddrs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_route_to_a_loopback_scheduler_leaves_from_loopback() {
+        let (ip, interface) = route_to("127.0.0.1", 9000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ip, Ipv4Addr::LOCALHOST);
+        assert_eq!(interface.as_deref(), Some("lo"));
+        let (ip, _) = route_to("localhost", 9000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(ip.is_loopback(), "{ip}");
+    }
+
+    #[tokio::test]
+    async fn an_unresolvable_scheduler_is_named() {
+        let e = route_to("no-such-host.invalid", 9000)
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("no-such-host.invalid:9000"), "{e}");
+    }
 
     #[test]
     fn loopback_is_127_0_0_1() {

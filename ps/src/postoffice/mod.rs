@@ -98,8 +98,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The address this node announces: `DMLC_NODE_HOST`, else the IPv4 address of
-/// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback.
-fn announced_host(config: &Config) -> Result<String> {
+/// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback, else the address
+/// routing picks to reach the scheduler (as ps-lite does without `DMLC_INTERFACE`).
+async fn announced_host(config: &Config) -> Result<String> {
     if let Some(host) = &config.node_host {
         return Ok(host.clone());
     }
@@ -113,11 +114,25 @@ fn announced_host(config: &Config) -> Result<String> {
         Some(interface) => crate::netif::interface_ipv4(interface)
             .map(|ip| ip.to_string())
             .map_err(|e| PsError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))),
-        None => Err(PsError::InvalidArgument(format!(
-            "the scheduler ({}) is not on loopback: set DMLC_INTERFACE or DMLC_NODE_HOST to the \
-             address this node should announce",
-            config.root_uri
-        ))),
+        None => {
+            let (ip, interface) = crate::netif::route_to(&config.root_uri, config.root_port)
+                .await
+                .map_err(|e| {
+                    PsError::InvalidArgument(format!(
+                        "DMLC_INTERFACE is unset and no address routes to the scheduler: {e}; \
+                         set DMLC_INTERFACE or DMLC_NODE_HOST to the address this node should \
+                         announce"
+                    ))
+                })?;
+            info!(
+                "DMLC_INTERFACE is unset: announcing {ip} ({}), the address that routes to the \
+                 scheduler at {}:{}",
+                interface.as_deref().unwrap_or("no interface holds it"),
+                config.root_uri,
+                config.root_port
+            );
+            Ok(ip.to_string())
+        }
     }
 }
 
@@ -209,7 +224,7 @@ impl Postoffice {
         let host = if role == Role::Scheduler {
             config.root_uri.clone()
         } else {
-            announced_host(&config)?
+            announced_host(&config).await?
         };
         let port = if role == Role::Scheduler {
             config.root_port

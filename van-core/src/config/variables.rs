@@ -55,7 +55,8 @@ pub const VARIABLES: &[EnvVar] = &[
         name: "DMLC_INTERFACE",
         default: "unset",
         effect: "network interface whose address this node announces (e.g. `eth5`); \
-                 ignored when DMLC_NODE_HOST is set",
+                 ignored when DMLC_NODE_HOST is set; unset: the address that routes to the \
+                 scheduler (as ps-lite picks it; logged)",
     },
     EnvVar {
         name: "DMLC_NODE_HOST",
