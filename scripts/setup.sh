@@ -7,7 +7,8 @@ set -euo pipefail
 # bindgen (libclang) over rdma-core's headers and links the system libibverbs. The Soft-RoCE
 # guest that runs the RDMA tests installs its own packages (qemu, busybox, ibverbs-providers,
 # …) on first use; see scripts/rdma-vm/guest.sh.
-APT_PACKAGES=(cmake libclang-dev libibverbs-dev)
+# examples/tests/engines.rs starts a cluster with Open MPI's mpirun (roles from the engine).
+APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -1,5 +1,7 @@
-//! The IPv4 address of a network interface by name, for `DMLC_INTERFACE` (ps-lite and BytePS
-//! users set e.g. `DMLC_INTERFACE=eth0` to choose the network a node announces).
+//! The address a node announces: the IPv4 address of a network interface by name, for
+//! `DMLC_INTERFACE` (ps-lite and BytePS users set e.g. `DMLC_INTERFACE=eth0` to choose the
+//! network a node announces), or without it the address that routes to the scheduler
+//! ([`route_to`]).
 //!
 //! ```
 //! let lo = ps::netif::interface_ipv4("lo")?;
@@ -134,6 +136,48 @@ pub async fn route_to(host: &str, port: u16) -> Result<(Ipv4Addr, Option<String>
         .and_then(|all| all.into_iter().find(|(_, ip)| *ip == local))
         .map(|(name, _)| name);
     Ok((local, interface))
+}
+
+/// The address this node announces: `DMLC_NODE_HOST`, else the IPv4 address of
+/// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback, else the address
+/// routing picks to reach the scheduler (as ps-lite does without `DMLC_INTERFACE`).
+pub(crate) async fn announced_host(config: &van_core::Config) -> crate::Result<String> {
+    if let Some(host) = &config.node_host {
+        return Ok(host.clone());
+    }
+    let loopback = config.root_uri == "localhost"
+        || config
+            .root_uri
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match config.interface.as_deref() {
+        None if loopback => Ok("127.0.0.1".into()),
+        Some(interface) => interface_ipv4(interface)
+            .map(|ip| ip.to_string())
+            .map_err(|e| {
+                crate::PsError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))
+            }),
+        None => {
+            let (ip, interface) =
+                route_to(&config.root_uri, config.root_port)
+                    .await
+                    .map_err(|e| {
+                        crate::PsError::InvalidArgument(format!(
+                            "DMLC_INTERFACE is unset and no address routes to the scheduler: {e}; \
+                         set DMLC_INTERFACE or DMLC_NODE_HOST to the address this node should \
+                         announce"
+                        ))
+                    })?;
+            tracing::info!(
+                "DMLC_INTERFACE is unset: announcing {ip} ({}), the address that routes to the \
+                 scheduler at {}:{}",
+                interface.as_deref().unwrap_or("no interface holds it"),
+                config.root_uri,
+                config.root_port
+            );
+            Ok(ip.to_string())
+        }
+    }
 }
 
 // libc, not rustix: getifaddrs is libc code over netlink, which rustix does not implement.

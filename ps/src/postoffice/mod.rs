@@ -97,45 +97,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The address this node announces: `DMLC_NODE_HOST`, else the IPv4 address of
-/// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback, else the address
-/// routing picks to reach the scheduler (as ps-lite does without `DMLC_INTERFACE`).
-async fn announced_host(config: &Config) -> Result<String> {
-    if let Some(host) = &config.node_host {
-        return Ok(host.clone());
-    }
-    let loopback = config.root_uri == "localhost"
-        || config
-            .root_uri
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    match config.interface.as_deref() {
-        None if loopback => Ok("127.0.0.1".into()),
-        Some(interface) => crate::netif::interface_ipv4(interface)
-            .map(|ip| ip.to_string())
-            .map_err(|e| PsError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))),
-        None => {
-            let (ip, interface) = crate::netif::route_to(&config.root_uri, config.root_port)
-                .await
-                .map_err(|e| {
-                    PsError::InvalidArgument(format!(
-                        "DMLC_INTERFACE is unset and no address routes to the scheduler: {e}; \
-                         set DMLC_INTERFACE or DMLC_NODE_HOST to the address this node should \
-                         announce"
-                    ))
-                })?;
-            info!(
-                "DMLC_INTERFACE is unset: announcing {ip} ({}), the address that routes to the \
-                 scheduler at {}:{}",
-                interface.as_deref().unwrap_or("no interface holds it"),
-                config.root_uri,
-                config.root_port
-            );
-            Ok(ip.to_string())
-        }
-    }
-}
-
 /// The identity of what this node can share memory with: boot id and host name, and in the
 /// default shared-memory mode the network namespace too. That mode meets its peers on
 /// abstract Unix sockets, which belong to a network namespace: two containers (or two test
@@ -224,7 +185,7 @@ impl Postoffice {
         let host = if role == Role::Scheduler {
             config.root_uri.clone()
         } else {
-            announced_host(&config).await?
+            crate::netif::announced_host(&config).await?
         };
         let port = if role == Role::Scheduler {
             config.root_port

@@ -49,6 +49,7 @@ impl Config {
         map.retain(|_, value| !value.is_empty());
         let mut vars = Vars { map };
         let hosts_scheduler = vars.apply_tf_config()?;
+        vars.apply_engine()?;
         vars.parse(hosts_scheduler)
     }
 
@@ -226,8 +227,44 @@ mod tests {
             "VANS_HOST_ID",
             "VANS_RDMA_DEVICE",
         ];
+        // Read only with an engine's rank (and what else makes a role).
+        let engine = |var: &'static str| -> Option<Vec<(&'static str, &'static str)>> {
+            let rank = match var {
+                "SLURM_NTASKS" | "SLURM_STEP_NODELIST" | "SLURM_JOB_NODELIST" => "SLURM_PROCID",
+                "OMPI_COMM_WORLD_SIZE" => "OMPI_COMM_WORLD_RANK",
+                "PMI_SIZE" => "PMI_RANK",
+                "WORLD_SIZE" | "MASTER_ADDR" | "MASTER_PORT" => "RANK",
+                _ => return None,
+            };
+            let size = match rank {
+                "SLURM_PROCID" => "SLURM_NTASKS",
+                "OMPI_COMM_WORLD_RANK" => "OMPI_COMM_WORLD_SIZE",
+                "PMI_RANK" => "PMI_SIZE",
+                _ => "WORLD_SIZE",
+            };
+            let mut vars = vec![(rank, "0"), (size, "3"), ("DMLC_NUM_SERVER", "1")];
+            if var != "MASTER_ADDR" && !var.ends_with("NODELIST") {
+                vars.push(("DMLC_PS_ROOT_URI", "h"));
+            }
+            if var != "MASTER_PORT" {
+                vars.push(("DMLC_PS_ROOT_PORT", "1"));
+            }
+            vars.push((var, "bogus"));
+            Some(vars)
+        };
         for var in VARIABLES.iter().map(|v| v.name) {
-            if free_text.contains(&var) {
+            if let Some(vars) = engine(var) {
+                match Config::from_vars(vars) {
+                    Ok(c) => assert_eq!(c.root_uri, "bogus", "{var}"),
+                    Err(e) => {
+                        let message = e.to_string();
+                        assert!(
+                            message.contains(var) && message.contains("bogus"),
+                            "{message}"
+                        );
+                    }
+                }
+            } else if free_text.contains(&var) {
                 let c = Config::from_vars([(var, "x")]).unwrap();
                 assert!([
                     c.root_uri,

@@ -30,6 +30,15 @@ pub enum ConfigError {
         /// Why, and what to change.
         reason: &'static str,
     },
+    /// The rank and size a launch engine gives (Slurm, Open MPI, PMI, PyTorch) cannot make
+    /// a role: the message says which variable to set or fix.
+    #[error("role from the {engine} launch: {reason}")]
+    Engine {
+        /// The engine whose variables were read.
+        engine: &'static str,
+        /// What is missing or inconsistent.
+        reason: String,
+    },
     /// `TF_CONFIG` does not parse, or cannot supply a variable that is not set explicitly:
     /// fix it, or set that `DMLC_*` variable.
     #[error("{error}; TF_CONFIG={value}")]

@@ -70,6 +70,7 @@
 // `rdma`; `reader` imports `variables`; `builder` and the parsers (`env`, `tensorflow`,
 // `van_knobs`) import this file and `reader`.
 mod builder; // `ConfigBuilder`: every field set in code
+mod engine; // roles from Slurm, Open MPI, PMI and PyTorch-style launchers
 mod env; // `Config::from_env` / `from_vars`: which variable sets which field
 mod error; // `ConfigError`
 pub(crate) mod rdma; // `RdmaMode`, `RdmaFallback`, `RdmaSettings` (also read by `tf_config`)

@@ -27,6 +27,66 @@ pub const VARIABLES: &[EnvVar] = &[
                  DMLC_* variables win",
     },
     EnvVar {
+        name: "SLURM_PROCID",
+        default: "unset",
+        effect: "Slurm's rank of this task (srun): when DMLC_ROLE is unset, rank 0 is the scheduler, ranks 1 to DMLC_NUM_SERVER the servers, the rest the workers (DMLC_NUM_SERVER must be set; DMLC_NUM_WORKER, if set, must agree)",
+    },
+    EnvVar {
+        name: "SLURM_NTASKS",
+        default: "unset",
+        effect: "Slurm's number of tasks: the job's size with SLURM_PROCID",
+    },
+    EnvVar {
+        name: "SLURM_STEP_NODELIST",
+        default: "unset",
+        effect: "Slurm's hosts of the step; its first host (where rank 0 runs) is the scheduler's address when neither DMLC_PS_ROOT_URI nor MASTER_ADDR is set",
+    },
+    EnvVar {
+        name: "SLURM_JOB_NODELIST",
+        default: "unset",
+        effect: "Slurm's hosts of the job, used as SLURM_STEP_NODELIST when that is unset",
+    },
+    EnvVar {
+        name: "OMPI_COMM_WORLD_RANK",
+        default: "unset",
+        effect: "Open MPI's rank (mpirun): the role by the same rule as SLURM_PROCID",
+    },
+    EnvVar {
+        name: "OMPI_COMM_WORLD_SIZE",
+        default: "unset",
+        effect: "Open MPI's number of processes",
+    },
+    EnvVar {
+        name: "PMI_RANK",
+        default: "unset",
+        effect: "a PMI launcher's rank (MPICH, Intel MPI): the role by the same rule as SLURM_PROCID",
+    },
+    EnvVar {
+        name: "PMI_SIZE",
+        default: "unset",
+        effect: "a PMI launcher's number of processes",
+    },
+    EnvVar {
+        name: "RANK",
+        default: "unset",
+        effect: "PyTorch-style rank (torchrun, Kubeflow PyTorchJob): the role by the same rule as SLURM_PROCID",
+    },
+    EnvVar {
+        name: "WORLD_SIZE",
+        default: "unset",
+        effect: "PyTorch-style number of processes",
+    },
+    EnvVar {
+        name: "MASTER_ADDR",
+        default: "unset",
+        effect: "PyTorch-style address of rank 0: the scheduler's address when DMLC_PS_ROOT_URI is unset",
+    },
+    EnvVar {
+        name: "MASTER_PORT",
+        default: "unset",
+        effect: "PyTorch-style port of rank 0: the scheduler's port when DMLC_PS_ROOT_PORT is unset",
+    },
+    EnvVar {
         name: "DMLC_ROLE",
         default: "unset",
         effect: "`scheduler`, `server` or `worker` (any case); unset: single process, no cluster",
