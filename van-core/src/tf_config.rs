@@ -79,6 +79,10 @@ pub struct TfConfig {
     /// Task type (`chief`, `worker`, `ps`, `evaluator`, …) → the tasks' `host:port`
     /// addresses, in index order.
     pub cluster: BTreeMap<String, Vec<String>>,
+    /// Task types the cluster spec lists sparsely, as TensorFlow's `ClusterSpec` allows and
+    /// Kubeflow's dynamic workers use (`{"worker": {"1": "host:port"}}`: only some tasks,
+    /// by index); such a type says nothing about how many tasks it has.
+    pub sparse: BTreeMap<String, BTreeMap<u32, String>>,
     /// `task.type`: this task's type.
     pub task_type: String,
     /// `task.index`: this task's index within its type.
@@ -104,6 +108,22 @@ pub enum TfConfigError {
     InvalidIndex {
         /// The value found, as JSON.
         value: String,
+    },
+    /// A job of the cluster spec lists its tasks sparsely, so the number of its tasks (a
+    /// `DMLC_*` count) or the scheduler's task is unknown: set that variable.
+    #[error(
+        "TF_CONFIG lists the `{task_type}` tasks sparsely ({listed} of them, by index), so it \
+         does not say {what}; set {var}"
+    )]
+    Sparse {
+        /// The task type listed sparsely.
+        task_type: String,
+        /// How many tasks it lists.
+        listed: usize,
+        /// What cannot be derived.
+        what: &'static str,
+        /// The variable to set.
+        var: &'static str,
     },
     /// An address of the cluster spec is not `host:port`.
     #[error("TF_CONFIG cluster address {task_type}:{index} {address:?} is invalid: {error}")]
@@ -164,7 +184,7 @@ pub enum TfConfigError {
 
 #[derive(Deserialize)]
 struct RawConfig {
-    cluster: BTreeMap<String, Vec<String>>,
+    cluster: BTreeMap<String, serde_json::Value>,
     task: RawTask,
     #[serde(default)]
     rpc_layer: Option<String>,
@@ -225,20 +245,28 @@ impl TfConfig {
                 })?
             }
         };
-        for (task_type, addresses) in &raw.cluster {
-            for (index, address) in addresses.iter().enumerate() {
-                if let Err(error) = address.parse::<HostPort>() {
-                    return Err(TfConfigError::InvalidAddress {
-                        task_type: task_type.clone(),
-                        index,
-                        address: address.clone(),
-                        error,
-                    });
-                }
+        let (cluster, sparse) = split_cluster(raw.cluster)?;
+        let listed = cluster
+            .iter()
+            .flat_map(|(t, tasks)| tasks.iter().enumerate().map(move |(i, a)| (t, i, a)))
+            .chain(sparse.iter().flat_map(|(t, tasks)| {
+                tasks
+                    .iter()
+                    .map(move |(i, a)| (t, usize::try_from(*i).unwrap_or(usize::MAX), a))
+            }));
+        for (task_type, index, address) in listed {
+            if let Err(error) = address.parse::<HostPort>() {
+                return Err(TfConfigError::InvalidAddress {
+                    task_type: task_type.clone(),
+                    index,
+                    address: address.clone(),
+                    error,
+                });
             }
         }
         Ok(TfConfig {
-            cluster: raw.cluster,
+            cluster,
+            sparse,
             task_type: raw.task.task_type.trim().to_owned(),
             task_index,
             rpc_layer: raw
@@ -274,12 +302,26 @@ impl TfConfig {
     }
 
     /// The task that hosts the scheduler: `chief:0` (or legacy `master:0`), else `worker:0`.
+    /// A type listed sparsely without its task 0 cannot tell:
+    /// [`TfConfigError::Sparse`], naming `DMLC_PS_ROOT_URI`.
     pub fn scheduler_task(&self) -> Result<(&str, u32), TfConfigError> {
-        WORKER_TYPES
-            .iter()
-            .find(|t| self.cluster.get(**t).is_some_and(|tasks| !tasks.is_empty()))
-            .map(|t| (*t, 0))
-            .ok_or(TfConfigError::NoSchedulerHost)
+        for t in WORKER_TYPES {
+            if self.cluster.get(*t).is_some_and(|tasks| !tasks.is_empty()) {
+                return Ok((t, 0));
+            }
+            if let Some(tasks) = self.sparse.get(*t).filter(|tasks| !tasks.is_empty()) {
+                if tasks.contains_key(&0) {
+                    return Ok((t, 0));
+                }
+                return Err(TfConfigError::Sparse {
+                    task_type: (*t).to_owned(),
+                    listed: tasks.len(),
+                    what: "where task 0, which hosts the scheduler, listens",
+                    var: "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT",
+                });
+            }
+        }
+        Err(TfConfigError::NoSchedulerHost)
     }
 
     /// Where the scheduler listens (`DMLC_PS_ROOT_URI`, `DMLC_PS_ROOT_PORT`): the cluster
@@ -304,13 +346,15 @@ impl TfConfig {
     /// The parsed address of task `task_type:index`.
     pub fn address_of(&self, task_type: &str, index: u32) -> Result<HostPort, TfConfigError> {
         let tasks = self.cluster.get(task_type).map_or(&[][..], Vec::as_slice);
+        let sparse = self.sparse.get(task_type);
         let address = usize::try_from(index)
             .ok()
             .and_then(|i| tasks.get(i))
+            .or_else(|| sparse.and_then(|tasks| tasks.get(&index)))
             .ok_or_else(|| TfConfigError::TaskNotInCluster {
                 task_type: task_type.to_owned(),
                 index,
-                count: tasks.len(),
+                count: tasks.len() + sparse.map_or(0, BTreeMap::len),
             })?;
         address
             .parse()
@@ -365,10 +409,24 @@ impl TfConfig {
             Ok::<(), TfConfigError>(())
         };
         emit("DMLC_ROLE", &|| Ok(self.role()?.as_str().to_owned()))?;
-        emit("DMLC_NUM_WORKER", &|| Ok(self.num_workers().to_string()))?;
-        emit("DMLC_NUM_SERVER", &|| match self.num_servers() {
-            0 => Err(TfConfigError::NoParameterServers),
-            n => Ok(n.to_string()),
+        emit("DMLC_NUM_WORKER", &|| {
+            self.dense(
+                WORKER_TYPES,
+                "how many worker tasks there are",
+                "DMLC_NUM_WORKER",
+            )?;
+            Ok(self.num_workers().to_string())
+        })?;
+        emit("DMLC_NUM_SERVER", &|| {
+            self.dense(
+                SERVER_TYPES,
+                "how many ps tasks there are",
+                "DMLC_NUM_SERVER",
+            )?;
+            match self.num_servers() {
+                0 => Err(TfConfigError::NoParameterServers),
+                n => Ok(n.to_string()),
+            }
         })?;
         emit("DMLC_PS_ROOT_URI", &|| Ok(self.scheduler_address()?.host))?;
         emit("DMLC_PS_ROOT_PORT", &|| {
@@ -399,14 +457,97 @@ impl TfConfig {
         Ok(())
     }
 
+    /// Tasks listed of `types` (a type listed sparsely counts the tasks it lists).
     fn count(&self, types: &[&str]) -> u32 {
-        let n: usize = types
+        let dense: usize = types
             .iter()
             .filter_map(|t| self.cluster.get(*t))
             .map(Vec::len)
             .sum();
-        u32::try_from(n).unwrap_or(u32::MAX)
+        let sparse: usize = types
+            .iter()
+            .filter_map(|t| self.sparse.get(*t))
+            .map(BTreeMap::len)
+            .sum();
+        u32::try_from(dense + sparse).unwrap_or(u32::MAX)
     }
+
+    /// Fails when one of `types` is listed sparsely, so `what` cannot be derived.
+    fn dense(
+        &self,
+        types: &[&str],
+        what: &'static str,
+        var: &'static str,
+    ) -> Result<(), TfConfigError> {
+        match types.iter().find_map(|t| Some((*t, self.sparse.get(*t)?))) {
+            Some((task_type, tasks)) => Err(TfConfigError::Sparse {
+                task_type: task_type.to_owned(),
+                listed: tasks.len(),
+                what,
+                var,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The cluster spec's jobs, each a list of addresses (dense) or an object from task index to
+/// address (sparse), as TensorFlow's `ClusterSpec` accepts them.
+#[allow(clippy::type_complexity)]
+fn split_cluster(
+    jobs: BTreeMap<String, serde_json::Value>,
+) -> Result<
+    (
+        BTreeMap<String, Vec<String>>,
+        BTreeMap<String, BTreeMap<u32, String>>,
+    ),
+    TfConfigError,
+> {
+    let shape = |task_type: &str, detail: String| TfConfigError::Json {
+        message: format!(
+            "cluster job `{task_type}`: {detail}; expected a list of \"host:port\" strings or \
+             an object from task index to \"host:port\" (a sparse job)"
+        ),
+    };
+    let mut dense = BTreeMap::new();
+    let mut sparse = BTreeMap::new();
+    for (task_type, tasks) in jobs {
+        match tasks {
+            serde_json::Value::Null => {
+                dense.insert(task_type, Vec::new());
+            }
+            serde_json::Value::Array(items) => {
+                let mut addresses = Vec::with_capacity(items.len());
+                for (i, item) in items.into_iter().enumerate() {
+                    match item {
+                        serde_json::Value::String(a) => addresses.push(a),
+                        other => return Err(shape(&task_type, format!("task {i} is {other}"))),
+                    }
+                }
+                dense.insert(task_type, addresses);
+            }
+            serde_json::Value::Object(items) => {
+                let mut tasks = BTreeMap::new();
+                for (index, item) in items {
+                    let i = index.trim().parse::<u32>().map_err(|_| {
+                        shape(
+                            &task_type,
+                            format!("task index {index:?} is not a whole number"),
+                        )
+                    })?;
+                    match item {
+                        serde_json::Value::String(a) => {
+                            tasks.insert(i, a);
+                        }
+                        other => return Err(shape(&task_type, format!("task {i} is {other}"))),
+                    }
+                }
+                sparse.insert(task_type, tasks);
+            }
+            other => return Err(shape(&task_type, format!("found {other}"))),
+        }
+    }
+    Ok((dense, sparse))
 }
 
 #[cfg(test)]
@@ -605,6 +746,59 @@ mod tests {
         let tf = TfConfig::parse(json).unwrap();
         assert!(!tf.hosts_scheduler());
         assert_eq!(tf.dmlc_vars().unwrap_err(), TfConfigError::NoSchedulerHost);
+    }
+
+    #[test]
+    fn kubeflow_sparse_cluster_specs() {
+        // Kubeflow's dynamic workers: each worker sees the chief, the ps tasks and itself.
+        let json = r#"{"cluster": {"chief": ["chief-0:2222"], "ps": ["ps-0:2222"],
+                       "worker": {"1": "worker-1:2223"}},
+                       "task": {"type": "worker", "index": 1}}"#;
+        let tf = TfConfig::parse(json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            tf.address().map(|a| (a.host, a.port)),
+            Ok(("worker-1".into(), 2223))
+        );
+        let e = tf
+            .dmlc_vars()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("lists the `worker` tasks sparsely (1 of them, by index)")
+                && e.contains("set DMLC_NUM_WORKER"),
+            "{e}"
+        );
+        let vars: BTreeMap<_, _> = tf
+            .dmlc_vars_except(|v| v == "DMLC_NUM_WORKER")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_iter()
+            .collect();
+        assert_eq!(vars["DMLC_ROLE"], "worker");
+        assert_eq!(vars["DMLC_PS_ROOT_URI"], "chief-0");
+        assert_eq!(vars["DMLC_NODE_HOST"], "worker-1");
+        // Without a chief, a sparse worker job must list task 0, the scheduler's host.
+        let json = r#"{"cluster": {"ps": ["ps-0:2222"], "worker": {"3": "w3:1"}},
+                       "task": {"type": "ps", "index": 0}}"#;
+        let tf = TfConfig::parse(json).unwrap_or_else(|e| panic!("{e}"));
+        let e = tf
+            .scheduler_task()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("DMLC_PS_ROOT_URI"), "{e}");
+        for bad in [
+            r#"{"cluster": {"worker": {"one": "w:1"}}, "task": {"type": "worker"}}"#,
+            r#"{"cluster": {"worker": {"0": 7}}, "task": {"type": "worker"}}"#,
+            r#"{"cluster": {"worker": "w:1"}, "task": {"type": "worker"}}"#,
+            r#"{"cluster": {"worker": [7]}, "task": {"type": "worker"}}"#,
+        ] {
+            let e = TfConfig::parse(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("cluster job `worker`"), "{bad}: {e}");
+        }
     }
 
     #[test]

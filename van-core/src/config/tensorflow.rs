@@ -98,6 +98,27 @@ mod tests {
     }
 
     #[test]
+    fn a_sparse_worker_job_needs_the_worker_count() {
+        let json = r#"{"cluster": {"chief": ["c:2222"], "ps": ["p:2222"],
+                       "worker": {"2": "w2:2222"}}, "task": {"type": "worker", "index": 2}}"#;
+        let e = from_tf(json, &[])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("set DMLC_NUM_WORKER") && e.contains("TF_CONFIG="),
+            "{e}"
+        );
+        let c = from_tf(json, &[("DMLC_NUM_WORKER", "4")]).unwrap();
+        assert_eq!(
+            (c.role, c.num_workers, c.num_servers),
+            (Some(Role::Worker), 4, 1)
+        );
+        assert_eq!(c.node_host.as_deref(), Some("w2"));
+        assert_eq!((c.root_uri.as_str(), c.root_port), ("c", 2222));
+    }
+
+    #[test]
     fn tf_config_supplies_the_cluster_variables() {
         let c = from_tf(
             &tf_config("worker", 1, r#", "rpc_layer": "grpc+verbs""#),

@@ -24,7 +24,9 @@ pub const VARIABLES: &[EnvVar] = &[
                  hosts the scheduler), DMLC_NODE_HOST (this task's host) and DMLC_ENABLE_RDMA \
                  (`rpc_layer` containing `verbs` or `rdma`: 1; `grpc`, `grpc+seastar`, \
                  `grpc+mpi`, `star_server`, unset: 0) that is not set explicitly; explicit \
-                 DMLC_* variables win",
+                 DMLC_* variables win; a job listed sparsely (`{\"1\": \"host:port\"}`, \
+                 Kubeflow's dynamic workers) cannot supply its count: set DMLC_NUM_WORKER \
+                 (or DMLC_NUM_SERVER)",
     },
     EnvVar {
         name: "SLURM_PROCID",
