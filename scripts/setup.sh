@@ -7,8 +7,9 @@ set -euo pipefail
 # bindgen (libclang) over rdma-core's headers and links the system libibverbs. The Soft-RoCE
 # guest that runs the RDMA tests installs its own packages (qemu, busybox, ibverbs-providers,
 # …) on first use; see scripts/rdma-vm/guest.sh.
-# examples/tests/engines.rs starts a cluster with Open MPI's mpirun (roles from the engine).
-APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin)
+# examples/tests/engines.rs starts a cluster with Open MPI's mpirun, and
+# examples/tests/slurm.rs runs jobs under a single-node Slurm of its own (roles from the engine).
+APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin slurm-wlm munge)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -1,0 +1,241 @@
+//! Jobs under a real Slurm (Debian's `slurm-wlm` 22.05 and `munge`, which `scripts/setup.sh`
+//! installs): each test starts its own single-node Slurm in a temporary directory (munged,
+//! slurmctld and slurmd on loopback ports, the node named `localhost`), then runs vans jobs
+//! with `srun` and with the batch scripts of `deploy/slurm/`, whose tasks take their roles
+//! from their Slurm ranks. Needs root (the daemons run as root); without it each test says it
+//! skipped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
+const ALLREDUCE_BENCH: &str = env!("CARGO_BIN_EXE_allreduce-bench");
+
+/// A single-node Slurm of our own; stopped and removed when dropped.
+struct Slurm {
+    dir: PathBuf,
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", common::text(&out));
+    out
+}
+
+impl Slurm {
+    /// Starts the daemons, or says why this machine cannot (then the test skips).
+    fn start(tag: &str) -> Option<Slurm> {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: the Slurm daemons need root");
+            return None;
+        }
+        for program in ["munged", "slurmctld", "slurmd", "srun", "sbatch"] {
+            if Command::new("sh")
+                .args(["-c", &format!("command -v {program}")])
+                .output()
+                .map_or(true, |o| !o.status.success())
+            {
+                panic!("{program} not found: run scripts/setup.sh (Debian: slurm-wlm, munge)");
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("vans-slurm-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for sub in ["state", "spool", "log", "munge"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let slurm = Slurm { dir };
+        let d = |p: &str| slurm.dir.join(p).to_string_lossy().into_owned();
+        // munged wants its socket folder 755 and its key 600.
+        run(Command::new("chmod").args(["755", &d("munge")]));
+        let key: Vec<u8> = (0..128).map(|i| (i * 97 + 13) as u8).collect();
+        std::fs::write(slurm.dir.join("munge/munge.key"), key).unwrap();
+        run(Command::new("chmod").args(["600", &d("munge/munge.key")]));
+        run(Command::new("munged").args([
+            "--force",
+            &format!("--key-file={}", d("munge/munge.key")),
+            &format!("--socket={}", d("munge/munge.socket")),
+            &format!("--pid-file={}", d("munge/munged.pid")),
+            &format!("--log-file={}", d("log/munged.log")),
+            &format!("--seed-file={}", d("munge/seed")),
+        ]));
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        let conf = format!(
+            "ClusterName=vans\n\
+             SlurmctldHost={host}(127.0.0.1)\n\
+             SlurmctldPort={ctld}\n\
+             SlurmdPort={slurmd}\n\
+             AuthType=auth/munge\n\
+             AuthInfo=socket={socket}\n\
+             CredType=cred/munge\n\
+             SlurmUser=root\n\
+             SlurmdUser=root\n\
+             StateSaveLocation={state}\n\
+             SlurmdSpoolDir={spool}\n\
+             SlurmctldPidFile={dir}/slurmctld.pid\n\
+             SlurmdPidFile={dir}/slurmd.pid\n\
+             SlurmctldLogFile={dir}/log/slurmctld.log\n\
+             SlurmdLogFile={dir}/log/slurmd.log\n\
+             ProctrackType=proctrack/linuxproc\n\
+             TaskPlugin=task/none\n\
+             SelectType=select/cons_tres\n\
+             MpiDefault=none\n\
+             ReturnToService=2\n\
+             SlurmdParameters=config_overrides\n\
+             NodeName=localhost NodeHostname={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN\n\
+             PartitionName=vans Nodes=localhost Default=YES MaxTime=INFINITE State=UP \
+             OverSubscribe=YES\n",
+            host = hostname.trim(),
+            ctld = common::free_port(),
+            slurmd = common::free_port(),
+            socket = d("munge/munge.socket"),
+            state = d("state"),
+            spool = d("spool"),
+            dir = slurm.dir.display(),
+        );
+        std::fs::write(slurm.dir.join("slurm.conf"), conf).unwrap();
+        run(slurm.command("slurmctld").args(["-f", &d("slurm.conf")]));
+        run(slurm
+            .command("slurmd")
+            .args(["-f", &d("slurm.conf"), "-N", "localhost"]));
+        // Ready once the node is idle.
+        let started = Instant::now();
+        loop {
+            let out = slurm.command("sinfo").args(["-h", "-o", "%T"]).output();
+            if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle") {
+                return Some(slurm);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the Slurm node did not become idle:\n{}",
+                std::fs::read_to_string(slurm.dir.join("log/slurmctld.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `program` with this Slurm's configuration.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("SLURM_CONF", self.dir.join("slurm.conf"))
+            .env_remove("DMLC_ROLE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        let mut pids = Vec::new();
+        for pid_file in ["slurmd.pid", "slurmctld.pid", "munge/munged.pid"] {
+            if let Ok(pid) = std::fs::read_to_string(self.dir.join(pid_file)) {
+                let pid = pid.trim().to_owned();
+                let _ = Command::new("kill").arg(&pid).status();
+                pids.push(pid);
+            }
+        }
+        // Removed once the daemons are gone (they write into it until they exit).
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10)
+            && pids
+                .iter()
+                .any(|pid| Path::new(&format!("/proc/{pid}")).exists())
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn exact_sums(text: &str, workers: usize) {
+    let verified = text
+        .lines()
+        .filter(|l| {
+            l.contains(&format!(
+                "exact sums verified for 16 keys from {workers} workers"
+            ))
+        })
+        .count();
+    assert_eq!(verified, workers, "{text}");
+}
+
+#[test]
+fn srun_tasks_take_their_roles_from_their_slurm_ranks() {
+    let Some(slurm) = Slurm::start("srun") else {
+        return;
+    };
+    let port = common::free_port();
+    let child = slurm
+        .command("srun")
+        .args(["-n", "4", "--kill-on-bad-exit=1"])
+        .arg(format!(
+            "--export=ALL,DMLC_NUM_SERVER=1,DMLC_PS_ROOT_PORT={port},DMLC_ENABLE_RDMA=0"
+        ))
+        .args([PS_BENCH, "--mode", "check", "--keys", "16"])
+        .spawn()
+        .unwrap();
+    let out = common::wait_output(child, "srun");
+    let text = common::text(&out);
+    assert!(out.status.success(), "{text}");
+    exact_sums(&text, 2);
+}
+
+/// Submits `script` with `sbatch --wait`; its output file's text.
+fn sbatch(slurm: &Slurm, script: &str, export: &str, args: &[&str]) -> String {
+    let output = slurm.dir.join(format!("{script}.out"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/slurm")
+        .join(script);
+    let child = slurm
+        .command("sbatch")
+        .args(["--wait", "-o"])
+        .arg(&output)
+        .arg(format!("--export=ALL,DMLC_ENABLE_RDMA=0,{export}"))
+        .arg(&script)
+        .args(args)
+        .spawn()
+        .unwrap();
+    let out = common::wait_output(child, "sbatch");
+    let text = std::fs::read_to_string(&output).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{script:?}: {}\n{text}",
+        common::text(&out)
+    );
+    text
+}
+
+#[test]
+fn the_batch_scripts_run_a_parameter_server_and_an_allreduce_job() {
+    let Some(slurm) = Slurm::start("sbatch") else {
+        return;
+    };
+    let ps = sbatch(
+        &slurm,
+        "ps-job.sbatch",
+        &format!("VANS_PROGRAM={PS_BENCH}"),
+        &["--mode", "check", "--keys", "16"],
+    );
+    assert!(ps.contains("vans-ps: 4 tasks, 1 server(s)"), "{ps}");
+    exact_sums(&ps, 2);
+    let allreduce = sbatch(
+        &slurm,
+        "allreduce-job.sbatch",
+        &format!("VANS_PROGRAM={ALLREDUCE_BENCH}"),
+        &["node", "check"],
+    );
+    assert!(
+        allreduce.contains("vans-allreduce: 3 workers"),
+        "{allreduce}"
+    );
+    let checked = allreduce
+        .lines()
+        .filter(|l| l.contains("collective check ok") && l.ends_with("of 3"))
+        .count();
+    assert_eq!(checked, 3, "{allreduce}");
+}
