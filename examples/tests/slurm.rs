@@ -239,3 +239,88 @@ fn the_batch_scripts_run_a_parameter_server_and_an_allreduce_job() {
         .count();
     assert_eq!(checked, 3, "{allreduce}");
 }
+
+#[test]
+fn vans_master_runs_submitted_jobs_on_slurm() {
+    let Some(slurm) = Slurm::start("master") else {
+        return;
+    };
+    let conf = slurm.dir.join("slurm.conf");
+    let master = common::master::Master::start(
+        "slurm",
+        &[
+            ("SLURM_CONF", conf.to_str().unwrap()),
+            ("DMLC_ENABLE_RDMA", "0"),
+        ],
+    );
+    let ps = master.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--ps-num",
+        "1",
+        "--worker-num",
+        "2",
+        "--task",
+        "ps",
+        "--",
+        PS_BENCH,
+        "--mode",
+        "check",
+        "--keys",
+        "16",
+    ]);
+    let text = common::text(&ps);
+    assert!(ps.status.success(), "{text}");
+    assert!(
+        text.contains("slurm backend") && text.contains("succeeded"),
+        "{text}"
+    );
+    let mut logs = String::new();
+    for w in 0..2 {
+        logs += &master
+            .get("GET", &format!("/jobs/1/logs/worker-{w}"), None)
+            .1;
+    }
+    exact_sums(&logs, 2);
+    let ar = master.submit(&[
+        "--strategy",
+        "AllReduce",
+        "--ps-num",
+        "0",
+        "--worker-num",
+        "3",
+        "--task",
+        "ar",
+        "--",
+        ALLREDUCE_BENCH,
+        "node",
+        "check",
+    ]);
+    let text = common::text(&ar);
+    assert!(ar.status.success(), "{text}");
+    for w in 0..3 {
+        let (_, log) = master.get("GET", &format!("/jobs/2/logs/worker-{w}"), None);
+        assert!(
+            log.contains("collective check ok") && log.contains("of 3"),
+            "{log}"
+        );
+    }
+    // A failing job is reported failed.
+    let bad = master.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--ps-num",
+        "1",
+        "--worker-num",
+        "1",
+        "--task",
+        "bad",
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ]);
+    let text = common::text(&bad);
+    assert_eq!(bad.status.code(), Some(1), "{text}");
+    assert!(text.contains("failed"), "{text}");
+}

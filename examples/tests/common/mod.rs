@@ -3,6 +3,9 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "master.rs"]
+pub(crate) mod master;
+
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,255 @@
+//! `vans-master`: the ElasticDL-style master. An HTTP service that takes job submissions
+//! (`vans-submit`, or any HTTP client), starts each job's tasks through a backend, and
+//! reports job and task status as JSON and each task's log as text.
+//!
+//! ```text
+//! vans-master --port 8470 [--backend local|slurm] [--jobs-dir DIR]
+//! POST   /jobs                       a JobSpec (JSON) -> 201 and the JobStatus
+//! GET    /jobs                       every JobStatus
+//! GET    /jobs/{id}                  one JobStatus
+//! GET    /jobs/{id}/logs/{task}      the task's output (scheduler, server-0, worker-1, ...)
+//! DELETE /jobs/{id}                  stops the job
+//! ```
+//!
+//! Backends: `local` starts the tasks as processes on this machine (each with `DMLC_*`,
+//! `NUM_WORKERS` and a `TF_CONFIG` naming its task); `slurm` submits one batch job whose
+//! `srun` tasks take their roles from their Slurm ranks (`sbatch`, `scontrol`, `scancel` on
+//! the PATH, `SLURM_CONF` as for any Slurm client).
+
+mod local;
+mod slurm;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use clap::Parser;
+use examples::master::{JobSpec, JobStatus, State as JobState};
+use examples::raw::BoxError;
+
+/// The master's options.
+#[derive(Parser, Debug)]
+#[command(name = "vans-master", version)]
+struct Options {
+    /// Port to listen on, on 127.0.0.1 unless --host says otherwise.
+    #[arg(long, default_value = "8470")]
+    port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// How jobs are started: local (processes on this machine) or slurm.
+    #[arg(long, default_value = "local", value_parser = ["local", "slurm"])]
+    backend: String,
+    /// Where each job's files (logs, batch script) go.
+    #[arg(long)]
+    jobs_dir: Option<PathBuf>,
+}
+
+/// A job the master knows: its status and how to stop it.
+pub(crate) struct Job {
+    pub(crate) status: JobStatus,
+    pub(crate) dir: PathBuf,
+    pub(crate) stop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// Every job, by id.
+#[derive(Clone)]
+pub(crate) struct Jobs {
+    inner: Arc<Mutex<BTreeMap<u64, Job>>>,
+}
+
+impl Jobs {
+    pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut Job)) {
+        if let Some(job) = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&id)
+        {
+            f(job);
+        }
+    }
+}
+
+struct App {
+    jobs: Jobs,
+    backend: String,
+    jobs_dir: PathBuf,
+    next: Mutex<u64>,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+}
+
+async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Response {
+    if let Err(e) = spec.check() {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
+    let id = {
+        let mut next = app.next.lock().unwrap_or_else(|e| e.into_inner());
+        *next += 1;
+        *next
+    };
+    let dir = app.jobs_dir.join(format!("{id}-{}", spec.name));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot create {}: {e}", dir.display()),
+        );
+    }
+    let status = JobStatus {
+        id,
+        backend: app.backend.clone(),
+        state: JobState::Pending,
+        tasks: spec
+            .tasks()
+            .into_iter()
+            .map(|(name, role, _)| examples::master::TaskStatus {
+                name,
+                role: role.into(),
+                state: JobState::Pending,
+                exit_code: None,
+            })
+            .collect(),
+        error: None,
+        spec,
+    };
+    app.jobs
+        .inner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(
+            id,
+            Job {
+                status: status.clone(),
+                dir: dir.clone(),
+                stop: None,
+            },
+        );
+    let started = match app.backend.as_str() {
+        "slurm" => slurm::start(app.jobs.clone(), id, &status.spec, &dir).await,
+        _ => local::start(app.jobs.clone(), id, &status.spec, &dir),
+    };
+    if let Err(e) = started {
+        app.jobs.update(id, |job| {
+            job.status.state = JobState::Failed;
+            job.status.error = Some(e.to_string());
+        });
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("job {id} did not start: {e}"),
+        );
+    }
+    eprintln!("vans-master: job {id} ({}) started", status.spec.name);
+    match status_of(&app, id) {
+        Some(status) => (StatusCode::CREATED, Json(status)).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no job {id}")),
+    }
+}
+
+fn status_of(app: &App, id: u64) -> Option<JobStatus> {
+    app.jobs
+        .inner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .map(|job| job.status.clone())
+}
+
+async fn list(State(app): State<Arc<App>>) -> Json<Vec<JobStatus>> {
+    let jobs = app.jobs.inner.lock().unwrap_or_else(|e| e.into_inner());
+    Json(jobs.values().map(|job| job.status.clone()).collect())
+}
+
+async fn show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
+    match status_of(&app, id) {
+        Some(status) => Json(status).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no job {id}")),
+    }
+}
+
+async fn stop(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
+    let stopper = {
+        let mut jobs = app.jobs.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(job) = jobs.get_mut(&id) else {
+            return error(StatusCode::NOT_FOUND, format!("no job {id}"));
+        };
+        if !job.status.state.is_final() {
+            job.status.state = JobState::Stopped;
+        }
+        job.stop.take()
+    };
+    if let Some(stop) = stopper {
+        stop();
+    }
+    show(State(app), Path(id)).await
+}
+
+async fn log(State(app): State<Arc<App>>, Path((id, task)): Path<(u64, String)>) -> Response {
+    let dir = {
+        let jobs = app.jobs.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(job) = jobs.get(&id) else {
+            return error(StatusCode::NOT_FOUND, format!("no job {id}"));
+        };
+        if !job.status.tasks.iter().any(|t| t.name == task) {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("job {id} has no task {task:?}"),
+            );
+        }
+        job.dir.clone()
+    };
+    match std::fs::read_to_string(dir.join(format!("{task}.log"))) {
+        Ok(text) => text.into_response(),
+        Err(e) => error(StatusCode::NOT_FOUND, format!("no log of {task} yet: {e}")),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let options = Options::parse();
+    if let Err(e) = serve(options).await {
+        eprintln!("vans-master: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn serve(o: Options) -> Result<(), BoxError> {
+    let jobs_dir = match o.jobs_dir {
+        Some(dir) => dir,
+        None => std::env::temp_dir().join(format!("vans-master-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&jobs_dir)
+        .map_err(|e| format!("cannot create {}: {e}", jobs_dir.display()))?;
+    let app = Arc::new(App {
+        jobs: Jobs {
+            inner: Arc::default(),
+        },
+        backend: o.backend.clone(),
+        jobs_dir: jobs_dir.clone(),
+        next: Mutex::new(0),
+    });
+    let router = Router::new()
+        .route("/jobs", get(list).post(submit))
+        .route("/jobs/{id}", get(show).delete(stop))
+        .route("/jobs/{id}/logs/{task}", get(log))
+        .with_state(app);
+    let listener = tokio::net::TcpListener::bind((o.host.as_str(), o.port))
+        .await
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", o.host, o.port))?;
+    eprintln!(
+        "vans-master: listening on {} ({} backend, jobs in {})",
+        listener.local_addr()?,
+        o.backend,
+        jobs_dir.display()
+    );
+    axum::serve(listener, router).await?;
+    Ok(())
+}

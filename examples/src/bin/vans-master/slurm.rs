@@ -1,0 +1,163 @@
+//! The Slurm backend: one batch job per vans job. The batch script exports the cluster's
+//! size and the scheduler's port and runs every task with `srun`; each task takes its role
+//! from its Slurm rank (rank 0 the scheduler, then the servers, then the workers, as the
+//! README's "Roles from Slurm, MPI and PyTorch launchers" says) and writes `<task>.log`. The
+//! master follows the job with `scontrol` and stops it with `scancel`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use examples::master::{JobSpec, State};
+use examples::raw::BoxError;
+use tokio::process::Command;
+
+use crate::Jobs;
+
+/// Quotes `word` for a POSIX shell.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// The batch script of `spec`, with its output in `dir`.
+fn script(spec: &JobSpec, dir: &Path, tasks: usize) -> String {
+    let mut s = String::from("#!/bin/bash\n");
+    s += &format!("#SBATCH --job-name={}\n", spec.name);
+    s += &format!("#SBATCH --ntasks={tasks}\n");
+    s += &format!("#SBATCH --output={}\n", dir.join("slurm.out").display());
+    s += "set -euo pipefail\n";
+    s += &format!("export DMLC_NUM_SERVER={}\n", spec.servers());
+    s += &format!("export DMLC_NUM_WORKER={}\n", spec.worker_num);
+    s += &format!("export NUM_WORKERS={}\n", spec.worker_num);
+    s += "export DMLC_PS_ROOT_PORT=${DMLC_PS_ROOT_PORT:-$((20000 + SLURM_JOB_ID % 20000))}\n";
+    s += &format!("export VANS_TASK={}\n", quote(&spec.name));
+    for (k, v) in &spec.env {
+        s += &format!("export {k}={}\n", quote(v));
+    }
+    // One log per task, by Slurm rank (renamed to task names by the master).
+    s += &format!(
+        "exec srun --kill-on-bad-exit=1 --output={} {}\n",
+        quote(&dir.join("rank-%t.log").display().to_string()),
+        spec.command
+            .iter()
+            .map(|w| quote(w))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    s
+}
+
+async fn run(program: &str, args: &[&str]) -> Result<String, BoxError> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| format!("cannot run {program} (is Slurm installed?): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Submits job `id` and starts following it.
+pub(crate) async fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Result<(), BoxError> {
+    let tasks = spec.tasks();
+    let path = dir.join("job.sbatch");
+    std::fs::write(&path, script(spec, dir, tasks.len()))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let path = path.display().to_string();
+    let slurm_id = run("sbatch", &["--parsable", &path]).await?;
+    let slurm_id = slurm_id.trim().split(';').next().unwrap_or("").to_owned();
+    if slurm_id.is_empty() {
+        return Err("sbatch printed no job id".into());
+    }
+    let cancel_id = slurm_id.clone();
+    jobs.update(id, |job| {
+        job.stop = Some(Box::new(move || {
+            let _ = std::process::Command::new("scancel")
+                .arg(&cancel_id)
+                .status();
+        }));
+    });
+    let names: Vec<String> = tasks.into_iter().map(|(name, _, _)| name).collect();
+    let dir = dir.to_owned();
+    tokio::spawn(follow(jobs, id, slurm_id, names, dir));
+    Ok(())
+}
+
+/// Polls the Slurm job until it ends; renames the rank logs to task names.
+async fn follow(
+    jobs: Jobs,
+    id: u64,
+    slurm_id: String,
+    names: Vec<String>,
+    dir: std::path::PathBuf,
+) {
+    let link_logs = || {
+        for (rank, name) in names.iter().enumerate() {
+            let from = dir.join(format!("rank-{rank}.log"));
+            let to = dir.join(format!("{name}.log"));
+            if from.exists() && !to.exists() {
+                let _ = std::fs::hard_link(&from, &to);
+            }
+        }
+    };
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let info = match run("scontrol", &["show", "job", "-o", &slurm_id]).await {
+            Ok(info) => info,
+            Err(e) => {
+                jobs.update(id, |job| {
+                    job.status.state = State::Failed;
+                    job.status.error = Some(format!("Slurm job {slurm_id} lost: {e}"));
+                });
+                return;
+            }
+        };
+        let field = |key: &str| {
+            info.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let slurm_state = field("JobState=");
+        let exit = field("ExitCode=");
+        let state = match slurm_state.as_str() {
+            "PENDING" | "CONFIGURING" => State::Pending,
+            "RUNNING" | "COMPLETING" => State::Running,
+            "COMPLETED" => State::Succeeded,
+            "CANCELLED" => State::Stopped,
+            _ => State::Failed,
+        };
+        link_logs();
+        let mut done = false;
+        jobs.update(id, |job| {
+            if job.status.state == State::Stopped && !state.is_final() {
+                return; // asked to stop; scancel is on its way
+            }
+            job.status.state = state;
+            for task in &mut job.status.tasks {
+                task.state = state;
+                if state.is_final() {
+                    task.exit_code = exit.split(':').next().and_then(|c| c.parse().ok());
+                }
+            }
+            if state == State::Failed {
+                job.status.error = Some(format!(
+                    "Slurm job {slurm_id} ended {slurm_state} (exit {exit}); see slurm.out and the task logs"
+                ));
+            }
+            if state.is_final() {
+                job.stop = None;
+                done = true;
+            }
+        });
+        if done {
+            return;
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! `vans-master` and `vans-submit` (the ElasticDL-style master and client): the job
+//! submission, the status the master reports as JSON, and the small HTTP/1.1 client the
+//! submitter (and the tests) use.
+//!
+//! A job is a cluster of tasks started by a backend: the scheduler, `ps_num` servers (one
+//! idle server for an `AllReduce` job, whose workers all-reduce among themselves) and
+//! `worker_num` workers, each running `command` with its `DMLC_*` variables, `NUM_WORKERS`
+//! and (local backend) a `TF_CONFIG` naming its task.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub mod client;
+
+/// The training strategy of a job (ElasticDL's `--distribution_strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Strategy {
+    /// Servers hold the parameters; workers push and pull.
+    ParameterServer,
+    /// Workers all-reduce among themselves (the `collective` crate); one idle server.
+    AllReduce,
+}
+
+/// A job submission (`POST /jobs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The task name (`--task`): names the job in status and logs.
+    pub name: String,
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Parameter servers (`--ps-num`); ignored for `AllReduce`.
+    pub ps_num: u32,
+    /// Workers (`--worker-num`).
+    pub worker_num: u32,
+    /// The program and its arguments, run by every task.
+    pub command: Vec<String>,
+    /// Extra environment for every task.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+impl JobSpec {
+    /// Servers the cluster gets: `ps_num`, or one idle server for `AllReduce`.
+    pub fn servers(&self) -> u32 {
+        match self.strategy {
+            Strategy::ParameterServer => self.ps_num,
+            Strategy::AllReduce => 1,
+        }
+    }
+
+    /// Why the master refuses this job, if it does.
+    pub fn check(&self) -> Result<(), String> {
+        if self.command.is_empty() || self.command[0].is_empty() {
+            return Err("the job has no command".into());
+        }
+        if self.worker_num == 0 {
+            return Err("worker_num must be at least 1".into());
+        }
+        if self.strategy == Strategy::ParameterServer && self.ps_num == 0 {
+            return Err("a ParameterServer job needs ps_num of at least 1".into());
+        }
+        if let Some(k) = self.env.keys().find(|k| {
+            k.is_empty()
+                || k.starts_with(|c: char| c.is_ascii_digit())
+                || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        }) {
+            return Err(format!(
+                "environment variable name {k:?} is not a shell name"
+            ));
+        }
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!(
+                "task name {:?} must be letters, digits, `-` or `_`",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tasks in rank order: (name, role, rank within the role).
+    pub fn tasks(&self) -> Vec<(String, &'static str, u32)> {
+        let mut tasks = vec![("scheduler".to_owned(), "scheduler", 0)];
+        tasks.extend((0..self.servers()).map(|r| (format!("server-{r}"), "server", r)));
+        tasks.extend((0..self.worker_num).map(|r| (format!("worker-{r}"), "worker", r)));
+        tasks
+    }
+}
+
+/// Where a job or a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Submitted to the backend, not started yet.
+    Pending,
+    /// Running.
+    Running,
+    /// Every task exited 0.
+    Succeeded,
+    /// A task failed (the others were stopped).
+    Failed,
+    /// Stopped on request.
+    Stopped,
+}
+
+impl State {
+    /// Whether the job (or task) is over.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Succeeded | State::Failed | State::Stopped)
+    }
+}
+
+/// One task's status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskStatus {
+    /// `scheduler`, `server-0`, `worker-1`, …
+    pub name: String,
+    /// Its role.
+    pub role: String,
+    /// Where it stands.
+    pub state: State,
+    /// Its exit code, once known.
+    pub exit_code: Option<i32>,
+}
+
+/// A job's status (`GET /jobs/{id}`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// The master's id of the job.
+    pub id: u64,
+    /// The submission.
+    pub spec: JobSpec,
+    /// `local` or `slurm`.
+    pub backend: String,
+    /// Where the job stands.
+    pub state: State,
+    /// The tasks.
+    pub tasks: Vec<TaskStatus>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+}

@@ -1,0 +1,81 @@
+//! A `vans-master` process for the tests, and `vans-submit` runs against it.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) const MASTER: &str = env!("CARGO_BIN_EXE_vans-master");
+pub(crate) const SUBMIT: &str = env!("CARGO_BIN_EXE_vans-submit");
+
+/// A running master; killed when dropped.
+pub(crate) struct Master {
+    child: Child,
+    pub(crate) addr: String,
+}
+
+impl Master {
+    /// Starts a master with `backend` and extra environment; waits until it answers.
+    pub(crate) fn start(backend: &str, env: &[(&str, &str)]) -> Master {
+        let port = super::free_port();
+        let jobs =
+            std::env::temp_dir().join(format!("vans-master-test-{}-{port}", std::process::id()));
+        let mut cmd = Command::new(MASTER);
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--backend",
+            backend,
+            "--jobs-dir",
+        ])
+        .arg(&jobs)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let master = Master {
+            child: cmd.spawn().unwrap(),
+            addr: format!("127.0.0.1:{port}"),
+        };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(&master.addr).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "vans-master did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        master
+    }
+
+    /// `vans-submit` against this master with `args`; its output.
+    pub(crate) fn submit(&self, args: &[&str]) -> Output {
+        let child = Command::new(SUBMIT)
+            .args(["--master", &format!("http://{}", self.addr)])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        super::wait_output(child, "vans-submit")
+    }
+
+    /// `GET path` on the master: status and body.
+    pub(crate) fn get(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(examples::master::client::request(
+                &self.addr, method, path, body,
+            ))
+            .unwrap()
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
