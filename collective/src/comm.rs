@@ -35,6 +35,8 @@ const KIND_DATA: i32 = 16;
 
 /// How often the background task re-sends a pending `JOIN` and looks at the settle window.
 const TICK: Duration = Duration::from_millis(100);
+/// Longest a control message may take to be queued for its peer.
+const CONTROL_SEND: Duration = Duration::from_secs(5);
 /// Control messages waiting for the background task (a round posts a few per worker).
 const CONTROL_QUEUE: usize = 4096;
 /// A `JOIN` without an answer is sent again after this (the coordinator may have changed).
@@ -218,6 +220,12 @@ struct State {
     asked: BTreeSet<NodeId>,
     /// The postoffice stopped.
     stopped: bool,
+    /// A generation was announced while this node's was active (it did not ask): the next
+    /// collective fails once, so the application resynchronizes through `settle`.
+    unannounced: bool,
+    /// The highest generation number seen anywhere (announced, or known by a joiner), so a
+    /// new coordinator never reuses one.
+    highest: u64,
 }
 
 /// What a communicator's handle, its background task and the postoffice (as a
@@ -283,6 +291,8 @@ impl Shared {
                 round_started: None,
                 asked: BTreeSet::new(),
                 stopped: false,
+                unannounced: false,
+                highest: 0,
             }),
             notify: Notify::new(),
             control,
@@ -342,7 +352,7 @@ impl Shared {
 
     /// Asks to join the next generation (a no-op while a request is fresh).
     fn join(&self, st: &mut State, now: Instant) {
-        if matches!(st.status, Status::Active) {
+        if st.stopped || matches!(st.status, Status::Active) {
             return;
         }
         if !matches!(st.status, Status::Settling) {
@@ -365,7 +375,12 @@ impl Shared {
     /// The coordinator's part: ask those that have not joined, and form the next generation
     /// when everyone has (or the window has passed).
     fn coordinate(&self, st: &mut State, now: Instant) {
-        if st.joins.is_empty() || self.coordinator() != Some(self.me) {
+        if self.coordinator() != Some(self.me) {
+            // Another worker coordinates: what this node gathered is stale.
+            Self::forget_round(st);
+            return;
+        }
+        if st.joins.is_empty() {
             return;
         }
         let alive = self.alive_workers();
@@ -379,9 +394,24 @@ impl Shared {
             .copied()
             .filter(|w| !st.joins.contains_key(w))
             .collect();
+        // Why, for the error those asked will see: what broke this node's generation, or
+        // the workers that ask to join.
+        let reason = match &st.status {
+            Status::Broken(e) => e.to_string(),
+            _ => {
+                let new: Vec<NodeId> = st
+                    .joins
+                    .keys()
+                    .copied()
+                    .filter(|j| st.generation.rank_of(*j).is_none())
+                    .collect();
+                format!("workers {new:?} ask to join")
+            }
+        };
         for &worker in &missing {
             if st.asked.insert(worker) {
-                let msg = self.control_message(worker, KIND_INTERRUPT, 0, Bytes::new());
+                let body = Bytes::from(reason.clone().into_bytes());
+                let msg = self.control_message(worker, KIND_INTERRUPT, 0, body);
                 self.post(st, msg);
             }
         }
@@ -392,10 +422,11 @@ impl Shared {
             .joins
             .values()
             .copied()
-            .chain([st.generation.number])
+            .chain([st.generation.number, st.highest])
             .max()
             .unwrap_or(0)
             + 1;
+        st.highest = number;
         let members: Vec<NodeId> = st.joins.keys().copied().collect();
         if !missing.is_empty() {
             warn!(
@@ -405,15 +436,28 @@ impl Shared {
                 self.options.settle_window
             );
         }
-        let body: Vec<u8> = members.iter().flat_map(|m| m.to_le_bytes()).collect();
-        let body = Bytes::from(body);
+        let generation = Generation { number, members };
+        Self::forget_round(st);
+        for &member in &generation.members {
+            let msg = self.generation_message(member, &generation);
+            self.post(st, msg);
+        }
+    }
+
+    fn forget_round(st: &mut State) {
         st.joins.clear();
         st.asked.clear();
         st.round_started = None;
-        for &member in &members {
-            let msg = self.control_message(member, KIND_GENERATION, number, body.clone());
-            self.post(st, msg);
-        }
+    }
+
+    /// The announcement of `generation` to `to`.
+    fn generation_message(&self, to: NodeId, generation: &Generation) -> Message {
+        let body: Vec<u8> = generation
+            .members
+            .iter()
+            .flat_map(|m| m.to_le_bytes())
+            .collect();
+        self.control_message(to, KIND_GENERATION, generation.number, Bytes::from(body))
     }
 
     /// A control message from another node (or this one).
@@ -424,7 +468,19 @@ impl Shared {
         let now = Instant::now();
         match msg.meta.head {
             KIND_JOIN if node_ids::is_worker(from) => {
-                st.joins.insert(from, msg.meta.key);
+                let known = msg.meta.key;
+                st.highest = st.highest.max(known);
+                let intact = matches!(st.status, Status::Active)
+                    && st.generation.rank_of(from).is_some()
+                    && known < st.generation.number;
+                if intact {
+                    // A member asking for a generation that has formed since (its JOIN
+                    // crossed the announcement): tell it again rather than start a round.
+                    let again = self.generation_message(from, &st.generation);
+                    self.post(st, again);
+                    return;
+                }
+                st.joins.insert(from, known);
                 self.coordinate(st, now);
             }
             KIND_INTERRUPT => {
@@ -433,9 +489,10 @@ impl Shared {
                         generation = st.generation.number,
                         "asked to join the next generation"
                     );
+                    let why = String::from_utf8_lossy(&msg.meta.body);
                     st.status = Status::Broken(CollectiveError::MembershipChanged {
                         generation: st.generation.number,
-                        reason: format!("worker {from} is forming the next generation"),
+                        reason: format!("worker {from}, forming the next generation, says: {why}"),
                     });
                 }
             }
@@ -452,6 +509,11 @@ impl Shared {
                     .collect();
                 let member = members.contains(&self.me);
                 info!(generation = number, ?members, "generation formed");
+                st.highest = st.highest.max(number);
+                st.unannounced = matches!(st.status, Status::Active) && member;
+                if from != self.me {
+                    Self::forget_round(st);
+                }
                 st.generation = Generation { number, members };
                 st.next_op = 0;
                 st.join_sent = None;
@@ -498,6 +560,15 @@ impl Shared {
         valid: impl FnOnce(usize) -> Result<()>,
     ) -> Result<Op> {
         let mut st = self.lock();
+        if st.unannounced {
+            return Err(CollectiveError::MembershipChanged {
+                generation: st.generation.number,
+                reason: format!(
+                    "generation {} formed without this rank asking; settle() and resynchronize",
+                    st.generation.number
+                ),
+            });
+        }
         match &st.status {
             Status::Active => {}
             Status::Broken(e) => return Err(e.clone()),
@@ -535,6 +606,7 @@ impl Shared {
         let deadline = tokio::time::Instant::now() + timeout;
         {
             let mut st = self.lock();
+            st.unannounced = false;
             if let Status::Broken(_) = st.status {
                 self.join(&mut st, Instant::now());
             }
@@ -692,6 +764,23 @@ impl Shared {
         self.notify.notify_waiters();
     }
 
+    /// This rank's part in a collective of `generation` ended with `error` (or the call was
+    /// dropped): the generation is over for it, and it asks for the next at once, so the
+    /// coordinator stops the others instead of their waiting out their timeout.
+    pub(crate) fn abandon(&self, generation: u64, error: &CollectiveError) {
+        let mut st = self.lock();
+        if st.generation.number == generation && matches!(st.status, Status::Active) {
+            debug!(
+                generation,
+                "leaving the generation after a failed collective: {error}"
+            );
+            st.status = Status::Broken(error.clone());
+            self.join(&mut st, Instant::now());
+        }
+        drop(st);
+        self.notify.notify_waiters();
+    }
+
     fn failed(&self, node: NodeId, error: &str) {
         let mut st = self.lock();
         if node == self.me {
@@ -781,6 +870,12 @@ impl Customer for Inbox {
     fn node_failed(&self, node: NodeId, error: &str) {
         self.0.failed(node, error);
     }
+
+    fn node_recovered(&self, node: NodeId) {
+        // A new process in a member's place holds nothing of the collective in progress.
+        self.0
+            .failed(node, "replaced by a new process (its old one is gone)");
+    }
 }
 
 /// The background task: sends control messages in order and ticks.
@@ -792,8 +887,12 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::Receiver<Message>)
             msg = queue.recv() => {
                 let Some(msg) = msg else { return };
                 let to = msg.meta.recipient;
-                if let Err(e) = shared.po.send(msg).await {
-                    debug!(?to, "collective control message not sent: {e}");
+                // A peer that takes no more must not hold up the others' messages and the
+                // ticks: what is lost here is asked for again (JOIN resends, the window).
+                match tokio::time::timeout(CONTROL_SEND, shared.po.send(msg)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => debug!(?to, "collective control message not sent: {e}"),
+                    Err(_) => warn!(?to, "collective control message not sent within {CONTROL_SEND:?}"),
                 }
             }
             _ = tick.tick() => {

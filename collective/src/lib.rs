@@ -96,11 +96,50 @@ impl Communicator {
         po.register_customer(APP_ID, customer_id, Arc::new(Inbox(Arc::clone(&shared))))
             .await?;
         let task = tokio::spawn(comm::run(Arc::clone(&shared), queue));
+        // Dropped on failure: unregisters, so a retry can register again.
         let comm = Communicator { shared, task };
         comm.shared
             .settle(startup.max(Duration::from_secs(30)))
             .await?;
         Ok(comm)
+    }
+
+    /// Runs one collective of `generation`: a failure (or the call being dropped half-way)
+    /// ends this rank's part in the generation, so the others are stopped at once.
+    async fn guarded<T>(
+        shared: &Shared,
+        generation: u64,
+        run: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        struct Abandon<'a> {
+            shared: &'a Shared,
+            generation: u64,
+            armed: bool,
+        }
+        impl Drop for Abandon<'_> {
+            fn drop(&mut self) {
+                if self.armed {
+                    self.shared.abandon(
+                        self.generation,
+                        &CollectiveError::MembershipChanged {
+                            generation: self.generation,
+                            reason: "a collective of this rank was cancelled half-way".into(),
+                        },
+                    );
+                }
+            }
+        }
+        let mut guard = Abandon {
+            shared,
+            generation,
+            armed: true,
+        };
+        let result = run.await;
+        guard.armed = false;
+        if let Err(e) = &result {
+            shared.abandon(generation, e);
+        }
+        result
     }
 
     /// The current generation (number and members).
@@ -138,11 +177,15 @@ impl Communicator {
             .shared
             .begin(OpKind::AllReduce, |_| Ok(()))?
             .carrying::<T>(buf.len());
-        if std::mem::size_of_val(buf) <= self.shared.options.direct_bytes {
-            ring::direct(&self.shared, &call, buf, op).await
-        } else {
-            ring::reduce(&self.shared, &call, buf, op, 2).await
-        }
+        let shared = &self.shared;
+        let run = async {
+            if std::mem::size_of_val(buf) <= shared.options.direct_bytes {
+                ring::direct(shared, &call, buf, op).await
+            } else {
+                ring::reduce(shared, &call, buf, op, 2).await
+            }
+        };
+        Self::guarded(shared, call.generation, run).await
     }
 
     /// Reduces `buf` across all ranks with `op`, leaving each rank's share of the result in
@@ -157,7 +200,8 @@ impl Communicator {
             .shared
             .begin(OpKind::ReduceScatter, |_| Ok(()))?
             .carrying::<T>(buf.len());
-        ring::reduce(&self.shared, &call, buf, op, 1).await?;
+        let run = ring::reduce(&self.shared, &call, buf, op, 1);
+        Self::guarded(&self.shared, call.generation, run).await?;
         Ok(ring::chunk(buf.len(), call.size(), call.rank))
     }
 
@@ -178,7 +222,8 @@ impl Communicator {
                 )))
             })?
             .carrying::<T>(out.len());
-        ring::all_gather(&self.shared, &call, input, out).await
+        let run = ring::all_gather(&self.shared, &call, input, out);
+        Self::guarded(&self.shared, call.generation, run).await
     }
 
     /// Copies rank `root`'s `buf` into every other rank's.
@@ -194,7 +239,8 @@ impl Communicator {
                 )))
             })?
             .carrying::<T>(buf.len());
-        ring::broadcast(&self.shared, &call, buf, root).await
+        let run = ring::broadcast(&self.shared, &call, buf, root);
+        Self::guarded(&self.shared, call.generation, run).await
     }
 
     /// Returns once every rank has called it.
@@ -204,7 +250,8 @@ impl Communicator {
         let size = call.size();
         let call = call.carrying::<i32>(size);
         let mut token = vec![1i32; size];
-        ring::reduce(&self.shared, &call, &mut token, ReduceOp::Sum, 2).await?;
+        let run = ring::reduce(&self.shared, &call, &mut token, ReduceOp::Sum, 2);
+        Self::guarded(&self.shared, call.generation, run).await?;
         let expected = call.size() as i32;
         match token.iter().all(|&v| v == expected) {
             true => Ok(()),
@@ -220,5 +267,8 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         self.task.abort();
+        self.shared
+            .po
+            .unregister_customer(APP_ID, self.shared.options.customer_id);
     }
 }

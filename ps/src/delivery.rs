@@ -132,6 +132,13 @@ impl Customers {
         Some(backlog)
     }
 
+    /// Forgets the application under `key` (later messages for it are held as for one not
+    /// registered yet); false when none was.
+    pub(crate) fn unregister(&mut self, key: (i32, i32)) -> bool {
+        self.draining.remove(&key);
+        self.registered.remove(&key).is_some()
+    }
+
     /// Every registered application.
     pub(crate) fn all(&self) -> Vec<Arc<dyn Customer>> {
         self.registered.values().cloned().collect()

@@ -542,6 +542,12 @@ impl Postoffice {
         Ok(())
     }
 
+    /// Removes the application registered under these ids (a communicator that is dropped,
+    /// or failed to start), so the ids can be registered again. Returns whether one was.
+    pub fn unregister_customer(&self, app_id: i32, customer_id: i32) -> bool {
+        lock(&self.inner.customers).unregister((app_id, customer_id))
+    }
+
     /// A control message arrived (or the scheduler sent one to itself).
     async fn handle_control(&self, msg: Message) {
         let Some(control) = msg.meta.control.as_ref() else {
