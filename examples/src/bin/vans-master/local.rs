@@ -4,6 +4,7 @@
 //! `<task>.log` in the job's folder. The first task to fail stops the others.
 
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,31 +66,41 @@ fn environments(spec: &JobSpec) -> Vec<(String, Vec<(String, String)>)> {
 pub(crate) fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Result<(), BoxError> {
     let mut children: Vec<(String, Child)> = Vec::new();
     for (name, env) in environments(spec) {
-        let log = File::create(dir.join(format!("{name}.log")))
-            .map_err(|e| format!("cannot create the log of {name}: {e}"))?;
-        let err = log.try_clone()?;
-        let spawned = Command::new(&spec.command[0])
-            .args(&spec.command[1..])
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .current_dir(dir)
-            .spawn();
+        let spawned = File::create(dir.join(format!("{name}.log")))
+            .and_then(|log| Ok((log.try_clone()?, log)))
+            .map_err(|e| format!("cannot create the log of {name}: {e}"))
+            .and_then(|(out, err)| {
+                Command::new(&spec.command[0])
+                    .args(&spec.command[1..])
+                    .envs(env)
+                    .stdin(Stdio::null())
+                    .stdout(out)
+                    .stderr(err)
+                    .current_dir(dir)
+                    // Its own process group: stopping the task stops what it started.
+                    .process_group(0)
+                    .spawn()
+                    .map_err(|e| format!("cannot start {:?} for {name}: {e}", spec.command[0]))
+            });
         match spawned {
             Ok(child) => children.push((name, child)),
             Err(e) => {
                 for (_, child) in &mut children {
-                    let _ = child.kill();
+                    kill_group(child);
                     let _ = child.wait();
                 }
-                return Err(format!("cannot start {:?} for {name}: {e}", spec.command[0]).into());
+                return Err(e.into());
             }
         }
     }
     let stop = Arc::new(AtomicBool::new(false));
     let stopper = Arc::clone(&stop);
     jobs.update(id, |job| {
+        if job.status.state == State::Stopped {
+            // Asked to stop while its tasks were starting.
+            stopper.store(true, Ordering::Release);
+            return;
+        }
         job.status.state = State::Running;
         for task in &mut job.status.tasks {
             task.state = State::Running;
@@ -109,14 +120,19 @@ fn follow(jobs: Jobs, id: u64, mut children: Vec<(String, Child)>, stop: Arc<Ato
         let stopping = stop.load(Ordering::Acquire);
         if (stopping || failed.is_some()) && !killed {
             for (_, child) in &mut children {
-                let _ = child.kill();
+                kill_group(child);
             }
             killed = true;
         }
         for (name, child) in &mut children {
-            let Ok(Some(status)) = child.try_wait() else {
-                continue;
+            let status = match child.try_wait() {
+                Ok(Some(status)) => Some(status),
+                Ok(None) => continue,
+                // Cannot be waited for (already reaped elsewhere): counted as failed.
+                Err(_) => None,
             };
+            let success = status.is_some_and(|s| s.success());
+            let described = status.map_or("an unknown status".to_owned(), |s| s.to_string());
             // Reported once: a reaped child's try_wait keeps returning its status.
             let name = name.clone();
             let mut first = false;
@@ -126,8 +142,8 @@ fn follow(jobs: Jobs, id: u64, mut children: Vec<(String, Child)>, stop: Arc<Ato
                         return;
                     }
                     first = true;
-                    task.exit_code = status.code();
-                    task.state = match (status.success(), killed) {
+                    task.exit_code = status.and_then(|s| s.code());
+                    task.state = match (success, killed) {
                         (true, _) => State::Succeeded,
                         (false, true) => State::Stopped,
                         (false, false) => State::Failed,
@@ -136,8 +152,8 @@ fn follow(jobs: Jobs, id: u64, mut children: Vec<(String, Child)>, stop: Arc<Ato
             });
             if first {
                 running -= 1;
-                if !status.success() && !killed && failed.is_none() {
-                    failed = Some(format!("task {name} exited with {status}"));
+                if !success && !killed && failed.is_none() {
+                    failed = Some(format!("task {name} exited with {described}"));
                 }
             }
         }
@@ -154,4 +170,19 @@ fn follow(jobs: Jobs, id: u64, mut children: Vec<(String, Child)>, stop: Arc<Ato
         };
         job.status.error = failed;
     });
+}
+
+/// Kills `child`'s process group (the task and whatever it started).
+fn kill_group(child: &mut Child) {
+    let group = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw);
+    match group {
+        Some(pid) => {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        None => {
+            let _ = child.kill();
+        }
+    }
 }

@@ -23,7 +23,13 @@ fn script(spec: &JobSpec, dir: &Path, tasks: usize) -> String {
     let mut s = String::from("#!/bin/bash\n");
     s += &format!("#SBATCH --job-name={}\n", spec.name);
     s += &format!("#SBATCH --ntasks={tasks}\n");
-    s += &format!("#SBATCH --output={}\n", dir.join("slurm.out").display());
+    s += &format!(
+        "#SBATCH --output={}\n",
+        dir.join("slurm.out")
+            .display()
+            .to_string()
+            .replace(' ', "\\ ")
+    );
     s += "set -euo pipefail\n";
     s += &format!("export DMLC_NUM_SERVER={}\n", spec.servers());
     s += &format!("export DMLC_NUM_WORKER={}\n", spec.worker_num);
@@ -76,13 +82,23 @@ pub(crate) async fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Re
         return Err("sbatch printed no job id".into());
     }
     let cancel_id = slurm_id.clone();
+    let cancel = move || {
+        let _ = std::process::Command::new("scancel")
+            .arg(&cancel_id)
+            .status();
+    };
+    let mut stop_now = None;
     jobs.update(id, |job| {
-        job.stop = Some(Box::new(move || {
-            let _ = std::process::Command::new("scancel")
-                .arg(&cancel_id)
-                .status();
-        }));
+        if job.status.state == State::Stopped {
+            // Asked to stop while sbatch ran.
+            stop_now = Some(cancel);
+        } else {
+            job.stop = Some(Box::new(cancel));
+        }
     });
+    if let Some(cancel) = stop_now {
+        cancel();
+    }
     let names: Vec<String> = tasks.into_iter().map(|(name, _, _)| name).collect();
     let dir = dir.to_owned();
     tokio::spawn(follow(jobs, id, slurm_id, names, dir));
@@ -106,10 +122,22 @@ async fn follow(
             }
         }
     };
+    let mut misses = 0;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let info = match run("scontrol", &["show", "job", "-o", &slurm_id]).await {
-            Ok(info) => info,
+            Ok(info) => {
+                misses = 0;
+                info
+            }
+            // A busy controller: ask again, for a minute, before giving up on the job.
+            Err(e) if misses < 120 => {
+                misses += 1;
+                if misses == 1 {
+                    eprintln!("vans-master: job {id}: scontrol failed, trying again: {e}");
+                }
+                continue;
+            }
             Err(e) => {
                 jobs.update(id, |job| {
                     job.status.state = State::Failed;
@@ -127,11 +155,15 @@ async fn follow(
         let slurm_state = field("JobState=");
         let exit = field("ExitCode=");
         let state = match slurm_state.as_str() {
-            "PENDING" | "CONFIGURING" => State::Pending,
-            "RUNNING" | "COMPLETING" => State::Running,
+            "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" => {
+                State::Pending
+            }
             "COMPLETED" => State::Succeeded,
             "CANCELLED" => State::Stopped,
-            _ => State::Failed,
+            "FAILED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE"
+            | "PREEMPTED" | "SPECIAL_EXIT" | "REVOKED" => State::Failed,
+            // RUNNING, COMPLETING, SUSPENDED, STAGE_OUT, SIGNALING, RESIZING, ...: not over.
+            _ => State::Running,
         };
         link_logs();
         let mut done = false;
