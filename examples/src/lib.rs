@@ -13,6 +13,20 @@ pub mod report; // ps-bench's results: each worker's, the cluster's totals, tabl
 
 use std::fmt;
 
+/// The runtime of a benchmark process: `threads` 1 is a current-thread runtime (with several
+/// nodes per machine, extra runtime threads mostly add cross-thread wake-ups), more a
+/// multi-thread one with that many workers.
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    builder.enable_all().build()
+}
+
 /// Logs to stderr at the level `PS_VERBOSE` asks for (0 or unset: warn, 1: info, 2: debug),
 /// unless `RUST_LOG` says otherwise; colored when `ansi`.
 pub fn init_logging(ansi: bool) {

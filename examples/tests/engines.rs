@@ -11,18 +11,6 @@ use std::process::{Command, Stdio};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 
-fn check_workers(all: &str, workers: usize) {
-    let verified = all
-        .lines()
-        .filter(|l| {
-            l.contains(&format!(
-                "exact sums verified for 16 keys from {workers} workers"
-            ))
-        })
-        .count();
-    assert_eq!(verified, workers, "{all}");
-}
-
 #[test]
 fn mpirun_ranks_become_scheduler_server_and_workers() {
     if Command::new("mpirun").arg("--version").output().is_err() {
@@ -67,7 +55,7 @@ fn mpirun_ranks_become_scheduler_server_and_workers() {
     let out = common::wait_output(child, "mpirun");
     let all = common::text(&out);
     assert!(out.status.success(), "{all}");
-    check_workers(&all, 2);
+    common::exact_sums(&all, 16, 2);
 }
 
 #[test]
@@ -97,7 +85,7 @@ fn pytorch_style_ranks_become_scheduler_server_and_workers() {
         assert!(out.status.success(), "rank {rank}: {text}");
         all.push_str(&text);
     }
-    check_workers(&all, 2);
+    common::exact_sums(&all, 16, 2);
 }
 
 #[test]

@@ -152,18 +152,6 @@ impl Drop for Slurm {
     }
 }
 
-fn exact_sums(text: &str, workers: usize) {
-    let verified = text
-        .lines()
-        .filter(|l| {
-            l.contains(&format!(
-                "exact sums verified for 16 keys from {workers} workers"
-            ))
-        })
-        .count();
-    assert_eq!(verified, workers, "{text}");
-}
-
 #[test]
 fn srun_tasks_take_their_roles_from_their_slurm_ranks() {
     let Some(slurm) = Slurm::start("srun") else {
@@ -182,7 +170,7 @@ fn srun_tasks_take_their_roles_from_their_slurm_ranks() {
     let out = common::wait_output(child, "srun");
     let text = common::text(&out);
     assert!(out.status.success(), "{text}");
-    exact_sums(&text, 2);
+    common::exact_sums(&text, 16, 2);
 }
 
 /// Submits `script` with `sbatch --wait`; its output file's text.
@@ -222,7 +210,7 @@ fn the_batch_scripts_run_a_parameter_server_and_an_allreduce_job() {
         &["--mode", "check", "--keys", "16"],
     );
     assert!(ps.contains("vans-ps: 4 tasks, 1 server(s)"), "{ps}");
-    exact_sums(&ps, 2);
+    common::exact_sums(&ps, 16, 2);
     let allreduce = sbatch(
         &slurm,
         "allreduce-job.sbatch",
@@ -281,7 +269,7 @@ fn vans_master_runs_submitted_jobs_on_slurm() {
             .get("GET", &format!("/jobs/1/logs/worker-{w}"), None)
             .1;
     }
-    exact_sums(&logs, 2);
+    common::exact_sums(&logs, 16, 2);
     let ar = master.submit(&[
         "--strategy",
         "AllReduce",

@@ -166,14 +166,7 @@ fn van(value: &str) -> Result<String, String> {
 fn main() -> ExitCode {
     let options = Options::parse();
     examples::init_logging(false);
-    let mut builder = if options.threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(options.threads);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
+    let runtime = match examples::runtime(options.threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rendezvous-exchange: cannot start the runtime: {e}");

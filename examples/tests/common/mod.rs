@@ -77,3 +77,11 @@ pub(crate) fn signal(pid: u32, sig: &str) {
         .unwrap();
     assert!(ok.success(), "could not send {sig} to {pid}");
 }
+
+/// Asserts that exactly `workers` lines of `text` are ps-bench's "exact sums verified for
+/// `keys` keys from `workers` workers" (one per worker of a `--mode check` run).
+pub(crate) fn exact_sums(text: &str, keys: usize, workers: usize) {
+    let line = format!("exact sums verified for {keys} keys from {workers} workers");
+    let verified = text.lines().filter(|l| l.contains(&line)).count();
+    assert_eq!(verified, workers, "{text}");
+}

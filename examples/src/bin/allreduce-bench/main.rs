@@ -59,14 +59,7 @@ impl Row {
 fn main() {
     examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::parse();
-    let mut builder = if options.threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(options.threads);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
+    let runtime = match examples::runtime(options.threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("allreduce-bench: cannot start the runtime: {e}");

@@ -51,16 +51,7 @@ use crate::options::{Options, VanArg, RESULTS_DIR_ENV};
 fn main() {
     examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::from_command_line();
-    // One thread per node by default: with several nodes per machine, extra runtime threads
-    // mostly add cross-thread wake-ups.
-    let mut builder = if options.threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(options.threads);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
+    let runtime = match examples::runtime(options.threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ps-bench: cannot start the runtime: {e}");
