@@ -23,6 +23,11 @@ def free_port():
 
 SCHEDULER = "import vans; vans.Node().finalize()"
 
+# A scheduler that stays up until the test kills it, for tests that kill a member: the plain
+# one's final barrier fails when a member dies, and it exits, so the worker could see the
+# scheduler's loss before the member's.
+LASTING_SCHEDULER = f"import time, vans; node = vans.Node(); time.sleep({PROCESS_DEADLINE})"
+
 SUM_SERVER = """
 import os, vans
 vans.Server(dtype=os.environ.get("TEST_DTYPE", "float32")).serve()
@@ -32,7 +37,7 @@ vans.Server(dtype=os.environ.get("TEST_DTYPE", "float32")).serve()
 class Cluster:
     """Processes of one cluster; ``config`` joins the test process as a worker."""
 
-    def __init__(self, num_servers, num_workers, server_code, env):
+    def __init__(self, num_servers, num_workers, server_code, env, scheduler_code=SCHEDULER):
         self.port = free_port()
         self.num_servers = num_servers
         self.num_workers = num_workers
@@ -45,7 +50,7 @@ class Cluster:
             **(env or {}),
         )
         self.env.pop("DMLC_ROLE", None)
-        self.procs = [self.start("scheduler", SCHEDULER)]
+        self.procs = [self.start("scheduler", scheduler_code)]
         self.servers = [self.start("server", server_code) for _ in range(num_servers)]
         self.procs += self.servers
 
@@ -80,11 +85,13 @@ class Cluster:
 
 @pytest.fixture
 def cluster():
-    """``cluster(num_servers=1, num_workers=1, server_code=SUM_SERVER, env=None)``."""
+    """``cluster(num_servers=1, num_workers=1, server_code=SUM_SERVER, env=None,
+    scheduler_code=SCHEDULER)``."""
     made = []
 
-    def make(num_servers=1, num_workers=1, server_code=SUM_SERVER, env=None):
-        c = Cluster(num_servers, num_workers, server_code, env)
+    def make(num_servers=1, num_workers=1, server_code=SUM_SERVER, env=None,
+             scheduler_code=SCHEDULER):
+        c = Cluster(num_servers, num_workers, server_code, env, scheduler_code)
         made.append(c)
         return c
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import vans
+from conftest import LASTING_SCHEDULER
 from vans import errors
 
 KEYS = np.array([1, 2, 3], dtype=np.uint64)
@@ -44,7 +45,8 @@ def test_a_python_handler_serves_requests(cluster):
 
 
 def test_a_killed_server_is_named_in_the_error(cluster):
-    c = cluster(num_servers=1, env={"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "3"})
+    c = cluster(num_servers=1, env={"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "3"},
+                scheduler_code=LASTING_SCHEDULER)
     w = vans.Worker(**c.config())
     w.push(KEYS, np.ones(3, dtype=np.float32))
     c.servers[0].kill()
