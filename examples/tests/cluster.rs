@@ -302,6 +302,57 @@ fn a_kubeflow_tf_config_job_runs_unchanged_with_the_chief_hosting_the_scheduler(
     assert_eq!(verified, 2, "both the chief and the worker verify the sums");
 }
 
+#[test]
+fn tensorflow_task_names_reach_the_processes_that_run_them_whatever_their_addresses() {
+    // Kubeflow-style: the chief, two workers and a ps, on hosts that sort opposite to the
+    // task order (numbering by address made the chief worker rank 2, and
+    // `/job:worker/task:0` another process).
+    let tasks = [
+        ("chief", 0, "127.0.0.3"),
+        ("worker", 0, "127.0.0.2"),
+        ("worker", 1, "127.0.0.1"),
+        ("ps", 0, "127.0.0.1"),
+    ];
+    let addresses: Vec<String> = tasks
+        .iter()
+        .map(|(_, _, host)| format!("\"{host}:{}\"", free_port()))
+        .collect();
+    let cluster = format!(
+        r#""cluster": {{"chief": [{}], "worker": [{}, {}], "ps": [{}]}}"#,
+        addresses[0], addresses[1], addresses[2], addresses[3]
+    );
+    let children: Vec<_> = tasks
+        .iter()
+        .map(|(kind, index, _)| {
+            let tf_config =
+                format!(r#"{{{cluster}, "task": {{"type": "{kind}", "index": {index}}}}}"#);
+            let child = Command::new(PS_BENCH)
+                .args(["--mode", "check", "--keys", "8"])
+                .env("TF_CONFIG", tf_config)
+                .env_remove("DMLC_ROLE")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (format!("{kind}:{index}"), child)
+        })
+        .collect();
+    let mut said = String::new();
+    for (task, child) in children {
+        let out = wait_output(child, &task);
+        assert!(out.status.success(), "{task} failed: {}", text(&out));
+        said.push_str(&text(&out));
+    }
+    for line in [
+        "task /job:chief/task:0: worker rank 0 (node 9)",
+        "task /job:worker/task:0: worker rank 1 (node 11)",
+        "task /job:worker/task:1: worker rank 2 (node 13)",
+        "task /job:chief/task:0: received a tensor from each of 2 tasks by TensorFlow name",
+    ] {
+        assert!(said.contains(line), "missing {line:?} in:\n{said}");
+    }
+}
+
 // With the `rdma` feature, tests/rdma.rs checks the "no RDMA device" error instead.
 #[cfg(not(feature = "rdma"))]
 #[test]

@@ -84,7 +84,7 @@ mod sync;
 mod transport;
 pub mod wire;
 
-pub use device::{cpu_device, task_of_device, DeviceResolver};
+pub use device::{cpu_device, table_resolver, task_of_device, DeviceResolver};
 pub use error::{Error, MessageError};
 pub use local::{LocalRendezvous, Queued};
 pub use mgr::{MgrStats, RendezvousMgr, RendezvousMgrBuilder};

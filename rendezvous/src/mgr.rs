@@ -11,7 +11,7 @@ use van_core::rendezvous::DoneCallback;
 use van_core::rendezvous::Received;
 use van_core::{NodeId, ParsedKey, Rendezvous, RendezvousError};
 
-use crate::device::{default_resolver, DeviceResolver};
+use crate::device::DeviceResolver;
 use crate::error::Error;
 use crate::local::Done;
 use crate::outbox::Outbox;
@@ -103,10 +103,11 @@ impl RendezvousMgrBuilder {
         self
     }
 
-    /// How device names map to tasks ([`task_of_device`](crate::device::task_of_device) by
-    /// default).
+    /// How device names map to tasks ([`table_resolver`](crate::device::table_resolver) of
+    /// the node table by default: TensorFlow task names where the nodes announce tasks,
+    /// [`task_of_device`](crate::device::task_of_device) otherwise).
     pub fn resolver(mut self, resolver: DeviceResolver) -> Self {
-        self.options.resolver = resolver;
+        self.options.resolver = Some(resolver);
         self
     }
 
@@ -241,7 +242,7 @@ impl RendezvousMgr {
                 max_step_age: Some(DEFAULT_MAX_STEP_AGE),
                 max_outbox_bytes: DEFAULT_MAX_OUTBOX_BYTES,
                 max_deferred_calls: DEFAULT_MAX_DEFERRED_CALLS,
-                resolver: default_resolver(),
+                resolver: None,
             },
         }
     }

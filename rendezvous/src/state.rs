@@ -15,7 +15,7 @@ use ps::Postoffice;
 use tracing::warn;
 use van_core::{NodeId, ParsedKey, Rendezvous, RendezvousError, Role};
 
-use crate::device::DeviceResolver;
+use crate::device::{table_resolver, DeviceResolver};
 use crate::error::peer_name;
 use crate::local::Done;
 use crate::outbox::Outbox;
@@ -37,7 +37,8 @@ pub(crate) struct Options {
     pub(crate) max_step_age: Option<Duration>,
     pub(crate) max_outbox_bytes: usize,
     pub(crate) max_deferred_calls: usize,
-    pub(crate) resolver: DeviceResolver,
+    /// `None`: [`table_resolver`] of the node table.
+    pub(crate) resolver: Option<DeviceResolver>,
 }
 
 /// The live steps and the recently cleaned ones.
@@ -101,6 +102,8 @@ pub(crate) struct MgrInner {
     pub(crate) me: NodeId,
     /// The tasks of the cluster (the node table, fixed once the postoffice has started).
     pub(crate) tasks: HashSet<NodeId>,
+    /// How device names map to tasks.
+    resolver: DeviceResolver,
     pub(crate) options: Options,
     steps: Mutex<Steps>,
     /// This task's receives waiting for a RecvTensor response, by request id.
@@ -128,10 +131,15 @@ impl MgrInner {
             .filter_map(|n| n.id)
             .chain(std::iter::once(me))
             .collect();
+        let resolver = options
+            .resolver
+            .clone()
+            .unwrap_or_else(|| table_resolver(po.nodes()));
         MgrInner {
             po,
             me,
             tasks,
+            resolver,
             options,
             steps: Mutex::new(Steps::default()),
             pulls: Mutex::new(HashMap::new()),
@@ -147,7 +155,7 @@ impl MgrInner {
     /// The tasks of `key`'s devices.
     pub(crate) fn route(&self, key: &ParsedKey) -> Result<Route, RendezvousError> {
         let task = |device: &str, which: &str| {
-            let node = (self.options.resolver)(device).ok_or_else(|| {
+            let node = (self.resolver)(device).ok_or_else(|| {
                 RendezvousError::InvalidArgument(format!(
                     "no task owns the {which} device `{device}` of `{key}` (the resolver knows \
                      /job:ps|server|worker/replica:R/task:T names by default)"

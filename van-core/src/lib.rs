@@ -46,7 +46,7 @@ pub use endpoint_map::{EndpointMap, EndpointMapError, HostPort};
 pub use error::Error;
 pub use message::{
     node_ids, Command, Control, DataType, DataTypes, Endpoint, Message, Meta, Node, NodeId, Parts,
-    Role, Seq, VanKind,
+    Role, Seq, TfTask, VanKind,
 };
 pub use pool::FramePool;
 pub use rendezvous::{ParsedKey, Rendezvous, RendezvousError};

@@ -294,6 +294,39 @@ pub struct Node {
     /// known), so that a process that later takes this node's id (recovery) is told apart
     /// from this one.
     pub incarnation: u64,
+    /// The TensorFlow task the node runs (from `TF_CONFIG`), if any: the scheduler numbers
+    /// such nodes in task order and recovery puts a restarted task back in its own place.
+    pub task: Option<TfTask>,
+}
+
+/// A TensorFlow task: a job name and an index in it (`/job:worker/task:1`), as `TF_CONFIG`'s
+/// `task` gives it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TfTask {
+    /// The job (`chief`, `master`, `worker`, `ps`, …); never empty.
+    pub job: String,
+    /// The task's index within its job.
+    pub index: u32,
+}
+
+impl TfTask {
+    /// Where the task comes in the scheduler's numbering of its role: `chief`, then `master`,
+    /// then `worker`, then any other job, each by index (TensorFlow's chief is worker rank 0).
+    pub fn order(&self) -> (u8, &str, u32) {
+        let job = match self.job.as_str() {
+            "chief" => 0,
+            "master" => 1,
+            "worker" => 2,
+            _ => 3,
+        };
+        (job, self.job.as_str(), self.index)
+    }
+}
+
+impl std::fmt::Display for TfTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "/job:{}/task:{}", self.job, self.index)
+    }
 }
 
 impl Node {
@@ -308,6 +341,7 @@ impl Node {
             endpoints: Vec::new(),
             is_recovery: false,
             incarnation: 0,
+            task: None,
         }
     }
 
@@ -326,8 +360,12 @@ impl Node {
 impl std::fmt::Display for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.id {
-            Some(id) => write!(f, "{}[{}]@{}:{}", self.role, id, self.host, self.port),
-            None => write!(f, "{}[?]@{}:{}", self.role, self.host, self.port),
+            Some(id) => write!(f, "{}[{}]@{}:{}", self.role, id, self.host, self.port)?,
+            None => write!(f, "{}[?]@{}:{}", self.role, self.host, self.port)?,
+        }
+        match &self.task {
+            Some(task) => write!(f, " ({task})"),
+            None => Ok(()),
         }
     }
 }

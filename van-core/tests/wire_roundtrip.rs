@@ -9,6 +9,7 @@
 
 use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
+use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::select;
 use van_core::wire::{
@@ -16,8 +17,8 @@ use van_core::wire::{
     HEADER_LEN, MAGIC, VERSION,
 };
 use van_core::{
-    Command, Control, DataType, Endpoint, Limits, Message, Meta, Node, NodeId, Role, VanKind,
-    WireError,
+    Command, Control, DataType, Endpoint, Limits, Message, Meta, Node, NodeId, Role, TfTask,
+    VanKind, WireError,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -217,17 +218,21 @@ fn node() -> impl Strategy<Value = Node> {
         vec(endpoint(), 0..6),
         any::<bool>(),
         any::<u64>(),
+        option::of(("[a-z]{1,8}", any::<u32>()).prop_map(|(job, index)| TfTask { job, index })),
     )
         .prop_map(
-            |(role, id, host, port, host_identity, endpoints, is_recovery, incarnation)| Node {
-                role,
-                id,
-                host,
-                port,
-                host_identity,
-                endpoints,
-                is_recovery,
-                incarnation,
+            |(role, id, host, port, host_identity, endpoints, is_recovery, incarnation, task)| {
+                Node {
+                    role,
+                    id,
+                    host,
+                    port,
+                    host_identity,
+                    endpoints,
+                    is_recovery,
+                    incarnation,
+                    task,
+                }
             },
         )
 }
@@ -582,6 +587,7 @@ fn sample_message() -> Message {
         }],
         is_recovery: false,
         incarnation: 0x00AB_CDEF,
+        task: None,
     };
     Message {
         meta: Meta {

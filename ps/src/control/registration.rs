@@ -1,8 +1,13 @@
 //! Registration: nodes join with `AddNode`; once every expected node has, ids are assigned
-//! by sorted address and everyone is welcomed with the table. A registration re-sent after
-//! that gets the table again; one from a new process takes the place of a dead node of its
-//! role (recovery), declaring the node at its address dead first if that one still counts
-//! as alive, or waits for a node of its role to die.
+//! in TensorFlow task order (nodes that announce a task: chief, master, worker, then other
+//! jobs, each by index), then by sorted address, and everyone is welcomed with the table. A
+//! registration re-sent after that gets the table again; one from a new process takes the
+//! place of a dead node of its role (recovery) — of its own task's node when it announces a
+//! task — declaring the node at its place dead first if that one still counts as alive, or
+//! waits for such a node to die.
+//!
+//! A node's *place* is its task when it announces one (a restarted Kubernetes pod keeps its
+//! task and gets a new address), its address otherwise.
 
 use std::time::Instant;
 
@@ -15,6 +20,16 @@ use super::output::{reply, Echo};
 /// theirs every 2 s until the table arrives): one from a process that gave up is dropped.
 const WAITING_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 use super::{Output, Peer, Scheduler};
+
+/// Whether `known` and `node` are the same place of the cluster: the same role and the same
+/// TensorFlow task when both announce one, else the same address.
+fn same_place(known: &Node, node: &Node) -> bool {
+    known.role == node.role
+        && match (&known.task, &node.task) {
+            (Some(a), Some(b)) => a == b,
+            _ => known.host == node.host && known.port == node.port,
+        }
+}
 
 impl Scheduler {
     pub(super) fn on_add_node(
@@ -34,13 +49,22 @@ impl Scheduler {
             warn!(%node, "ignoring the registration of another scheduler");
             return Vec::new();
         }
-        let same = |known: &Node| {
-            known.role == node.role && known.host == node.host && known.port == node.port
-        };
         if self.is_ready() {
             return self.on_late_registration(now, node, node.incarnation, echo);
         }
-        if let Some(entry) = self.joining.iter_mut().find(|(known, _, _)| same(known)) {
+        if let Some(entry) = self
+            .joining
+            .iter_mut()
+            .find(|(known, _, _)| same_place(known, node))
+        {
+            if entry.0.host != node.host || entry.0.port != node.port {
+                warn!(
+                    %node,
+                    earlier = %entry.0,
+                    "a second registration for one TensorFlow task: the later one takes its place \
+                     (two processes given the same task?)"
+                );
+            }
             if node.incarnation != 0 && node.incarnation != entry.1 {
                 // The process registered before died while the cluster formed; this one takes
                 // its place (its own endpoints, its own answer).
@@ -79,12 +103,26 @@ impl Scheduler {
         self.assign_ids(now)
     }
 
-    /// Everyone is here: assign ids by sorted address, build the table, welcome everyone.
+    /// Everyone is here: assign ids in task order, then by sorted address, build the table,
+    /// welcome everyone.
     fn assign_ids(&mut self, now: Instant) -> Vec<Output> {
         let mut joining = std::mem::take(&mut self.joining);
-        // Role orders Server before Worker, so the table comes out in id order.
+        // Role orders Server before Worker, so the table comes out in id order; within a
+        // role, nodes with a TensorFlow task come first, in task order (TensorFlow's chief is
+        // worker rank 0, then `/job:worker/task:0` …).
         joining.sort_by_cached_key(|(n, _, _)| {
-            (n.role, n.host.clone(), n.port, n.host_identity.clone())
+            let task = n.task.as_ref().map(|t| {
+                let (job, name, index) = t.order();
+                (job, name.to_owned(), index)
+            });
+            (
+                n.role,
+                task.is_none(),
+                task,
+                n.host.clone(),
+                n.port,
+                n.host_identity.clone(),
+            )
         });
         self.table = vec![self.me.clone()];
         let (mut servers, mut workers) = (0u32, 0u32);
@@ -127,29 +165,35 @@ impl Scheduler {
         incarnation: u64,
         echo: Echo,
     ) -> Vec<Output> {
-        let at_address = self.table.iter().skip(1).position(|known| {
-            known.role == node.role && known.host == node.host && known.port == node.port
-        });
+        let at_place = self
+            .table
+            .iter()
+            .skip(1)
+            .position(|known| same_place(known, node));
         let mut out = Vec::new();
-        if let Some(index) = at_address.map(|i| i + 1) {
+        if let Some(index) = at_place.map(|i| i + 1) {
             let id = self.table[index].id.unwrap_or_default();
             let Some(peer) = self.peers.get_mut(&id) else {
                 return out;
             };
             let same_process =
                 incarnation == 0 || peer.incarnation == 0 || incarnation == peer.incarnation;
-            if !peer.dead && same_process {
+            let same_address = {
+                let known = &self.table[index];
+                known.host == node.host && known.port == node.port
+            };
+            if !peer.dead && same_process && same_address {
                 peer.last_seen = peer.last_seen.max(now);
                 peer.gone = false;
                 debug!(id, "registration re-sent; sending the table again");
                 return self.welcome(index, echo);
             }
             if !peer.dead {
-                // Another process at its address: the one we knew is gone.
-                // Not told itself: the old process is gone, and its address is the new one's.
+                // Another process in its place: the one we knew is gone.
+                // Not told itself: the old process is gone, and its place is the new one's.
                 let notices = self.bury(
                     vec![id],
-                    "restarted: a new process registered at its address",
+                    "restarted: a new process registered in its place (address or task)",
                 );
                 out.extend(
                     notices
@@ -163,12 +207,8 @@ impl Scheduler {
         // Waiting registrations not re-sent for a while are of processes that gave up.
         self.waiting
             .retain(|w| now.saturating_duration_since(w.3) < WAITING_TTL);
-        if let Some(entry) = self
-            .waiting
-            .iter_mut()
-            .find(|(n, ..)| n.role == node.role && n.host == node.host && n.port == node.port)
-        {
-            // Re-sent (or sent by a new process at that address): one entry per address.
+        if let Some(entry) = self.waiting.iter_mut().find(|(n, ..)| same_place(n, node)) {
+            // Re-sent (or sent by a new process in that place): one entry per place.
             debug!(%node, "waiting registration re-sent");
             *entry = (node.clone(), incarnation, echo, now);
             return out;
@@ -211,13 +251,18 @@ impl Scheduler {
     pub(super) fn replace_dead(&mut self, now: Instant, dead: &[NodeId]) -> Vec<Output> {
         let mut out = Vec::new();
         for &id in dead {
-            let Some(role) = self.node(id).map(|n| n.role) else {
+            let Some(dead_node) = self.node(id) else {
                 continue;
             };
             let fresh = |w: &(Node, u64, Echo, Instant)| {
-                w.0.role == role && now.saturating_duration_since(w.3) < WAITING_TTL
+                w.0.role == dead_node.role && now.saturating_duration_since(w.3) < WAITING_TTL
             };
-            let Some(at) = self.waiting.iter().position(fresh) else {
+            // The process of the dead node's own task (or address) first, else any.
+            let own = self
+                .waiting
+                .iter()
+                .position(|w| fresh(w) && same_place(dead_node, &w.0));
+            let Some(at) = own.or_else(|| self.waiting.iter().position(fresh)) else {
                 continue;
             };
             let (node, incarnation, echo, _) = self.waiting.remove(at);

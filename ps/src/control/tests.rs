@@ -608,3 +608,107 @@ fn a_new_process_at_a_joining_address_replaces_the_one_before_and_stale_waiters_
     );
     assert_eq!(s.dead(), [9]);
 }
+
+/// A node of `role` at `host:port` running TensorFlow task `job:index`.
+fn task_node(role: Role, host: &str, port: u16, job: &str, index: u32) -> Node {
+    let mut node = Node::new(role, host, port);
+    node.task = Some(van_core::TfTask {
+        job: job.to_owned(),
+        index,
+    });
+    node
+}
+
+/// Kubeflow's names: chief, worker 0, worker 1 and ps 0, on hosts that sort opposite to the
+/// task order.
+fn tf_nodes() -> Vec<Node> {
+    vec![
+        task_node(Role::Worker, "10.0.0.9", 2222, "chief", 0),
+        task_node(Role::Worker, "10.0.0.8", 2222, "worker", 0),
+        task_node(Role::Worker, "10.0.0.7", 2222, "worker", 1),
+        task_node(Role::Server, "10.0.0.6", 2222, "ps", 0),
+    ]
+}
+
+#[test]
+fn tensorflow_tasks_are_numbered_in_task_order_not_by_address() {
+    for order in [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]] {
+        let mut s = fresh(1, 3, None);
+        let nodes = tf_nodes();
+        for i in order {
+            s.handle(Instant::now(), &add_node(&nodes[i]));
+        }
+        assert!(s.is_ready());
+        let by_id: Vec<(NodeId, String)> = s
+            .table()
+            .iter()
+            .skip(1)
+            .map(|n| (n.id.unwrap(), n.task.as_ref().unwrap().to_string()))
+            .collect();
+        assert_eq!(
+            by_id,
+            [
+                (8, "/job:ps/task:0".to_owned()),
+                (9, "/job:chief/task:0".to_owned()),
+                (11, "/job:worker/task:0".to_owned()),
+                (13, "/job:worker/task:1".to_owned()),
+            ],
+            "registration order {order:?}"
+        );
+    }
+}
+
+#[test]
+fn a_restarted_task_at_a_new_address_takes_its_own_tasks_place() {
+    let t0 = Instant::now();
+    let mut s = fresh(1, 3, Some(TIMEOUT));
+    for (i, node) in tf_nodes().iter().enumerate() {
+        s.handle(t0, &add_node_from(node, 100 + i as u64));
+    }
+    assert!(s.is_ready());
+    // worker:0 (id 11) and worker:1 (id 13) die.
+    for id in [8, 9] {
+        s.handle(t0 + TIMEOUT / 2, &request(id, Heartbeat, 0));
+    }
+    s.tick(t0 + TIMEOUT);
+    assert_eq!(s.dead(), [11, 13]);
+    // The pod of worker:1 comes back first, at a new address: it gets 13, not the lowest
+    // dead worker id.
+    let now = t0 + TIMEOUT + MS;
+    let pod = task_node(Role::Worker, "10.0.0.70", 2222, "worker", 1);
+    s.handle(now, &add_node_from(&pod, 500));
+    assert_eq!(s.node(13).map(|n| n.host.as_str()), Some("10.0.0.70"));
+    assert_eq!(s.dead(), [11]);
+    // A live task restarted before its death was noticed: the old process is buried and
+    // the new one takes the same id.
+    let chief = task_node(Role::Worker, "10.0.0.90", 2222, "chief", 0);
+    let out = s.handle(now, &add_node_from(&chief, 501));
+    let sent: Vec<Output> = out
+        .into_iter()
+        .filter(|o| matches!(o, Output::Send(_)))
+        .collect();
+    let sent = sends(&sent);
+    assert!(
+        sent.iter()
+            .any(|(_, cmd, _, ids)| *cmd == NodeFailure && ids == &[9]),
+        "the chief's old process is declared failed: {sent:?}"
+    );
+    assert_eq!(s.node(9).map(|n| n.host.as_str()), Some("10.0.0.90"));
+    assert_eq!(s.dead(), [11]);
+}
+
+#[test]
+fn a_second_registration_for_one_task_while_forming_replaces_the_first() {
+    let mut s = fresh(1, 3, None);
+    let nodes = tf_nodes();
+    s.handle(Instant::now(), &add_node_from(&nodes[1], 1));
+    // Another process claims worker:0 from another address (a restarted pod): it takes
+    // the place, the cluster does not count it twice.
+    let again = task_node(Role::Worker, "10.0.0.80", 2222, "worker", 0);
+    s.handle(Instant::now(), &add_node_from(&again, 2));
+    for node in [&nodes[0], &nodes[2], &nodes[3]] {
+        s.handle(Instant::now(), &add_node_from(node, 3));
+    }
+    assert!(s.is_ready());
+    assert_eq!(s.node(11).map(|n| n.host.as_str()), Some("10.0.0.80"));
+}

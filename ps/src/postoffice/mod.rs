@@ -201,6 +201,7 @@ impl Postoffice {
             .unwrap_or_else(|| host_identity(&config));
         let incarnation = crate::resend::new_incarnation();
         me.incarnation = incarnation;
+        me.task = config.tf_task.clone().filter(|_| role != Role::Scheduler);
         let router = Router::new(vans, &config, me.clone(), incarnation);
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         let endpoints = router.bind(&host, port, inbox_tx).await?;

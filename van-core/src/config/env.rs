@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::error::ConfigError;
 use super::rdma::RdmaMode;
 use super::reader::Vars;
-use super::tensorflow::{default_endpoint_map, DEFAULT_ENDPOINT_MAP};
+use super::tensorflow::{default_endpoint_map, FromTfConfig, DEFAULT_ENDPOINT_MAP};
 use super::variables::known_name;
 use super::{non_zero, Config, PORT_EXPECTED, SECONDS_EXPECTED, STREAM_VAN_EXPECTED};
 use crate::message::Role;
@@ -48,9 +48,9 @@ impl Config {
         }
         map.retain(|_, value| !value.is_empty());
         let mut vars = Vars { map };
-        let hosts_scheduler = vars.apply_tf_config()?;
+        let tf = vars.apply_tf_config()?;
         vars.apply_engine()?;
-        vars.parse(hosts_scheduler)
+        vars.parse(tf)
     }
 
     fn from_os_vars(
@@ -78,13 +78,19 @@ impl Config {
 }
 
 impl Vars {
-    fn parse(&self, hosts_scheduler: bool) -> Result<Config, ConfigError> {
+    fn parse(&self, tf: FromTfConfig) -> Result<Config, ConfigError> {
         let mut c = Config {
             role: self.role()?,
             ..Config::default()
         };
         // `DMLC_ROLE=scheduler` with the chief's TF_CONFIG: the process is the scheduler.
-        c.hosts_scheduler = hosts_scheduler && matches!(c.role, Some(Role::Worker | Role::Server));
+        c.hosts_scheduler =
+            tf.hosts_scheduler && matches!(c.role, Some(Role::Worker | Role::Server));
+        // The task is this node's only when its role is the one the task maps to.
+        c.tf_task = tf
+            .task
+            .filter(|(role, _)| c.role == Some(*role))
+            .map(|(_, task)| task);
         let required = |var| match (c.role, self.get(var)) {
             (Some(_), None) => Err(ConfigError::Missing { var }),
             _ => Ok(()),

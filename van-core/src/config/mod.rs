@@ -151,6 +151,11 @@ pub struct Config {
     /// addition to its own role (`chief:0`, or `worker:0` without a chief). False unless
     /// `TF_CONFIG` says so or the builder sets it; requires a worker or server role.
     pub hosts_scheduler: bool,
+    /// From `TF_CONFIG`: this process's TensorFlow task (`task.type` and `task.index`), when
+    /// its type is one of the parameter server's (`ps`, `chief`, `master`, `worker`) and
+    /// agrees with the role. The node announces it, so the scheduler numbers nodes in task
+    /// order and the rendezvous finds `/job:chief/…` and `/job:worker/task:N` where they run.
+    pub tf_task: Option<crate::message::TfTask>,
     /// `VANS_ENDPOINT_MAP` (or `./.endpoint_map` with [`Config::from_env`]): control address
     /// → data address, as in the TensorFlow Seastar and StarServer deployments.
     pub endpoint_map: Option<EndpointMap>,
@@ -230,6 +235,7 @@ impl Default for Config {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             bootstrap_timeout: DEFAULT_BOOTSTRAP_TIMEOUT,
             hosts_scheduler: false,
+            tf_task: None,
             endpoint_map: None,
             enable_ipc: true,
             busy_polling: false,

@@ -8,7 +8,17 @@ use super::error::ConfigError;
 use super::reader::Vars;
 use super::variables::known_name;
 use crate::endpoint_map::EndpointMap;
+use crate::message::{Role, TfTask};
 use crate::tf_config::TfConfig;
+
+/// What `TF_CONFIG` says of this process beyond the `DMLC_*` variables.
+#[derive(Debug, Default)]
+pub(super) struct FromTfConfig {
+    /// It also runs the scheduler.
+    pub(super) hosts_scheduler: bool,
+    /// Its task and the role that task maps to.
+    pub(super) task: Option<(Role, TfTask)>,
+}
 
 /// The endpoint map [`Config::from_env`](super::Config::from_env) reads from the current
 /// directory when `VANS_ENDPOINT_MAP` is unset and the file exists.
@@ -16,14 +26,14 @@ pub const DEFAULT_ENDPOINT_MAP: &str = ".endpoint_map";
 
 impl Vars {
     /// Fills the `DMLC_*` variables that `TF_CONFIG` stands for and that are not set
-    /// explicitly; returns whether `TF_CONFIG` makes this process host the scheduler.
-    pub(super) fn apply_tf_config(&mut self) -> Result<bool, ConfigError> {
+    /// explicitly; returns what else `TF_CONFIG` says of this process.
+    pub(super) fn apply_tf_config(&mut self) -> Result<FromTfConfig, ConfigError> {
         let Some(json) = self.get("TF_CONFIG") else {
-            return Ok(false);
+            return Ok(FromTfConfig::default());
         };
         // `{}` and the like: TensorFlow's "no cluster", so nothing to stand for.
         if crate::tf_config::declares_no_cluster(json) {
-            return Ok(false);
+            return Ok(FromTfConfig::default());
         }
         let wrap = |error| ConfigError::TfConfig {
             value: json.chars().take(1000).collect(),
@@ -42,7 +52,17 @@ impl Vars {
                 self.map.insert(var, value);
             }
         }
-        Ok(hosts)
+        let task = tf.role().ok().map(|role| {
+            let task = TfTask {
+                job: tf.task_type.clone(),
+                index: tf.task_index,
+            };
+            (role, task)
+        });
+        Ok(FromTfConfig {
+            hosts_scheduler: hosts,
+            task,
+        })
     }
 
     /// The endpoint map named by `VANS_ENDPOINT_MAP`, if set.
@@ -98,6 +118,32 @@ mod tests {
     }
 
     #[test]
+    fn the_task_is_the_nodes_when_its_role_is_the_tasks() {
+        let task = |job: &str, index| {
+            Some(TfTask {
+                job: job.into(),
+                index,
+            })
+        };
+        let c = from_tf(&tf_config("chief", 0, ""), &[]).unwrap();
+        assert_eq!(c.tf_task, task("chief", 0));
+        let c = from_tf(&tf_config("worker", 1, ""), &[]).unwrap();
+        assert_eq!(c.tf_task, task("worker", 1));
+        let c = from_tf(&tf_config("ps", 0, ""), &[]).unwrap();
+        assert_eq!(c.tf_task, task("ps", 0));
+        // The chief's TF_CONFIG with an explicit scheduler role: the process is no task.
+        let c = from_tf(&tf_config("chief", 0, ""), &[("DMLC_ROLE", "scheduler")]).unwrap();
+        assert_eq!((c.role, c.tf_task), (Some(Role::Scheduler), None));
+        // A server started with a worker's TF_CONFIG is not that worker.
+        let c = from_tf(&tf_config("worker", 1, ""), &[("DMLC_ROLE", "server")]).unwrap();
+        assert_eq!(c.tf_task, None);
+        assert_eq!(
+            Config::from_vars([("TF_CONFIG", "{}")]).unwrap().tf_task,
+            None
+        );
+    }
+
+    #[test]
     fn a_sparse_worker_job_needs_the_worker_count() {
         let json = r#"{"cluster": {"chief": ["c:2222"], "ps": ["p:2222"],
                        "worker": {"2": "w2:2222"}}, "task": {"type": "worker", "index": 2}}"#;
@@ -125,7 +171,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        let expected = Config::builder()
+        let mut expected = Config::builder()
             .role(Role::Worker)
             .num_workers(3)
             .num_servers(1)
@@ -135,6 +181,10 @@ mod tests {
             .enable_rdma(RdmaMode::Ibverbs)
             .build()
             .unwrap();
+        expected.tf_task = Some(TfTask {
+            job: "worker".into(),
+            index: 1,
+        });
         assert_eq!(c, expected);
         assert!(!c.hosts_scheduler);
 

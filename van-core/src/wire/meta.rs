@@ -4,7 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::WireError;
 use crate::message::{
-    Command, Control, DataType, Endpoint, Meta, Node, NodeId, Role, Seq, VanKind,
+    Command, Control, DataType, Endpoint, Meta, Node, NodeId, Role, Seq, TfTask, VanKind,
 };
 
 /// ps-lite's `Meta::kEmpty`: the wire value of an absent node id.
@@ -19,9 +19,9 @@ const FLAG_SEQ: u8 = 1 << 5;
 const KNOWN_FLAGS: u8 =
     FLAG_REQUEST | FLAG_PUSH | FLAG_PULL | FLAG_SIMPLE_APP | FLAG_CONTROL | FLAG_SEQ;
 
-/// Smallest encoded node (role, id, two empty strings, port, recovery, incarnation, no
-/// endpoints), used to bound a node count by the bytes present before allocating.
-const MIN_NODE_LEN: usize = 1 + 4 + 2 + 2 + 2 + 1 + 8 + 2;
+/// Smallest encoded node (role, id, two empty strings, port, recovery, incarnation, no task,
+/// no endpoints), used to bound a node count by the bytes present before allocating.
+const MIN_NODE_LEN: usize = 1 + 4 + 2 + 2 + 2 + 1 + 8 + 2 + 4 + 2;
 
 fn node_id_to_wire(id: Option<NodeId>, field: &'static str) -> Result<i32, WireError> {
     match id {
@@ -119,6 +119,22 @@ fn encode_node(node: &Node, out: &mut BytesMut) -> Result<(), WireError> {
     put_short_str(out, &node.host_identity, "node host identity")?;
     out.put_u8(u8::from(node.is_recovery));
     out.put_u64_le(node.incarnation);
+    match &node.task {
+        Some(task) if task.job.is_empty() => {
+            return Err(WireError::Unencodable {
+                field: "node task",
+                reason: "a task's job name is empty (the wire's \"no task\")",
+            })
+        }
+        Some(task) => {
+            put_short_str(out, &task.job, "node task job")?;
+            out.put_u32_le(task.index);
+        }
+        None => {
+            out.put_u16_le(0);
+            out.put_u32_le(0);
+        }
+    }
     out.put_u16_le(len_u16(node.endpoints.len(), "endpoint count")?);
     for endpoint in &node.endpoints {
         out.put_u8(endpoint.kind.to_wire());
@@ -285,6 +301,9 @@ fn decode_node(r: &mut Reader) -> Result<Node, WireError> {
         }
     };
     let incarnation = r.u64("node incarnation")?;
+    let job = r.short_str("node task job")?;
+    let index = r.u32("node task index")?;
+    let task = (!job.is_empty()).then_some(TfTask { job, index });
     let count = usize::from(r.u16("endpoint count")?);
     let mut endpoints = Vec::with_capacity(count.min(r.bytes.len() - r.pos) / 3);
     for _ in 0..count {
@@ -301,5 +320,6 @@ fn decode_node(r: &mut Reader) -> Result<Node, WireError> {
         endpoints,
         is_recovery,
         incarnation,
+        task,
     })
 }

@@ -52,7 +52,8 @@
 //!
 //! A node is: role u8 (0 scheduler, 1 server, 2 worker), id i32 (`i32::MAX` = none), host
 //! (u16 length + UTF-8), port u16, host identity (u16 length + UTF-8), is_recovery u8 (0/1),
-//! incarnation u64, then u16 endpoint count and per endpoint a van kind u8 (0 in-process, 1 tcp, 2 uring,
+//! incarnation u64, TensorFlow task (job: u16 length + UTF-8, empty = none; index u32), then
+//! u16 endpoint count and per endpoint a van kind u8 (0 in-process, 1 tcp, 2 uring,
 //! 3 rdma, 4 ipc) and an address (u16 length + UTF-8). The meta must be consumed exactly.
 //! Padding bytes are written as zeros and ignored when decoding.
 //!

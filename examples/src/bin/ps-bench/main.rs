@@ -34,6 +34,7 @@
 
 mod node;
 mod options;
+mod tf_tasks;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

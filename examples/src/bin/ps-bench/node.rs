@@ -120,6 +120,9 @@ async fn check(
             po.num_workers()
         ),
     );
+    for line in crate::tf_tasks::check(po).await? {
+        say(o, &line);
+    }
     let mut routes = Vec::new();
     for server_rank in 0..po.num_servers() {
         let server = node_ids::server_rank_to_id(server_rank);
