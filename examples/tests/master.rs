@@ -158,7 +158,7 @@ fn failures_stops_and_refusals() {
     assert!((400..500).contains(&code), "{code}");
     let (code, _) = master.get("GET", "/jobs/99", None);
     assert_eq!(code, 404);
-    // --image is for Kubernetes.
+    // --image is for the Kubernetes backend: this master refuses it.
     let image = master.submit(&[
         "--strategy",
         "AllReduce",
@@ -172,5 +172,9 @@ fn failures_stops_and_refusals() {
         "allreduce",
     ]);
     assert_eq!(image.status.code(), Some(2));
-    assert!(common::text(&image).contains("images run on Kubernetes"));
+    let text = common::text(&image);
+    assert!(
+        text.contains("(400)") && text.contains("images run on the kubernetes backend"),
+        "{text}"
+    );
 }

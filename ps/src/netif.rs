@@ -141,6 +141,43 @@ pub async fn route_to(host: &str, port: u16) -> Result<(Ipv4Addr, Option<String>
 /// The address this node announces: `DMLC_NODE_HOST`, else the IPv4 address of
 /// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback, else the address
 /// routing picks to reach the scheduler (as ps-lite does without `DMLC_INTERFACE`).
+/// How often a host name that does not resolve yet is looked up again.
+const RESOLVE_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Waits until `host` resolves, for at most `within`; returns whether it does. An IP
+/// address resolves at once. On Kubernetes a pod's own DNS name (its service's record, or
+/// `hostname.subdomain`) appears only after the pod started, so a process that binds or
+/// routes by that name right at start must wait for it; the wait is logged once.
+pub async fn wait_resolvable(host: &str, within: std::time::Duration) -> bool {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let deadline = tokio::time::Instant::now() + within;
+    let mut logged = false;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let error = match tokio::time::timeout(left, tokio::net::lookup_host((host, 0))).await {
+            Ok(Ok(addrs)) => match addrs.count() {
+                0 => "no address".to_owned(),
+                _ => return true,
+            },
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "the lookup took too long".to_owned(),
+        };
+        if tokio::time::Instant::now() + RESOLVE_RETRY > deadline {
+            return false;
+        }
+        if !logged {
+            tracing::warn!(
+                "{host} does not resolve yet ({error}); looking it up again for up to {within:?} \
+                 (a Kubernetes pod's DNS name appears once the pod is up)"
+            );
+            logged = true;
+        }
+        tokio::time::sleep(RESOLVE_RETRY).await;
+    }
+}
+
 pub(crate) async fn announced_host(config: &van_core::Config) -> crate::Result<String> {
     if let Some(host) = &config.node_host {
         return Ok(host.clone());
@@ -158,6 +195,7 @@ pub(crate) async fn announced_host(config: &van_core::Config) -> crate::Result<S
                 crate::PsError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))
             }),
         None => {
+            wait_resolvable(&config.root_uri, config.bootstrap_timeout).await;
             let (ip, interface) =
                 route_to(&config.root_uri, config.root_port)
                     .await
@@ -305,6 +343,21 @@ mod tests {
         assert!(
             text.contains("no-such-if0") && text.contains("lo"),
             "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_waited_for_then_given_up() {
+        use std::time::{Duration, Instant};
+        assert!(wait_resolvable("127.0.0.1", Duration::ZERO).await);
+        assert!(wait_resolvable("localhost", Duration::from_secs(5)).await);
+        let start = Instant::now();
+        let within = Duration::from_millis(800);
+        assert!(!wait_resolvable("no-such-host.invalid", within).await);
+        let waited = start.elapsed();
+        assert!(
+            waited >= within - RESOLVE_RETRY && waited < within + Duration::from_secs(5),
+            "waited {waited:?} for {within:?}"
         );
     }
 }

@@ -8,8 +8,13 @@
 //!
 //! It prints each change of the job's and its tasks' states, then, when the job failed, the
 //! end of each failed task's log; exits 0 when every task exited 0. `--image` names a
-//! container image, which only a Kubernetes master could run: this master's backends run
-//! commands, so it is refused with that reason.
+//! container image for a master with the Kubernetes backend (the command after `--` then
+//! replaces the image's own, and may be left out); other backends refuse it.
+//!
+//! `--dry-run` (a build with the `kubernetes` feature) submits nothing: it prints the
+//! Kubernetes objects the job would be (a `List`, in JSON, which `kubectl apply -f -` takes),
+//! laid out as `--layout pods` (a headless service and a pod per task) or `tfjob` (a Kubeflow
+//! TFJob), for `--namespace` and `--kube-secret`; `--master` is then not needed.
 
 use std::time::Duration;
 
@@ -23,8 +28,8 @@ use examples::raw::BoxError;
 #[command(name = "vans-submit", version)]
 struct Options {
     /// The master: `http://host:port` or `host:port`.
-    #[arg(long)]
-    master: String,
+    #[arg(long, required_unless_present = "dry_run")]
+    master: Option<String>,
     /// ParameterServer or AllReduce.
     #[arg(long, value_parser = ["ParameterServer", "AllReduce"])]
     strategy: String,
@@ -34,9 +39,21 @@ struct Options {
     /// Workers.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     worker_num: u32,
-    /// A container image to run (Kubernetes only; refused by these backends).
+    /// A container image to run (a master with the Kubernetes backend).
     #[arg(long)]
     image: Option<String>,
+    /// Print the job's Kubernetes objects instead of submitting it.
+    #[arg(long)]
+    dry_run: bool,
+    /// With --dry-run: the namespace of the objects.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// With --dry-run: `pods` or `tfjob`.
+    #[arg(long, default_value = "pods", value_parser = ["pods", "tfjob"])]
+    layout: String,
+    /// With --dry-run: a Secret (key `secret`) with the cluster secret.
+    #[arg(long)]
+    kube_secret: Option<String>,
     /// The name of this task.
     #[arg(long)]
     task: String,
@@ -72,13 +89,6 @@ async fn main() {
 }
 
 async fn submit(o: Options) -> Result<bool, BoxError> {
-    if let Some(image) = &o.image {
-        return Err(format!(
-            "--image {image}: images run on Kubernetes, which this master's backends (local, \
-             slurm) are not; pass the command after `--` instead"
-        )
-        .into());
-    }
     let mut env = std::collections::BTreeMap::new();
     for pair in &o.env {
         let (k, v) = pair
@@ -96,10 +106,15 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
         ps_num: o.ps_num,
         worker_num: o.worker_num,
         command: o.command.clone(),
+        image: o.image.clone(),
         env,
     };
     spec.check()?;
-    let addr = address(&o.master);
+    if o.dry_run {
+        dry_run(&o, &spec)?;
+        return Ok(true);
+    }
+    let addr = address(o.master.as_deref().unwrap_or_default());
     let (code, body) =
         request(&addr, "POST", "/jobs", Some(&serde_json::to_string(&spec)?)).await?;
     if code != 201 {
@@ -156,6 +171,35 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
         }
     }
     Ok(status.state == State::Succeeded)
+}
+
+/// Prints the job's Kubernetes objects as a `List`.
+#[cfg(feature = "kubernetes")]
+fn dry_run(o: &Options, spec: &JobSpec) -> Result<(), BoxError> {
+    use examples::master::kubernetes::KubeJob;
+    let job = KubeJob {
+        id: 0,
+        spec,
+        namespace: o.namespace.clone(),
+        secret: o.kube_secret.clone(),
+        layout: o.layout.parse()?,
+    };
+    let list = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": job.objects()?,
+    });
+    println!("{}", serde_json::to_string_pretty(&list)?);
+    Ok(())
+}
+
+/// Without the `kubernetes` feature there is nothing to print.
+#[cfg(not(feature = "kubernetes"))]
+fn dry_run(o: &Options, _: &JobSpec) -> Result<(), BoxError> {
+    let _ = (&o.namespace, &o.layout, &o.kube_secret);
+    Err("--dry-run needs a build with the `kubernetes` feature \
+         (cargo build --release -p examples --features kubernetes)"
+        .into())
 }
 
 /// One line: the job's state and its tasks' (counted by state).

@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod client;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 
 /// The training strategy of a job (ElasticDL's `--distribution_strategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,8 +35,12 @@ pub struct JobSpec {
     pub ps_num: u32,
     /// Workers (`--worker-num`).
     pub worker_num: u32,
-    /// The program and its arguments, run by every task.
+    /// The program and its arguments, run by every task (with an `image`, may be empty: the
+    /// image's own command).
     pub command: Vec<String>,
+    /// A container image the tasks run (`--image`; the Kubernetes backend only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Extra environment for every task.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -51,8 +57,12 @@ impl JobSpec {
 
     /// Why the master refuses this job, if it does.
     pub fn check(&self) -> Result<(), String> {
-        if self.command.is_empty() || self.command[0].is_empty() {
-            return Err("the job has no command".into());
+        let no_image = self.image.as_deref().is_none_or(|i| i.trim().is_empty());
+        if no_image && self.command.is_empty() {
+            return Err("the job has no command (and no image)".into());
+        }
+        if self.command.first().is_some_and(|c| c.is_empty()) {
+            return Err("the job's command is an empty program name".into());
         }
         if self.worker_num == 0 {
             return Err("worker_num must be at least 1".into());

@@ -15,6 +15,11 @@ pub(crate) struct Master {
 impl Master {
     /// Starts a master with `backend` and extra environment; waits until it answers.
     pub(crate) fn start(backend: &str, env: &[(&str, &str)]) -> Master {
+        Master::start_with(backend, &[], env)
+    }
+
+    /// [`Master::start`] with more arguments.
+    pub(crate) fn start_with(backend: &str, args: &[&str], env: &[(&str, &str)]) -> Master {
         let port = super::free_port();
         let jobs =
             std::env::temp_dir().join(format!("vans-master-test-{}-{port}", std::process::id()));
@@ -27,6 +32,7 @@ impl Master {
             "--jobs-dir",
         ])
         .arg(&jobs)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         for (k, v) in env {

@@ -202,8 +202,16 @@ impl Postoffice {
         let incarnation = crate::resend::new_incarnation();
         me.incarnation = incarnation;
         me.task = config.tf_task.clone().filter(|_| role != Role::Scheduler);
+        // A network van binds by name (the address announced is the name): wait for it to
+        // resolve. In-process vans take any name.
+        let networked = vans
+            .first()
+            .is_some_and(|van| van.kind() != VanKind::InProcess);
         let router = Router::new(vans, &config, me.clone(), incarnation);
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
+        if networked {
+            crate::netif::wait_resolvable(&host, config.bootstrap_timeout).await;
+        }
         let endpoints = router.bind(&host, port, inbox_tx).await?;
         me.port = endpoints.first().map_or(port, endpoint_port);
         me.endpoints = endpoints;

@@ -14,8 +14,12 @@
 //! Backends: `local` starts the tasks as processes on this machine (each with `DMLC_*`,
 //! `NUM_WORKERS` and a `TF_CONFIG` naming its task); `slurm` submits one batch job whose
 //! `srun` tasks take their roles from their Slurm ranks (`sbatch`, `scontrol`, `scancel` on
-//! the PATH, `SLURM_CONF` as for any Slurm client).
+//! the PATH, `SLURM_CONF` as for any Slurm client); `kubernetes` (feature `kubernetes`)
+//! creates a headless service and a pod per task, or a Kubeflow `TFJob` (`--layout tfjob`),
+//! through the API, for jobs that name an `--image`.
 
+#[cfg(feature = "kubernetes")]
+mod kube;
 mod local;
 mod slurm;
 
@@ -42,12 +46,23 @@ struct Options {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
-    /// How jobs are started: local (processes on this machine) or slurm.
-    #[arg(long, default_value = "local", value_parser = ["local", "slurm"])]
+    /// How jobs are started: local (processes on this machine), slurm, or kubernetes (a
+    /// build with the `kubernetes` feature).
+    #[arg(long, default_value = "local", value_parser = ["local", "slurm", "kubernetes"])]
     backend: String,
     /// Where each job's files (logs, batch script) go.
     #[arg(long)]
     jobs_dir: Option<PathBuf>,
+    /// Kubernetes: the namespace of the jobs' objects (default: the configuration's).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Kubernetes: `pods` (a headless service and a pod per task; no operator needed) or
+    /// `tfjob` (a Kubeflow TFJob; the training operator must be installed).
+    #[arg(long, default_value = "pods", value_parser = ["pods", "tfjob"])]
+    layout: String,
+    /// Kubernetes: a Secret (key `secret`) with the cluster secret, mounted into every pod.
+    #[arg(long)]
+    kube_secret: Option<String>,
 }
 
 /// A job the master knows: its status and how to stop it.
@@ -79,6 +94,8 @@ impl Jobs {
 struct App {
     jobs: Jobs,
     backend: String,
+    #[cfg(feature = "kubernetes")]
+    kube: Option<kube::Kube>,
     jobs_dir: PathBuf,
     next: Mutex<u64>,
 }
@@ -90,6 +107,18 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Response {
     if let Err(e) = spec.check() {
         return error(StatusCode::BAD_REQUEST, e);
+    }
+    if app.backend != "kubernetes" {
+        if let Some(image) = &spec.image {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "image {image}: images run on the kubernetes backend; this master's {} \
+                     backend runs commands (give the command instead)",
+                    app.backend
+                ),
+            );
+        }
     }
     let id = {
         let mut next = app.next.lock().unwrap_or_else(|e| e.into_inner());
@@ -134,6 +163,11 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
         );
     let started = match app.backend.as_str() {
         "slurm" => slurm::start(app.jobs.clone(), id, &status.spec, &dir).await,
+        #[cfg(feature = "kubernetes")]
+        "kubernetes" => match &app.kube {
+            Some(kube) => kube.start(app.jobs.clone(), id, &status.spec, &dir).await,
+            None => Err("the kubernetes backend is not connected".into()),
+        },
         _ => local::start(app.jobs.clone(), id, &status.spec, &dir),
     };
     if let Err(e) = started {
@@ -228,10 +262,38 @@ async fn serve(o: Options) -> Result<(), BoxError> {
     };
     std::fs::create_dir_all(&jobs_dir)
         .map_err(|e| format!("cannot create {}: {e}", jobs_dir.display()))?;
+    #[cfg(feature = "kubernetes")]
+    let kube = match o.backend.as_str() {
+        "kubernetes" => {
+            let layout = o
+                .layout
+                .parse()
+                .map_err(|e: String| format!("--layout {e}"))?;
+            let kube =
+                kube::Kube::connect(o.namespace.clone(), layout, o.kube_secret.clone()).await?;
+            eprintln!(
+                "vans-master: Kubernetes namespace {}, layout {}",
+                kube.namespace, o.layout
+            );
+            Some(kube)
+        }
+        _ => None,
+    };
+    #[cfg(not(feature = "kubernetes"))]
+    if o.backend == "kubernetes" {
+        let _ = (&o.namespace, &o.layout, &o.kube_secret);
+        return Err(
+            "the kubernetes backend needs a build with the `kubernetes` feature \
+                    (cargo build --release -p examples --features kubernetes)"
+                .into(),
+        );
+    }
     let app = Arc::new(App {
         jobs: Jobs {
             inner: Arc::default(),
         },
+        #[cfg(feature = "kubernetes")]
+        kube,
         backend: o.backend.clone(),
         jobs_dir: jobs_dir.clone(),
         next: Mutex::new(0),
