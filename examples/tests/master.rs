@@ -178,3 +178,85 @@ fn failures_stops_and_refusals() {
         "{text}"
     );
 }
+
+/// Polls job `id` until `done` holds of its status (within a minute); returns that status.
+fn until(
+    master: &Master,
+    id: u64,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let started = std::time::Instant::now();
+    loop {
+        let status = job(master, id);
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "job {id}: no {what}: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_elastic_job_starts_a_killed_worker_again_and_finishes() {
+    let master = Master::start("local", &[]);
+    let spec = serde_json::json!({
+        "name": "elastic", "strategy": "AllReduce", "ps_num": 0, "worker_num": 3,
+        "elastic": true, "max_restarts": 2,
+        "command": [ALLREDUCE_BENCH, "node", "elastic", "--steps", "300", "--len", "2000",
+                    "--step-ms", "30"],
+        "env": {"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10"},
+    });
+    let (code, body) = master.get("POST", "/jobs", Some(&spec.to_string()));
+    assert_eq!(code, 201, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let worker = |status: &serde_json::Value, name: &str| {
+        status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    let running = until(&master, id, "running tasks", |s| s["state"] == "running");
+    let pid = worker(&running, "worker-1")["pid"].as_u64().unwrap();
+    // Mid-run (the loop takes about 10 s): kill -9 a worker.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    common::signal(u32::try_from(pid).unwrap(), "KILL");
+    let status = until(&master, id, "end", |s| {
+        ["succeeded", "failed", "stopped"].contains(&s["state"].as_str().unwrap_or(""))
+    });
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let restarted = worker(&status, "worker-1");
+    assert_eq!(restarted["restarts"], 1, "{restarted}");
+    assert_ne!(restarted["pid"].as_u64(), Some(pid), "a new process");
+    for (name, restarts) in [("worker-0", 0), ("worker-2", 0)] {
+        assert_eq!(worker(&status, name)["restarts"], restarts);
+    }
+    let log = |task: &str| {
+        master
+            .get("GET", &format!("/jobs/{id}/logs/{task}"), None)
+            .1
+    };
+    let survivor = log("worker-0");
+    assert!(survivor.contains("elastic ok: 300 steps"), "{survivor}");
+    assert!(
+        survivor
+            .lines()
+            .any(|l| l.contains("of generation 1 failed")),
+        "the survivor saw the failure named:\n{survivor}"
+    );
+    let replaced = log("worker-1");
+    assert!(
+        replaced.contains("vans-master: worker-1 exited with signal: 9")
+            && replaced.contains("starting it again (restart 1 of 2)")
+            && replaced.contains("elastic ok: 300 steps"),
+        "{replaced}"
+    );
+}

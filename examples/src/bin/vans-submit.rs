@@ -57,6 +57,12 @@ struct Options {
     /// The name of this task.
     #[arg(long)]
     task: String,
+    /// Elastic: a worker that fails is started again in its place (local backend).
+    #[arg(long)]
+    elastic: bool,
+    /// With --elastic: how often each worker may be started again.
+    #[arg(long, default_value_t = examples::master::DEFAULT_MAX_RESTARTS)]
+    max_restarts: u32,
     /// Extra environment for every task, `NAME=VALUE` (repeatable).
     #[arg(long = "env", value_name = "NAME=VALUE")]
     env: Vec<String>,
@@ -108,6 +114,8 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
         command: o.command.clone(),
         image: o.image.clone(),
         env,
+        elastic: o.elastic,
+        max_restarts: o.max_restarts,
     };
     spec.check()?;
     if o.dry_run {
@@ -215,8 +223,13 @@ fn summary(status: &JobStatus) -> String {
         .iter()
         .map(|(s, n)| format!("{n} {}", format!("{s:?}").to_lowercase()))
         .collect();
+    let restarts: u32 = status.tasks.iter().map(|t| t.restarts).sum();
+    let restarted = match restarts {
+        0 => String::new(),
+        n => format!("; {n} worker restarts"),
+    };
     format!(
-        "job {}: {} (tasks: {})",
+        "job {}: {} (tasks: {}{restarted})",
         status.id,
         format!("{:?}", status.state).to_lowercase(),
         tasks.join(", ")

@@ -44,6 +44,22 @@ pub struct JobSpec {
     /// Extra environment for every task.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// An elastic job (`--elastic`): a worker that fails is started again in its place, up
+    /// to `max_restarts` times each, and rejoins by recovery; the program must cope (an
+    /// all-reduce job settles into a new generation, a parameter-server worker should check
+    /// `Postoffice::is_recovery`). The local backend only.
+    #[serde(default)]
+    pub elastic: bool,
+    /// How often an elastic job's worker may be started again (`--max-restarts`).
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+}
+
+/// [`JobSpec::max_restarts`] when not given.
+pub const DEFAULT_MAX_RESTARTS: u32 = 3;
+
+fn default_max_restarts() -> u32 {
+    DEFAULT_MAX_RESTARTS
 }
 
 impl JobSpec {
@@ -136,6 +152,12 @@ pub struct TaskStatus {
     pub state: State,
     /// Its exit code, once known.
     pub exit_code: Option<i32>,
+    /// How often it was started again (elastic jobs).
+    #[serde(default)]
+    pub restarts: u32,
+    /// Its process id on the master's machine (local backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 /// A job's status (`GET /jobs/{id}`).

@@ -1,9 +1,10 @@
 //! The local backend: a job's tasks as processes on this machine, on loopback. Each task
 //! gets `DMLC_*` (its role, the cluster's size, the scheduler's address and its own port),
 //! `NUM_WORKERS`, and, servers and workers, a `TF_CONFIG` naming its task; its output goes to
-//! `<task>.log` in the job's folder. The first task to fail stops the others.
+//! `<task>.log` in the job's folder. The first task to fail stops the others, except a
+//! worker of an elastic job, which is started again in its place (up to `max_restarts`
+//! times; the new process rejoins by the parameter server's recovery).
 
-use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -62,32 +63,64 @@ fn environments(spec: &JobSpec) -> Vec<(String, Vec<(String, String)>)> {
         .collect()
 }
 
+/// A running task: its name and role, how to start it again, and its process.
+struct Task {
+    name: String,
+    role: &'static str,
+    env: Vec<(String, String)>,
+    child: Child,
+    /// How often it was started again (elastic jobs).
+    restarts: u32,
+}
+
+/// Starts `spec`'s command as task `name` with `env`, its output to `<name>.log` in `dir`
+/// (appended to when `append`: a restarted task keeps its earlier output).
+fn spawn(
+    spec: &JobSpec,
+    dir: &Path,
+    name: &str,
+    env: &[(String, String)],
+    append: bool,
+) -> Result<Child, String> {
+    let program = spec.command.first().ok_or("the job has no command")?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(append)
+        .write(true)
+        .truncate(!append)
+        .open(dir.join(format!("{name}.log")))
+        .and_then(|log| Ok((log.try_clone()?, log)))
+        .map_err(|e| format!("cannot create the log of {name}: {e}"))?;
+    Command::new(program)
+        .args(&spec.command[1..])
+        .envs(env.iter().cloned())
+        .stdin(Stdio::null())
+        .stdout(log.0)
+        .stderr(log.1)
+        .current_dir(dir)
+        // Its own process group: stopping the task stops what it started.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot start {program:?} for {name}: {e}"))
+}
+
 /// Starts job `id`'s tasks and a thread that follows them.
 pub(crate) fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Result<(), BoxError> {
-    let mut children: Vec<(String, Child)> = Vec::new();
-    for (name, env) in environments(spec) {
-        let spawned = File::create(dir.join(format!("{name}.log")))
-            .and_then(|log| Ok((log.try_clone()?, log)))
-            .map_err(|e| format!("cannot create the log of {name}: {e}"))
-            .and_then(|(out, err)| {
-                Command::new(&spec.command[0])
-                    .args(&spec.command[1..])
-                    .envs(env)
-                    .stdin(Stdio::null())
-                    .stdout(out)
-                    .stderr(err)
-                    .current_dir(dir)
-                    // Its own process group: stopping the task stops what it started.
-                    .process_group(0)
-                    .spawn()
-                    .map_err(|e| format!("cannot start {:?} for {name}: {e}", spec.command[0]))
-            });
-        match spawned {
-            Ok(child) => children.push((name, child)),
+    let roles: Vec<&'static str> = spec.tasks().into_iter().map(|(_, role, _)| role).collect();
+    let mut tasks: Vec<Task> = Vec::new();
+    for ((name, env), role) in environments(spec).into_iter().zip(roles) {
+        match spawn(spec, dir, &name, &env, false) {
+            Ok(child) => tasks.push(Task {
+                name,
+                role,
+                env,
+                child,
+                restarts: 0,
+            }),
             Err(e) => {
-                for (_, child) in &mut children {
-                    kill_group(child);
-                    let _ = child.wait();
+                for task in &mut tasks {
+                    kill_group(&mut task.child);
+                    let _ = task.child.wait();
                 }
                 return Err(e.into());
             }
@@ -102,30 +135,42 @@ pub(crate) fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Result<(
             return;
         }
         job.status.state = State::Running;
-        for task in &mut job.status.tasks {
-            task.state = State::Running;
+        for (status, task) in job.status.tasks.iter_mut().zip(&tasks) {
+            status.state = State::Running;
+            status.pid = Some(task.child.id());
         }
         job.stop = Some(Box::new(move || stopper.store(true, Ordering::Release)));
     });
-    std::thread::spawn(move || follow(jobs, id, children, stop));
+    let spec = spec.clone();
+    let dir = dir.to_owned();
+    std::thread::spawn(move || follow(jobs, id, &spec, &dir, tasks, stop));
     Ok(())
 }
 
-/// Waits for the tasks, recording each exit; stops the rest on a failure or a stop request.
-fn follow(jobs: Jobs, id: u64, mut children: Vec<(String, Child)>, stop: Arc<AtomicBool>) {
-    let mut running = children.len();
+/// Waits for the tasks, recording each exit; in an elastic job, starts a failed worker again
+/// (up to `max_restarts` times each: the new process takes the dead one's place by
+/// recovery); stops the rest on any other failure or a stop request.
+fn follow(
+    jobs: Jobs,
+    id: u64,
+    spec: &JobSpec,
+    dir: &Path,
+    mut tasks: Vec<Task>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut running = tasks.len();
     let mut failed: Option<String> = None;
     let mut killed = false;
     while running > 0 {
         let stopping = stop.load(Ordering::Acquire);
         if (stopping || failed.is_some()) && !killed {
-            for (_, child) in &mut children {
-                kill_group(child);
+            for task in &mut tasks {
+                kill_group(&mut task.child);
             }
             killed = true;
         }
-        for (name, child) in &mut children {
-            let status = match child.try_wait() {
+        for task in &mut tasks {
+            let status = match task.child.try_wait() {
                 Ok(Some(status)) => Some(status),
                 Ok(None) => continue,
                 // Cannot be waited for (already reaped elsewhere): counted as failed.
@@ -133,17 +178,48 @@ fn follow(jobs: Jobs, id: u64, mut children: Vec<(String, Child)>, stop: Arc<Ato
             };
             let success = status.is_some_and(|s| s.success());
             let described = status.map_or("an unknown status".to_owned(), |s| s.to_string());
+            let name = task.name.clone();
+            let restart = !success
+                && !killed
+                && failed.is_none()
+                && spec.elastic
+                && task.role == "worker"
+                && task.restarts < spec.max_restarts;
+            if restart {
+                task.restarts += 1;
+                let note = format!(
+                    "vans-master: {name} exited with {described}; starting it again (restart {} \
+                     of {})\n",
+                    task.restarts, spec.max_restarts
+                );
+                let _ = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(dir.join(format!("{name}.log")))
+                    .and_then(|mut log| std::io::Write::write_all(&mut log, note.as_bytes()));
+                match spawn(spec, dir, &name, &task.env, true) {
+                    Ok(child) => {
+                        task.child = child;
+                        let (pid, restarts) = (task.child.id(), task.restarts);
+                        jobs.update(id, |job| {
+                            if let Some(t) = job.status.tasks.iter_mut().find(|t| t.name == name) {
+                                (t.pid, t.restarts) = (Some(pid), restarts);
+                            }
+                        });
+                        continue;
+                    }
+                    Err(e) => failed = Some(format!("task {name} could not be restarted: {e}")),
+                }
+            }
             // Reported once: a reaped child's try_wait keeps returning its status.
-            let name = name.clone();
             let mut first = false;
             jobs.update(id, |job| {
-                if let Some(task) = job.status.tasks.iter_mut().find(|t| t.name == name) {
-                    if task.state.is_final() {
+                if let Some(t) = job.status.tasks.iter_mut().find(|t| t.name == name) {
+                    if t.state.is_final() {
                         return;
                     }
                     first = true;
-                    task.exit_code = status.and_then(|s| s.code());
-                    task.state = match (success, killed) {
+                    t.exit_code = status.and_then(|s| s.code());
+                    t.state = match (success, killed) {
                         (true, _) => State::Succeeded,
                         (false, true) => State::Stopped,
                         (false, false) => State::Failed,

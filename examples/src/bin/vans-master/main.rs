@@ -108,6 +108,16 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
     if let Err(e) = spec.check() {
         return error(StatusCode::BAD_REQUEST, e);
     }
+    if spec.elastic && app.backend != "local" {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "elastic jobs (workers started again when they fail) run on the local \
+                 backend; this master's is {}",
+                app.backend
+            ),
+        );
+    }
     if app.backend != "kubernetes" {
         if let Some(image) = &spec.image {
             return error(
@@ -144,6 +154,8 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
                 role: role.into(),
                 state: JobState::Pending,
                 exit_code: None,
+                restarts: 0,
+                pid: None,
             })
             .collect(),
         error: None,
