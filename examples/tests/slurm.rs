@@ -311,4 +311,60 @@ fn vans_master_runs_submitted_jobs_on_slurm() {
     let text = common::text(&bad);
     assert_eq!(bad.status.code(), Some(1), "{text}");
     assert!(text.contains("failed"), "{text}");
+    // Only one task fails: it is named with its own exit code, the others were stopped.
+    let one = master.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--ps-num",
+        "1",
+        "--worker-num",
+        "1",
+        "--task",
+        "one",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$SLURM_PROCID\" = 2 ]; then exit 5; fi; sleep 30",
+    ]);
+    let text = common::text(&one);
+    assert_eq!(one.status.code(), Some(1), "{text}");
+    let (_, body) = master.get("GET", "/jobs/4", None);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let tasks: Vec<(String, String, Option<i64>)> = status["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_owned(),
+                t["state"].as_str().unwrap().to_owned(),
+                t["exit_code"].as_i64(),
+            )
+        })
+        .collect();
+    let states: Vec<(String, String)> = tasks
+        .iter()
+        .map(|(n, s, _)| (n.clone(), s.clone()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("scheduler".to_owned(), "stopped".to_owned()),
+            ("server-0".to_owned(), "stopped".to_owned()),
+            ("worker-0".to_owned(), "failed".to_owned()),
+        ],
+        "{body}"
+    );
+    // The others were stopped by srun (SIGTERM, or SIGKILL after its grace period), or
+    // before they could write their code.
+    for (name, _, code) in &tasks[..2] {
+        assert!(matches!(code, None | Some(137 | 143)), "{name}: {body}");
+    }
+    assert_eq!(tasks[2].2, Some(5), "{body}");
+    assert!(
+        status["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("task worker-0 exited with 5")),
+        "{body}"
+    );
 }

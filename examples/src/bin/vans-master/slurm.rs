@@ -1,8 +1,9 @@
 //! The Slurm backend: one batch job per vans job. The batch script exports the cluster's
 //! size and the scheduler's port and runs every task with `srun`; each task takes its role
 //! from its Slurm rank (rank 0 the scheduler, then the servers, then the workers, as the
-//! README's "Roles from Slurm, MPI and PyTorch launchers" says) and writes `<task>.log`. The
-//! master follows the job with `scontrol` and stops it with `scancel`.
+//! README's "Roles from Slurm, MPI and PyTorch launchers" says) and writes `<task>.log`; a
+//! small shell wrapper records each task's exit code in `rank-N.exit`. The master follows
+//! the job with `scontrol` and stops it with `scancel`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -17,6 +18,16 @@ use crate::Jobs;
 fn quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
+
+/// Runs the task's command (`$2…`) and writes its exit code to `$1/rank-<Slurm rank>.exit`;
+/// a task killed before it ends (srun's `--kill-on-bad-exit`, `scancel`) writes none.
+const EXIT_WRAPPER: &str =
+    r#"d=$1; shift; "$@"; c=$?; echo "$c" > "$d/rank-$SLURM_PROCID.exit"; exit "$c""#;
+
+/// The shell's exit code of a task ended by SIGTERM (128 + 15) and by SIGKILL (128 + 9).
+const STOPPED_BY_TERM: i32 = 143;
+/// See [`STOPPED_BY_TERM`].
+const STOPPED_BY_KILL: i32 = 137;
 
 /// The batch script of `spec`, with its output in `dir`.
 fn script(spec: &JobSpec, dir: &Path, tasks: usize) -> String {
@@ -41,8 +52,10 @@ fn script(spec: &JobSpec, dir: &Path, tasks: usize) -> String {
     }
     // One log per task, by Slurm rank (renamed to task names by the master).
     s += &format!(
-        "exec srun --kill-on-bad-exit=1 --output={} {}\n",
+        "exec srun --kill-on-bad-exit=1 --output={} /bin/sh -c {} vans-task {} {}\n",
         quote(&dir.join("rank-%t.log").display().to_string()),
+        quote(EXIT_WRAPPER),
+        quote(&dir.display().to_string()),
         spec.command
             .iter()
             .map(|w| quote(w))
@@ -166,21 +179,48 @@ async fn follow(
             _ => State::Running,
         };
         link_logs();
+        // Each task's own exit code, once it wrote one.
+        let codes: Vec<Option<i32>> = (0..names.len())
+            .map(|rank| {
+                std::fs::read_to_string(dir.join(format!("rank-{rank}.exit")))
+                    .ok()
+                    .and_then(|c| c.trim().parse().ok())
+            })
+            .collect();
         let mut done = false;
         jobs.update(id, |job| {
             if job.status.state == State::Stopped && !state.is_final() {
                 return; // asked to stop; scancel is on its way
             }
             job.status.state = state;
-            for task in &mut job.status.tasks {
-                task.state = state;
-                if state.is_final() {
-                    task.exit_code = exit.split(':').next().and_then(|c| c.parse().ok());
-                }
+            for (task, code) in job.status.tasks.iter_mut().zip(&codes) {
+                (task.state, task.exit_code) = match code {
+                    Some(0) => (State::Succeeded, Some(0)),
+                    // Ended by SIGTERM or SIGKILL: srun stopping the step after another task
+                    // failed, or scancel.
+                    Some(c @ (STOPPED_BY_TERM | STOPPED_BY_KILL)) if state.is_final() => {
+                        (State::Stopped, Some(*c))
+                    }
+                    Some(c) => (State::Failed, Some(*c)),
+                    // Not ended, or killed before it could tell (by srun when another
+                    // task failed, or by scancel).
+                    None if state.is_final() && state != State::Succeeded => (State::Stopped, None),
+                    None => (state, None),
+                };
             }
             if state == State::Failed {
+                let first = job
+                    .status
+                    .tasks
+                    .iter()
+                    .find(|t| t.state == State::Failed)
+                    .map(|t| {
+                        let code = t.exit_code.map_or("?".to_owned(), |c| c.to_string());
+                        format!("task {} exited with {code}; ", t.name)
+                    })
+                    .unwrap_or_default();
                 job.status.error = Some(format!(
-                    "Slurm job {slurm_id} ended {slurm_state} (exit {exit}); see slurm.out and the task logs"
+                    "{first}Slurm job {slurm_id} ended {slurm_state} (exit {exit}); see slurm.out and the task logs"
                 ));
             }
             if state.is_final() {
