@@ -303,10 +303,24 @@ fn record(api: &Shared, object: &Value) {
     api.created.push(object.clone());
 }
 
+/// A service; a name already taken is refused with 409, as the API server does.
 async fn create_service(
     State(api): State<Shared>,
     Json(object): Json<Value>,
 ) -> (axum::http::StatusCode, Json<Value>) {
+    let name = object["metadata"]["name"].clone();
+    let taken = api
+        .lock()
+        .unwrap()
+        .created
+        .iter()
+        .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == name);
+    if taken {
+        let status = json!({"apiVersion": "v1", "kind": "Status", "metadata": {},
+            "status": "Failure", "reason": "AlreadyExists", "code": 409,
+            "message": format!("services {name} already exists")});
+        return (axum::http::StatusCode::CONFLICT, Json(status));
+    }
     record(&api, &object);
     (axum::http::StatusCode::CREATED, Json(object))
 }
@@ -390,7 +404,12 @@ async fn list_pods(State(api): State<Shared>, RawQuery(query): RawQuery) -> Json
         }
         *listed += 1;
         let fails = name.contains("fail") && name.ends_with("worker-1");
+        let stuck = name.contains("stuck") && name.ends_with("worker-0");
         let (phase, state) = match *listed {
+            _ if stuck => (
+                "Pending",
+                json!({"waiting": {"reason": "ImagePullBackOff"}}),
+            ),
             1 => (
                 "Pending",
                 json!({"waiting": {"reason": "ContainerCreating"}}),
@@ -404,7 +423,7 @@ async fn list_pods(State(api): State<Shared>, RawQuery(query): RawQuery) -> Json
             "kind": "Pod",
             "metadata": {"name": name, "labels": labels},
             "status": {"phase": phase, "containerStatuses": [{
-                "name": "c", "ready": false, "restartCount": 0, "image": "vans:latest",
+                "name": "vans", "ready": false, "restartCount": 0, "image": "vans:latest",
                 "imageID": "", "state": state,
             }]},
         }));
@@ -527,7 +546,11 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
     let (api, port, _runtime) = fake_api();
     let config = kubeconfig(port);
     let config = config.to_str().unwrap();
-    let master = Master::start("kubernetes", &[("KUBECONFIG", config)]);
+    let master = Master::start_with(
+        "kubernetes",
+        &["--instance", "t1"],
+        &[("KUBECONFIG", config)],
+    );
 
     // A job that succeeds: a service and a pod per task, each exiting 0, logs fetched.
     let status = run_job(&master, "good", 2);
@@ -547,7 +570,7 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
     );
     assert_eq!(
         (code, log.as_str()),
-        (200, "log of pod vans-good-1-worker-1\n")
+        (200, "log of pod vans-good-1-t1-worker-1\n")
     );
     {
         let api = api.lock().unwrap();
@@ -565,11 +588,11 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
         assert_eq!(
             made,
             [
-                ("Service", "vans-good-1"),
-                ("Pod", "vans-good-1-scheduler"),
-                ("Pod", "vans-good-1-server-0"),
-                ("Pod", "vans-good-1-worker-0"),
-                ("Pod", "vans-good-1-worker-1"),
+                ("Service", "vans-good-1-t1"),
+                ("Pod", "vans-good-1-t1-scheduler"),
+                ("Pod", "vans-good-1-t1-server-0"),
+                ("Pod", "vans-good-1-t1-worker-0"),
+                ("Pod", "vans-good-1-t1-worker-1"),
             ]
         );
         assert!(api
@@ -598,12 +621,54 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
     );
     let deleted = api.lock().unwrap().deleted.clone();
     assert!(
-        deleted.contains(&"pods?vans-job=vans-fail-2".to_owned()),
+        deleted.contains(&"pods?vans-job=vans-fail-2-t1".to_owned()),
         "{deleted:?}"
     );
     assert!(
-        deleted.contains(&"services/vans-fail-2".to_owned()),
+        deleted.contains(&"services/vans-fail-2-t1".to_owned()),
         "{deleted:?}"
+    );
+    // The logs of tasks that had not ended were saved before their pods went.
+    let (code, log) = master.get(
+        "GET",
+        &format!("/jobs/{}/logs/scheduler", status["id"]),
+        None,
+    );
+    assert_eq!(
+        (code, log.as_str()),
+        (200, "log of pod vans-fail-2-t1-scheduler\n")
+    );
+
+    // A task whose image never comes fails the job, named with the reason.
+    let status = run_job(&master, "stuck", 1);
+    assert_eq!(status["state"], "failed", "{status}");
+    let error = status["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("worker-0") && error.contains("ImagePullBackOff"),
+        "{error}"
+    );
+
+    // Another master with the same instance name (as one started again): its job 1 has the
+    // name of a job that exists; creating it fails, and nothing of the first is deleted.
+    let again = Master::start_with(
+        "kubernetes",
+        &["--instance", "t1"],
+        &[("KUBECONFIG", config)],
+    );
+    let before = api.lock().unwrap().deleted.len();
+    let spec = json!({"name": "good", "strategy": "ParameterServer", "ps_num": 1,
+                      "worker_num": 2, "command": ["true"], "image": "vans:latest"});
+    let (code, body) = again.get("POST", "/jobs", Some(&spec.to_string()));
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("cannot create service vans-good-1-t1"),
+        "{body}"
+    );
+    let deleted = api.lock().unwrap().deleted.clone();
+    assert_eq!(
+        deleted.len(),
+        before,
+        "deleted another job's objects: {deleted:?}"
     );
 
     // The image is required.
@@ -620,7 +685,7 @@ fn the_master_runs_a_tfjob_through_the_kubernetes_api() {
     let config = kubeconfig(port);
     let master = Master::start_with(
         "kubernetes",
-        &["--layout", "tfjob"],
+        &["--layout", "tfjob", "--instance", "t2"],
         &[("KUBECONFIG", config.to_str().unwrap())],
     );
     let status = run_job(&master, "tf", 3);
@@ -638,7 +703,7 @@ fn the_master_runs_a_tfjob_through_the_kubernetes_api() {
     );
     assert_eq!(
         (code, log.as_str()),
-        (200, "log of pod vans-tf-1-chief-0\n")
+        (200, "log of pod vans-tf-1-t2-chief-0\n")
     );
     let api = api.lock().unwrap();
     assert!(api.invalid.is_empty(), "{:?}", api.invalid);

@@ -138,9 +138,6 @@ pub async fn route_to(host: &str, port: u16) -> Result<(Ipv4Addr, Option<String>
     Ok((local, interface))
 }
 
-/// The address this node announces: `DMLC_NODE_HOST`, else the IPv4 address of
-/// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback, else the address
-/// routing picks to reach the scheduler (as ps-lite does without `DMLC_INTERFACE`).
 /// How often a host name that does not resolve yet is looked up again.
 const RESOLVE_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -178,7 +175,14 @@ pub async fn wait_resolvable(host: &str, within: std::time::Duration) -> bool {
     }
 }
 
-pub(crate) async fn announced_host(config: &van_core::Config) -> crate::Result<String> {
+/// The address this node announces: `DMLC_NODE_HOST`, else the IPv4 address of
+/// `DMLC_INTERFACE`, else loopback when the scheduler is on loopback, else the address
+/// routing picks to reach the scheduler (as ps-lite does without `DMLC_INTERFACE`).
+/// A scheduler name that does not resolve yet is looked up again for up to `within`.
+pub(crate) async fn announced_host(
+    config: &van_core::Config,
+    within: std::time::Duration,
+) -> crate::Result<String> {
     if let Some(host) = &config.node_host {
         return Ok(host.clone());
     }
@@ -195,7 +199,7 @@ pub(crate) async fn announced_host(config: &van_core::Config) -> crate::Result<S
                 crate::PsError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))
             }),
         None => {
-            wait_resolvable(&config.root_uri, config.bootstrap_timeout).await;
+            wait_resolvable(&config.root_uri, within).await;
             let (ip, interface) =
                 route_to(&config.root_uri, config.root_port)
                     .await

@@ -47,7 +47,10 @@ pub fn task_of_device(device: &str) -> Option<NodeId> {
 }
 
 /// The CPU device name of a node, in the form [`task_of_device`] reads back:
-/// `/job:worker/replica:0/task:1/device:CPU:0` for node 11.
+/// `/job:worker/replica:0/task:1/device:CPU:0` for node 11. These names count ranks: in a
+/// cluster whose nodes announce TensorFlow tasks (from `TF_CONFIG`), the manager's default
+/// resolver reads `/job:worker/task:N` as worker *task* N, so take names from
+/// [`device_in`] (or [`RendezvousMgr::device`](crate::RendezvousMgr::device)) there.
 ///
 /// ```
 /// use rendezvous::device::{cpu_device, task_of_device};
@@ -67,6 +70,39 @@ pub fn cpu_device(node: NodeId) -> Option<String> {
     };
     let rank = node_ids::id_to_rank(node);
     Some(format!("/job:{job}/replica:0/task:{rank}/device:CPU:0"))
+}
+
+/// The CPU device name of `node` in a cluster with node table `nodes`, as
+/// [`table_resolver`] reads it back: the name of its TensorFlow task when it announced one,
+/// else [`cpu_device`]'s.
+///
+/// ```
+/// use rendezvous::device::{device_in, table_resolver};
+/// use van_core::{Node, Role, TfTask};
+///
+/// let mut chief = Node::new(Role::Worker, "host", 2222).with_id(9);
+/// chief.task = Some(TfTask { job: "chief".into(), index: 0 });
+/// let mut worker = Node::new(Role::Worker, "host", 2223).with_id(11);
+/// worker.task = Some(TfTask { job: "worker".into(), index: 0 });
+/// let table = [chief, worker];
+/// assert_eq!(device_in(&table, 9).unwrap(), "/job:chief/replica:0/task:0/device:CPU:0");
+/// let resolve = table_resolver(&table);
+/// for node in [9, 11] {
+///     assert_eq!(resolve(&device_in(&table, node).unwrap()), Some(node));
+/// }
+/// ```
+pub fn device_in(nodes: &[Node], node: NodeId) -> Option<String> {
+    match nodes
+        .iter()
+        .find(|n| n.id == Some(node))
+        .and_then(|n| n.task.as_ref())
+    {
+        Some(task) => Some(format!(
+            "/job:{}/replica:0/task:{}/device:CPU:0",
+            task.job, task.index
+        )),
+        None => cpu_device(node),
+    }
 }
 
 /// The job and the task index a device name gives (`/job:J/…/task:T/…`), each if present.

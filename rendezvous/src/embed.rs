@@ -13,7 +13,7 @@ use bytes::Bytes;
 use ps::embed::{Call, NodeHandle};
 use ps::PsError;
 use van_core::rendezvous::{parse_key, Received};
-use van_core::Rendezvous;
+use van_core::{NodeId, Rendezvous};
 
 use crate::{Protocol, RendezvousMgr};
 
@@ -94,6 +94,11 @@ impl RendezvousHandle {
     /// The protocol this rendezvous speaks.
     pub fn protocol(&self) -> Protocol {
         self.mgr.protocol()
+    }
+
+    /// The CPU device name of `node` ([`RendezvousMgr::device`]).
+    pub fn device(&self, node: NodeId) -> Option<String> {
+        self.mgr.device(node)
     }
 }
 

@@ -326,6 +326,14 @@ impl RendezvousMgr {
         &self.inner.po
     }
 
+    /// The CPU device name of `node` that the manager's default resolver reads back as that
+    /// node: its TensorFlow task's name when it announced one
+    /// (`/job:chief/replica:0/task:0/device:CPU:0`), else [`cpu_device`](crate::cpu_device)'s
+    /// rank-based name; `None` for a group id.
+    pub fn device(&self, node: NodeId) -> Option<String> {
+        crate::device::device_in(self.inner.po.nodes(), node)
+    }
+
     /// Counters for diagnostics and tests.
     pub fn stats(&self) -> MgrStats {
         MgrStats {

@@ -837,6 +837,17 @@ fn unknown_codes() {
         }),
         unknown("is_recovery flag", 2)
     );
+    // A task index without a job name (the sample has no task: an empty job, index 0).
+    assert_eq!(
+        code_error(|m| {
+            let index_at = find(m, b"IDEN") + 4 + 1 + 8 + 2;
+            m[index_at] = 1;
+        }),
+        WireError::Invalid {
+            field: "node task",
+            reason: "a task index without a job name"
+        }
+    );
     assert_eq!(
         code_error(|m| {
             let kind_at = find(m, b"ADDR") - 2 - 1;

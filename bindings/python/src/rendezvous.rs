@@ -112,6 +112,14 @@ impl Rendezvous {
         self.inner.cleanup(step);
     }
 
+    /// The CPU device name of node `node_id` in this cluster: its TensorFlow task's name when
+    /// the node runs one (from `TF_CONFIG`), else `cpu_device(node_id)`'s.
+    fn device(&self, node_id: i32) -> PyResult<String> {
+        self.inner.device(node_id).ok_or_else(|| {
+            PyValueError::new_err(format!("{node_id} is not a node id (a group, or negative)"))
+        })
+    }
+
     /// `"pull"` or `"push"`.
     #[getter]
     fn protocol(&self) -> &'static str {

@@ -26,6 +26,10 @@ def test_send_and_receive_arrays(cluster, protocol):
     assert rdv.protocol == protocol
     me, server = vans.cpu_device(node.id), vans.cpu_device(8)
     assert server == "/job:ps/replica:0/task:0/device:CPU:0"
+    # No TensorFlow tasks in this cluster: the manager names nodes by rank too.
+    assert (rdv.device(node.id), rdv.device(8)) == (me, server)
+    with pytest.raises(ValueError, match="not a node id"):
+        rdv.device(4)
     for step in range(5):
         x = np.arange(1000 * step + 1, dtype=np.float32)
         if step % 2:

@@ -190,6 +190,7 @@ fn dry_run(o: &Options, spec: &JobSpec) -> Result<(), BoxError> {
         spec,
         namespace: o.namespace.clone(),
         secret: o.kube_secret.clone(),
+        instance: String::new(),
         layout: o.layout.parse()?,
     };
     let list = serde_json::json!({

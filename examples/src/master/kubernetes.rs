@@ -8,11 +8,12 @@
 //! - **`Pods`** (no operator needed): a headless `Service` named after the job and one `Pod`
 //!   per task (`scheduler`, `server-N`, `worker-N`), each with `hostname` = its task and
 //!   `subdomain` = the service, so the scheduler is `scheduler.<job>` in the cluster's DNS.
-//!   Every pod gets the local backend's environment: `DMLC_ROLE`, `DMLC_NUM_SERVER`,
-//!   `DMLC_NUM_WORKER`, `DMLC_PS_ROOT_URI`/`DMLC_PS_ROOT_PORT` (the scheduler, port
-//!   [`PORT`]), its own port `DMLC_PORT` = [`PORT`], `DMLC_NODE_HOST` = the pod's IP (downward
-//!   API), `NUM_WORKERS`, `VANS_TASK`, and, servers and workers, a `TF_CONFIG` naming its task
-//!   (so ranks follow task indexes), plus the job's own variables.
+//!   Every pod gets the local backend's environment: `DMLC_NUM_SERVER`, `DMLC_NUM_WORKER`,
+//!   `DMLC_PS_ROOT_URI`/`DMLC_PS_ROOT_PORT` (the scheduler, port [`PORT`]), its own port
+//!   `DMLC_PORT` = [`PORT`], `DMLC_NODE_HOST` = the pod's IP (downward API), `NUM_WORKERS`,
+//!   `VANS_TASK`, the scheduler `DMLC_ROLE`, and servers and workers a `TF_CONFIG` naming
+//!   their task, from which they take their role (so ranks follow task indexes), plus the
+//!   job's own variables.
 //! - **`TfJob`**: a Kubeflow `TFJob` (`kubeflow.org/v1`) with a `Chief`, `Worker`s and `PS`
 //!   replicas; the operator creates the pods and the service and sets `TF_CONFIG` in each,
 //!   from which vans takes roles, sizes and the scheduler (the chief hosts it).
@@ -81,6 +82,8 @@ pub struct KubeJob<'a> {
     pub namespace: String,
     /// A Kubernetes `Secret` (key `secret`) holding the cluster secret, if any.
     pub secret: Option<String>,
+    /// The master's instance name, part of every object name ([`job_name`]); empty for none.
+    pub instance: String,
     /// The layout.
     pub layout: Layout,
 }
@@ -142,10 +145,15 @@ pub struct RunPolicy {
     pub backoff_limit: Option<i32>,
 }
 
-/// The name of job `id` in Kubernetes: `vans-<task name>-<id>`, lower case, `_` as `-`, at
-/// most 52 characters (so `<name>-worker-NNNN` stays within the 63 of a DNS label).
-pub fn job_name(id: u64, spec: &JobSpec) -> String {
-    let suffix = format!("-{id}");
+/// The name of job `id` in Kubernetes: `vans-<task name>-<id>[-<instance>]`, lower case,
+/// `_` as `-`, at most 52 characters (so `<name>-worker-NNNN` stays within the 63 of a DNS
+/// label). `instance` tells apart the jobs of masters that share a namespace, or of one
+/// master started again (its ids start at 1 again); empty for none.
+pub fn job_name(id: u64, spec: &JobSpec, instance: &str) -> String {
+    let suffix = match instance {
+        "" => format!("-{id}"),
+        instance => format!("-{id}-{instance}"),
+    };
     let mut base: String = format!("vans-{}", spec.name)
         .chars()
         .map(|c| match c {
@@ -161,7 +169,7 @@ pub fn job_name(id: u64, spec: &JobSpec) -> String {
 impl KubeJob<'_> {
     /// The job's name ([`job_name`]).
     pub fn name(&self) -> String {
-        job_name(self.id, self.spec)
+        job_name(self.id, self.spec, &self.instance)
     }
 
     /// Why the job cannot run on Kubernetes, if it cannot.
@@ -279,26 +287,19 @@ impl KubeJob<'_> {
             .iter()
             .map(|(task, role, rank)| {
                 let mut env = vec![
-                    var("DMLC_ROLE", role),
                     var("DMLC_NUM_SERVER", &self.spec.servers().to_string()),
                     var("DMLC_NUM_WORKER", &self.spec.worker_num.to_string()),
                     var("DMLC_PS_ROOT_URI", &format!("scheduler.{name}")),
                     var("DMLC_PS_ROOT_PORT", &PORT.to_string()),
                     var("NUM_WORKERS", &self.spec.worker_num.to_string()),
                     var("VANS_TASK", &format!("{}/{task}", self.spec.name)),
-                    EnvVar {
-                        name: "DMLC_NODE_HOST".to_owned(),
-                        value_from: Some(EnvVarSource {
-                            field_ref: Some(ObjectFieldSelector {
-                                field_path: "status.podIP".to_owned(),
-                                ..ObjectFieldSelector::default()
-                            }),
-                            ..EnvVarSource::default()
-                        }),
-                        ..EnvVar::default()
-                    },
+                    pod_ip("DMLC_NODE_HOST"),
                 ];
-                if *role != "scheduler" {
+                if *role == "scheduler" {
+                    env.push(var("DMLC_ROLE", role));
+                } else {
+                    // The role comes from TF_CONFIG (ps: server), so the node announces its
+                    // task and its rank is its index.
                     env.push(var("DMLC_PORT", &PORT.to_string()));
                     let task_type = if *role == "server" { "ps" } else { "worker" };
                     let tf = serde_json::json!({
@@ -341,9 +342,12 @@ impl KubeJob<'_> {
             }),
             spec: Some(
                 self.pod_spec(self.container("tensorflow", ("tfjob-port", TFJOB_PORT), {
+                    // The pod's IP rather than the host TF_CONFIG gives (the pod's own
+                    // Service name, which resolves only once the pod is Ready).
                     let mut env = vec![
                         var("NUM_WORKERS", &self.spec.worker_num.to_string()),
                         var("VANS_TASK", &format!("{}/{replica}", self.spec.name)),
+                        pod_ip("DMLC_NODE_HOST"),
                     ];
                     if self.spec.strategy == Strategy::AllReduce {
                         env.push(var("VANS_STRATEGY", "AllReduce"));
@@ -414,6 +418,21 @@ pub fn task_of_pod(labels: &BTreeMap<String, String>) -> Option<String> {
         "worker" => Some(format!("worker-{}", index.checked_add(1)?)),
         "ps" => Some(format!("server-{index}")),
         _ => None,
+    }
+}
+
+/// Variable `name` set to the pod's IP (the downward API's `status.podIP`).
+fn pod_ip(name: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "status.podIP".to_owned(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
     }
 }
 

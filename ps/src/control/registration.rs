@@ -61,14 +61,15 @@ impl Scheduler {
                 warn!(
                     %node,
                     earlier = %entry.0,
-                    "a second registration for one TensorFlow task: the later one takes its place \
-                     (two processes given the same task?)"
+                    "another registration for this TensorFlow task, from another address: the \
+                     later one takes its place (a restarted pod; or two processes given the same \
+                     task, which then take turns and never complete the cluster)"
                 );
             }
             if node.incarnation != 0 && node.incarnation != entry.1 {
                 // The process registered before died while the cluster formed; this one takes
                 // its place (its own endpoints, its own answer).
-                info!(%node, "registration from a new process at the same address");
+                info!(%node, "registration from a new process in the same place");
                 let mut fresh = node.clone();
                 (fresh.id, fresh.is_recovery) = (None, false);
                 *entry = (fresh, node.incarnation, echo);

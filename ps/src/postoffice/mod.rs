@@ -179,13 +179,16 @@ impl Postoffice {
     /// Like [`start`](Self::start), over vans the caller made: the first is the stream van
     /// (it carries the scheduler link), the others are chosen per peer by the selection policy.
     pub async fn start_with_vans(config: Config, vans: Vec<Arc<dyn Van>>) -> Result<Postoffice> {
+        // One deadline for all of joining: waiting for names to resolve, then bootstrap.
+        let started = Instant::now();
+        let left = || config.bootstrap_timeout.saturating_sub(started.elapsed());
         let role = config.role.ok_or_else(|| {
             PsError::InvalidArgument("DMLC_ROLE is not set: scheduler, server or worker".into())
         })?;
         let host = if role == Role::Scheduler {
             config.root_uri.clone()
         } else {
-            crate::netif::announced_host(&config).await?
+            crate::netif::announced_host(&config, left()).await?
         };
         let port = if role == Role::Scheduler {
             config.root_port
@@ -210,7 +213,7 @@ impl Postoffice {
         let router = Router::new(vans, &config, me.clone(), incarnation);
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         if networked {
-            crate::netif::wait_resolvable(&host, config.bootstrap_timeout).await;
+            crate::netif::wait_resolvable(&host, left()).await;
         }
         let endpoints = router.bind(&host, port, inbox_tx).await?;
         me.port = endpoints.first().map_or(port, endpoint_port);
@@ -251,7 +254,7 @@ impl Postoffice {
             }),
         };
         po.spawn(po.clone().dispatch(inbox));
-        let deadline = Instant::now() + po.inner.config.bootstrap_timeout;
+        let deadline = started + po.inner.config.bootstrap_timeout;
         let joined = tokio::time::timeout_at(deadline.into(), po.bootstrap()).await;
         match joined {
             Ok(Ok(())) => {}

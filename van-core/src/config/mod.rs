@@ -153,7 +153,7 @@ pub struct Config {
     pub hosts_scheduler: bool,
     /// From `TF_CONFIG`: this process's TensorFlow task (`task.type` and `task.index`), when
     /// its type is one of the parameter server's (`ps`, `chief`, `master`, `worker`) and
-    /// agrees with the role. The node announces it, so the scheduler numbers nodes in task
+    /// `TF_CONFIG` chose the role (`DMLC_ROLE` is not set). The node announces it, so the scheduler numbers nodes in task
     /// order and the rendezvous finds `/job:chief/…` and `/job:worker/task:N` where they run.
     pub tf_task: Option<crate::message::TfTask>,
     /// `VANS_ENDPOINT_MAP` (or `./.endpoint_map` with [`Config::from_env`]): control address

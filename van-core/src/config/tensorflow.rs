@@ -43,6 +43,10 @@ impl Vars {
         let derived = tf
             .dmlc_vars_except(|var| self.map.contains_key(var))
             .map_err(wrap)?;
+        // The task is this process's only when TF_CONFIG chose its role: processes given
+        // their roles explicitly (a launcher started inside a TFJob pod, which exports the
+        // pod's TF_CONFIG to all of them) are not that task.
+        let role_from_tf = !self.map.contains_key("DMLC_ROLE");
         // An explicit root address points at a scheduler run elsewhere.
         let hosts = tf.hosts_scheduler()
             && self.get("DMLC_PS_ROOT_URI").is_none()
@@ -52,7 +56,7 @@ impl Vars {
                 self.map.insert(var, value);
             }
         }
-        let task = tf.role().ok().map(|role| {
+        let task = tf.role().ok().filter(|_| role_from_tf).map(|role| {
             let task = TfTask {
                 job: tf.task_type.clone(),
                 index: tf.task_index,
@@ -131,12 +135,14 @@ mod tests {
         assert_eq!(c.tf_task, task("worker", 1));
         let c = from_tf(&tf_config("ps", 0, ""), &[]).unwrap();
         assert_eq!(c.tf_task, task("ps", 0));
-        // The chief's TF_CONFIG with an explicit scheduler role: the process is no task.
+        // An explicit role: the process did not take its role from TF_CONFIG, so it is not
+        // the task (every process a launcher starts in a TFJob pod sees the pod's TF_CONFIG).
         let c = from_tf(&tf_config("chief", 0, ""), &[("DMLC_ROLE", "scheduler")]).unwrap();
         assert_eq!((c.role, c.tf_task), (Some(Role::Scheduler), None));
-        // A server started with a worker's TF_CONFIG is not that worker.
         let c = from_tf(&tf_config("worker", 1, ""), &[("DMLC_ROLE", "server")]).unwrap();
         assert_eq!(c.tf_task, None);
+        let c = from_tf(&tf_config("worker", 1, ""), &[("DMLC_ROLE", "worker")]).unwrap();
+        assert_eq!((c.role, c.tf_task), (Some(Role::Worker), None));
         assert_eq!(
             Config::from_vars([("TF_CONFIG", "{}")]).unwrap().tf_task,
             None

@@ -303,7 +303,16 @@ fn decode_node(r: &mut Reader) -> Result<Node, WireError> {
     let incarnation = r.u64("node incarnation")?;
     let job = r.short_str("node task job")?;
     let index = r.u32("node task index")?;
-    let task = (!job.is_empty()).then_some(TfTask { job, index });
+    let task = match (job.is_empty(), index) {
+        (true, 0) => None,
+        (true, _) => {
+            return Err(WireError::Invalid {
+                field: "node task",
+                reason: "a task index without a job name",
+            })
+        }
+        (false, index) => Some(TfTask { job, index }),
+    };
     let count = usize::from(r.u16("endpoint count")?);
     let mut endpoints = Vec::with_capacity(count.min(r.bytes.len() - r.pos) / 3);
     for _ in 0..count {

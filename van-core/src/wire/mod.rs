@@ -6,7 +6,7 @@
 //! reads frames back to back into an 8-aligned buffer can view any segment as `&[f32]` or
 //! `&[u64]` without copying.
 //!
-//! # Frame layout (version 1)
+//! # Frame layout (version 2)
 //!
 //! | offset | size | field | rule |
 //! | --- | --- | --- | --- |
@@ -74,7 +74,7 @@ pub use meta::{decode_meta, encode_meta};
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"VANS";
 /// The frame format version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 32;
 /// Segments, the meta and whole frames are aligned to this many bytes.
@@ -206,6 +206,14 @@ pub enum WireError {
     /// A message field cannot be represented on the wire (encoding only).
     #[error("cannot encode {field}: {reason}")]
     Unencodable {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A decoded field holds a value no encoder writes.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
         /// The field.
         field: &'static str,
         /// Why.

@@ -51,6 +51,16 @@ pub(crate) async fn check(po: &Postoffice) -> Result<Vec<String>, BoxError> {
         .ok_or("no worker in the node table")?;
     let chief_device = device(&task_of(chief)?);
     let mgr = RendezvousMgr::new(po, Protocol::Pull).await?;
+    // The manager names this node by its task, as TensorFlow does.
+    if mgr.device(po.my_id()).as_deref() != Some(device(&mine).as_str()) {
+        return Err(format!(
+            "the manager names node {} {:?}, not {}",
+            po.my_id(),
+            mgr.device(po.my_id()),
+            device(&mine)
+        )
+        .into());
+    }
     let step = mgr.find(STEP);
     step.initialize()?;
     let key = |from: &TfTask| {

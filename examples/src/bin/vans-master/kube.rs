@@ -5,6 +5,7 @@
 //! is: in a pod from its service account, else from `KUBECONFIG` / `~/.kube/config`.
 //! A task's log is fetched from the API when the task ends.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,14 +26,31 @@ use crate::Jobs;
 const POLL: Duration = Duration::from_secs(1);
 /// How long listing may keep failing before the job is given up as failed.
 const LIST_RETRY_BUDGET: Duration = Duration::from_secs(60);
+/// How long a task may stay pending (not scheduled, image being pulled, …) before the job
+/// is given up as failed.
+const START_DEADLINE: Duration = Duration::from_secs(600);
+/// Container waiting reasons from which a pod does not start without someone's help.
+const STUCK_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+];
+/// The names of the job's own containers (pods layout, TFJob layout): a sidecar an admission
+/// webhook adds is not the task.
+const CONTAINER_NAMES: &[&str] = &["vans", "tensorflow"];
 
-/// The backend's settings (`vans-master --namespace`, `--layout`, `--kube-secret`).
+/// The backend's settings (`vans-master --namespace`, `--layout`, `--kube-secret`,
+/// `--instance`).
 #[derive(Clone)]
 pub(crate) struct Kube {
     pub(crate) client: Client,
     pub(crate) namespace: String,
     pub(crate) layout: Layout,
     pub(crate) secret: Option<String>,
+    pub(crate) instance: String,
 }
 
 impl Kube {
@@ -41,6 +59,7 @@ impl Kube {
         namespace: Option<String>,
         layout: Layout,
         secret: Option<String>,
+        instance: String,
     ) -> Result<Kube, BoxError> {
         let config = kube::Config::infer().await.map_err(|e| {
             format!("no Kubernetes configuration (in-cluster, KUBECONFIG or ~/.kube/config): {e}")
@@ -53,6 +72,7 @@ impl Kube {
             namespace,
             layout,
             secret,
+            instance,
         })
     }
 
@@ -62,6 +82,7 @@ impl Kube {
             spec,
             namespace: self.namespace.clone(),
             secret: self.secret.clone(),
+            instance: self.instance.clone(),
             layout: self.layout,
         }
     }
@@ -88,21 +109,18 @@ impl Kube {
         job.check()?;
         let name = job.name();
         let post = PostParams::default();
-        let created = match self.layout {
-            Layout::Pods => self.create_pods(&job, &post).await,
+        match self.layout {
+            Layout::Pods => self.create_pods(&job, &post).await?,
             Layout::TfJob => {
                 let object: DynamicObject =
                     serde_json::from_value(serde_json::to_value(job.tfjob())?)?;
-                self.tfjobs()
-                    .create(&post, &object)
-                    .await
-                    .map(drop)
-                    .map_err(|e| format!("cannot create TFJob {name}: {e} (is the Kubeflow training operator installed?)").into())
+                self.tfjobs().create(&post, &object).await.map_err(|e| {
+                    format!(
+                        "cannot create TFJob {name}: {e} (is the Kubeflow training operator \
+                         installed?)"
+                    )
+                })?;
             }
-        };
-        if let Err(e) = created {
-            self.delete(&name).await;
-            return Err(e);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let stopper = Arc::clone(&stop);
@@ -124,18 +142,30 @@ impl Kube {
         Ok(())
     }
 
+    /// Creates the service and the pods; when one cannot be created, deletes those this
+    /// call created (and only those: a name taken by another job is not ours to delete).
     async fn create_pods(&self, job: &KubeJob<'_>, post: &PostParams) -> Result<(), BoxError> {
         let services: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
         services
             .create(post, &job.service())
             .await
             .map_err(|e| format!("cannot create service {}: {e}", job.name()))?;
+        let mut created: Vec<String> = Vec::new();
         for pod in job.pods() {
             let name = pod.metadata.name.clone().unwrap_or_default();
-            self.pods()
-                .create(post, &pod)
-                .await
-                .map_err(|e| format!("cannot create pod {name}: {e}"))?;
+            if let Err(e) = self.pods().create(post, &pod).await {
+                let params = DeleteParams::background();
+                for made in &created {
+                    if let Err(e) = self.pods().delete(made, &params).await {
+                        eprintln!("vans-master: deleting pod {made}: {e}");
+                    }
+                }
+                if let Err(e) = services.delete(&job.name(), &params).await {
+                    eprintln!("vans-master: deleting service {}: {e}", job.name());
+                }
+                return Err(format!("cannot create pod {name}: {e}").into());
+            }
+            created.push(name);
         }
         Ok(())
     }
@@ -164,15 +194,22 @@ impl Kube {
     }
 
     /// Lists the job's pods until every task ended (or the job is stopped): records each
-    /// task's state, exit code and, when it ends, its log; deletes the job's objects when a
-    /// task fails or the job is stopped.
+    /// task's state, exit code and, when it ends, its log. A task fails when its pod fails,
+    /// cannot start (a stuck container: image not pulled, bad secret, …), disappears after it
+    /// was seen, or is still pending after [`START_DEADLINE`]. When a task fails or the job
+    /// is stopped, the logs of the tasks not ended yet are saved and the job's objects
+    /// deleted.
     async fn follow(&self, jobs: Jobs, id: u64, name: String, dir: PathBuf, stop: Arc<AtomicBool>) {
         let label = match self.layout {
             Layout::Pods => JOB_LABEL,
             Layout::TfJob => KUBEFLOW_JOB_LABEL,
         };
         let params = ListParams::default().labels(&selector(label, &name));
+        let started = tokio::time::Instant::now();
         let mut failing_since: Option<tokio::time::Instant> = None;
+        // Task → its pod, once seen; tasks whose log was saved.
+        let mut seen: BTreeMap<String, String> = BTreeMap::new();
+        let mut saved: BTreeSet<String> = BTreeSet::new();
         let outcome = loop {
             if stop.load(Ordering::Acquire) {
                 break Outcome::Stopped;
@@ -191,7 +228,8 @@ impl Kube {
                     continue;
                 }
             };
-            let mut ended = Vec::new();
+            let mut states: BTreeMap<String, (State, Option<i32>, Option<String>)> =
+                BTreeMap::new();
             for pod in &pods {
                 let Some(task) = pod
                     .metadata
@@ -201,41 +239,72 @@ impl Kube {
                 else {
                     continue;
                 };
-                let (state, code) = pod_state(pod);
-                let mut first_end = false;
-                jobs.update(id, |job| {
-                    if let Some(t) = job.status.tasks.iter_mut().find(|t| t.name == task) {
-                        first_end = state.is_final() && !t.state.is_final();
-                        if !t.state.is_final() {
-                            t.state = state;
-                            t.exit_code = code;
-                        }
-                    }
+                seen.insert(task.clone(), pod.metadata.name.clone().unwrap_or_default());
+                states.insert(task, pod_state(pod));
+            }
+            for task in seen.keys() {
+                states.entry(task.clone()).or_insert_with(|| {
+                    (State::Failed, None, Some("its pod disappeared".to_owned()))
                 });
-                if first_end {
-                    ended.push((task, pod.metadata.name.clone().unwrap_or_default()));
+            }
+            let late = started.elapsed() > START_DEADLINE;
+            let mut ended = Vec::new();
+            let mut failure = None;
+            jobs.update(id, |job| {
+                for t in &mut job.status.tasks {
+                    if t.state.is_final() {
+                        continue;
+                    }
+                    let (state, code, why) = match states.get(&t.name) {
+                        Some(found) => found.clone(),
+                        None => (State::Pending, None, None),
+                    };
+                    let (state, why) = match (state, why) {
+                        (State::Pending, None) if late => (
+                            State::Failed,
+                            Some(format!(
+                                "still pending after {} s",
+                                START_DEADLINE.as_secs()
+                            )),
+                        ),
+                        other => other,
+                    };
+                    (t.state, t.exit_code) = (state, code);
+                    if state.is_final() {
+                        ended.push(t.name.clone());
+                    }
+                    if state == State::Failed && failure.is_none() {
+                        let code = code.map_or("unknown".to_owned(), |c| c.to_string());
+                        failure = Some(match why {
+                            Some(why) => format!("task {} failed: {why}", t.name),
+                            None => format!("task {} failed (exit code {code})", t.name),
+                        });
+                    }
+                }
+            });
+            for task in ended {
+                if let Some(pod) = seen.get(&task) {
+                    self.save_log(&dir, &task, pod).await;
+                    saved.insert(task);
                 }
             }
-            for (task, pod) in ended {
-                self.save_log(&dir, &task, &pod).await;
+            if let Some(failure) = failure {
+                break Outcome::Failed(failure);
             }
             let mut tasks = Vec::new();
             jobs.update(id, |job| tasks = job.status.tasks.clone());
-            if let Some(failed) = tasks.iter().find(|t| t.state == State::Failed) {
-                break Outcome::Failed(format!(
-                    "task {} failed (exit code {})",
-                    failed.name,
-                    failed
-                        .exit_code
-                        .map_or("unknown".to_owned(), |c| c.to_string())
-                ));
-            }
             if !tasks.is_empty() && tasks.iter().all(|t| t.state == State::Succeeded) {
                 break Outcome::Succeeded;
             }
             tokio::time::sleep(POLL).await;
         };
         if !matches!(outcome, Outcome::Succeeded) {
+            // What the tasks still running said, before their pods go.
+            for (task, pod) in &seen {
+                if !saved.contains(task) {
+                    self.save_log(&dir, task, pod).await;
+                }
+            }
             self.delete(&name).await;
         }
         jobs.update(id, |job| {
@@ -276,20 +345,37 @@ fn selector(label: &str, value: &str) -> String {
     format!("{label}={value}")
 }
 
-/// A pod's task state and, once it ended, its container's exit code.
-fn pod_state(pod: &Pod) -> (State, Option<i32>) {
+/// A pod's task state, its container's exit code once it ended, and why it failed when the
+/// phase does not say (a container stuck waiting for what will not come).
+fn pod_state(pod: &Pod) -> (State, Option<i32>, Option<String>) {
     let status = pod.status.as_ref();
-    let code = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .and_then(|c| c.state.as_ref())
+    let statuses = status
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    let container = statuses
+        .iter()
+        .find(|c| CONTAINER_NAMES.contains(&c.name.as_str()))
+        .or(statuses.first());
+    let state = container.and_then(|c| c.state.as_ref());
+    let code = state
         .and_then(|s| s.terminated.as_ref())
         .map(|t| t.exit_code);
+    let stuck = state
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.as_deref())
+        .filter(|r| STUCK_REASONS.contains(r));
+    if let Some(reason) = stuck {
+        return (
+            State::Failed,
+            None,
+            Some(format!("its container is stuck: {reason}")),
+        );
+    }
     let state = match status.and_then(|s| s.phase.as_deref()) {
         Some("Running") => State::Running,
         Some("Succeeded") => State::Succeeded,
         Some("Failed") => State::Failed,
         _ => State::Pending,
     };
-    (state, code)
+    (state, code, None)
 }

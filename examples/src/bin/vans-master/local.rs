@@ -1,6 +1,7 @@
 //! The local backend: a job's tasks as processes on this machine, on loopback. Each task
-//! gets `DMLC_*` (its role, the cluster's size, the scheduler's address and its own port),
-//! `NUM_WORKERS`, and, servers and workers, a `TF_CONFIG` naming its task; its output goes to
+//! gets `DMLC_*` (the cluster's size, the scheduler's address and its own port; the
+//! scheduler its role), `NUM_WORKERS`, and, servers and workers, a `TF_CONFIG` naming its
+//! task, from which they take their role; its output goes to
 //! `<task>.log` in the job's folder. The first task to fail stops the others, except a
 //! worker of an elastic job, which is started again in its place (up to `max_restarts`
 //! times; the new process rejoins by the parameter server's recovery).
@@ -37,7 +38,6 @@ fn environments(spec: &JobSpec) -> Vec<(String, Vec<(String, String)>)> {
         .zip(&ports)
         .map(|((name, role, rank), port)| {
             let mut env = vec![
-                ("DMLC_ROLE".to_owned(), (*role).to_owned()),
                 ("DMLC_NUM_SERVER".to_owned(), spec.servers().to_string()),
                 ("DMLC_NUM_WORKER".to_owned(), spec.worker_num.to_string()),
                 ("DMLC_PS_ROOT_URI".to_owned(), "127.0.0.1".to_owned()),
@@ -45,7 +45,11 @@ fn environments(spec: &JobSpec) -> Vec<(String, Vec<(String, String)>)> {
                 ("NUM_WORKERS".to_owned(), spec.worker_num.to_string()),
                 ("VANS_TASK".to_owned(), format!("{}/{name}", spec.name)),
             ];
-            if *role != "scheduler" {
+            if *role == "scheduler" {
+                env.push(("DMLC_ROLE".to_owned(), (*role).to_owned()));
+            } else {
+                // The role comes from TF_CONFIG (ps: server), so the node announces its task
+                // and its rank is its index.
                 env.push(("DMLC_PORT".to_owned(), port.to_string()));
                 let task_type = if *role == "server" { "ps" } else { "worker" };
                 let tf = serde_json::json!({
@@ -161,6 +165,9 @@ fn follow(
     let mut running = tasks.len();
     let mut failed: Option<String> = None;
     let mut killed = false;
+    // The scheduler or a server has ended: a worker started again could not rejoin. The
+    // tasks are in role order, so within a turn these are seen before the workers.
+    let mut support_gone = false;
     while running > 0 {
         let stopping = stop.load(Ordering::Acquire);
         if (stopping || failed.is_some()) && !killed {
@@ -181,11 +188,15 @@ fn follow(
             let name = task.name.clone();
             let restart = !success
                 && !killed
+                && !stopping
+                && !support_gone
                 && failed.is_none()
                 && spec.elastic
                 && task.role == "worker"
                 && task.restarts < spec.max_restarts;
             if restart {
+                // Whatever the dead worker started goes with it (it may hold its port).
+                kill_group(&mut task.child);
                 task.restarts += 1;
                 let note = format!(
                     "vans-master: {name} exited with {described}; starting it again (restart {} \
@@ -228,6 +239,7 @@ fn follow(
             });
             if first {
                 running -= 1;
+                support_gone |= task.role != "worker";
                 if !success && !killed && failed.is_none() {
                     failed = Some(format!("task {name} exited with {described}"));
                 }

@@ -63,6 +63,35 @@ struct Options {
     /// Kubernetes: a Secret (key `secret`) with the cluster secret, mounted into every pod.
     #[arg(long)]
     kube_secret: Option<String>,
+    /// Kubernetes: a name for this master, part of its objects' names, so that masters
+    /// sharing a namespace (or one started again) never take each other's objects: 1 to 8
+    /// lower-case letters and digits (default: 4 random hex digits).
+    #[arg(long)]
+    instance: Option<String>,
+}
+
+/// `--instance`, or 4 random hex digits.
+#[cfg(feature = "kubernetes")]
+fn instance(given: Option<&str>) -> Result<String, String> {
+    use std::hash::BuildHasher;
+    match given {
+        Some(name)
+            if (1..=8).contains(&name.len())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()) =>
+        {
+            Ok(name.to_owned())
+        }
+        Some(name) => Err(format!(
+            "--instance {name:?}: 1 to 8 lower-case letters and digits"
+        )),
+        None => {
+            let random = std::collections::hash_map::RandomState::new()
+                .hash_one((std::process::id(), std::time::SystemTime::now()));
+            Ok(format!("{:04x}", random & 0xffff))
+        }
+    }
 }
 
 /// A job the master knows: its status and how to stop it.
@@ -281,11 +310,13 @@ async fn serve(o: Options) -> Result<(), BoxError> {
                 .layout
                 .parse()
                 .map_err(|e: String| format!("--layout {e}"))?;
+            let instance = instance(o.instance.as_deref())?;
             let kube =
-                kube::Kube::connect(o.namespace.clone(), layout, o.kube_secret.clone()).await?;
+                kube::Kube::connect(o.namespace.clone(), layout, o.kube_secret.clone(), instance)
+                    .await?;
             eprintln!(
-                "vans-master: Kubernetes namespace {}, layout {}",
-                kube.namespace, o.layout
+                "vans-master: Kubernetes namespace {}, layout {}, instance {}",
+                kube.namespace, o.layout, kube.instance
             );
             Some(kube)
         }
@@ -293,7 +324,7 @@ async fn serve(o: Options) -> Result<(), BoxError> {
     };
     #[cfg(not(feature = "kubernetes"))]
     if o.backend == "kubernetes" {
-        let _ = (&o.namespace, &o.layout, &o.kube_secret);
+        let _ = (&o.namespace, &o.layout, &o.kube_secret, &o.instance);
         return Err(
             "the kubernetes backend needs a build with the `kubernetes` feature \
                     (cargo build --release -p examples --features kubernetes)"

@@ -187,18 +187,24 @@ async fn follow(
                     .and_then(|c| c.trim().parse().ok())
             })
             .collect();
+        // A task that failed by itself (not by SIGTERM or SIGKILL, which srun sends the others
+        // when one fails and scancel sends all).
+        let failed_alone = codes
+            .iter()
+            .any(|c| c.is_some_and(|c| c != 0 && c != STOPPED_BY_TERM && c != STOPPED_BY_KILL));
         let mut done = false;
         jobs.update(id, |job| {
             if job.status.state == State::Stopped && !state.is_final() {
                 return; // asked to stop; scancel is on its way
             }
+            // Signalled tasks were stopped when another failed or the job was cancelled;
+            // otherwise the signal is their own failure (the OOM killer's SIGKILL, say).
+            let stopped = failed_alone || job.status.state == State::Stopped || state == State::Stopped;
             job.status.state = state;
             for (task, code) in job.status.tasks.iter_mut().zip(&codes) {
                 (task.state, task.exit_code) = match code {
                     Some(0) => (State::Succeeded, Some(0)),
-                    // Ended by SIGTERM or SIGKILL: srun stopping the step after another task
-                    // failed, or scancel.
-                    Some(c @ (STOPPED_BY_TERM | STOPPED_BY_KILL)) if state.is_final() => {
+                    Some(c @ (STOPPED_BY_TERM | STOPPED_BY_KILL)) if stopped => {
                         (State::Stopped, Some(*c))
                     }
                     Some(c) => (State::Failed, Some(*c)),
