@@ -102,8 +102,9 @@ struct Peer {
 pub struct Scheduler {
     config: SchedulerConfig,
     me: Node,
-    /// Registrations before the cluster is complete, with the echo of each request.
-    joining: Vec<(Node, u64, Echo)>,
+    /// Registrations before the cluster is complete: the node, its incarnation, the echo of
+    /// its request and when it was last heard (registrations are re-sent every 2 s).
+    joining: Vec<(Node, u64, Echo, Instant)>,
     /// Empty until ready; then scheduler, servers by id, workers by id.
     table: Vec<Node>,
     peers: BTreeMap<NodeId, Peer>,
@@ -241,7 +242,7 @@ impl Scheduler {
         let joined = self
             .table
             .iter()
-            .chain(self.joining.iter().map(|(n, _, _)| n));
+            .chain(self.joining.iter().map(|(n, ..)| n));
         let count = |role| joined.clone().filter(|n| n.role == role).count();
         let (servers, workers) = (count(Role::Server), count(Role::Worker));
         let want_servers = self.expected(Role::Server);

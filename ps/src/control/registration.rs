@@ -19,6 +19,11 @@ use super::output::{reply, Echo};
 /// How long a registration waiting for a place counts without being re-sent (nodes re-send
 /// theirs every 2 s until the table arrives): one from a process that gave up is dropped.
 const WAITING_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// While the cluster forms, how long a TensorFlow task's registration holds the task against
+/// one from another address: a live process re-sends within this, so a second live claimant
+/// (two processes given one task) is refused instead of the two taking turns forever, and a
+/// restarted pod at a new address takes over once the old one has gone quiet.
+const TASK_CLAIM_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 use super::{Output, Peer, Scheduler};
 
 /// Whether `known` and `node` are the same place of the cluster: the same role and the same
@@ -55,26 +60,28 @@ impl Scheduler {
         if let Some(entry) = self
             .joining
             .iter_mut()
-            .find(|(known, _, _)| same_place(known, node))
+            .find(|(known, ..)| same_place(known, node))
         {
-            if entry.0.host != node.host || entry.0.port != node.port {
+            let elsewhere = entry.0.host != node.host || entry.0.port != node.port;
+            let held = now.saturating_duration_since(entry.3) < TASK_CLAIM_TTL;
+            if elsewhere && held {
                 warn!(
                     %node,
-                    earlier = %entry.0,
-                    "another registration for this TensorFlow task, from another address: the \
-                     later one takes its place (a restarted pod; or two processes given the same \
-                     task, which then take turns and never complete the cluster)"
+                    holder = %entry.0,
+                    "refusing a registration for a TensorFlow task that a live process at \
+                     another address holds (two processes given the same task?)"
                 );
-            }
-            if node.incarnation != 0 && node.incarnation != entry.1 {
-                // The process registered before died while the cluster formed; this one takes
-                // its place (its own endpoints, its own answer).
+            } else if node.incarnation != 0 && node.incarnation != entry.1 {
+                // The process registered before died while the cluster formed (or, for a
+                // task, went quiet: a pod restarted at a new address); this one takes its
+                // place (its own endpoints, its own answer).
                 info!(%node, "registration from a new process in the same place");
                 let mut fresh = node.clone();
                 (fresh.id, fresh.is_recovery) = (None, false);
-                *entry = (fresh, node.incarnation, echo);
+                *entry = (fresh, node.incarnation, echo, now);
             } else {
                 debug!(%node, "duplicate registration ignored");
+                entry.3 = entry.3.max(now);
             }
             return Vec::new();
         }
@@ -82,7 +89,7 @@ impl Scheduler {
         let have = self
             .joining
             .iter()
-            .filter(|(n, _, _)| n.role == node.role)
+            .filter(|(n, ..)| n.role == node.role)
             .count();
         if have >= want {
             warn!(%node, want, "ignoring a registration beyond the expected count");
@@ -93,7 +100,7 @@ impl Scheduler {
         node.is_recovery = false;
         info!(%node, "registered ({})", self.summary());
         let incarnation = node.incarnation;
-        self.joining.push((node, incarnation, echo));
+        self.joining.push((node, incarnation, echo, now));
         if self.joining.len()
             < self
                 .expected(Role::Server)
@@ -111,7 +118,7 @@ impl Scheduler {
         // Role orders Server before Worker, so the table comes out in id order; within a
         // role, nodes with a TensorFlow task come first, in task order (TensorFlow's chief is
         // worker rank 0, then `/job:worker/task:0` …).
-        joining.sort_by_cached_key(|(n, _, _)| {
+        joining.sort_by_cached_key(|(n, ..)| {
             let task = n.task.as_ref().map(|t| {
                 let (job, name, index) = t.order();
                 (job, name.to_owned(), index)
@@ -128,7 +135,7 @@ impl Scheduler {
         self.table = vec![self.me.clone()];
         let (mut servers, mut workers) = (0u32, 0u32);
         let mut echoes = Vec::with_capacity(joining.len());
-        for (mut node, incarnation, echo) in joining {
+        for (mut node, incarnation, echo, _) in joining {
             let id = if node.role == Role::Server {
                 servers += 1;
                 node_ids::server_rank_to_id(servers - 1)

@@ -698,16 +698,26 @@ fn a_restarted_task_at_a_new_address_takes_its_own_tasks_place() {
 }
 
 #[test]
-fn a_second_registration_for_one_task_while_forming_replaces_the_first() {
+fn a_task_held_by_a_live_process_is_refused_to_another_and_taken_over_once_it_is_quiet() {
+    let t0 = Instant::now();
     let mut s = fresh(1, 3, None);
     let nodes = tf_nodes();
-    s.handle(Instant::now(), &add_node_from(&nodes[1], 1));
-    // Another process claims worker:0 from another address (a restarted pod): it takes
-    // the place, the cluster does not count it twice.
-    let again = task_node(Role::Worker, "10.0.0.80", 2222, "worker", 0);
-    s.handle(Instant::now(), &add_node_from(&again, 2));
+    s.handle(t0, &add_node_from(&nodes[1], 1));
+    // Another process claims worker:0 from another address while the first still re-sends
+    // (two processes given one task): refused, whichever re-sends when.
+    let other = task_node(Role::Worker, "10.0.0.80", 2222, "worker", 0);
+    for at in [1, 2, 3, 4] {
+        let now = t0 + TIMEOUT / 10 * at;
+        assert!(s.handle(now, &add_node_from(&other, 2)).is_empty());
+        let holder = s.joining.iter().find(|(n, ..)| n.task == other.task);
+        assert_eq!(holder.map(|(n, ..)| n.host.as_str()), Some("10.0.0.8"));
+        s.handle(now, &add_node_from(&nodes[1], 1));
+    }
+    // The first goes quiet (a pod restarted at a new address): the newcomer takes over.
+    let later = t0 + TIMEOUT;
+    s.handle(later, &add_node_from(&other, 2));
     for node in [&nodes[0], &nodes[2], &nodes[3]] {
-        s.handle(Instant::now(), &add_node_from(node, 3));
+        s.handle(later, &add_node_from(node, 3));
     }
     assert!(s.is_ready());
     assert_eq!(s.node(11).map(|n| n.host.as_str()), Some("10.0.0.80"));
