@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use super::{check_numbered, connect, numbered, start, Peer, WAIT};
 use crate::message::{Message, NodeId};
 use crate::van::{Event, Van, VanKind};
-use crate::wire::{self, Limits, HEADER_LEN, MAGIC};
+use crate::wire::{self, Limits, HEADER_LEN, MAGIC, VERSION};
 
 /// Generates the garbage checks for a stream van: `make` builds a van from [`Limits`],
 /// `kind` is its [`VanKind`], `connected` lists the peers it holds a connection to.
@@ -91,7 +91,7 @@ fn random_bytes() -> Vec<u8> {
 /// Each kind of bad input, and the words the van's error must contain.
 fn garbage() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let frame = valid_frame();
-    let mut bad_meta = header(1, 64, 32, 0);
+    let mut bad_meta = header(VERSION, 64, 32, 0);
     bad_meta.extend_from_slice(&[0xff; 32]);
     vec![
         (
@@ -104,7 +104,11 @@ fn garbage() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             header(99, 32, 0, 0),
             "unsupported wire version 99",
         ),
-        ("length 2^60", header(1, 1 << 60, 0, 0), "exceeds the limit"),
+        (
+            "length 2^60",
+            header(VERSION, 1 << 60, 0, 0),
+            "exceeds the limit",
+        ),
         (
             "truncated frame",
             frame[..frame.len() / 2].to_vec(),
@@ -225,7 +229,7 @@ pub async fn huge_declared_length_is_rejected_before_allocation<V: Van + 'static
 ) {
     let mut b = start(make, 8).await;
     let mut socket = dial(&b).await;
-    let mut bytes = header(1, 1 << 39, 0, 0);
+    let mut bytes = header(VERSION, 1 << 39, 0, 0);
     bytes.extend_from_slice(&[0u8; 4096]);
     socket
         .write_all(&bytes)
