@@ -526,21 +526,6 @@ fn run_job(master: &Master, name: &str, workers: u32) -> Value {
     }
 }
 
-fn task_states(status: &Value) -> Vec<(String, String, Option<i64>)> {
-    status["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            (
-                t["name"].as_str().unwrap().to_owned(),
-                t["state"].as_str().unwrap().to_owned(),
-                t["exit_code"].as_i64(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn the_master_runs_jobs_through_the_kubernetes_api() {
     let (api, port, _runtime) = fake_api();
@@ -555,7 +540,7 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
     // A job that succeeds: a service and a pod per task, each exiting 0, logs fetched.
     let status = run_job(&master, "good", 2);
     assert_eq!(status["state"], "succeeded", "{status}");
-    let tasks = task_states(&status);
+    let tasks = common::master::task_states(&status);
     assert_eq!(tasks.len(), 4, "{tasks:?}");
     assert!(
         tasks
@@ -614,7 +599,7 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
         error.contains("worker-1") && error.contains("exit code 3"),
         "{error}"
     );
-    let tasks = task_states(&status);
+    let tasks = common::master::task_states(&status);
     assert!(
         tasks.contains(&("worker-1".into(), "failed".into(), Some(3))),
         "{tasks:?}"
@@ -691,7 +676,7 @@ fn the_master_runs_a_tfjob_through_the_kubernetes_api() {
     let status = run_job(&master, "tf", 3);
     assert_eq!(status["state"], "succeeded", "{status}");
     // The chief hosts the scheduler: no scheduler task; the chief is worker-0.
-    let names: Vec<String> = task_states(&status)
+    let names: Vec<String> = common::master::task_states(&status)
         .into_iter()
         .map(|(n, _, _)| n)
         .collect();

@@ -330,18 +330,7 @@ fn vans_master_runs_submitted_jobs_on_slurm() {
     assert_eq!(one.status.code(), Some(1), "{text}");
     let (_, body) = master.get("GET", "/jobs/4", None);
     let status: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let tasks: Vec<(String, String, Option<i64>)> = status["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            (
-                t["name"].as_str().unwrap().to_owned(),
-                t["state"].as_str().unwrap().to_owned(),
-                t["exit_code"].as_i64(),
-            )
-        })
-        .collect();
+    let tasks = common::master::task_states(&status);
     let states: Vec<(String, String)> = tasks
         .iter()
         .map(|(n, s, _)| (n.clone(), s.clone()))

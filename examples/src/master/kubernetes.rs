@@ -34,7 +34,7 @@ use super::{JobSpec, Strategy};
 
 /// The port every task listens on (the scheduler's `DMLC_PS_ROOT_PORT`; each pod has its
 /// own IP, so one port serves all).
-pub const PORT: i32 = 9000;
+pub const PORT: u16 = 9000;
 /// The port of the training operator's services (`tfjob-port`).
 pub const TFJOB_PORT: i32 = 2222;
 /// Label: the job a pod belongs to.
@@ -261,7 +261,7 @@ impl KubeJob<'_> {
                 selector: Some(BTreeMap::from([(JOB_LABEL.to_owned(), self.name())])),
                 ports: Some(vec![ServicePort {
                     name: Some("ps".to_owned()),
-                    port: PORT,
+                    port: i32::from(PORT),
                     ..ServicePort::default()
                 }]),
                 ..ServiceSpec::default()
@@ -273,55 +273,25 @@ impl KubeJob<'_> {
     /// The pods of the pods layout, one per task, in the order of [`JobSpec::tasks`].
     pub fn pods(&self) -> Vec<Pod> {
         let name = self.name();
-        let tasks = self.spec.tasks();
-        let addresses = |role: &str| -> Vec<String> {
-            tasks
-                .iter()
-                .filter(|(_, r, _)| *r == role)
-                .map(|(task, _, _)| format!("{task}.{name}:{PORT}"))
-                .collect()
-        };
-        let cluster =
-            serde_json::json!({ "ps": addresses("server"), "worker": addresses("worker") });
-        tasks
-            .iter()
-            .map(|(task, role, rank)| {
-                let mut env = vec![
-                    var("DMLC_NUM_SERVER", &self.spec.servers().to_string()),
-                    var("DMLC_NUM_WORKER", &self.spec.worker_num.to_string()),
-                    var("DMLC_PS_ROOT_URI", &format!("scheduler.{name}")),
-                    var("DMLC_PS_ROOT_PORT", &PORT.to_string()),
-                    var("NUM_WORKERS", &self.spec.worker_num.to_string()),
-                    var("VANS_TASK", &format!("{}/{task}", self.spec.name)),
-                    pod_ip("DMLC_NODE_HOST"),
-                ];
-                if *role == "scheduler" {
-                    env.push(var("DMLC_ROLE", role));
-                } else {
-                    // The role comes from TF_CONFIG (ps: server), so the node announces its
-                    // task and its rank is its index.
-                    env.push(var("DMLC_PORT", &PORT.to_string()));
-                    let task_type = if *role == "server" { "ps" } else { "worker" };
-                    let tf = serde_json::json!({
-                        "cluster": cluster,
-                        "task": { "type": task_type, "index": rank },
-                    });
-                    env.push(var("TF_CONFIG", &tf.to_string()));
-                }
-                if self.spec.strategy == Strategy::AllReduce {
-                    env.push(var("VANS_STRATEGY", "AllReduce"));
-                }
-                let container = self.container("vans", ("ps", PORT), env);
+        let address = |task: &str, _| (format!("{task}.{name}"), PORT);
+        let environments = self
+            .spec
+            .task_environments((&format!("scheduler.{name}"), PORT), address);
+        self.spec
+            .tasks()
+            .into_iter()
+            .zip(environments)
+            .map(|((task, role, _), (_, vars))| {
+                let mut env: Vec<EnvVar> = vars.iter().map(|(k, v)| var(k, v)).collect();
+                env.push(pod_ip("DMLC_NODE_HOST"));
+                let container = self.container("vans", ("ps", i32::from(PORT)), env);
                 let mut spec = self.pod_spec(container);
                 spec.hostname = Some(task.clone());
                 spec.subdomain = Some(name.clone());
                 Pod {
                     metadata: self.meta(
                         format!("{name}-{task}"),
-                        &[
-                            (TASK_LABEL, task.clone()),
-                            ("vans-role", (*role).to_owned()),
-                        ],
+                        &[(TASK_LABEL, task.clone()), ("vans-role", role.to_owned())],
                     ),
                     spec: Some(spec),
                     ..Pod::default()

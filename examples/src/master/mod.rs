@@ -116,6 +116,63 @@ impl JobSpec {
         tasks.extend((0..self.worker_num).map(|r| (format!("worker-{r}"), "worker", r)));
         tasks
     }
+
+    /// The variables of each task (in [`tasks`](Self::tasks) order) when the master starts
+    /// the tasks itself (local and Kubernetes backends): the cluster's size, the scheduler at
+    /// `root`, `NUM_WORKERS`, `VANS_TASK`; the scheduler its `DMLC_ROLE`; servers and workers
+    /// their `DMLC_PORT` and a `TF_CONFIG` naming their task in the cluster of `address`es,
+    /// from which they take their role (so each announces its task and a worker's rank is
+    /// its index); `VANS_STRATEGY` for `AllReduce`. `address(task name, index)` is where that
+    /// task listens. The job's own `env` is not included.
+    pub fn task_environments(
+        &self,
+        root: (&str, u16),
+        address: impl Fn(&str, usize) -> (String, u16),
+    ) -> Vec<(String, Vec<(String, String)>)> {
+        let tasks = self.tasks();
+        let listed = |role: &str| -> Vec<String> {
+            tasks
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, r, _))| *r == role)
+                .map(|(i, (name, _, _))| {
+                    let (host, port) = address(name, i);
+                    format!("{host}:{port}")
+                })
+                .collect()
+        };
+        let cluster = serde_json::json!({ "ps": listed("server"), "worker": listed("worker") });
+        let var = |k: &str, v: String| (k.to_owned(), v);
+        tasks
+            .iter()
+            .enumerate()
+            .map(|(i, (name, role, rank))| {
+                let mut env = vec![
+                    var("DMLC_NUM_SERVER", self.servers().to_string()),
+                    var("DMLC_NUM_WORKER", self.worker_num.to_string()),
+                    var("DMLC_PS_ROOT_URI", root.0.to_owned()),
+                    var("DMLC_PS_ROOT_PORT", root.1.to_string()),
+                    var("NUM_WORKERS", self.worker_num.to_string()),
+                    var("VANS_TASK", format!("{}/{name}", self.name)),
+                ];
+                if *role == "scheduler" {
+                    env.push(var("DMLC_ROLE", (*role).to_owned()));
+                } else {
+                    env.push(var("DMLC_PORT", address(name, i).1.to_string()));
+                    let task_type = if *role == "server" { "ps" } else { "worker" };
+                    let tf = serde_json::json!({
+                        "cluster": cluster,
+                        "task": { "type": task_type, "index": rank },
+                    });
+                    env.push(var("TF_CONFIG", tf.to_string()));
+                }
+                if self.strategy == Strategy::AllReduce {
+                    env.push(var("VANS_STRATEGY", "AllReduce".to_owned()));
+                }
+                (name.clone(), env)
+            })
+            .collect()
+    }
 }
 
 /// Where a job or a task stands.

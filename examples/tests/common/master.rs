@@ -79,6 +79,22 @@ impl Master {
     }
 }
 
+/// (name, state, exit code) of each task of a job's status.
+pub(crate) fn task_states(status: &serde_json::Value) -> Vec<(String, String, Option<i64>)> {
+    status["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_owned(),
+                t["state"].as_str().unwrap().to_owned(),
+                t["exit_code"].as_i64(),
+            )
+        })
+        .collect()
+}
+
 impl Drop for Master {
     fn drop(&mut self) {
         let _ = self.child.kill();

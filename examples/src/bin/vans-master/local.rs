@@ -13,58 +13,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use examples::master::{JobSpec, State, Strategy};
+use examples::master::{JobSpec, State};
 use examples::raw::BoxError;
 use van_core::link::stream::free_loopback_port;
 
 use crate::Jobs;
 
-/// The environment of every task of `spec`: (task name, variables).
+/// The environment of every task of `spec`: (task name, variables), on loopback ports.
 fn environments(spec: &JobSpec) -> Vec<(String, Vec<(String, String)>)> {
     let root = free_loopback_port();
-    let tasks = spec.tasks();
-    let ports: Vec<u16> = tasks.iter().map(|_| free_loopback_port()).collect();
-    let addresses = |role: &str| -> Vec<String> {
-        tasks
-            .iter()
-            .zip(&ports)
-            .filter(|((_, r, _), _)| *r == role)
-            .map(|(_, port)| format!("127.0.0.1:{port}"))
-            .collect()
-    };
-    let cluster = serde_json::json!({ "ps": addresses("server"), "worker": addresses("worker") });
-    tasks
-        .iter()
-        .zip(&ports)
-        .map(|((name, role, rank), port)| {
-            let mut env = vec![
-                ("DMLC_NUM_SERVER".to_owned(), spec.servers().to_string()),
-                ("DMLC_NUM_WORKER".to_owned(), spec.worker_num.to_string()),
-                ("DMLC_PS_ROOT_URI".to_owned(), "127.0.0.1".to_owned()),
-                ("DMLC_PS_ROOT_PORT".to_owned(), root.to_string()),
-                ("NUM_WORKERS".to_owned(), spec.worker_num.to_string()),
-                ("VANS_TASK".to_owned(), format!("{}/{name}", spec.name)),
-            ];
-            if *role == "scheduler" {
-                env.push(("DMLC_ROLE".to_owned(), (*role).to_owned()));
-            } else {
-                // The role comes from TF_CONFIG (ps: server), so the node announces its task
-                // and its rank is its index.
-                env.push(("DMLC_PORT".to_owned(), port.to_string()));
-                let task_type = if *role == "server" { "ps" } else { "worker" };
-                let tf = serde_json::json!({
-                    "cluster": cluster,
-                    "task": { "type": task_type, "index": rank },
-                });
-                env.push(("TF_CONFIG".to_owned(), tf.to_string()));
-            }
-            if spec.strategy == Strategy::AllReduce {
-                env.push(("VANS_STRATEGY".to_owned(), "AllReduce".to_owned()));
-            }
-            env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-            (name.clone(), env)
-        })
-        .collect()
+    let ports: Vec<u16> = spec.tasks().iter().map(|_| free_loopback_port()).collect();
+    let address = |_: &str, i: usize| ("127.0.0.1".to_owned(), ports.get(i).copied().unwrap_or(0));
+    let mut all = spec.task_environments(("127.0.0.1", root), address);
+    for (_, env) in &mut all {
+        env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    all
 }
 
 /// A running task: its name and role, how to start it again, and its process.
