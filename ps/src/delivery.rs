@@ -60,11 +60,16 @@ pub trait Customer: Send + Sync {
     fn node_failed(&self, node: NodeId, error: &str);
     /// A new process took the place of `node`, which had failed (recovery): it is reachable
     /// again at its new address, and holds nothing of what the old process held unless the
-    /// application restored it. The default does nothing.
+    /// application restored it. What waited on the old process will not be answered (what
+    /// was sent to it and not acknowledged is dropped): the default fails it with
+    /// [`node_failed`](Self::node_failed).
     fn node_recovered(&self, node: NodeId) {
-        let _ = node;
+        self.node_failed(node, RECOVERED);
     }
 }
+
+/// Why requests to a node that a new process replaced fail.
+pub(crate) const RECOVERED: &str = "replaced by a new process before it answered";
 
 /// A node's applications by (app id, customer id), and the messages held for those that
 /// have not registered yet.

@@ -23,6 +23,10 @@
 //! table, [`Node::incarnation`](van_core::Node::incarnation)): a process that took the
 //! recipient's id since drops it unacknowledged, so nothing meant for the process before is
 //! applied by its successor, and numbering towards the successor can start again at 1.
+//! The resender keeps the incarnation it numbers for itself ([`Resender::retarget`], from
+//! the node table), so numbering and the switch to a successor happen under one lock: a
+//! message is numbered and kept for exactly one process, and the copies kept for a replaced
+//! one are dropped when its successor is known (the applications fail what waited on them).
 //! Likewise a message whose sender's incarnation is not the one the table names for that
 //! node comes from a replaced process and is dropped.
 
@@ -31,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tracing::warn;
 use van_core::{Command, Control, Message, Meta, NodeId, Seq};
 
 /// Bits of a sequence number that hold the sender's incarnation; the rest count messages.
@@ -38,6 +43,10 @@ pub(crate) const INCARNATION_BITS: u32 = 24;
 const COUNTER_BITS: u32 = 64 - INCARNATION_BITS;
 /// Incarnations of one sender remembered as replaced.
 const RETIRED: usize = 8;
+/// Sequence numbers remembered above a gap, at most: a gap that never fills (a copy dropped
+/// for good) must not make the window grow without bound. Beyond this many, the window
+/// moves past the oldest gap.
+const ABOVE: usize = 1 << 16;
 
 /// A random incarnation number for this process: nonzero, [`INCARNATION_BITS`] wide.
 pub(crate) fn new_incarnation() -> u64 {
@@ -66,6 +75,8 @@ pub(crate) struct Resender {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Per recipient: the incarnation the node table names for it (absent: not known).
+    targets: HashMap<NodeId, u64>,
     /// Per recipient: what was sent and not yet acknowledged.
     outgoing: HashMap<NodeId, Outgoing>,
     /// Per sender: which sequence numbers arrived.
@@ -74,13 +85,16 @@ struct State {
 
 #[derive(Debug)]
 struct Outgoing {
+    /// The recipient's incarnation these messages are numbered for (0: whoever is there).
+    to: u64,
     next: u64,
     unacked: BTreeMap<u64, Unacked>,
 }
 
 impl Outgoing {
-    fn new(incarnation: u64) -> Outgoing {
+    fn new(incarnation: u64, to: u64) -> Outgoing {
         Outgoing {
+            to,
             next: (incarnation << COUNTER_BITS) | 1,
             unacked: BTreeMap::new(),
         }
@@ -91,7 +105,13 @@ impl Outgoing {
 struct Unacked {
     msg: Message,
     sent: Instant,
+    /// How often it was sent again.
+    resends: u32,
 }
+
+/// Resends of one message after which it is logged as a warning (once): its recipient
+/// drops it or cannot be reached, and something waits on it.
+const RESENDS_WARNED: u32 = 20;
 
 /// The sequence numbers that arrived from one sender's current incarnation: all below
 /// `below`, and those in `above` (beyond a gap a resend will fill); and the incarnations it
@@ -125,6 +145,11 @@ impl Incoming {
         }
         if seq < self.below || !self.above.insert(seq) {
             return false;
+        }
+        if self.above.len() > ABOVE {
+            if let Some(&lowest) = self.above.first() {
+                self.below = lowest;
+            }
         }
         while self.above.remove(&self.below) {
             self.below += 1;
@@ -167,11 +192,34 @@ impl Resender {
         self.timeout
     }
 
-    /// Gives `msg` its sequence number, addressed to the recipient's incarnation `to` (0:
-    /// not known), and keeps a copy until it is acknowledged. Messages without both ends
-    /// known, acknowledgements and heartbeats are left alone (a lost heartbeat is not worth a
-    /// resend: the next one follows).
-    pub(crate) fn stamp(&self, msg: &mut Message, now: Instant, to_incarnation: u64) {
+    /// The node table names incarnation `to` for `peer`: number what follows for that
+    /// process. When a new process took the peer's place, what was kept for the one before
+    /// is dropped (its successor would drop it too) and numbering starts again at 1; returns
+    /// how many messages were dropped. Learning the incarnation of a peer numbered for as
+    /// "whoever is there" (0) keeps what was sent.
+    pub(crate) fn retarget(&self, peer: NodeId, to: u64) -> usize {
+        let mut state = self.lock();
+        if to == 0 || state.targets.insert(peer, to) == Some(to) {
+            return 0;
+        }
+        match state.outgoing.get_mut(&peer) {
+            Some(out) if out.to == 0 => {
+                out.to = to;
+                0
+            }
+            Some(out) if out.to != to => state
+                .outgoing
+                .remove(&peer)
+                .map_or(0, |out| out.unacked.len()),
+            _ => 0,
+        }
+    }
+
+    /// Gives `msg` its sequence number, addressed to the recipient's incarnation the node
+    /// table names ([`retarget`](Self::retarget); 0 while not known), and keeps a copy until
+    /// it is acknowledged. Messages without both ends known, acknowledgements and heartbeats
+    /// are left alone (a lost heartbeat is not worth a resend: the next one follows).
+    pub(crate) fn stamp(&self, msg: &mut Message, now: Instant) {
         let (Some(_), Some(to)) = (msg.meta.sender, msg.meta.recipient) else {
             return;
         };
@@ -180,19 +228,21 @@ impl Resender {
         }
         let mut state = self.lock();
         let incarnation = self.incarnation;
+        let target = state.targets.get(&to).copied().unwrap_or(0);
         let out = state
             .outgoing
             .entry(to)
-            .or_insert_with(|| Outgoing::new(incarnation));
+            .or_insert_with(|| Outgoing::new(incarnation, target));
         let seq = out.next;
         out.next += 1;
         msg.meta.seq = Some(Seq {
             number: seq,
-            to: to_incarnation,
+            to: out.to,
         });
         let kept = Unacked {
             msg: msg.clone(),
             sent: now,
+            resends: 0,
         };
         out.unacked.insert(seq, kept);
     }
@@ -261,24 +311,41 @@ impl Resender {
     /// restarts).
     pub(crate) fn due(&self, now: Instant) -> Vec<Message> {
         let mut again = Vec::new();
+        let mut stuck = Vec::new();
         let mut state = self.lock();
         for out in state.outgoing.values_mut() {
+            let to = out.to;
             for kept in out.unacked.values_mut() {
                 if now.saturating_duration_since(kept.sent) >= self.timeout {
                     kept.sent = now;
+                    kept.resends += 1;
+                    if kept.resends == RESENDS_WARNED {
+                        let what = crate::router::describe(&kept.msg);
+                        stuck.push(format!("{what}, meant for process {to:x}"));
+                    }
                     again.push(kept.msg.clone());
                 }
             }
+        }
+        drop(state);
+        for what in stuck {
+            warn!(
+                "still unacknowledged after {RESENDS_WARNED} resends (the recipient cannot be \
+                 reached or drops it): {what}"
+            );
         }
         self.resent.fetch_add(again.len() as u64, Ordering::Relaxed);
         again
     }
 
-    /// Drops what is kept for `peer`: it died, or a new process took its place (which would
-    /// not know what to do with what was meant for the old one). What arrives from it is
-    /// still told apart by incarnation.
-    pub(crate) fn forget(&self, peer: NodeId) {
-        self.lock().outgoing.remove(&peer);
+    /// Drops what is kept for `peer` (it died) if it was numbered for its incarnation `to`
+    /// (0: whichever): what is kept for a process that took its place since stays. What
+    /// arrives from it is still told apart by incarnation.
+    pub(crate) fn forget(&self, peer: NodeId, to: u64) {
+        let mut state = self.lock();
+        if to == 0 || state.outgoing.get(&peer).is_some_and(|out| out.to == to) {
+            state.outgoing.remove(&peer);
+        }
     }
 
     /// What this node resent, dropped and still keeps.
@@ -340,7 +407,7 @@ mod tests {
         let mut seqs = Vec::new();
         for to in [8, 8, 9, 8] {
             let mut msg = data(10, to);
-            r.stamp(&mut msg, t0, 0);
+            r.stamp(&mut msg, t0);
             seqs.push(msg.meta.seq.map(|s| s.number));
         }
         let s = |n| Some(seq(INC, n));
@@ -359,7 +426,7 @@ mod tests {
         assert!(r.due(t0 + Duration::from_millis(1500)).is_empty());
         assert_eq!(r.due(t0 + Duration::from_secs(2)).len(), 2);
         assert_eq!(r.stats().resent, 4);
-        r.forget(8);
+        r.forget(8, 0);
         assert_eq!(r.stats().unacked, 0);
     }
 
@@ -369,17 +436,17 @@ mod tests {
         for cmd in [Command::Ack, Command::Heartbeat] {
             let mut msg = data(10, 1);
             msg.meta.control = Some(Control::command(cmd));
-            r.stamp(&mut msg, Instant::now(), 0);
+            r.stamp(&mut msg, Instant::now());
             assert_eq!(msg.meta.seq, None);
         }
         let mut barrier = data(10, 1);
         barrier.meta.control = Some(Control::command(Command::Barrier));
-        r.stamp(&mut barrier, Instant::now(), 0);
+        r.stamp(&mut barrier, Instant::now());
         assert_eq!(barrier.meta.seq.map(|s| s.number), Some(seq(INC, 1)));
         // Nor is a message without a sender (a registration before ids exist).
         let mut joining = data(10, 1);
         joining.meta.sender = None;
-        r.stamp(&mut joining, Instant::now(), 0);
+        r.stamp(&mut joining, Instant::now());
         assert_eq!(joining.meta.seq, None);
     }
 
@@ -458,7 +525,51 @@ mod tests {
         assert!(!r.received(&numbered(7, 3, MINE), MINE, 7).duplicate);
         // And a message is stamped with the incarnation it is meant for.
         let mut out = data(8, 10);
-        r.stamp(&mut out, Instant::now(), 9);
+        r.retarget(10, 9);
+        r.stamp(&mut out, Instant::now());
         assert_eq!(out.meta.seq.map(|s| s.to), Some(9));
+    }
+
+    #[test]
+    fn a_new_process_in_the_recipients_place_gets_its_own_numbering_and_the_old_copies_go() {
+        let r = Resender::new(Duration::from_secs(1), INC);
+        let now = Instant::now();
+        let send = || {
+            let mut msg = data(8, 10);
+            r.stamp(&mut msg, now);
+            msg.meta.seq.map(|s| (s.number, s.to))
+        };
+        // Numbered for whoever is there until the table names the process; learning its
+        // incarnation keeps what was sent.
+        assert_eq!(send(), Some((seq(INC, 1), 0)));
+        assert_eq!(r.retarget(10, 7), 0);
+        assert_eq!(send(), Some((seq(INC, 2), 7)));
+        assert_eq!(r.stats().unacked, 2);
+        // The same incarnation again (the whole table re-sent): nothing changes.
+        assert_eq!(r.retarget(10, 7), 0);
+        assert_eq!(send(), Some((seq(INC, 3), 7)));
+        // A new process (incarnation 9) took node 10's place: the three copies kept for the
+        // old one go, numbering starts at 1 for the new one.
+        assert_eq!(r.retarget(10, 9), 3);
+        assert_eq!(r.stats().unacked, 0);
+        assert_eq!(send(), Some((seq(INC, 1), 9)));
+        // The old process's death, learnt late, leaves what is kept for the new one.
+        r.forget(10, 7);
+        assert_eq!(r.stats().unacked, 1);
+        r.forget(10, 9);
+        assert_eq!(r.stats().unacked, 0);
+    }
+
+    #[test]
+    fn a_gap_that_never_fills_does_not_grow_the_window_without_bound() {
+        let mut incoming = Incoming::default();
+        // Number 1 never arrives; everything after it does.
+        for n in 2..(ABOVE as u64 + 10) {
+            assert!(incoming.insert(seq(7, n)));
+        }
+        assert!(incoming.above.len() <= ABOVE);
+        // What moved below the window is taken as seen.
+        assert!(!incoming.insert(seq(7, 2)));
+        assert!(incoming.insert(seq(7, ABOVE as u64 + 10)));
     }
 }

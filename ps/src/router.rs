@@ -132,14 +132,35 @@ impl Router {
         Ok(endpoints)
     }
 
-    /// Learns the addresses of `nodes` (the node table); connections open on first send.
-    pub fn set_nodes(&self, nodes: &[Node]) {
+    /// Learns the addresses and processes of `nodes` (the node table); connections open on
+    /// first send. A node now held by another process than the one known (recovery: a new
+    /// incarnation or address) is reached afresh: its route is dropped and the vans retire
+    /// the connections to the old process. With `PS_RESEND`, returns how many
+    /// unacknowledged messages were dropped because they were meant for the old process.
+    pub fn set_nodes(&self, nodes: &[Node]) -> usize {
         let mut state = self.lock();
+        let mut dropped = 0;
         for node in nodes {
-            if let Some(id) = node.id {
-                state.nodes.insert(id, node.clone());
+            let Some(id) = node.id else { continue };
+            if let Some(resend) = &self.resend {
+                dropped += resend.retarget(id, node.incarnation);
             }
+            let replaced = state.nodes.get(&id).is_some_and(|known| {
+                (known.incarnation != node.incarnation
+                    && known.incarnation != 0
+                    && node.incarnation != 0)
+                    || known.host != node.host
+                    || known.port != node.port
+            });
+            if replaced {
+                state.connected.remove(&id);
+                for van in &self.vans {
+                    van.forget(id);
+                }
+            }
+            state.nodes.insert(id, node.clone());
         }
+        dropped
     }
 
     /// The van that carries (or will carry) traffic to `peer`, if the peer is known.
@@ -170,9 +191,9 @@ impl Router {
             PsError::InvalidArgument(format!("cannot connect to {node}: it has no id"))
         })?;
         let kind = select_van(&self.config, self.available, &self.me, node)?;
+        self.set_nodes(std::slice::from_ref(node));
         self.van(kind)?.connect(&self.mapped(node)).await?;
         let mut state = self.lock();
-        state.nodes.insert(id, node.clone());
         if state.connected.insert(id, kind).is_none() {
             info!(peer = id, van = %kind, "route to {node}: {kind} van");
         }
@@ -194,8 +215,7 @@ impl Router {
     /// the message is kept and sent again over a new connection until acknowledged.
     pub async fn send(&self, mut msg: Message) -> Result<(), PsError> {
         if let Some(resend) = &self.resend {
-            let to = msg.meta.recipient.map_or(0, |p| self.incarnation_of(p));
-            resend.stamp(&mut msg, std::time::Instant::now(), to);
+            resend.stamp(&mut msg, std::time::Instant::now());
         }
         // Inline, so that a send without PS_RESEND allocates nothing for it.
         let numbered = msg.meta.recipient.zip(msg.meta.seq.map(|s| s.number));
@@ -246,8 +266,7 @@ impl Router {
         if let Some(resend) = &self.resend {
             let now = std::time::Instant::now();
             for msg in &mut msgs {
-                let to = msg.meta.recipient.map_or(0, |p| self.incarnation_of(p));
-                resend.stamp(msg, now, to);
+                resend.stamp(msg, now);
             }
         }
         let numbered = if self.resend.is_some() {

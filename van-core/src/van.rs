@@ -349,6 +349,15 @@ pub trait Van: Send + Sync {
     /// listener, and lets the inbox end. Idempotent.
     async fn stop(&self) -> Result<(), VanError>;
 
+    /// A new process took `peer`'s id (recovery): stop sending over the connections to the
+    /// one before, so the next [`connect`](Self::connect) dials the address the caller now
+    /// gives, and do not report their end as the peer's loss (a van may notice a killed
+    /// process's connections close only after its successor is reached). The default does
+    /// nothing (a van without connections of its own).
+    fn forget(&self, peer: NodeId) {
+        let _ = peer;
+    }
+
     /// A buffer of `len` bytes this van can send without copying the payload (see
     /// [`SharedBuf`](crate::SharedBuf)), or `Ok(None)` when the van has no such memory (the
     /// default) or `len` is too small to be worth it. Fill it, freeze it, and send the
@@ -399,6 +408,9 @@ impl<V: Van + ?Sized> Van for Arc<V> {
     }
     async fn stop(&self) -> Result<(), VanError> {
         (**self).stop().await
+    }
+    fn forget(&self, peer: NodeId) {
+        (**self).forget(peer);
     }
     fn alloc(&self, len: usize) -> Result<Option<crate::SharedBuf>, VanError> {
         (**self).alloc(len)

@@ -502,6 +502,10 @@ impl Van for IpcVan {
             .map_err(|e| io_error("IPC arena", e))
     }
 
+    fn forget(&self, peer: van_core::NodeId) {
+        self.shared.links.forget(peer);
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
         // Closing the queues lets each writer flush and exit (closing its ring, which tells
         // the peer's reader that nothing more comes); then the connections close.

@@ -577,6 +577,10 @@ impl Van for RdmaVan {
         }))
     }
 
+    fn forget(&self, peer: van_core::NodeId) {
+        self.shared.links.forget(peer);
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
         let flush = self.shared.options.flush_timeout;
         if !self.shared.links.stop(flush).await {

@@ -312,6 +312,10 @@ impl Van for TcpVan {
             .await
     }
 
+    fn forget(&self, peer: van_core::NodeId) {
+        self.shared.links.forget(peer);
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
         let flush = self.shared.options.flush_timeout;
         if !self.shared.links.stop(flush).await {

@@ -307,6 +307,10 @@ impl Van for IoUringVan {
             .await
     }
 
+    fn forget(&self, peer: NodeId) {
+        self.shared.links.forget(peer);
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
         // Closing the routes lets each connection's queue end once drained; the threads
         // flush them.

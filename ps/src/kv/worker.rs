@@ -4,6 +4,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::AtomicI32;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
@@ -170,6 +171,17 @@ impl<T: Value> KvWorker<T> {
         crate::pending::wait(&self.inner.pending, id).await
     }
 
+    /// [`wait`](Self::wait) for at most `limit`: [`PsError::Timeout`] if the request is not
+    /// answered by then. The request stays pending and may be waited for again. A failed
+    /// server fails its requests by itself (the scheduler declares it within
+    /// `PS_HEARTBEAT_TIMEOUT`); this bounds a wait on what that cannot see.
+    pub async fn wait_timeout(&self, id: RequestId, limit: Duration) -> Result<KvPairs> {
+        match tokio::time::timeout(limit, self.wait(id)).await {
+            Ok(result) => result,
+            Err(_) => Err(PsError::Timeout { waited: limit }),
+        }
+    }
+
     /// [`wait`](Self::wait) for threads outside the async runtime (ps-lite's `Wait`).
     ///
     /// Must not be called from inside a tokio runtime thread.
@@ -325,6 +337,7 @@ impl Customer for WorkerInner {
     }
 
     fn node_recovered(&self, node: NodeId) {
+        self.fail_node(node, crate::delivery::RECOVERED);
         if node_ids::role_of(node) != Some(van_core::Role::Server) {
             return;
         }
@@ -450,6 +463,44 @@ mod tests {
                         assert_eq!(&*pulled.vals::<f32>()?, &[key as f32]);
                     }
                     assert_eq!(worker.pending(), 0);
+                    po.finalize().await?;
+                }
+                Role::Scheduler => po.finalize().await?,
+            }
+            Ok(())
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .expect("the cluster did not finish in time")
+            .expect("a node failed");
+    }
+
+    #[tokio::test]
+    async fn a_wait_with_a_limit_ends_and_the_request_can_be_waited_for_again() {
+        let cluster = LocalCluster::new(1, 1);
+        let run = cluster.run(|po| async move {
+            let both = node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
+            match po.role() {
+                Role::Server => {
+                    // No application to answer until the worker's first wait ran out (the
+                    // request is held for it meanwhile).
+                    po.barrier(both).await?;
+                    let _server = KvServer::<f32>::with_sum(&po, 0, 0, 1).await?;
+                    po.finalize().await?;
+                }
+                Role::Worker => {
+                    let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+                    let id = worker.push(&[5], &[2.5], None, 0).await?;
+                    let limit = Duration::from_millis(300);
+                    match worker.wait_timeout(id, limit).await {
+                        Err(PsError::Timeout { waited }) => assert_eq!(waited, limit),
+                        other => panic!("expected a timeout, got {other:?}"),
+                    }
+                    assert_eq!(worker.pending(), 1, "the request stays pending");
+                    po.barrier(both).await?;
+                    worker.wait_timeout(id, Duration::from_secs(30)).await?;
+                    let pulled = worker.wait(worker.pull(&[5], 0).await?).await?;
+                    assert_eq!(&*pulled.vals::<f32>()?, &[2.5]);
                     po.finalize().await?;
                 }
                 Role::Scheduler => po.finalize().await?,

@@ -52,7 +52,8 @@ impl Postoffice {
                 continue;
             };
             if self.dead_error(peer).is_some() {
-                resend.forget(peer);
+                // Unless a new process took its place meanwhile, numbered anew.
+                resend.forget(peer, msg.meta.seq.map_or(0, |s| s.to));
                 continue;
             }
             if unreachable.contains(&peer) {
@@ -117,7 +118,7 @@ impl Postoffice {
         self.inner.membership.send_modify(|n| *n += 1);
         self.inner.router.peer_lost(node);
         if let Some(resend) = self.inner.router.resender() {
-            resend.forget(node);
+            resend.forget(node, 0);
         }
         if node == node_ids::SCHEDULER {
             // Nobody is left to release barriers.
@@ -159,10 +160,15 @@ impl Postoffice {
             "node {peer} ({}) rejoined at {}:{} (a new process: recovery)",
             node.role, node.host, node.port
         );
-        self.inner.router.set_nodes(std::slice::from_ref(node));
-        self.inner.router.peer_lost(peer);
-        if let Some(resend) = self.inner.router.resender() {
-            resend.forget(peer);
+        // What was kept for the old process is dropped as the new one becomes the target
+        // (one step, so nothing is numbered for one and kept for the other); the
+        // applications fail what waited on the old one (`Customer::node_recovered`).
+        let dropped = self.inner.router.set_nodes(std::slice::from_ref(node));
+        if dropped > 0 {
+            info!(
+                peer,
+                dropped, "unacknowledged messages meant for the replaced process dropped"
+            );
         }
         lock(&self.inner.dead).remove(&peer);
         self.inner.membership.send_modify(|n| *n += 1);
@@ -243,11 +249,28 @@ impl Postoffice {
             .nodes
             .iter()
             .any(|n| n.id == Some(node_ids::SCHEDULER));
+        let seq = msg.meta.seq.map(|s| s.number);
         if self.inner.table.get().is_none() {
-            // Only the table itself (it holds the scheduler) makes us joined; another node's
-            // recovery notice reaching a node whose welcome is still on its way does not.
+            // Only the table itself (it holds the scheduler) makes us joined. Another node's
+            // recovery notice can reach a node whose table is still on its way (a resend
+            // after a broken connection overtakes it): kept until the table arrives.
             if whole_table {
                 self.set_table(id, control.nodes.clone());
+                let early = std::mem::take(&mut *lock(&self.inner.early_notices));
+                for (notice, node) in early {
+                    // Sent after the table: news the table does not hold. (Unnumbered, the
+                    // link kept the order, so the table is the later word.)
+                    if seq.is_some_and(|table| notice > table) {
+                        self.recovered_in_notice(&node);
+                    } else {
+                        debug!("a recovery notice older than the table: {node}");
+                    }
+                }
+            } else if let Some(notice) = seq {
+                let mut early = lock(&self.inner.early_notices);
+                for node in control.nodes.iter().filter(|n| n.is_recovery) {
+                    early.push((notice, node.clone()));
+                }
             }
             return;
         }
@@ -256,9 +279,14 @@ impl Postoffice {
             return;
         }
         for node in control.nodes.iter().filter(|n| n.is_recovery) {
-            if let Some(peer) = node.id.filter(|&p| p != self.my_id()) {
-                self.node_recovered(peer, node);
-            }
+            self.recovered_in_notice(node);
+        }
+    }
+
+    /// The scheduler's notice that a new process took the place of `node`.
+    fn recovered_in_notice(&self, node: &Node) {
+        if let Some(peer) = node.id.filter(|&p| p != self.my_id()) {
+            self.node_recovered(peer, node);
         }
     }
 

@@ -69,6 +69,10 @@ struct Inner {
     /// This process's incarnation: sent with its registration, so that the scheduler tells a
     /// registration re-sent from one sent by a new process at the same address.
     incarnation: u64,
+    /// Recovery notices that arrived before the node table (a resend after a broken
+    /// connection can overtake the table), by sequence number: applied once the table
+    /// arrives if they were sent after it.
+    early_notices: Mutex<Vec<(u64, Node)>>,
     /// Bumped whenever a node is declared dead or recovers ([`Postoffice::wait_alive`]).
     membership: watch::Sender<u64>,
     scheduler: Option<Mutex<Scheduler>>,
@@ -239,6 +243,7 @@ impl Postoffice {
                 table: OnceLock::new(),
                 ready,
                 incarnation,
+                early_notices: Mutex::new(Vec::new()),
                 membership: watch::channel(0).0,
                 scheduler,
                 customers: Mutex::new(Customers::default()),

@@ -72,6 +72,9 @@ struct Entry<L> {
     io: Arc<dyn Connection>,
     /// Fires when the connection's writer has flushed and ended.
     flushed: Option<oneshot::Receiver<()>>,
+    /// A connection to a process that another has replaced ([`Links::forget`]): never a
+    /// route again, and its end is no loss.
+    retired: bool,
 }
 
 struct State<L> {
@@ -263,6 +266,7 @@ impl<L: Clone + Send + 'static> Links<L> {
                 link,
                 io,
                 flushed,
+                retired: false,
             },
         );
         if let Some(peer) = peer {
@@ -278,7 +282,7 @@ impl<L: Clone + Send + 'static> Links<L> {
         if state.stopped {
             return;
         }
-        let Some(entry) = state.connections.get_mut(&id) else {
+        let Some(entry) = state.connections.get_mut(&id).filter(|e| !e.retired) else {
             return;
         };
         entry.peer.get_or_insert(peer);
@@ -341,6 +345,9 @@ impl<L: Clone + Send + 'static> Links<L> {
             }
         }
         let entry = state.connections.remove(&id)?;
+        if entry.retired {
+            return None;
+        }
         let was_route = match entry.peer {
             Some(peer) if state.routes.get(&peer) == Some(&id) => {
                 state.routes.remove(&peer);
@@ -357,6 +364,27 @@ impl<L: Clone + Send + 'static> Links<L> {
             kind: self.kind,
             reason: reason.to_owned(),
         })
+    }
+
+    /// A new process took `peer`'s id (recovery): the connections to the one before are
+    /// retired — no longer its route, never one again, and their end (which a van may notice
+    /// late, after the new process is reached) is no loss to report. The next
+    /// [`connect`](Self::connect) dials the peer's new address. The connections stay open, so
+    /// whatever is still in flight on them arrives.
+    pub fn forget(&self, peer: NodeId) {
+        let mut state = self.lock();
+        state.routes.remove(&peer);
+        state.lost.remove(&peer);
+        let mut retired = 0;
+        for entry in state.connections.values_mut() {
+            if entry.peer == Some(peer) && !entry.retired {
+                entry.retired = true;
+                retired += 1;
+            }
+        }
+        if retired > 0 {
+            debug!(peer, retired, kind = %self.kind, "connections to a replaced process retired");
+        }
     }
 
     /// The link to send to `peer` over, or why there is none.

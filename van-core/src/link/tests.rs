@@ -104,6 +104,35 @@ fn a_closed_route_is_replaced_by_the_next_connection() {
 }
 
 #[test]
+fn a_replaced_process_s_connections_are_retired_and_their_end_is_no_loss() {
+    let links = bound();
+    // The old process's route (still open: its death not noticed yet) and a connection
+    // it had opened to us.
+    let (old_route, _) = add(&links, Some(9), "old");
+    let (old_accepted, _) = add(&links, None, "old accepted");
+    links.learn(old_accepted, 9);
+    links.forget(9);
+    // No route until the new process is dialed; then the dial is the route.
+    assert!(matches!(
+        links.link(9),
+        Err(VanError::UnknownPeer { peer: 9 })
+    ));
+    let (new_route, _) = add(&links, Some(9), "new");
+    assert_eq!(links.link(9).unwrap(), "new");
+    // A message still arriving on a retired connection does not make it the route again.
+    links.learn(old_accepted, 9);
+    assert_eq!(links.link(9).unwrap(), "new");
+    // The old connections' end, noticed late, is no loss; the new route's is.
+    assert!(links.closed(old_route, "killed").is_none());
+    assert!(links.closed(old_accepted, "killed").is_none());
+    assert_eq!(links.link(9).unwrap(), "new");
+    assert_eq!(
+        links.closed(new_route, "reset").map(|l| l.peer),
+        Some(Some(9))
+    );
+}
+
+#[test]
 fn nothing_is_a_loss_after_stop_and_stop_ends_everything() {
     let links = bound();
     let (route, a) = add(&links, Some(1), "a");
