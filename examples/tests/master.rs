@@ -192,10 +192,17 @@ fn until(
         if done(&status) {
             return status;
         }
-        assert!(
-            started.elapsed().as_secs() < 60,
-            "job {id}: no {what}: {status}"
-        );
+        if started.elapsed().as_secs() >= 60 {
+            // Every task's log, so a failure in CI can be read.
+            for task in status["tasks"].as_array().into_iter().flatten() {
+                let name = task["name"].as_str().unwrap_or("");
+                let log = master
+                    .get("GET", &format!("/jobs/{id}/logs/{name}"), None)
+                    .1;
+                eprintln!("--- log of {name}:\n{log}");
+            }
+            panic!("job {id}: no {what}: {status}");
+        }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }

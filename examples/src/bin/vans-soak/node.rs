@@ -18,13 +18,19 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ps::{node_ids, Config, KvServer, KvWorker, Postoffice, PsError, Role};
+use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, Postoffice, PsError, RequestId, Role};
 use van_core::NodeId;
 
 use crate::{BoxError, Options};
 
-/// How long a worker waits for a failed server to come back.
-const COMEBACK: Duration = Duration::from_secs(90);
+/// How long a worker waits for a failed server to come back (a killed server's new process
+/// rejoins within seconds; one declared dead by the heartbeat timeout, 20 s, sooner): less
+/// than the driver gives the nodes to finish, so a node that waits in vain says so.
+const COMEBACK: Duration = Duration::from_secs(40);
+/// How long a worker waits for an answer: a dead server fails its requests within the
+/// heartbeat timeout, so a request unanswered this long is a fault of its own, named in the
+/// worker's error instead of a silent hang.
+const ANSWER: Duration = Duration::from_secs(30);
 
 /// The keys of one worker: shared keys by server, its count key on each server, its own key.
 struct Keys {
@@ -156,12 +162,33 @@ impl<'a> Worker<'a> {
         Ok(w)
     }
 
-    /// The values of `keys` (any order; each key one value, 0 for a key never pushed).
+    /// The answer to request `id` (`what` it is), within [`ANSWER`].
+    async fn answer(&self, id: RequestId, what: &str) -> Result<KvPairs, PsError> {
+        let answer = self.kv.wait_timeout(id, ANSWER).await;
+        if let Err(PsError::Timeout { waited }) = &answer {
+            eprintln!(
+                "vans-soak: worker {}: {what} (request {id}) unanswered after {waited:?}",
+                self.rank
+            );
+        }
+        answer
+    }
+
+    /// The values of `keys` (any order; each key one value, 0 for a key never pushed). A
+    /// server that fails (or is replaced) under the pull is waited for, and read again.
     async fn pull(&self, keys: &[u64]) -> Result<Vec<i64>, BoxError> {
         let mut sorted = keys.to_vec();
         sorted.sort_unstable();
-        let id = self.kv.pull(&sorted, 0).await?;
-        let pulled = self.kv.wait(id).await?;
+        let pulled = loop {
+            let answer = match self.kv.pull(&sorted, 0).await {
+                Ok(id) => self.answer(id, "a pull").await,
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok(pulled) => break pulled,
+                Err(e) => self.recover(e).await?,
+            }
+        };
         let vals = pulled.vals::<i64>()?;
         let lens = pulled.lens()?;
         let mut by_key = std::collections::HashMap::new();
@@ -187,7 +214,7 @@ impl<'a> Worker<'a> {
 
     /// One round's request failed: a server died under it. Wait for it to come back (a
     /// new process in its place); the next round puts back what it lost.
-    async fn recover(&mut self, error: PsError) -> Result<(), BoxError> {
+    async fn recover(&self, error: PsError) -> Result<(), BoxError> {
         let PsError::NodeFailed { node, .. } = &error else {
             return Err(error.into());
         };
@@ -235,7 +262,7 @@ impl<'a> Worker<'a> {
         }
         let (keys, vals) = sorted(pairs);
         let id = self.kv.push(&keys, &vals, None, 0).await?;
-        self.kv.wait(id).await?;
+        self.answer(id, "a refill").await?;
         println!(
             "SOAK-EVENT worker {}: put back {missing} rounds and {own_missing} own adds onto \
              restarted server {s}",
@@ -247,7 +274,7 @@ impl<'a> Worker<'a> {
     /// The value of one key (0 if never pushed).
     async fn pull_one(&self, key: u64) -> Result<i64, PsError> {
         let id = self.kv.pull(&[key], 0).await?;
-        let pulled = self.kv.wait(id).await?;
+        let pulled = self.answer(id, "a pull of one key").await?;
         Ok(pulled.vals::<i64>()?.first().copied().unwrap_or(0))
     }
 
@@ -281,7 +308,7 @@ impl<'a> Worker<'a> {
             let (keys, vals) = sorted(self.rounds_onto(s, 1));
             let sent = self.kv.push(&keys, &vals, None, 0).await;
             match sent {
-                Ok(id) => match self.kv.wait(id).await {
+                Ok(id) => match self.answer(id, "a push round").await {
                     Ok(_) => self.acked[s] += 1,
                     Err(e) => {
                         self.uncertain[s] += 1;
@@ -298,12 +325,12 @@ impl<'a> Worker<'a> {
         let own = self.keys.own;
         let result = if add {
             match self.kv.push_pull(&[own], &[1], None, 0).await {
-                Ok(id) => self.kv.wait(id).await,
+                Ok(id) => self.answer(id, "a push-pull of the own key").await,
                 Err(e) => Err(e),
             }
         } else {
             match self.kv.pull(&[own], 0).await {
-                Ok(id) => self.kv.wait(id).await,
+                Ok(id) => self.answer(id, "a pull of the own key").await,
                 Err(e) => Err(e),
             }
         };
