@@ -231,10 +231,27 @@ impl Router {
             info!("send {} via {kind}", describe(&msg));
         }
         let van = self.van(kind)?;
-        match van.try_send(msg).map_err(peer_error)? {
-            None => Ok(()),
-            Some(msg) => van.send(msg).await.map_err(peer_error),
+        let sent = match van.try_send(msg) {
+            Ok(None) => Ok(()),
+            Ok(Some(msg)) => van.send(msg).await,
+            Err(e) => Err(e),
+        };
+        self.checked(kind, sent)
+    }
+
+    /// The result of a send over van `kind`. When the van says it has no route to the peer
+    /// (the connection ended, perhaps before this router even recorded it as connected),
+    /// the router forgets the route too, so the next send dials again instead of failing
+    /// the same way forever.
+    fn checked(&self, kind: VanKind, sent: Result<(), VanError>) -> Result<(), PsError> {
+        if let Err(VanError::PeerGone { peer, .. } | VanError::UnknownPeer { peer }) = &sent {
+            let mut state = self.lock();
+            if state.connected.get(peer) == Some(&kind) {
+                state.connected.remove(peer);
+                debug!(peer, van = %kind, "the van has no route: dialing again next time");
+            }
         }
+        sent.map_err(peer_error)
     }
 
     /// A failed send of numbered messages that the resender will repeat is no error: the
@@ -301,10 +318,8 @@ impl Router {
             }
         }
         for (kind, batch) in by_van {
-            self.van(kind)?
-                .send_batch(batch)
-                .await
-                .map_err(peer_error)?;
+            let sent = self.van(kind)?.send_batch(batch).await;
+            self.checked(kind, sent)?;
         }
         Ok(())
     }
@@ -445,5 +460,49 @@ mod tests {
         // Unmapped nodes are untouched.
         let other = Node::new(Role::Worker, "10.0.0.2", 2222).with_id(9);
         assert_eq!(router.mapped(&other), other);
+    }
+
+    /// A connection that ends just after it was dialed (a proxy whose target is down drops
+    /// it at once) must not leave the router sending into a route the van no longer has:
+    /// the next send dials again and reaches the peer's new listener.
+    #[cfg(feature = "tcp")]
+    #[tokio::test]
+    async fn a_route_the_van_lost_is_dialed_again() {
+        use std::time::{Duration, Instant};
+        let tcp =
+            || -> Arc<dyn Van> { Arc::new(van_tcp::TcpVan::new(van_tcp::TcpOptions::default())) };
+        let (first, (inbox, _first_inbox)) = (tcp(), van_core::inbox(16));
+        let bound = first.bind("127.0.0.1", 0, inbox).await.unwrap();
+        let port: u16 = bound.address.rsplit(':').next().unwrap().parse().unwrap();
+        let config = Config {
+            enable_ipc: false,
+            ..Config::default()
+        };
+        let me = Node::new(Role::Worker, "127.0.0.1", 1).with_id(9);
+        let (mine, (inbox, _my_inbox)) = (tcp(), van_core::inbox(16));
+        mine.bind("127.0.0.1", 0, inbox).await.unwrap();
+        let router = Router::new(vec![mine], &config, me, 1);
+        let peer = Node::new(Role::Server, "127.0.0.1", port).with_id(8);
+        router.connect(&peer).await.unwrap();
+        // The peer's process ends; a new one listens at the same address.
+        first.stop().await.unwrap();
+        let (second, (inbox, mut second_inbox)) = (tcp(), van_core::inbox(16));
+        second.bind("127.0.0.1", port, inbox).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut msg = Message::default();
+            (msg.meta.sender, msg.meta.recipient) = (Some(9), Some(8));
+            // The first sends may go into the old connection or fail on it.
+            let _ = router.send(msg).await;
+            let got = tokio::time::timeout(Duration::from_millis(100), second_inbox.recv()).await;
+            if let Ok(Some(van_core::Event::Message(msg))) = got {
+                assert_eq!(msg.meta.recipient, Some(8));
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the router never dialed the peer's new listener"
+            );
+        }
     }
 }
