@@ -6,6 +6,8 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use examples::chaos::{self, FaultProxy, Mode, Rng, Schedule};
@@ -17,6 +19,8 @@ const HEARTBEAT_TIMEOUT_SECS: u64 = 20;
 const MAX_OUTAGE: Duration = Duration::from_millis(1500);
 /// How long the nodes may take, after the chaos ends, to check and leave.
 const FINISH: Duration = Duration::from_secs(60);
+/// How long the cluster may take to form before the chaos starts.
+const FORMATION: Duration = Duration::from_secs(60);
 
 /// A node of the cluster: its role, its own port, and the proxy in front of it.
 struct Planned {
@@ -29,7 +33,14 @@ struct Running {
     name: String,
     child: Child,
     lines: std::thread::JoinHandle<Vec<String>>,
+    /// The process's log (its standard error), printed if the run fails.
+    log: std::path::PathBuf,
 }
+
+/// What the nodes log (unless `RUST_LOG` says otherwise): warnings, and the scheduler's and
+/// postoffices' membership events (registrations, failures, recoveries), so that a failed
+/// run shows what each process saw.
+const NODE_LOG: &str = "warn,ps::control=info,ps::postoffice=info";
 
 pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     let ipc = match o.van.as_str() {
@@ -42,6 +53,9 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     }
     let dir = std::env::temp_dir().join(format!("vans-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    if let Some(logs) = &o.logs {
+        std::fs::create_dir_all(logs)?;
+    }
     let mut plan = Vec::new();
     let roles = std::iter::once("scheduler")
         .chain((0..o.servers).map(|_| "server"))
@@ -74,6 +88,9 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
         map: &map_file,
         ipc,
         until_ms,
+        dir: o.logs.as_deref().unwrap_or(&dir),
+        started: std::cell::Cell::new(0),
+        ready: Arc::new(AtomicUsize::new(0)),
     };
     let mut nodes = Vec::new();
     for index in 0..plan.len() {
@@ -96,6 +113,12 @@ struct Launch<'a> {
     map: &'a Path,
     ipc: bool,
     until_ms: u64,
+    /// Where the nodes' logs go.
+    dir: &'a Path,
+    /// Processes started so far (names their logs).
+    started: std::cell::Cell<usize>,
+    /// Processes that joined the cluster (said `SOAK-READY`).
+    ready: Arc<AtomicUsize>,
 }
 
 impl Launch<'_> {
@@ -139,19 +162,37 @@ impl Launch<'_> {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", NODE_LOG);
+        }
+        let n = launch.started.get();
+        launch.started.set(n + 1);
+        let log = launch.dir.join(format!("{n:03}-{}.log", p.role));
+        cmd.stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?);
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout from a node")?;
+        let ready = launch.ready.clone();
         let lines = std::thread::spawn(move || {
             BufReader::new(stdout)
                 .lines()
                 .map_while(Result::ok)
+                .inspect(|line| {
+                    if line.starts_with("SOAK-READY") {
+                        ready.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // A worker's progress is shown as it comes.
+                    if line.starts_with("vans-soak: worker") {
+                        println!("{line}");
+                    }
+                })
                 .collect()
         });
         Ok(Running {
-            name: p.role.to_owned(),
+            name: format!("{} (process {n})", p.role),
             child,
             lines,
+            log,
         })
     }
 }
@@ -192,9 +233,25 @@ async fn chaos_loop(
     let mut out = Chaos::default();
     let mut schedule = Schedule::new(o.seed, plan.len(), MAX_OUTAGE);
     let mut rng = Rng::new(o.seed ^ 0x5eed);
-    // Let the cluster form before the first fault.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let end = Instant::now() + Duration::from_secs_f64(o.seconds);
+    // The faults are for a cluster that formed: wait until every node has joined (a kill
+    // while the cluster forms only restarts a registration, and tests nothing of recovery).
+    let formed = Instant::now() + FORMATION;
+    while launch.ready.load(Ordering::Relaxed) < plan.len() && Instant::now() < formed {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if launch.ready.load(Ordering::Relaxed) < plan.len() {
+        println!(
+            "vans-soak: only {} of {} nodes joined within {FORMATION:?}",
+            launch.ready.load(Ordering::Relaxed),
+            plan.len()
+        );
+        return out;
+    }
+    // The chaos ends with the workers' rounds (at `until_ms`).
+    let left = (UNIX_EPOCH + Duration::from_millis(launch.until_ms))
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    let end = Instant::now() + left;
     let kills_end = end.checked_sub(Duration::from_secs(10)).unwrap_or(end);
     let mut next_kill =
         (o.kill_every > 0.0).then(|| Instant::now() + Duration::from_secs_f64(o.kill_every));
@@ -291,14 +348,31 @@ fn finish(
         }
     }
     let mut out = Vec::new();
+    let mut logs = Vec::new();
     for node in killed.into_iter().chain(nodes) {
         let lines = node.lines.join().unwrap_or_default();
+        logs.push((node.name.clone(), node.log));
         out.push((node.name, lines));
     }
+    let warnings: usize = logs
+        .iter()
+        .filter_map(|(_, log)| std::fs::read_to_string(log).ok())
+        .map(|text| text.lines().filter(|l| l.contains(" WARN ")).count())
+        .sum();
+    println!("vans-soak: the nodes logged {warnings} warnings");
     if !failed.is_empty() {
         for (name, lines) in &out {
             for line in lines {
                 println!("{name}: {line}");
+            }
+        }
+        // Every process's log, in the order they started (killed ones too).
+        logs.sort_by_key(|(_, log)| log.clone());
+        for (name, log) in &logs {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            println!("---- log of {name}:");
+            for line in text.lines() {
+                println!("{line}");
             }
         }
         return Err(format!("nodes failed: {}", failed.join(", ")).into());
@@ -330,7 +404,7 @@ fn report(
                 lost += field(line, "lost").unwrap_or(0);
                 duplicated += field(line, "duplicated").unwrap_or(0);
             }
-            if line.starts_with("SOAK-") {
+            if line.starts_with("SOAK-") && !line.starts_with("SOAK-READY") {
                 resent += field(line, "resent").unwrap_or(0);
                 dropped += field(line, "duplicates-dropped").unwrap_or(0);
                 stale += field(line, "stale-dropped").unwrap_or(0);

@@ -42,6 +42,11 @@ pub(crate) struct Options {
     /// process in its place (0: never). Kills stop 10 s before the end.
     #[arg(long, default_value_t = 0.0)]
     kill_every: f64,
+    /// Keep each process's log (its standard error: warnings and membership events) in this
+    /// folder. Without it they go to a temporary folder that is removed at the end; they are
+    /// printed when the run fails.
+    #[arg(long)]
+    logs: Option<std::path::PathBuf>,
     /// Run as one node of the cluster (set by the driver, with the node's environment).
     #[arg(long, hide = true)]
     node: bool,

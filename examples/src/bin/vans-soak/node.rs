@@ -70,6 +70,7 @@ impl Keys {
 pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     let config = Config::from_env()?;
     let po = Postoffice::start(config).await?;
+    println!("SOAK-READY {:?} {}", po.role(), po.my_id());
     // The scheduler and the servers wait out the run before their final barrier: a barrier
     // fails when a member dies, and workers die here on purpose (kills stop 10 s before the
     // end, so the final barrier sees everyone).
@@ -382,7 +383,7 @@ impl<'a> Worker<'a> {
             round += 1;
             if last_said.elapsed() >= Duration::from_secs(10) {
                 last_said = Instant::now();
-                eprintln!(
+                println!(
                     "vans-soak: worker {}: {round} rounds, acked {:?}",
                     self.rank, self.acked
                 );
