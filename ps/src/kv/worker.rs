@@ -426,6 +426,14 @@ mod tests {
     use crate::local::LocalCluster;
     use crate::{KvServer, Role};
 
+    /// Awaits a test cluster's run: every node must finish, without error, within a minute.
+    async fn within_a_minute<T>(run: impl std::future::Future<Output = crate::Result<T>>) {
+        tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("the cluster did not finish in time")
+            .expect("a node failed");
+    }
+
     #[tokio::test]
     async fn request_ids_skip_ones_still_pending_when_the_counter_wraps() {
         let cluster = LocalCluster::new(1, 1);
@@ -469,10 +477,7 @@ mod tests {
             }
             Ok(())
         });
-        tokio::time::timeout(std::time::Duration::from_secs(60), run)
-            .await
-            .expect("the cluster did not finish in time")
-            .expect("a node failed");
+        within_a_minute(run).await;
     }
 
     #[tokio::test]
@@ -507,9 +512,6 @@ mod tests {
             }
             Ok(())
         });
-        tokio::time::timeout(std::time::Duration::from_secs(60), run)
-            .await
-            .expect("the cluster did not finish in time")
-            .expect("a node failed");
+        within_a_minute(run).await;
     }
 }
