@@ -1,7 +1,8 @@
 //! Three "hosts" as network namespaces that the test creates, joined by veth pairs to a
 //! bridge on a private subnet that exists only inside them; nodes run inside the namespaces
 //! (`ip netns exec`), so every address they use is one of the test's own. Needs root and
-//! `ip`; without them each test says it skipped and passes.
+//! `ip`; without root each test says it skipped and passes (as root, a namespace that
+//! cannot be made fails it).
 //!
 //! What they show: TCP is chosen between hosts and shared memory only within one (the host
 //! identity includes the network namespace), `DMLC_INTERFACE` picks the veth (and without it
@@ -40,10 +41,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl Hosts {
-    /// Creates the namespaces, or says why it cannot (then the test skips).
-    fn create(tag: &str) -> Result<Hosts, String> {
+    /// Creates the namespaces; `None` (the test says it skipped) only without root. As root,
+    /// a namespace or link that cannot be made fails the test: a machine that should run the
+    /// suite must not pass it by skipping.
+    fn create(tag: &str) -> Option<Hosts> {
         if !rustix::process::geteuid().is_root() {
-            return Err("not root".into());
+            eprintln!("skipped: network namespaces need root");
+            return None;
         }
         let id = std::process::id() % 100_000;
         let subnet = format!("10.213.{}", id % 250);
@@ -53,13 +57,23 @@ impl Hosts {
             hosts: Vec::new(),
             addrs: Vec::new(),
         };
+        // On failure the panic drops `made`, which deletes what was made.
+        if let Err(e) = made.build(&subnet, id, tag) {
+            panic!("running as root, yet the test's network namespaces could not be made: {e}");
+        }
+        Some(made)
+    }
+
+    /// Makes the switch and the three hosts, recording each as it is made.
+    fn build(&mut self, subnet: &str, id: u32, tag: &str) -> Result<(), String> {
+        let switch = self.switch.clone();
         ip(&["netns", "add", &switch])?;
         ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"])?;
         ip(&["-n", &switch, "link", "set", "br0", "up"])?;
         for i in 0..3 {
             let host = format!("vans{id}{tag}h{i}");
             ip(&["netns", "add", &host])?;
-            made.hosts.push(host.clone());
+            self.hosts.push(host.clone());
             // One end in the switch (on the bridge), the other the host's eth0.
             let port = format!("vp{id}{tag}{i}");
             ip(&[
@@ -79,9 +93,9 @@ impl Hosts {
             ])?;
             ip(&["-n", &host, "link", "set", "eth0", "up"])?;
             ip(&["-n", &host, "link", "set", "lo", "up"])?;
-            made.addrs.push(addr);
+            self.addrs.push(addr);
         }
-        Ok(made)
+        Ok(())
     }
 
     /// `ps-bench` as `role` on host `host`, with the scheduler on host 0.
@@ -139,12 +153,8 @@ fn wait_all(children: Vec<(usize, &'static str, Child)>) -> Vec<(usize, &'static
 
 #[test]
 fn tcp_between_hosts_shared_memory_within_one_and_exact_sums() {
-    let hosts = match Hosts::create("a") {
-        Ok(h) => h,
-        Err(why) => {
-            eprintln!("skipped: network namespaces unavailable ({why})");
-            return;
-        }
+    let Some(hosts) = Hosts::create("a") else {
+        return;
     };
     let args = ["--mode", "check", "--keys", "32"];
     let children = LAYOUT
@@ -187,12 +197,8 @@ fn tcp_between_hosts_shared_memory_within_one_and_exact_sums() {
 fn without_dmlc_interface_nodes_announce_the_address_that_routes_to_the_scheduler() {
     // ps-lite's own tracker (tracker/dmlc_local.py) sets DMLC_PS_ROOT_URI to the host's
     // address and no DMLC_INTERFACE; ps-lite then picks the interface itself.
-    let hosts = match Hosts::create("r") {
-        Ok(h) => h,
-        Err(why) => {
-            eprintln!("skipped: network namespaces unavailable ({why})");
-            return;
-        }
+    let Some(hosts) = Hosts::create("r") else {
+        return;
     };
     let args = ["--mode", "check", "--keys", "8"];
     let unset = [("DMLC_INTERFACE", ""), ("PS_VERBOSE", "1")];
@@ -222,12 +228,8 @@ fn without_dmlc_interface_nodes_announce_the_address_that_routes_to_the_schedule
 
 #[test]
 fn a_link_taken_down_mid_run_is_a_named_error_on_both_sides() {
-    let hosts = match Hosts::create("b") {
-        Ok(h) => h,
-        Err(why) => {
-            eprintln!("skipped: network namespaces unavailable ({why})");
-            return;
-        }
+    let Some(hosts) = Hosts::create("b") else {
+        return;
     };
     let env = [
         ("PS_HEARTBEAT_INTERVAL", "1"),
