@@ -549,6 +549,11 @@ fn frame_exactly_at_max_frame_accepted_one_over_rejected() {
     let expected = WireError::FrameTooLarge { len, max: len - 1 };
     assert_eq!(encode(&msg, &under).unwrap_err(), expected);
     assert_eq!(decode(frame, &under).unwrap_err(), expected);
+    // The message names the variable that raises the limit.
+    assert!(
+        expected.to_string().contains("VANS_MAX_FRAME_BYTES"),
+        "{expected}"
+    );
 }
 
 #[test]

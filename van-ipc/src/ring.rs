@@ -769,7 +769,8 @@ impl Consumer {
         };
         if message_len > self.max_message {
             return Err(IpcError::corrupt(format!(
-                "message of at least {message_len} bytes exceeds the limit of {} bytes",
+                "message of at least {message_len} bytes exceeds the limit of {} bytes \
+                 (VANS_MAX_FRAME_BYTES)",
                 self.max_message
             )));
         }

@@ -138,7 +138,7 @@ pub enum WireError {
         reserved: u64,
     },
     /// The frame is larger than [`Limits::max_frame`].
-    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes (VANS_MAX_FRAME_BYTES)")]
     FrameTooLarge {
         /// Declared or computed frame length.
         len: u64,
@@ -146,7 +146,7 @@ pub enum WireError {
         max: u64,
     },
     /// The meta is larger than [`Limits::max_meta`].
-    #[error("meta of {len} bytes exceeds the limit of {max} bytes")]
+    #[error("meta of {len} bytes exceeds the limit of {max} bytes (VANS_MAX_META_BYTES)")]
     MetaTooLarge {
         /// Declared or encoded meta length.
         len: u64,
@@ -154,7 +154,7 @@ pub enum WireError {
         max: u32,
     },
     /// More segments than [`Limits::max_segments`].
-    #[error("{count} data segments exceed the limit of {max}")]
+    #[error("{count} data segments exceed the limit of {max} (VANS_MAX_SEGMENTS)")]
     TooManySegments {
         /// Declared or actual segment count.
         count: u64,
