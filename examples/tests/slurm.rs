@@ -19,7 +19,14 @@ const ALLREDUCE_BENCH: &str = env!("CARGO_BIN_EXE_allreduce-bench");
 /// A single-node Slurm of our own; stopped and removed when dropped.
 struct Slurm {
     dir: PathBuf,
+    /// One Slurm at a time: of three started at once on 2 cores (the tests run in parallel),
+    /// one's slurmd never registered in a run of the test command. Fields drop after
+    /// `Drop::drop`, so the turn passes on once the daemons are stopped.
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// Whose turn it is to run a Slurm (see [`Slurm::_turn`]).
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -43,12 +50,16 @@ impl Slurm {
                 panic!("{program} not found: run scripts/setup.sh (Debian: slurm-wlm, munge)");
             }
         }
+        // A test that failed while it held the turn poisons the lock; the turn is still free.
+        let turn = TURN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let dir = std::env::temp_dir().join(format!("vans-slurm-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for sub in ["state", "spool", "log", "munge"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
-        let slurm = Slurm { dir };
+        let slurm = Slurm { dir, _turn: turn };
         let d = |p: &str| slurm.dir.join(p).to_string_lossy().into_owned();
         // munged wants its socket folder 755 and its key 600.
         run(Command::new("chmod").args(["755", &d("munge")]));
@@ -109,11 +120,16 @@ impl Slurm {
             if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle") {
                 return Some(slurm);
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the Slurm node did not become idle:\n{}",
-                std::fs::read_to_string(slurm.dir.join("log/slurmctld.log")).unwrap_or_default()
-            );
+            if started.elapsed() > Duration::from_secs(60) {
+                let log = |name: &str| {
+                    std::fs::read_to_string(slurm.dir.join("log").join(name)).unwrap_or_default()
+                };
+                panic!(
+                    "the Slurm node did not become idle:\n--- slurmctld.log\n{}\n--- slurmd.log\n{}",
+                    log("slurmctld.log"),
+                    log("slurmd.log")
+                );
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
