@@ -72,3 +72,96 @@ fn intruders_without_the_secret_cannot_join_and_the_cluster_sums_exactly() {
         "the scheduler must log the refusals: {scheduler_log}"
     );
 }
+
+/// Opens connections from `from` to the node at `port` until `stop`, one every 2 ms, and holds
+/// the last 150 open: idle ones, and half-open ones that sent the first bytes of a hello and
+/// went quiet. Returns how many connected.
+fn flood(from: &str, port: u16, stop: &std::sync::atomic::AtomicBool) -> usize {
+    use socket2::{Domain, Socket, Type};
+    use std::io::Write;
+    let (from, to) = (
+        std::net::SocketAddr::new(from.parse().unwrap(), 0),
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+    );
+    let mut held = std::collections::VecDeque::new();
+    let mut opened = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        socket.bind(&from.into()).unwrap();
+        if socket
+            .connect_timeout(&to.into(), std::time::Duration::from_secs(1))
+            .is_ok()
+        {
+            opened += 1;
+            let mut stream = std::net::TcpStream::from(socket);
+            if opened % 2 == 0 {
+                // Whether the node already closed it does not matter.
+                let _ = stream.write_all(b"VANS\x01");
+            }
+            held.push_back(stream);
+            if held.len() > 150 {
+                held.pop_front();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    opened
+}
+
+/// Idle and half-open connections from two other addresses, opened all the time and more than
+/// a listener lets one address have authenticating at once, do not keep the cluster from
+/// forming: the scheduler refuses what is over the bound (and closes the silent ones at the
+/// handshake timeout) while the nodes on 127.0.0.1 register and verify exact sums.
+#[test]
+fn a_flood_of_idle_and_half_open_connections_does_not_keep_the_cluster_from_forming() {
+    let port = free_port();
+    let scheduler = node("scheduler", port, Some(SECRET))
+        .env("VANS_HANDSHAKE_TIMEOUT_MS", "1000")
+        .env("VANS_MAX_PENDING_PER_ADDRESS", "32")
+        .spawn()
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders: Vec<_> = ["127.0.0.2", "127.0.0.3"]
+        .into_iter()
+        .map(|from| {
+            let stop = stop.clone();
+            std::thread::spawn(move || flood(from, port, &stop))
+        })
+        .collect();
+    // The flood holds the scheduler's places before the nodes come (2 s: past the handshake
+    // timeout, so the silent ones have also been closed and replaced).
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let server = node("server", port, Some(SECRET)).spawn().unwrap();
+    let worker = node("worker", port, Some(SECRET)).spawn().unwrap();
+    let worker = wait_output(worker, "worker");
+    let server = wait_output(server, "server");
+    let scheduler = wait_output(scheduler, "scheduler");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened: Vec<usize> = flooders.into_iter().map(|f| f.join().unwrap()).collect();
+    for (name, out) in [
+        ("worker", &worker),
+        ("server", &server),
+        ("scheduler", &scheduler),
+    ] {
+        assert!(out.status.success(), "{name} failed: {}", text(out));
+    }
+    let all = text(&worker);
+    assert!(
+        all.contains("worker 0: exact sums verified for 16 keys from 1 workers"),
+        "{all}"
+    );
+    // The flood was real: each address opened more than its bound allows at once.
+    assert!(
+        opened.iter().all(|&n| n > 64),
+        "connections opened: {opened:?}"
+    );
+    let scheduler_log = text(&scheduler);
+    for from in ["127.0.0.2", "127.0.0.3"] {
+        assert!(
+            scheduler_log
+                .lines()
+                .any(|l| l.contains("refused a connection") && l.contains(from)),
+            "the scheduler must log refusing the flood from {from}: {scheduler_log}"
+        );
+    }
+}
