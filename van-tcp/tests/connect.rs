@@ -67,6 +67,7 @@ async fn a_deep_queue_of_large_frames_holds_at_most_the_budget_ahead_of_a_small_
 fn an_orderly_stop_loses_no_flushed_frame_while_input_is_unread() {
     testkit::run(testkit::flushed_frames_survive_unread_input(
         &TcpVan::default,
+        &TcpVan::default,
     ));
 }
 

@@ -97,7 +97,7 @@ pub async fn start<V: Van + 'static>(make: &impl Fn() -> V, id: NodeId) -> Peer<
 }
 
 /// Connects `from` to `to`, failing the check on error.
-pub async fn connect<V: Van>(from: &Peer<V>, to: &Peer<V>) {
+pub async fn connect<V: Van, W>(from: &Peer<V>, to: &Peer<W>) {
     within(
         from.van.connect(&to.node),
         &format!("connect to {}", to.node),
