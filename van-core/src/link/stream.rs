@@ -209,13 +209,26 @@ impl std::fmt::Display for Closed {
 /// that binds it again after a restart), picked at random below Linux's ephemeral range
 /// (32768 and up): a port the kernel handed out and took back can be handed to any outgoing
 /// connection before the node binds it; one picked down here only meets another such pick.
+/// A process never gets the same port twice: picks for nodes not started yet are still free,
+/// and two of them once named the same port (vans-soak's seven nodes, a 10-minute run).
 pub fn free_loopback_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    // Only this function takes the lock, and nothing in it panics while holding it.
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     loop {
         let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
         hasher.write_u32(std::process::id());
         let port = 20_000 + (hasher.finish() % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            // The last 1024 are remembered: older picks have been bound (or dropped) long ago,
+            // and the search never runs out of ports.
+            if handed_out.len() >= 1024 {
+                handed_out.remove(0);
+            }
+            handed_out.push(port);
             return port;
         }
     }
