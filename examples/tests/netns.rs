@@ -6,8 +6,9 @@
 //!
 //! What they show: TCP is chosen between hosts and shared memory only within one (the host
 //! identity includes the network namespace), `DMLC_INTERFACE` picks the veth (and without it
-//! the address that routes to the scheduler is announced), the sums are
-//! exact; and a link taken down mid-run surfaces a named error on both sides.
+//! the address that routes to the scheduler is announced), even with a decoy interface on
+//! another subnet before it; nodes without a secret on a non-loopback address warn; the sums
+//! are exact; and a link taken down mid-run surfaces a named error on both sides.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -74,6 +75,17 @@ impl Hosts {
             let host = format!("vans{id}{tag}h{i}");
             ip(&["netns", "add", &host])?;
             self.hosts.push(host.clone());
+            // A decoy made first (so it is the host's first interface after lo): a veth pair
+            // within the host, `eth1` on another subnet that no other host reaches. A node that
+            // took the first interface instead of `DMLC_INTERFACE` or the route to the
+            // scheduler would announce an address nobody can dial.
+            ip(&[
+                "-n", &host, "link", "add", "eth1", "type", "veth", "peer", "name", "eth1p",
+            ])?;
+            let decoy = format!("10.214.{}.{}/24", id % 250, i + 1);
+            ip(&["-n", &host, "addr", "add", &decoy, "dev", "eth1"])?;
+            ip(&["-n", &host, "link", "set", "eth1", "up"])?;
+            ip(&["-n", &host, "link", "set", "eth1p", "up"])?;
             // One end in the switch (on the bridge), the other the host's eth0.
             let port = format!("vp{id}{tag}{i}");
             ip(&[
@@ -166,6 +178,11 @@ fn tcp_between_hosts_shared_memory_within_one_and_exact_sums() {
     for (host, role, out) in &outputs {
         let all = text(out);
         assert!(out.status.success(), "{role} on host {host}: {all}");
+        // No secret and a non-loopback address: every node says anyone could join.
+        assert!(
+            all.contains("no cluster secret is set"),
+            "{role} on host {host} did not warn: {all}"
+        );
         if *role == "worker" {
             assert!(
                 all.contains("exact sums verified for 32 keys from 3 workers"),
