@@ -452,9 +452,27 @@ async fn delete_named(
     Json(json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success"}))
 }
 
+/// Kubeflow's API group as the training operator's CRDs make an API server serve it
+/// (`GET /apis/kubeflow.org/v1`), checked against the discovery type.
+async fn kubeflow_resources() -> Json<Value> {
+    let list = json!({
+        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "kubeflow.org/v1",
+        "resources": [
+            {"name": "tfjobs", "singularName": "tfjob", "namespaced": true, "kind": "TFJob",
+             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+            {"name": "tfjobs/status", "singularName": "", "namespaced": true, "kind": "TFJob",
+             "verbs": ["get", "patch", "update"]},
+        ],
+    });
+    typed::<k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList>(&list).unwrap();
+    Json(list)
+}
+
 /// Starts the fake API server on a runtime of its own; returns its state, its port and the
-/// runtime (which must outlive the test).
-fn fake_api() -> (Shared, u16, tokio::runtime::Runtime) {
+/// runtime (which must outlive the test). With `kubeflow`, it serves Kubeflow's API group's
+/// discovery document (the training operator is installed); without, that path is a 404, as
+/// on a cluster without the operator.
+fn fake_api(kubeflow: bool) -> (Shared, u16, tokio::runtime::Runtime) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -479,8 +497,13 @@ fn fake_api() -> (Shared, u16, tokio::runtime::Runtime) {
         .route(
             "/apis/kubeflow.org/v1/namespaces/{ns}/{kind}/{name}",
             delete(delete_named),
-        )
-        .with_state(Arc::clone(&api));
+        );
+    let router = if kubeflow {
+        router.route("/apis/kubeflow.org/v1", get(kubeflow_resources))
+    } else {
+        router
+    }
+    .with_state(Arc::clone(&api));
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -528,7 +551,8 @@ fn run_job(master: &Master, name: &str, workers: u32) -> Value {
 
 #[test]
 fn the_master_runs_jobs_through_the_kubernetes_api() {
-    let (api, port, _runtime) = fake_api();
+    // No Kubeflow on this cluster: the default layout (auto) is pods.
+    let (api, port, _runtime) = fake_api(false);
     let config = kubeconfig(port);
     let config = config.to_str().unwrap();
     let master = Master::start_with(
@@ -666,11 +690,12 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
 
 #[test]
 fn the_master_runs_a_tfjob_through_the_kubernetes_api() {
-    let (api, port, _runtime) = fake_api();
+    // The training operator is installed: the default layout (auto) is a TFJob.
+    let (api, port, _runtime) = fake_api(true);
     let config = kubeconfig(port);
     let master = Master::start_with(
         "kubernetes",
-        &["--layout", "tfjob", "--instance", "t2"],
+        &["--instance", "t2"],
         &[("KUBECONFIG", config.to_str().unwrap())],
     );
     let status = run_job(&master, "tf", 3);

@@ -59,6 +59,15 @@ pub enum Layout {
     TfJob,
 }
 
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Layout::Pods => "pods",
+            Layout::TfJob => "tfjob",
+        })
+    }
+}
+
 impl std::str::FromStr for Layout {
     type Err = String;
 

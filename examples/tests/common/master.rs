@@ -33,8 +33,11 @@ impl Master {
         ])
         .arg(&jobs)
         .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stdout(Stdio::null());
+        // What the master says goes to a file, shown if it does not come up.
+        let log_path = jobs.with_extension("master.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        cmd.stderr(log);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -43,11 +46,16 @@ impl Master {
             addr: format!("127.0.0.1:{port}"),
         };
         let started = Instant::now();
+        let mut master = master;
         while std::net::TcpStream::connect(&master.addr).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "vans-master did not listen"
-            );
+            let exited = master.child.try_wait().ok().flatten();
+            if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
+                panic!(
+                    "vans-master did not listen ({}): {}",
+                    exited.map_or("still running after 30 s".into(), |s| s.to_string()),
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         master

@@ -55,9 +55,10 @@ pub(crate) struct Kube {
 
 impl Kube {
     /// Connects as `kubectl` would; `namespace` defaults to the configuration's.
+    /// `layout` `None`: [detected](Self::detect_layout).
     pub(crate) async fn connect(
         namespace: Option<String>,
-        layout: Layout,
+        layout: Option<Layout>,
         secret: Option<String>,
         instance: String,
     ) -> Result<Kube, BoxError> {
@@ -67,6 +68,10 @@ impl Kube {
         let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
         let client = Client::try_from(config)
             .map_err(|e| format!("cannot make a Kubernetes client: {e}"))?;
+        let layout = match layout {
+            Some(layout) => layout,
+            None => Self::detect_layout(&client).await?,
+        };
         Ok(Kube {
             client,
             namespace,
@@ -74,6 +79,24 @@ impl Kube {
             secret,
             instance,
         })
+    }
+
+    /// The layout `--layout auto` picks: a `TFJob` when the cluster serves Kubeflow's
+    /// `kubeflow.org/v1` `tfjobs` resource (the training operator is installed), else pods.
+    /// An API server that cannot say is an error: guessing would fail every job later.
+    pub(crate) async fn detect_layout(client: &Client) -> Result<Layout, BoxError> {
+        match client.list_api_group_resources("kubeflow.org/v1").await {
+            Ok(list) if list.resources.iter().any(|r| r.name == "tfjobs") => Ok(Layout::TfJob),
+            Ok(_) => Ok(Layout::Pods),
+            // A 404 whatever its body: an API server answers a group it does not serve with
+            // a Status, a proxy in front of it may answer with text.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Layout::Pods),
+            Err(e) => Err(format!(
+                "cannot tell whether the cluster serves Kubeflow's TFJob (GET \
+                 /apis/kubeflow.org/v1): {e}; choose with --layout pods or --layout tfjob"
+            )
+            .into()),
+        }
     }
 
     fn job<'a>(&self, id: u64, spec: &'a JobSpec) -> KubeJob<'a> {

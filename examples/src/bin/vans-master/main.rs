@@ -15,8 +15,9 @@
 //! `NUM_WORKERS` and a `TF_CONFIG` naming its task); `slurm` submits one batch job whose
 //! `srun` tasks take their roles from their Slurm ranks (`sbatch`, `scontrol`, `scancel` on
 //! the PATH, `SLURM_CONF` as for any Slurm client); `kubernetes` (feature `kubernetes`)
-//! creates a headless service and a pod per task, or a Kubeflow `TFJob` (`--layout tfjob`),
-//! through the API, for jobs that name an `--image`.
+//! creates a headless service and a pod per task, or a Kubeflow `TFJob` (`--layout tfjob`, or
+//! by default when the cluster serves the `tfjobs` resource), through the API, for jobs that
+//! name an `--image`.
 
 #[cfg(feature = "kubernetes")]
 mod kube;
@@ -56,9 +57,10 @@ struct Options {
     /// Kubernetes: the namespace of the jobs' objects (default: the configuration's).
     #[arg(long)]
     namespace: Option<String>,
-    /// Kubernetes: `pods` (a headless service and a pod per task; no operator needed) or
-    /// `tfjob` (a Kubeflow TFJob; the training operator must be installed).
-    #[arg(long, default_value = "pods", value_parser = ["pods", "tfjob"])]
+    /// Kubernetes: `pods` (a headless service and a pod per task; no operator needed),
+    /// `tfjob` (a Kubeflow TFJob; the training operator must be installed) or `auto` (`tfjob`
+    /// when the cluster serves Kubeflow's `tfjobs` resource, else `pods`).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "pods", "tfjob"])]
     layout: String,
     /// Kubernetes: a Secret (key `secret`) with the cluster secret, mounted into every pod.
     #[arg(long)]
@@ -306,17 +308,20 @@ async fn serve(o: Options) -> Result<(), BoxError> {
     #[cfg(feature = "kubernetes")]
     let kube = match o.backend.as_str() {
         "kubernetes" => {
-            let layout = o
-                .layout
-                .parse()
-                .map_err(|e: String| format!("--layout {e}"))?;
+            let layout = match o.layout.as_str() {
+                "auto" => None,
+                given => Some(given.parse().map_err(|e: String| format!("--layout {e}"))?),
+            };
             let instance = instance(o.instance.as_deref())?;
             let kube =
                 kube::Kube::connect(o.namespace.clone(), layout, o.kube_secret.clone(), instance)
                     .await?;
             eprintln!(
-                "vans-master: Kubernetes namespace {}, layout {}, instance {}",
-                kube.namespace, o.layout, kube.instance
+                "vans-master: Kubernetes namespace {}, layout {}{}, instance {}",
+                kube.namespace,
+                kube.layout,
+                if layout.is_none() { " (detected)" } else { "" },
+                kube.instance
             );
             Some(kube)
         }
