@@ -42,6 +42,11 @@ fn a_parameter_server_and_an_allreduce_job_run_to_the_end() {
         text.contains("job 1: succeeded (tasks: 5 succeeded)"),
         "{text}"
     );
+    // The client showed the job's progress on the way: submitted, then every task running.
+    let submitted = text.find("job 1 (ps) submitted to ").expect(&text);
+    let running = text.find("job 1: running (tasks: 5 running)").expect(&text);
+    let ended = text.find("job 1: succeeded").expect(&text);
+    assert!(submitted < running && running < ended, "{text}");
     for worker in ["worker-0", "worker-1"] {
         let (code, log) = master.get("GET", &format!("/jobs/1/logs/{worker}"), None);
         assert_eq!(code, 200);
