@@ -26,6 +26,8 @@ pub struct Router {
     state: Mutex<RouterState>,
     /// With `PS_RESEND`: numbers what is sent and keeps it until acknowledged.
     resend: Option<Resender>,
+    /// Rung when a node is declared failed: sends waiting for room towards it give up.
+    failures: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Router {
@@ -43,6 +45,8 @@ struct RouterState {
     nodes: HashMap<NodeId, Node>,
     /// The van chosen for each peer we have connected to.
     connected: HashMap<NodeId, VanKind>,
+    /// Nodes declared failed (and not yet replaced by a new process), with the reason.
+    failed: HashMap<NodeId, String>,
 }
 
 impl Router {
@@ -71,6 +75,7 @@ impl Router {
             resend: config
                 .resend_timeout
                 .map(|timeout| Resender::new(timeout, incarnation)),
+            failures: tokio::sync::Notify::new(),
         }
     }
 
@@ -233,10 +238,53 @@ impl Router {
         let van = self.van(kind)?;
         let sent = match van.try_send(msg) {
             Ok(None) => Ok(()),
-            Ok(Some(msg)) => van.send(msg).await,
+            Ok(Some(msg)) => self.unless_failed(&[peer], van.send(msg)).await?,
             Err(e) => Err(e),
         };
         self.checked(kind, sent)
+    }
+
+    /// `send`, unless one of `peers` is declared failed while it waits (for room in the
+    /// peer's queue, which a process that stopped reading never makes): then
+    /// [`PsError::NodeFailed`], and the message is not sent. Without this, a send to a
+    /// stopped peer would wait for as long as the peer's socket stays open.
+    async fn unless_failed<'a>(
+        &self,
+        peers: impl IntoIterator<Item = &'a NodeId> + Copy,
+        send: impl std::future::Future<Output = Result<(), VanError>>,
+    ) -> Result<Result<(), VanError>, PsError> {
+        tokio::select! {
+            biased;
+            sent = send => Ok(sent),
+            failed = self.until_failed(peers) => Err(failed),
+        }
+    }
+
+    /// Waits until one of `peers` is declared failed; the error naming it.
+    async fn until_failed<'a>(
+        &self,
+        peers: impl IntoIterator<Item = &'a NodeId> + Copy,
+    ) -> PsError {
+        loop {
+            let news = self.failures.notified();
+            tokio::pin!(news);
+            // Registered before looking, so a failure recorded in between still wakes us.
+            news.as_mut().enable();
+            let failed = {
+                let state = self.lock();
+                peers
+                    .into_iter()
+                    .find_map(|p| Some((*p, state.failed.get(p)?.clone())))
+            };
+            if let Some((node, reason)) = failed {
+                return PsError::NodeFailed {
+                    node,
+                    role: crate::postoffice::role_name(node),
+                    reason: format!("{reason} (while a send to it waited for room)"),
+                };
+            }
+            news.await;
+        }
     }
 
     /// The result of a send over van `kind`. When the van says it has no route to the peer
@@ -318,7 +366,11 @@ impl Router {
             }
         }
         for (kind, batch) in by_van {
-            let sent = self.van(kind)?.send_batch(batch).await;
+            // Any recipient of this call declared failed ends a batch that waits (batches
+            // carry one recipient's messages in practice: a server's answers to a worker).
+            let sent = self
+                .unless_failed(&seen, self.van(kind)?.send_batch(batch))
+                .await?;
             self.checked(kind, sent)?;
         }
         Ok(())
@@ -349,6 +401,25 @@ impl Router {
         if self.lock().connected.remove(&peer).is_some() {
             debug!(peer, "route dropped");
         }
+    }
+
+    /// `peer` was declared failed (`reason`): its route is dropped as by
+    /// [`peer_lost`](Self::peer_lost), and sends to it that wait, or come to wait, for room in
+    /// its queue end with [`PsError::NodeFailed`] until [`node_recovered`](Self::node_recovered).
+    pub fn node_failed(&self, peer: NodeId, reason: &str) {
+        {
+            let mut state = self.lock();
+            if state.connected.remove(&peer).is_some() {
+                debug!(peer, "route dropped");
+            }
+            state.failed.insert(peer, reason.to_owned());
+        }
+        self.failures.notify_waiters();
+    }
+
+    /// A new process took failed `peer`'s place: sends to it wait for room again.
+    pub fn node_recovered(&self, peer: NodeId) {
+        self.lock().failed.remove(&peer);
     }
 
     /// Stops every van; the first error is returned after all have been asked to stop.

@@ -116,7 +116,7 @@ impl Postoffice {
         }
         warn!(node, "node failed: {reason}");
         self.inner.membership.send_modify(|n| *n += 1);
-        self.inner.router.peer_lost(node);
+        self.inner.router.node_failed(node, reason);
         if let Some(resend) = self.inner.router.resender() {
             resend.forget(node, 0);
         }
@@ -171,6 +171,7 @@ impl Postoffice {
             );
         }
         lock(&self.inner.dead).remove(&peer);
+        self.inner.router.node_recovered(peer);
         self.inner.membership.send_modify(|n| *n += 1);
         let customers = lock(&self.inner.customers).all();
         for customer in customers {
