@@ -160,11 +160,13 @@ type Delivery = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The data side of a dispatch loop: the delivery that waits, if any, and the events read
 /// after it. Peer-lost events queue with the data: they must not overtake the messages that
-/// the lost peer sent before its connection went.
+/// the lost peer sent before its connection went. Each event is queued with a number the
+/// loop gives it when it reads it (the lost peer's incarnation then, so a loss can be told
+/// from a loss of the process that replaced it meanwhile).
 #[derive(Default)]
 pub(crate) struct DataQueue {
     waiting: Option<Delivery>,
-    backlog: VecDeque<Event>,
+    backlog: VecDeque<(Event, u64)>,
     bytes: usize,
 }
 
@@ -192,20 +194,20 @@ impl DataQueue {
         }
     }
 
-    /// Queues a data event behind the waiting delivery.
-    pub(crate) fn push(&mut self, event: Event) {
+    /// Queues a data event, with the loop's number for it, behind the waiting delivery.
+    pub(crate) fn push(&mut self, event: Event, read_as: u64) {
         self.bytes += event_bytes(&event);
-        self.backlog.push_back(event);
+        self.backlog.push_back((event, read_as));
     }
 
-    /// The oldest queued event, once nothing waits.
-    pub(crate) fn pop(&mut self) -> Option<Event> {
+    /// The oldest queued event and its number, once nothing waits.
+    pub(crate) fn pop(&mut self) -> Option<(Event, u64)> {
         if self.waiting.is_some() {
             return None;
         }
-        let event = self.backlog.pop_front()?;
+        let (event, read_as) = self.backlog.pop_front()?;
         self.bytes = self.bytes.saturating_sub(event_bytes(&event));
-        Some(event)
+        Some((event, read_as))
     }
 
     /// Finishes the waiting delivery (at once if there is none). Cancel-safe: dropped

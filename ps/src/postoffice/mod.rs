@@ -481,8 +481,14 @@ impl Postoffice {
                     Event::Message(msg) if msg.meta.control.is_some() => {
                         self.handle_control(msg).await
                     }
-                    event if data.is_idle() => self.deliver_event(event, &mut data).await,
-                    event => data.push(event),
+                    event => {
+                        let read_as = self.lost_incarnation(&event);
+                        if data.is_idle() {
+                            self.deliver_event(event, read_as, &mut data).await;
+                        } else {
+                            data.push(event, read_as);
+                        }
+                    }
                 }
             }
             if !acks.is_empty() {
@@ -507,14 +513,28 @@ impl Postoffice {
 
     /// Delivers the queued data events in order, until one has to wait.
     async fn deliver_backlog(&self, data: &mut DataQueue) {
-        while let Some(event) = data.pop() {
-            self.deliver_event(event, data).await;
+        while let Some((event, read_as)) = data.pop() {
+            self.deliver_event(event, read_as, data).await;
+        }
+    }
+
+    /// For a lost connection, the incarnation the node table names for its peer as the loss
+    /// is read (0 for anything else, or when not known).
+    fn lost_incarnation(&self, event: &Event) -> u64 {
+        match event {
+            Event::PeerLost(lost) => lost
+                .peer
+                .map_or(0, |peer| self.inner.router.incarnation_of(peer)),
+            Event::Message(_) => 0,
         }
     }
 
     /// Delivers a data message (or holds it until its application registers), or tells of a
-    /// lost peer; a delivery that cannot finish at once is left waiting in `data`.
-    async fn deliver_event(&self, event: Event, data: &mut DataQueue) {
+    /// lost peer; a delivery that cannot finish at once is left waiting in `data`. A loss read
+    /// while the peer was process `read_as` ([`lost_incarnation`](Self::lost_incarnation)) of
+    /// a node that a new process has taken over since (recovery, handled at once while the
+    /// loss waited behind data) is the old process's, not the new one's: ignored.
+    async fn deliver_event(&self, event: Event, read_as: u64, data: &mut DataQueue) {
         match event {
             Event::Message(msg) => {
                 let routed = lock(&self.inner.customers).route(msg);
@@ -523,9 +543,18 @@ impl Postoffice {
                 }
             }
             Event::PeerLost(lost) => {
-                if let Some(peer) = lost.peer {
-                    self.peer_lost(peer, &lost.reason).await;
+                let Some(peer) = lost.peer else { return };
+                let now = self.inner.router.incarnation_of(peer);
+                if read_as != 0 && now != 0 && now != read_as {
+                    debug!(
+                        peer,
+                        "a connection of the process node {peer} replaced ended ({}): not the \
+                         new process's loss",
+                        lost.reason
+                    );
+                    return;
                 }
+                self.peer_lost(peer, &lost.reason).await;
             }
         }
     }
