@@ -16,20 +16,14 @@ use std::time::{Duration, Instant};
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 
 fn node(role: &str, port: u16) -> Child {
-    pushing(role, port, "1024", "4")
-}
-
-/// A node of a cluster whose worker pushes values of `size` bytes, `window` in flight, for
-/// 120 s.
-fn pushing(role: &str, port: u16, size: &str, window: &str) -> Child {
     loopback_node(PS_BENCH, role, port)
         .args([
             "--mode",
             "push",
             "--sizes",
-            size,
+            "1024",
             "--windows",
-            window,
+            "4",
             "--seconds",
             "120",
             "--no-raw",
@@ -88,18 +82,57 @@ fn a_stopped_scheduler_fails_every_node_by_name_within_the_heartbeat_timeout() {
 
 #[test]
 fn a_stopped_server_fails_the_sends_that_wait_for_it() {
-    let port = free_port();
-    // 4 MiB pushes, 64 in flight: the server's queue and socket fill as soon as it stops.
-    let [mut scheduler, mut server, mut worker] =
-        ["scheduler", "server", "worker"].map(|role| pushing(role, port, "4194304", "64"));
-    std::thread::sleep(Duration::from_secs(6));
-    for (name, child) in [
-        ("scheduler", &mut scheduler),
-        ("server", &mut server),
-        ("worker", &mut worker),
-    ] {
-        assert!(running(child), "the {name} ended early");
+    // Over TCP and over shared memory (what loopback nodes pick in a build with `ipc`), side
+    // by side.
+    let runs: Vec<_> = ["0", "1"]
+        .into_iter()
+        .map(|ipc| std::thread::spawn(move || stopped_server(ipc)))
+        .collect();
+    for run in runs {
+        if let Err(panic) = run.join() {
+            std::panic::resume_unwind(panic);
+        }
     }
+}
+
+/// A server stopped under 4 MiB pushes, 64 in flight (`DMLC_ENABLE_IPC` = `ipc`): the
+/// worker must fail naming it once the scheduler declares it dead.
+fn stopped_server(ipc: &str) {
+    use std::io::BufRead;
+    let port = free_port();
+    let [mut scheduler, mut server, mut worker] = ["scheduler", "server", "worker"].map(|role| {
+        loopback_node(PS_BENCH, role, port)
+            .args(["--mode", "push", "--sizes", "4194304", "--windows", "64"])
+            .args(["--seconds", "120", "--no-raw"])
+            .env("PS_HEARTBEAT_INTERVAL", "1")
+            .env("PS_HEARTBEAT_TIMEOUT", "4")
+            .env("DMLC_ENABLE_IPC", ipc)
+            .spawn()
+            .unwrap()
+    });
+    // The worker's progress (on stderr), read as it comes: the server is stopped once the
+    // worker pushes.
+    let stderr = worker.stderr.take().unwrap();
+    let (lines, pushing) = std::sync::mpsc::sync_channel(1);
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("in flight for") {
+                let _ = lines.try_send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    if pushing.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = worker.kill();
+        panic!("ipc {ipc}: the worker never started pushing");
+    }
+    std::thread::sleep(Duration::from_secs(1));
     signal(server.id(), "STOP");
     let stopped = Instant::now();
     let worker_out = wait_output(worker, "worker");
@@ -109,16 +142,19 @@ fn a_stopped_server_fails_the_sends_that_wait_for_it() {
     let _ = server.wait();
     let _ = scheduler.kill();
     let _ = scheduler.wait();
-    let all = text(&worker_out);
-    assert!(!worker_out.status.success(), "the worker exited 0: {all}");
+    let all = format!("{}{}", text(&worker_out), reader.join().unwrap());
+    assert!(
+        !worker_out.status.success(),
+        "ipc {ipc}: the worker exited 0: {all}"
+    );
     assert!(
         all.contains("node 8 (server) failed: declared dead by the scheduler"),
-        "the worker did not fail naming the stopped server: {all}"
+        "ipc {ipc}: the worker did not fail naming the stopped server: {all}"
     );
     // Heartbeat timeout 4 s, then the worker's own stop (its flush gives up after 10 s on
-    // the frames queued for the stopped server); without the fix it ran for 60 s and more.
+    // the frames queued for the stopped server); over TCP it waited 60 s and more before.
     assert!(
         elapsed < Duration::from_secs(40),
-        "the worker took {elapsed:?} to fail"
+        "ipc {ipc}: the worker took {elapsed:?} to fail"
     );
 }

@@ -246,8 +246,9 @@ impl Router {
 
     /// `send`, unless one of `peers` is declared failed while it waits (for room in the
     /// peer's queue, which a process that stopped reading never makes): then
-    /// [`PsError::NodeFailed`], and the message is not sent. Without this, a send to a
-    /// stopped peer would wait for as long as the peer's socket stays open.
+    /// [`PsError::NodeFailed`], and `send` is dropped (a van's send is cancel-safe: what it
+    /// had not queued is not sent). Without this, a send to a stopped peer would wait for as
+    /// long as the peer's socket stays open.
     async fn unless_failed<'a>(
         &self,
         peers: impl IntoIterator<Item = &'a NodeId> + Copy,
@@ -366,10 +367,11 @@ impl Router {
             }
         }
         for (kind, batch) in by_van {
-            // Any recipient of this call declared failed ends a batch that waits (batches
-            // carry one recipient's messages in practice: a server's answers to a worker).
+            // A recipient of this batch declared failed ends it if it waits; what the van
+            // had queued by then goes out, the rest does not.
+            let peers: Vec<NodeId> = batch.iter().filter_map(|m| m.meta.recipient).collect();
             let sent = self
-                .unless_failed(&seen, self.van(kind)?.send_batch(batch))
+                .unless_failed(&peers, self.van(kind)?.send_batch(batch))
                 .await?;
             self.checked(kind, sent)?;
         }
@@ -575,5 +577,76 @@ mod tests {
                 "the router never dialed the peer's new listener"
             );
         }
+    }
+
+    /// A van whose sends never find room: a peer that stopped reading.
+    struct Full;
+
+    #[async_trait::async_trait]
+    impl Van for Full {
+        fn kind(&self) -> VanKind {
+            VanKind::Tcp
+        }
+        async fn bind(&self, host: &str, port: u16, _: InboxSender) -> Result<Endpoint, VanError> {
+            Ok(Endpoint::stream(VanKind::Tcp, host, port))
+        }
+        async fn connect(&self, _: &Node) -> Result<(), VanError> {
+            Ok(())
+        }
+        async fn send(&self, _: Message) -> Result<(), VanError> {
+            std::future::pending().await
+        }
+        async fn stop(&self) -> Result<(), VanError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_send_waiting_for_a_failed_peer_ends_until_a_new_process_takes_its_place() {
+        use std::time::Duration;
+        let config = Config {
+            enable_ipc: false,
+            ..Config::default()
+        };
+        let me = Node::new(Role::Worker, "127.0.0.1", 1).with_id(9);
+        let router = Arc::new(Router::new(vec![Arc::new(Full)], &config, me, 1));
+        for id in [8, 10] {
+            let peer = Node::new(Role::Server, "127.0.0.1", 2).with_id(id);
+            router.connect(&peer).await.unwrap();
+        }
+        let send = |to: NodeId| {
+            let router = Arc::clone(&router);
+            let mut msg = Message::default();
+            (msg.meta.sender, msg.meta.recipient) = (Some(9), Some(to));
+            tokio::spawn(async move { router.send(msg).await })
+        };
+        let (to_8, to_10) = (send(8), send(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !to_8.is_finished() && !to_10.is_finished(),
+            "a send found room"
+        );
+        router.node_failed(8, "declared dead by the scheduler");
+        match tokio::time::timeout(Duration::from_secs(5), to_8).await {
+            Ok(Ok(Err(PsError::NodeFailed {
+                node: 8, reason, ..
+            }))) => {
+                assert!(reason.contains("while a send to it waited"), "{reason}");
+            }
+            other => panic!("the send to the failed peer did not end as NodeFailed: {other:?}"),
+        }
+        // Another peer's send still waits; so does a new send to 8 once a new process took
+        // its place.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!to_10.is_finished(), "a live peer's send ended");
+        router.node_recovered(8);
+        let again = send(8);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !again.is_finished(),
+            "a send to the replacement did not wait"
+        );
+        again.abort();
+        to_10.abort();
     }
 }

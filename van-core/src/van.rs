@@ -325,7 +325,9 @@ pub trait Van: Send + Sync {
     async fn connect(&self, node: &Node) -> Result<(), VanError>;
 
     /// Queues `msg` for its recipient (`meta.recipient`). Returns once queued; waits while
-    /// that peer's queue is full.
+    /// that peer's queue is full. Cancel-safe: dropped while it waits, the message is not
+    /// sent and nothing of it stays behind (the router drops the sends waiting for a peer
+    /// declared dead).
     async fn send(&self, msg: Message) -> Result<(), VanError>;
 
     /// Queues `msg` like [`send`](Self::send) when that needs no waiting, without the
@@ -337,7 +339,8 @@ pub trait Van: Send + Sync {
     }
 
     /// Queues many messages; a van may hand them to its writers in one step. Stops at the
-    /// first error, returning it; earlier messages stay queued.
+    /// first error, returning it; earlier messages stay queued. Cancel-safe as
+    /// [`send`](Self::send): dropped, what was queued goes out and the rest does not.
     async fn send_batch(&self, msgs: Vec<Message>) -> Result<(), VanError> {
         for msg in msgs {
             self.send(msg).await?;

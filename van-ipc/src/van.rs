@@ -340,6 +340,15 @@ impl Shared {
 
     /// Replaces the data segments of `msg` that lie in our arena with empty ones and returns
     /// the references record that names them (counted in the peer's table), if any.
+    /// Whether some of `msg`'s data lives in this node's arena and goes to the peer as
+    /// references ([`take_refs`](Self::take_refs) would take some).
+    fn holds_refs(&self, link: &Link, msg: &Message) -> bool {
+        match (self.arena.get(), &link.table) {
+            (Some(arena), Some(_)) => msg.data.iter().any(|d| arena.locate(d).is_some()),
+            _ => false,
+        }
+    }
+
     fn take_refs(&self, link: &Link, msg: &mut Message) -> Option<Bytes> {
         let (arena, table) = (self.arena.get()?, link.table.as_ref()?);
         let mut refs = Vec::new();
@@ -477,19 +486,33 @@ impl Van for IpcVan {
         let link = self.shared.links.link(peer)?;
         let mut msg = msg;
         self.shared.stage_in_arena(&link, &mut msg);
-        let refs = self.shared.take_refs(&link, &mut msg);
-        let frame = wire::encode(&msg, &self.shared.options.limits)?;
-        if refs.is_none() && link.direct.try_write(&frame, &link.connection) {
-            return Ok(());
-        }
+        // Straight into the ring when nothing of it lives in the arena and the ring has room.
+        let plain = if self.shared.holds_refs(&link, &msg) {
+            None
+        } else {
+            let frame = wire::encode(&msg, &self.shared.options.limits)?;
+            if link.direct.try_write(&frame, &link.connection) {
+                return Ok(());
+            }
+            Some(frame)
+        };
+        // The one wait comes before anything is counted (arena references, the pending
+        // message), so a send dropped while it waits (the router gives up on a peer declared
+        // dead) leaves nothing behind.
+        let slot = link.queue.reserve().await.map_err(|_| VanError::PeerGone {
+            peer,
+            reason: "the connection closed".into(),
+        })?;
+        let (refs, frame) = match plain {
+            Some(frame) => (None, frame),
+            None => {
+                let refs = self.shared.take_refs(&link, &mut msg);
+                (refs, wire::encode(&msg, &self.shared.options.limits)?)
+            }
+        };
         link.direct.pending.fetch_add(1, Ordering::AcqRel);
-        link.queue
-            .send(Outgoing { refs, frame })
-            .await
-            .map_err(|_| VanError::PeerGone {
-                peer,
-                reason: "the connection closed".into(),
-            })
+        slot.send(Outgoing { refs, frame });
+        Ok(())
     }
 
     fn alloc(&self, len: usize) -> Result<Option<van_core::SharedBuf>, VanError> {

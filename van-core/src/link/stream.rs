@@ -209,8 +209,9 @@ impl std::fmt::Display for Closed {
 /// that binds it again after a restart), picked at random below Linux's ephemeral range
 /// (32768 and up): a port the kernel handed out and took back can be handed to any outgoing
 /// connection before the node binds it; one picked down here only meets another such pick.
-/// A process never gets the same port twice: picks for nodes not started yet are still free,
-/// and two of them once named the same port (vans-soak's seven nodes, a 10-minute run).
+/// A process never gets a port among its last 1024 picks again: picks for nodes not started
+/// yet are still free, and two of them once named the same port (vans-soak's seven nodes, a
+/// 10-minute run).
 pub fn free_loopback_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
     static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
