@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
-use van_core::{node_ids, Message, Node, NodeId};
+use van_core::{node_ids, Event, Message, Node, NodeId};
 
 use super::{lock, role_name, Postoffice};
 use crate::error::{PsError, Result};
@@ -64,6 +64,34 @@ impl Postoffice {
                 unreachable.insert(peer);
             }
         }
+    }
+
+    /// For a lost connection, the incarnation the node table names for its peer as the loss
+    /// is read (0 for anything else, or when not known).
+    pub(super) fn lost_incarnation(&self, event: &Event) -> u64 {
+        match event {
+            Event::PeerLost(lost) => lost
+                .peer
+                .map_or(0, |peer| self.inner.router.incarnation_of(peer)),
+            Event::Message(_) => 0,
+        }
+    }
+
+    /// A connection to `peer` ended, read while the node table named process `read_as` for
+    /// it ([`lost_incarnation`](Self::lost_incarnation)). If a new process has taken the node
+    /// over since (a recovery, handled at once while the loss waited behind data), the loss
+    /// is the old process's, not the new one's: ignored.
+    pub(super) async fn lost_connection(&self, peer: NodeId, reason: &str, read_as: u64) {
+        let now = self.inner.router.incarnation_of(peer);
+        if read_as != 0 && now != 0 && now != read_as {
+            debug!(
+                peer,
+                "a connection of the process node {peer} replaced ended ({reason}): not the new \
+                 process's loss"
+            );
+            return;
+        }
+        self.peer_lost(peer, reason).await;
     }
 
     pub(super) async fn peer_lost(&self, peer: NodeId, reason: &str) {

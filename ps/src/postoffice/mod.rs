@@ -518,22 +518,9 @@ impl Postoffice {
         }
     }
 
-    /// For a lost connection, the incarnation the node table names for its peer as the loss
-    /// is read (0 for anything else, or when not known).
-    fn lost_incarnation(&self, event: &Event) -> u64 {
-        match event {
-            Event::PeerLost(lost) => lost
-                .peer
-                .map_or(0, |peer| self.inner.router.incarnation_of(peer)),
-            Event::Message(_) => 0,
-        }
-    }
-
     /// Delivers a data message (or holds it until its application registers), or tells of a
-    /// lost peer; a delivery that cannot finish at once is left waiting in `data`. A loss read
-    /// while the peer was process `read_as` ([`lost_incarnation`](Self::lost_incarnation)) of
-    /// a node that a new process has taken over since (recovery, handled at once while the
-    /// loss waited behind data) is the old process's, not the new one's: ignored.
+    /// lost peer (read while it was process `read_as`: [`lost_connection`](Self::lost_connection));
+    /// a delivery that cannot finish at once is left waiting in `data`.
     async fn deliver_event(&self, event: Event, read_as: u64, data: &mut DataQueue) {
         match event {
             Event::Message(msg) => {
@@ -543,18 +530,9 @@ impl Postoffice {
                 }
             }
             Event::PeerLost(lost) => {
-                let Some(peer) = lost.peer else { return };
-                let now = self.inner.router.incarnation_of(peer);
-                if read_as != 0 && now != 0 && now != read_as {
-                    debug!(
-                        peer,
-                        "a connection of the process node {peer} replaced ended ({}): not the \
-                         new process's loss",
-                        lost.reason
-                    );
-                    return;
+                if let Some(peer) = lost.peer {
+                    self.lost_connection(peer, &lost.reason, read_as).await;
                 }
-                self.peer_lost(peer, &lost.reason).await;
             }
         }
     }
