@@ -54,7 +54,7 @@ FROM ${RUST_IMAGE} AS builder
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        cmake clang libclang-dev libibverbs-dev pkg-config \
+        cmake make clang libclang-dev libibverbs-dev pkg-config \
         python3 python3-dev python3-venv python3-pip \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

@@ -1,8 +1,9 @@
-//! The Dockerfile, checked as far as it can be without a container engine (none runs on
-//! these machines): its stages and what each copies from another, that it builds every
-//! program of the `examples` crate with features that exist, that it installs each of
-//! those programs, that the Python wheel it builds is the project's, and that the build
-//! context leaves out the build outputs. Building and running the image is not checked.
+//! The Dockerfile, checked as far as it can be without building the image (about 15 minutes,
+//! too long for the test command; it is built by hand with `deploy/local-images.sh`'s base
+//! images): its stages and what each copies from another, that it builds every program of
+//! the `examples` crate with features that exist, that it installs each of those programs,
+//! that the Python wheel it builds is the project's, and that the build context leaves out
+//! the build outputs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
