@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{Path as UrlPath, RawQuery, State};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use common::master::{Master, SUBMIT};
+use common::master::{Master, MASTER, SUBMIT};
 use examples::master::kubernetes::KubeflowJob;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
@@ -719,4 +719,48 @@ fn the_master_runs_a_tfjob_through_the_kubernetes_api() {
     assert!(api.invalid.is_empty(), "{:?}", api.invalid);
     assert_eq!(api.created.len(), 1);
     assert_eq!(api.created[0]["kind"], "TFJob");
+}
+
+/// An API server that cannot say whether it serves Kubeflow's group (it answers 500): with
+/// the default `--layout auto` the master refuses to start and says to choose a layout,
+/// rather than guess and fail every job later.
+#[test]
+fn a_master_that_cannot_tell_the_layout_refuses_to_start() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let router = Router::new().route(
+        "/apis/kubeflow.org/v1",
+        get(|| async {
+            (
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "etcd is down",
+            )
+        }),
+    );
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    runtime.spawn(async move { axum::serve(listener, router).await });
+    let config = kubeconfig(port);
+    let master = std::process::Command::new(MASTER)
+        .args(["--port", &common::free_port().to_string()])
+        .args(["--backend", "kubernetes", "--instance", "t3"])
+        .env("KUBECONFIG", &config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A master that started would serve until killed: the deadline fails the test instead.
+    let out = common::wait_output_within(master, "vans-master", Duration::from_secs(60));
+    let text = common::text(&out);
+    assert!(!out.status.success(), "the master started: {text}");
+    assert!(
+        text.contains("cannot tell whether the cluster serves Kubeflow's TFJob")
+            && text.contains("--layout pods or --layout tfjob"),
+        "{text}"
+    );
 }
