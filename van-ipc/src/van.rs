@@ -338,33 +338,39 @@ impl Shared {
         }
     }
 
-    /// Replaces the data segments of `msg` that lie in our arena with empty ones and returns
-    /// the references record that names them (counted in the peer's table), if any.
-    /// Whether some of `msg`'s data lives in this node's arena and goes to the peer as
-    /// references ([`take_refs`](Self::take_refs) would take some).
-    fn holds_refs(&self, link: &Link, msg: &Message) -> bool {
-        match (self.arena.get(), &link.table) {
-            (Some(arena), Some(_)) => msg.data.iter().any(|d| arena.locate(d).is_some()),
-            _ => false,
-        }
-    }
-
-    fn take_refs(&self, link: &Link, msg: &mut Message) -> Option<Bytes> {
-        let (arena, table) = (self.arena.get()?, link.table.as_ref()?);
-        let mut refs = Vec::new();
-        for (index, data) in msg.data.iter_mut().enumerate() {
-            if let Some((block, offset)) = arena.locate(data) {
-                table.acquire(block);
-                refs.push(Ref {
+    /// The data segments of `msg` that lie in our arena, to go to the peer as references
+    /// (none without an arena, or when the peer maps no table of ours).
+    fn refs_of(&self, link: &Link, msg: &Message) -> Vec<Ref> {
+        let (Some(arena), Some(_)) = (self.arena.get(), &link.table) else {
+            return Vec::new();
+        };
+        msg.data
+            .iter()
+            .enumerate()
+            .filter_map(|(index, data)| {
+                let (block, offset) = arena.locate(data)?;
+                Some(Ref {
                     index: index as u32,
                     block,
                     offset,
                     len: data.len() as u64,
-                });
+                })
+            })
+            .collect()
+    }
+
+    /// Counts `refs` ([`refs_of`](Self::refs_of) `msg`) in the peer's table, replaces their
+    /// segments of `msg` with empty ones, and returns the record that names them.
+    fn take_refs(link: &Link, msg: &mut Message, refs: &[Ref]) -> Bytes {
+        for r in refs {
+            if let Some(table) = &link.table {
+                table.acquire(r.block);
+            }
+            if let Some(data) = msg.data.get_mut(r.index as usize) {
                 *data = Bytes::new();
             }
         }
-        (!refs.is_empty()).then(|| arena::encode_refs(&refs))
+        arena::encode_refs(refs)
     }
 }
 
@@ -487,14 +493,15 @@ impl Van for IpcVan {
         let mut msg = msg;
         self.shared.stage_in_arena(&link, &mut msg);
         // Straight into the ring when nothing of it lives in the arena and the ring has room.
-        let plain = if self.shared.holds_refs(&link, &msg) {
-            None
-        } else {
+        let refs = self.shared.refs_of(&link, &msg);
+        let plain = if refs.is_empty() {
             let frame = wire::encode(&msg, &self.shared.options.limits)?;
             if link.direct.try_write(&frame, &link.connection) {
                 return Ok(());
             }
             Some(frame)
+        } else {
+            None
         };
         // The one wait comes before anything is counted (arena references, the pending
         // message), so a send dropped while it waits (the router gives up on a peer declared
@@ -506,8 +513,8 @@ impl Van for IpcVan {
         let (refs, frame) = match plain {
             Some(frame) => (None, frame),
             None => {
-                let refs = self.shared.take_refs(&link, &mut msg);
-                (refs, wire::encode(&msg, &self.shared.options.limits)?)
+                let refs = Shared::take_refs(&link, &mut msg, &refs);
+                (Some(refs), wire::encode(&msg, &self.shared.options.limits)?)
             }
         };
         link.direct.pending.fetch_add(1, Ordering::AcqRel);
