@@ -409,13 +409,8 @@ impl Router {
     /// [`peer_lost`](Self::peer_lost), and sends to it that wait, or come to wait, for room in
     /// its queue end with [`PsError::NodeFailed`] until [`node_recovered`](Self::node_recovered).
     pub fn node_failed(&self, peer: NodeId, reason: &str) {
-        {
-            let mut state = self.lock();
-            if state.connected.remove(&peer).is_some() {
-                debug!(peer, "route dropped");
-            }
-            state.failed.insert(peer, reason.to_owned());
-        }
+        self.peer_lost(peer);
+        self.lock().failed.insert(peer, reason.to_owned());
         self.failures.notify_waiters();
     }
 
