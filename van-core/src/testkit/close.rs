@@ -27,12 +27,7 @@ pub async fn flushed_frames_survive_unread_input<V: Van + 'static, R: Van + 'sta
     let mut b = start(make_reader, 8).await;
     // A van of another kind dials B at its node's primary port (B's stream endpoint), as in a
     // cluster whose nodes run different stream vans.
-    b.node.port = b
-        .node
-        .endpoints
-        .first()
-        .and_then(|e| e.address.rsplit(':').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("B has no host:port endpoint: {}", b.node));
+    b.node.port = super::garbage::address(&b).port();
     connect(&a, &b).await;
     send(&*a.van, numbered(9, 8, 0, LEN)).await;
     check_numbered(&expect_message(&mut b.inbox).await, 9, 0);
@@ -105,13 +100,7 @@ async fn frames_before_a_reset<V: Van + 'static>(make: &impl Fn() -> V, write_af
     /// The peer stops writing after this much whether or not the van pushed back.
     const CAP: usize = 64 << 20;
     let mut v = start(make, 8).await;
-    let port = v
-        .node
-        .endpoints
-        .first()
-        .and_then(|e| e.address.rsplit(':').next()?.parse::<u16>().ok())
-        .unwrap_or_else(|| panic!("no port in {:?}", v.node.endpoints));
-    let mut peer = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let mut peer = tokio::net::TcpStream::connect(super::garbage::address(&v))
         .await
         .unwrap_or_else(|e| panic!("connect to the van: {e}"));
     let frame = |seq: u32| {
