@@ -26,6 +26,29 @@ fn node(role: &str, port: u16, secret: Option<&str>) -> Command {
     cmd
 }
 
+/// A server and a worker holding the secret join the `scheduler` at `port`; every node must
+/// exit 0 and the worker verify exact sums. The scheduler's output.
+fn the_cluster_sums_exactly(port: u16, scheduler: std::process::Child) -> String {
+    let server = node("server", port, Some(SECRET)).spawn().unwrap();
+    let worker = node("worker", port, Some(SECRET)).spawn().unwrap();
+    let worker = wait_output(worker, "worker");
+    let server = wait_output(server, "server");
+    let scheduler = wait_output(scheduler, "scheduler");
+    for (name, out) in [
+        ("worker", &worker),
+        ("server", &server),
+        ("scheduler", &scheduler),
+    ] {
+        assert!(out.status.success(), "{name} failed: {}", text(out));
+    }
+    let all = text(&worker);
+    assert!(
+        all.contains("worker 0: exact sums verified for 16 keys from 1 workers"),
+        "{all}"
+    );
+    text(&scheduler)
+}
+
 #[test]
 fn intruders_without_the_secret_cannot_join_and_the_cluster_sums_exactly() {
     let port = free_port();
@@ -49,24 +72,7 @@ fn intruders_without_the_secret_cannot_join_and_the_cluster_sums_exactly() {
         "the refusal must say why: {wrong_text}"
     );
 
-    let server = node("server", port, Some(SECRET)).spawn().unwrap();
-    let worker = node("worker", port, Some(SECRET)).spawn().unwrap();
-    let worker = wait_output(worker, "worker");
-    let server = wait_output(server, "server");
-    let scheduler = wait_output(scheduler, "scheduler");
-    for (name, out) in [
-        ("worker", &worker),
-        ("server", &server),
-        ("scheduler", &scheduler),
-    ] {
-        assert!(out.status.success(), "{name} failed: {}", text(out));
-    }
-    let all = text(&worker);
-    assert!(
-        all.contains("worker 0: exact sums verified for 16 keys from 1 workers"),
-        "{all}"
-    );
-    let scheduler_log = text(&scheduler);
+    let scheduler_log = the_cluster_sums_exactly(port, scheduler);
     assert!(
         scheduler_log.contains("refused a connection"),
         "the scheduler must log the refusals: {scheduler_log}"
@@ -131,31 +137,14 @@ fn a_flood_of_idle_and_half_open_connections_does_not_keep_the_cluster_from_form
     // The flood holds the scheduler's places before the nodes come (2 s: past the handshake
     // timeout, so the silent ones have also been closed and replaced).
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let server = node("server", port, Some(SECRET)).spawn().unwrap();
-    let worker = node("worker", port, Some(SECRET)).spawn().unwrap();
-    let worker = wait_output(worker, "worker");
-    let server = wait_output(server, "server");
-    let scheduler = wait_output(scheduler, "scheduler");
+    let scheduler_log = the_cluster_sums_exactly(port, scheduler);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let opened: Vec<usize> = flooders.into_iter().map(|f| f.join().unwrap()).collect();
-    for (name, out) in [
-        ("worker", &worker),
-        ("server", &server),
-        ("scheduler", &scheduler),
-    ] {
-        assert!(out.status.success(), "{name} failed: {}", text(out));
-    }
-    let all = text(&worker);
-    assert!(
-        all.contains("worker 0: exact sums verified for 16 keys from 1 workers"),
-        "{all}"
-    );
     // The flood was real: each address opened more than its bound allows at once.
     assert!(
         opened.iter().all(|&n| n > 64),
         "connections opened: {opened:?}"
     );
-    let scheduler_log = text(&scheduler);
     for from in ["127.0.0.2", "127.0.0.3"] {
         assert!(
             scheduler_log

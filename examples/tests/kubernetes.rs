@@ -473,11 +473,6 @@ async fn kubeflow_resources() -> Json<Value> {
 /// discovery document (the training operator is installed); without, that path is a 404, as
 /// on a cluster without the operator.
 fn fake_api(kubeflow: bool) -> (Shared, u16, tokio::runtime::Runtime) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let api = Shared::default();
     let router = Router::new()
         .route("/api/v1/namespaces/{ns}/services", post(create_service))
@@ -504,12 +499,24 @@ fn fake_api(kubeflow: bool) -> (Shared, u16, tokio::runtime::Runtime) {
         router
     }
     .with_state(Arc::clone(&api));
+    let (port, runtime) = serve(router);
+    (api, port, runtime)
+}
+
+/// Serves `router` on 127.0.0.1 from a runtime of its own; the port and the runtime (which
+/// must outlive the test).
+fn serve(router: Router) -> (u16, tokio::runtime::Runtime) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let port = listener.local_addr().unwrap().port();
     runtime.spawn(async move { axum::serve(listener, router).await });
-    (api, port, runtime)
+    (port, runtime)
 }
 
 /// A kubeconfig for the fake API server, namespace `ml`.
@@ -726,12 +733,7 @@ fn the_master_runs_a_tfjob_through_the_kubernetes_api() {
 /// rather than guess and fail every job later.
 #[test]
 fn a_master_that_cannot_tell_the_layout_refuses_to_start() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let router = Router::new().route(
+    let (port, _runtime) = serve(Router::new().route(
         "/apis/kubeflow.org/v1",
         get(|| async {
             (
@@ -739,12 +741,7 @@ fn a_master_that_cannot_tell_the_layout_refuses_to_start() {
                 "etcd is down",
             )
         }),
-    );
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    runtime.spawn(async move { axum::serve(listener, router).await });
+    ));
     let config = kubeconfig(port);
     let master = std::process::Command::new(MASTER)
         .args(["--port", &common::free_port().to_string()])

@@ -16,22 +16,20 @@ use std::time::{Duration, Instant};
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 
 fn node(role: &str, port: u16) -> Child {
-    loopback_node(PS_BENCH, role, port)
-        .args([
-            "--mode",
-            "push",
-            "--sizes",
-            "1024",
-            "--windows",
-            "4",
-            "--seconds",
-            "120",
-            "--no-raw",
-        ])
-        .env("PS_HEARTBEAT_INTERVAL", "1")
+    pushing(role, port, "1024", "4")
         .env("PS_HEARTBEAT_TIMEOUT", "4")
         .spawn()
         .unwrap()
+}
+
+/// `role` of a cluster whose worker pushes `size`-byte values, `window` in flight, for 120 s,
+/// with heartbeats every second.
+fn pushing(role: &str, port: u16, size: &str, window: &str) -> std::process::Command {
+    let mut cmd = loopback_node(PS_BENCH, role, port);
+    cmd.args(["--mode", "push", "--sizes", size, "--windows", window])
+        .args(["--seconds", "120", "--no-raw"])
+        .env("PS_HEARTBEAT_INTERVAL", "1");
+    cmd
 }
 
 /// Whether the child is still running.
@@ -101,10 +99,7 @@ fn stopped_server(ipc: &str) {
     use std::io::BufRead;
     let port = free_port();
     let [mut scheduler, mut server, mut worker] = ["scheduler", "server", "worker"].map(|role| {
-        loopback_node(PS_BENCH, role, port)
-            .args(["--mode", "push", "--sizes", "4194304", "--windows", "64"])
-            .args(["--seconds", "120", "--no-raw"])
-            .env("PS_HEARTBEAT_INTERVAL", "1")
+        pushing(role, port, "4194304", "64")
             // Longer than the other test's 4 s: moving 256 MiB in flight on a loaded 2-core
             // machine can starve a heartbeat for seconds (a CI run lost the server that way).
             .env("PS_HEARTBEAT_TIMEOUT", "8")
@@ -115,7 +110,7 @@ fn stopped_server(ipc: &str) {
     // The worker's progress (on stderr), read as it comes: the server is stopped once the
     // worker pushes.
     let stderr = worker.stderr.take().unwrap();
-    let (lines, pushing) = std::sync::mpsc::sync_channel(1);
+    let (lines, started) = std::sync::mpsc::sync_channel(1);
     let reader = std::thread::spawn(move || {
         let mut all = String::new();
         for line in std::io::BufReader::new(stderr)
@@ -130,8 +125,10 @@ fn stopped_server(ipc: &str) {
         }
         all
     });
-    if pushing.recv_timeout(Duration::from_secs(60)).is_err() {
-        let _ = worker.kill();
+    if started.recv_timeout(Duration::from_secs(60)).is_err() {
+        for child in [&mut scheduler, &mut server, &mut worker] {
+            let _ = child.kill();
+        }
         panic!("ipc {ipc}: the worker never started pushing");
     }
     std::thread::sleep(Duration::from_secs(1));

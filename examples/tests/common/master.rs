@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 pub(crate) const MASTER: &str = env!("CARGO_BIN_EXE_vans-master");
 pub(crate) const SUBMIT: &str = env!("CARGO_BIN_EXE_vans-submit");
 
-/// A running master; killed when dropped.
+/// A running master; killed, and its jobs folder removed, when dropped.
 pub(crate) struct Master {
     child: Child,
     pub(crate) addr: String,
+    jobs: std::path::PathBuf,
 }
 
 impl Master {
@@ -34,19 +35,19 @@ impl Master {
         .arg(&jobs)
         .args(args)
         .stdout(Stdio::null());
-        // What the master says goes to a file, shown if it does not come up.
-        let log_path = jobs.with_extension("master.log");
-        let log = std::fs::File::create(&log_path).unwrap();
-        cmd.stderr(log);
+        // What the master says goes to a file in its jobs folder, shown if it does not come up.
+        std::fs::create_dir_all(&jobs).unwrap();
+        let log_path = jobs.join("vans-master.log");
+        cmd.stderr(std::fs::File::create(&log_path).unwrap());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let master = Master {
+        let mut master = Master {
             child: cmd.spawn().unwrap(),
             addr: format!("127.0.0.1:{port}"),
+            jobs,
         };
         let started = Instant::now();
-        let mut master = master;
         while std::net::TcpStream::connect(&master.addr).is_err() {
             let exited = master.child.try_wait().ok().flatten();
             if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
@@ -107,5 +108,6 @@ impl Drop for Master {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.jobs);
     }
 }
