@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{free_port, loopback_node, text, wait_output};
+use common::{all_succeeded, exact_sums, free_port, loopback_node, text, wait_output};
 
 use std::process::Command;
 
@@ -31,21 +31,12 @@ fn node(role: &str, port: u16, secret: Option<&str>) -> Command {
 fn the_cluster_sums_exactly(port: u16, scheduler: std::process::Child) -> String {
     let server = node("server", port, Some(SECRET)).spawn().unwrap();
     let worker = node("worker", port, Some(SECRET)).spawn().unwrap();
-    let worker = wait_output(worker, "worker");
-    let server = wait_output(server, "server");
-    let scheduler = wait_output(scheduler, "scheduler");
-    for (name, out) in [
-        ("worker", &worker),
-        ("server", &server),
-        ("scheduler", &scheduler),
-    ] {
-        assert!(out.status.success(), "{name} failed: {}", text(out));
-    }
-    let all = text(&worker);
-    assert!(
-        all.contains("worker 0: exact sums verified for 16 keys from 1 workers"),
-        "{all}"
-    );
+    let [worker, _, scheduler] = all_succeeded([
+        ("worker", worker),
+        ("server", server),
+        ("scheduler", scheduler),
+    ]);
+    exact_sums(&text(&worker), 16, 1);
     text(&scheduler)
 }
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{free_port, text, wait_output};
+use common::{all_succeeded, free_port, text, wait_output};
 
 use std::io::Read;
 use std::path::Path;
@@ -41,16 +41,11 @@ fn three_shells_form_a_cluster_and_exit_zero_even_with_the_worker_first() {
     std::thread::sleep(Duration::from_millis(1500));
     let scheduler = node("scheduler", port, &args).spawn().unwrap();
     let server = node("server", port, &args).spawn().unwrap();
-    let worker = wait_output(worker, "worker");
-    let server = wait_output(server, "server");
-    let scheduler = wait_output(scheduler, "scheduler");
-    for (name, out) in [
-        ("worker", &worker),
-        ("server", &server),
-        ("scheduler", &scheduler),
-    ] {
-        assert!(out.status.success(), "{name} failed: {}", text(out));
-    }
+    let [worker, _, _] = all_succeeded([
+        ("worker", worker),
+        ("server", server),
+        ("scheduler", scheduler),
+    ]);
     let table = String::from_utf8_lossy(&worker.stdout);
     assert!(table.contains("worker 0 (1 servers, 1 workers)"), "{table}");
     for mode in ["push", "pull", "pushpull"] {

@@ -25,6 +25,16 @@ pub(crate) fn wait_output(child: Child, what: &str) -> Output {
     wait_output_within(child, what, DEADLINE)
 }
 
+/// Waits for every named child (each up to [`DEADLINE`]), then checks that each exited 0;
+/// their outputs, in order.
+pub(crate) fn all_succeeded<const N: usize>(nodes: [(&str, Child); N]) -> [Output; N] {
+    let outputs = nodes.map(|(name, child)| (name, wait_output(child, name)));
+    for (name, out) in &outputs {
+        assert!(out.status.success(), "{name} failed: {}", text(out));
+    }
+    outputs.map(|(_, out)| out)
+}
+
 /// Waits for `child` with a deadline; kills it and fails the test, showing its output, when
 /// the deadline passes.
 pub(crate) fn wait_output_within(mut child: Child, what: &str, deadline: Duration) -> Output {
