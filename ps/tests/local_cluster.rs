@@ -492,3 +492,45 @@ async fn control_messages_are_handled_while_a_data_delivery_waits() {
     );
     assert_eq!(seen, vec![1, 2, 3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_started_with_vans_rank_get_the_rank_they_asked_for() {
+    let hub = Hub::new();
+    let config = |role: Role, rank| {
+        Config::builder()
+            .role(role)
+            .num_servers(1)
+            .num_workers(3)
+            .root_uri("scheduler")
+            .root_port(1)
+            .node_host(role.as_str())
+            .stream_van(VanKind::InProcess)
+            .bootstrap_timeout(Duration::from_secs(30))
+            .rank(rank)
+            .build()
+            .unwrap()
+    };
+    // Workers start in the order 2, 0, 1, so their ports (the address order) are not ranks.
+    let mut nodes = vec![(Role::Scheduler, None), (Role::Server, None)];
+    nodes.extend([2, 0, 1].map(|rank| (Role::Worker, Some(rank))));
+    let tasks: Vec<_> = nodes
+        .into_iter()
+        .map(|(role, rank)| {
+            let (config, van) = (config(role, rank), Arc::new(InProcessVan::new(&hub)));
+            tokio::spawn(async move {
+                let po = Postoffice::start_with_van(config, van).await?;
+                let got = (role == Role::Worker).then(|| po.my_rank());
+                po.finalize().await?;
+                Ok::<_, PsError>((rank, got))
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (asked, got) = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the cluster did not finish in time")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, asked);
+    }
+}

@@ -722,3 +722,46 @@ fn a_task_held_by_a_live_process_is_refused_to_another_and_taken_over_once_it_is
     assert!(s.is_ready());
     assert_eq!(s.node(11).map(|n| n.host.as_str()), Some("10.0.0.80"));
 }
+
+#[test]
+fn vans_rank_numbers_nodes_in_rank_order_not_by_address() {
+    // `VANS_RANK=N` is announced as task `worker:N` (`ps:N` for a server). Ranks 2, 0, 1 from
+    // addresses that sort the other way (rank 2's lowest, rank 1's highest).
+    let workers = [
+        task_node(Role::Worker, "10.0.0.1", 7000, "worker", 2),
+        task_node(Role::Worker, "10.0.0.2", 7000, "worker", 0),
+        task_node(Role::Worker, "10.0.0.3", 7000, "worker", 1),
+    ];
+    let servers = [
+        task_node(Role::Server, "10.0.0.4", 7000, "ps", 1),
+        task_node(Role::Server, "10.0.0.5", 7000, "ps", 0),
+    ];
+    for reversed in [false, true] {
+        let mut s = fresh(2, 3, None);
+        let mut all: Vec<&Node> = workers.iter().chain(&servers).collect();
+        if reversed {
+            all.reverse();
+        }
+        for node in all {
+            s.handle(Instant::now(), &add_node(node));
+        }
+        assert!(s.is_ready());
+        let by_id: Vec<(NodeId, &str)> = s
+            .table()
+            .iter()
+            .skip(1)
+            .map(|n| (n.id.unwrap(), n.host.as_str()))
+            .collect();
+        assert_eq!(
+            by_id,
+            [
+                (8, "10.0.0.5"),
+                (10, "10.0.0.4"),
+                (9, "10.0.0.2"),
+                (11, "10.0.0.3"),
+                (13, "10.0.0.1"),
+            ],
+            "reversed: {reversed}"
+        );
+    }
+}

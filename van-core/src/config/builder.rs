@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::error::ConfigError;
+use super::rank::apply_rank;
 use super::rdma::{RdmaMode, RdmaSettings};
 use super::{non_zero, Config};
 use crate::endpoint_map::EndpointMap;
@@ -22,6 +23,8 @@ impl Config {
 #[derive(Debug, Clone, Default)]
 pub struct ConfigBuilder {
     config: Config,
+    /// `VANS_RANK`: applied by `build`, once the role and counts are known.
+    rank: Option<u32>,
 }
 
 impl ConfigBuilder {
@@ -185,6 +188,29 @@ impl ConfigBuilder {
         self.config.hosts_scheduler = hosts;
         self
     }
+    /// Asks the scheduler for this node's rank within its role (`VANS_RANK`); `None`: ranks
+    /// by address (or by `TF_CONFIG` task). The node announces task `worker:N` (a worker) or
+    /// `ps:N` (a server), so nodes that ask are numbered by rank (worker rank N is node
+    /// 9 + 2N, server rank N node 8 + 2N) and a new process asking for a rank takes its
+    /// place (recovery). [`build`](ConfigBuilder::build) fails for the scheduler, without a
+    /// role, or when the rank is not below the role's count.
+    ///
+    /// ```
+    /// use van_core::{Config, Role};
+    ///
+    /// let config = Config::builder()
+    ///     .role(Role::Worker)
+    ///     .num_workers(4)
+    ///     .root_port(8123)
+    ///     .rank(Some(2))
+    ///     .build()?;
+    /// assert_eq!(config.tf_task.unwrap().to_string(), "/job:worker/task:2");
+    /// # Ok::<(), van_core::ConfigError>(())
+    /// ```
+    pub fn rank(mut self, rank: Option<u32>) -> Self {
+        self.rank = rank;
+        self
+    }
     /// Sets the endpoint map (`VANS_ENDPOINT_MAP`).
     pub fn endpoint_map(mut self, map: EndpointMap) -> Self {
         self.config.endpoint_map = Some(map);
@@ -196,7 +222,10 @@ impl ConfigBuilder {
         self
     }
     /// The configuration, or the first problem found (see [`Config::validate`]).
-    pub fn build(self) -> Result<Config, ConfigError> {
+    pub fn build(mut self) -> Result<Config, ConfigError> {
+        if let Some(rank) = self.rank {
+            apply_rank(&mut self.config, rank)?;
+        }
         self.config.validate()?;
         Ok(self.config)
     }

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::error::ConfigError;
+use super::rank::{apply_rank, RANK_EXPECTED};
 use super::rdma::RdmaMode;
 use super::reader::Vars;
 use super::tensorflow::{default_endpoint_map, FromTfConfig, DEFAULT_ENDPOINT_MAP};
@@ -109,6 +110,9 @@ impl Vars {
         }
         if let Some(n) = self.number("DMLC_NUM_SERVER", count)? {
             c.num_servers = n;
+        }
+        if let Some(rank) = self.number("VANS_RANK", RANK_EXPECTED)? {
+            apply_rank(&mut c, rank)?;
         }
         if let Some(uri) = self.get("DMLC_PS_ROOT_URI") {
             c.root_uri = uri.to_owned();

@@ -15,6 +15,10 @@
 //!   [`ConfigError`] naming the variable(s), the value and what was expected. Nothing is
 //!   silently clamped.
 //! - Variables vans does not know (other `DMLC_*`, `BYTEPS_*`, …) are ignored.
+//! - `VANS_RANK` (or [`ConfigBuilder::rank`]) asks the scheduler for this worker's or
+//!   server's rank within its role; it is announced as a TensorFlow task of the role's job,
+//!   so nodes are numbered and recovered by task (see `rank.rs` for the rules: an error on the
+//!   scheduler, below the role's count, the same task as `TF_CONFIG`'s when both give one).
 //!
 //! Nothing else in vans reads the environment: the vans and the cluster take a `Config`.
 //!
@@ -67,12 +71,13 @@
 
 // One file per part of the configuration, importing each other in one direction: `error`,
 // `rdma` and `variables` import nothing from here; this file (`Config`) imports `error` and
-// `rdma`; `reader` imports `variables`; `builder` and the parsers (`env`, `tensorflow`,
-// `van_knobs`) import this file and `reader`.
+// `rdma`; `reader` imports `variables`; `rank` imports this file; `builder` and the parsers
+// (`env`, `tensorflow`, `van_knobs`) import this file and `reader` (and `rank`).
 mod builder; // `ConfigBuilder`: every field set in code
 mod engine; // roles from Slurm, Open MPI, PMI and PyTorch-style launchers
 mod env; // `Config::from_env` / `from_vars`: which variable sets which field
 mod error; // `ConfigError`
+mod rank; // `VANS_RANK`: a node's rank within its role, announced as a task of its job
 pub(crate) mod rdma; // `RdmaMode`, `RdmaFallback`, `RdmaSettings` (also read by `tf_config`)
 mod reader; // `Vars`: the variables given, and typed reads of one of them
 mod tensorflow; // `TF_CONFIG` and the endpoint map
@@ -153,8 +158,11 @@ pub struct Config {
     pub hosts_scheduler: bool,
     /// From `TF_CONFIG`: this process's TensorFlow task (`task.type` and `task.index`), when
     /// its type is one of the parameter server's (`ps`, `chief`, `master`, `worker`) and
-    /// `TF_CONFIG` chose the role (`DMLC_ROLE` is not set). The node announces it, so the scheduler numbers nodes in task
-    /// order and the rendezvous finds `/job:chief/…` and `/job:worker/task:N` where they run.
+    /// `TF_CONFIG` chose the role (`DMLC_ROLE` is not set). From `VANS_RANK=N`
+    /// ([`ConfigBuilder::rank`]): `worker:N` for a worker, `ps:N` for a server (when both
+    /// give one they must agree). The node announces it, so the scheduler numbers nodes in
+    /// task order, a new process announcing it takes its place, and the rendezvous finds
+    /// `/job:chief/…` and `/job:worker/task:N` where they run.
     pub tf_task: Option<crate::message::TfTask>,
     /// `VANS_ENDPOINT_MAP` (or `./.endpoint_map` with [`Config::from_env`]): control address
     /// → data address, as in the TensorFlow Seastar and StarServer deployments.

@@ -104,6 +104,17 @@ pub const VARIABLES: &[EnvVar] = &[
         effect: "number of server processes; at least 1 when DMLC_ROLE is worker or server",
     },
     EnvVar {
+        name: "VANS_RANK",
+        default: "unset (ranks by address)",
+        effect: "this worker's or server's rank within its role, asked of the scheduler: 0 to \
+                 DMLC_NUM_WORKER - 1 (a worker) or DMLC_NUM_SERVER - 1 (a server); nodes that \
+                 give one are numbered by it (worker rank N is node 9 + 2N, server rank N node \
+                 8 + 2N; give one to every node of a role or to none) and a process started \
+                 again with the same rank takes its place (recovery); announced as TensorFlow \
+                 task `worker:N` or `ps:N`, so a task TF_CONFIG gives must be the same one; an \
+                 error on the scheduler",
+    },
+    EnvVar {
         name: "DMLC_PS_ROOT_URI",
         default: "127.0.0.1 (required when DMLC_ROLE is set)",
         effect: "host or IP address of the scheduler",
