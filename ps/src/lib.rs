@@ -5,7 +5,8 @@
 //! - [`postoffice`]: one per node; joins the cluster, runs barriers and heartbeats, dispatches
 //!   messages to applications;
 //! - [`kv`]: [`KvWorker`] (push, pull, push-pull, wait by request id) and [`KvServer`]
-//!   (request handler, sum aggregation, shared-nothing shards);
+//!   (request handler, sum aggregation, synchronous rounds with [`ROUND_CMD`],
+//!   shared-nothing shards);
 //! - [`range`]: key ranges and slicing of requests across servers;
 //! - [`values`]: typed views of values carried as bytes;
 //! - [`local`]: a whole cluster inside one process, over the in-process van;
@@ -41,7 +42,8 @@ pub mod values;
 
 pub use error::{PsError, Result};
 pub use kv::{
-    KvMeta, KvPairs, KvServer, KvWorker, RequestHandler, RequestId, Snapshot, SumHandler,
+    Handled, HeldRequest, KvMeta, KvPairs, KvServer, KvWorker, Released, RequestHandler, RequestId,
+    ShardContext, Snapshot, SumHandler, ROUND_CMD,
 };
 pub use postoffice::{Postoffice, ALL_GROUPS};
 pub use resend::ResendStats;

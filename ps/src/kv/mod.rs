@@ -5,6 +5,10 @@
 //! [`Value`](crate::values::Value) type) and optionally per-key lengths (`i32`, in values).
 //! A response with a non-empty `meta.body` is an error reported by the server's handler.
 
+// How a handler holds a request and answers it later: `Handled`, `HeldRequest`, `Released`.
+mod hold;
+// Synchronous rounds (`ROUND_CMD`): every worker gets the sum of a round's pushes.
+mod round;
 mod server;
 mod snapshot;
 mod worker;
@@ -17,6 +21,8 @@ use van_core::{DataType, Message, Meta, NodeId};
 use crate::error::PsError;
 use crate::values::{self, Value};
 
+pub use hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
+pub use round::ROUND_CMD;
 pub use server::{KvServer, RequestHandler, SumHandler};
 pub use snapshot::Snapshot;
 pub use worker::{KvWorker, RequestId};

@@ -7,6 +7,7 @@
 //! into zero-copy slices and the answers are joined before the response goes out. No lock is
 //! taken on the aggregation path.
 
+use std::collections::hash_map::Entry;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +18,8 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use van_core::{Message, Meta};
 
+use super::hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
+use super::round::{Rounds, ROUND_CMD};
 use super::snapshot::{decode_store, encode_store, Snapshot};
 use super::{kv_message, kv_pairs, KvMeta, KvPairs};
 use crate::error::{PsError, Result};
@@ -43,6 +46,29 @@ pub trait RequestHandler: Send + 'static {
     /// [`PsError::HandlerFailed`] naming this server and carrying the text.
     fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String>;
 
+    /// Handles one request, or holds it to answer later: what the server calls. A handler
+    /// that holds requests (a synchronous round waiting for every worker, as
+    /// [`SumHandler`] does for [`ROUND_CMD`]) answers them through
+    /// [`take_released`](Self::take_released); `context` says how many workers there are
+    /// and how many more requests the shard can hold. The default answers at once with
+    /// [`handle`](Self::handle).
+    fn handle_or_hold(
+        &mut self,
+        meta: &KvMeta,
+        request: KvPairs,
+        context: &ShardContext,
+    ) -> Handled {
+        let _ = context;
+        Handled::Answer(self.handle(meta, request))
+    }
+
+    /// Moves the answers of requests held earlier ([`Handled::Held`]) that are ready into
+    /// `released`; the server sends them. Called after each request handled. The default
+    /// holds nothing, so has nothing to give.
+    fn take_released(&mut self, released: &mut Vec<Released>) {
+        let _ = released;
+    }
+
     /// This shard's state as bytes, for [`KvServer::snapshot`]. The default has none to
     /// give: an error saying so.
     fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {
@@ -60,11 +86,17 @@ pub trait RequestHandler: Send + 'static {
 /// ps-lite's default handler: a push adds the values into the store (the first push of a key
 /// sets it); a pull returns the stored values with per-key lengths (empty for keys never
 /// pushed); a push-pull does both.
+///
+/// A push-pull whose `cmd` is [`ROUND_CMD`] is a synchronous round instead (BytePS's
+/// server): it is summed into the key's round accumulator, apart from the store, and
+/// answered with the round's sum once every worker has pushed the key.
 #[derive(Debug)]
 pub struct SumHandler<T: Value> {
     /// Each key's sum. Shared with the responses of pulls still being sent (a single-key pull
     /// answers with the stored values themselves, no copy); a push then copies first.
     store: IntMap<u64, Arc<Vec<T>>>,
+    /// The [`ROUND_CMD`] rounds in progress.
+    rounds: Rounds<T>,
 }
 
 /// Stored values lent to a response as bytes.
@@ -80,21 +112,47 @@ impl<T: Value> Default for SumHandler<T> {
     fn default() -> Self {
         SumHandler {
             store: IntMap::default(),
+            rounds: Rounds::default(),
         }
     }
 }
 
 impl<T: Value> RequestHandler for SumHandler<T> {
+    /// The store only: rounds in progress are not part of a snapshot (take one between
+    /// rounds, after a barrier of the workers).
     fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {
         Ok(encode_store(&self.store))
     }
 
+    /// Replaces the store only: rounds in progress go on, so the requests they hold are
+    /// still answered.
     fn restore(&mut self, state: &[u8]) -> std::result::Result<(), String> {
         self.store = decode_store(state)?;
         Ok(())
     }
 
+    fn handle_or_hold(
+        &mut self,
+        meta: &KvMeta,
+        request: KvPairs,
+        context: &ShardContext,
+    ) -> Handled {
+        if meta.cmd == ROUND_CMD {
+            return self.rounds.push_pull(meta, &request, context);
+        }
+        Handled::Answer(self.handle(meta, request))
+    }
+
+    fn take_released(&mut self, released: &mut Vec<Released>) {
+        self.rounds.take_released(released);
+    }
+
     fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String> {
+        if meta.cmd == ROUND_CMD {
+            return Err("a round (ROUND_CMD) waits for every worker, which only \
+                        handle_or_hold can do; KvServer calls that"
+                .to_owned());
+        }
         // A pure pull carries no values, so its declared type does not matter.
         let carries_values = meta.push || !meta.pull;
         if carries_values && meta.val_type != T::DATA_TYPE {
@@ -400,16 +458,32 @@ impl<T: Value> KvServer<T> {
     }
 }
 
+/// A request the handler holds ([`Handled::Held`]): what its answer needs.
+struct HeldJob {
+    meta: KvMeta,
+    reply: Reply,
+}
+
 async fn run_shard<H: RequestHandler>(
     po: Postoffice,
     mut handler: H,
     mut jobs: mpsc::Receiver<Work>,
 ) {
+    let num_workers = po.num_workers();
     let mut batch = Vec::with_capacity(SHARD_BATCH);
     let mut answers = Vec::new();
+    // The requests the handler holds, by `HeldRequest::table_key`: at most
+    // MAX_HELD_REQUESTS (its doc says why that many), and their answers it released.
+    let mut held: IntMap<u64, HeldJob> = IntMap::default();
+    let mut released = Vec::new();
     while jobs.recv_many(&mut batch, SHARD_BATCH).await > 0 {
         for work in batch.drain(..) {
-            let job = match work {
+            let Job {
+                meta,
+                pairs,
+                reply,
+                _held: budget,
+            } = match work {
                 Work::Request(job) => job,
                 Work::Snapshot(reply) => {
                     let _ = reply.send(handler.snapshot());
@@ -420,19 +494,68 @@ async fn run_shard<H: RequestHandler>(
                     continue;
                 }
             };
-            // A handler that panics answers this request with an error and keeps its shard.
-            let call = std::panic::AssertUnwindSafe(|| handler.handle(&job.meta, job.pairs));
-            let result = std::panic::catch_unwind(call)
-                .unwrap_or_else(|_| Err("the server's request handler panicked".to_owned()));
-            let answer = match job.reply {
-                Reply::Direct => Some(result),
-                Reply::Part(gather, index) => gather.add(index, result),
+            let context = ShardContext {
+                num_workers,
+                hold_room: MAX_HELD_REQUESTS.saturating_sub(held.len()),
             };
-            if let Some(result) = answer {
-                answers.push(response(&po, &job.meta, result));
+            // A handler that panics answers this request with an error and keeps its shard.
+            let call =
+                std::panic::AssertUnwindSafe(|| handler.handle_or_hold(&meta, pairs, &context));
+            let handled = std::panic::catch_unwind(call).unwrap_or_else(|_| {
+                Handled::Answer(Err("the server's request handler panicked".to_owned()))
+            });
+            // The request's bytes are the handler's now: its share of the byte budget goes
+            // back, so that held requests never stop the server from reading the pushes
+            // that complete them.
+            drop(budget);
+            let id = HeldRequest::of(&meta);
+            match handled {
+                Handled::Answer(result) => answer(&po, &meta, reply, result, &mut answers),
+                Handled::Held if held.len() >= MAX_HELD_REQUESTS => {
+                    let reason = format!("the shard already holds {MAX_HELD_REQUESTS} requests");
+                    answer(&po, &meta, reply, Err(reason), &mut answers);
+                }
+                Handled::Held => match held.entry(id.table_key()) {
+                    Entry::Vacant(slot) => {
+                        slot.insert(HeldJob { meta, reply });
+                    }
+                    Entry::Occupied(_) => {
+                        let reason = format!("request {} is already held", id.request_id);
+                        answer(&po, &meta, reply, Err(reason), &mut answers);
+                    }
+                },
+            }
+            handler.take_released(&mut released);
+            for Released {
+                request,
+                answer: result,
+            } in released.drain(..)
+            {
+                match held.remove(&request.table_key()) {
+                    Some(job) => answer(&po, &job.meta, job.reply, result, &mut answers),
+                    None => warn!(?request, "the handler released a request it did not hold"),
+                }
             }
         }
         send_responses(&po, &mut answers).await;
+    }
+}
+
+/// Adds the answer to one request, or to one part of a split request, to `answers`: at once
+/// for a whole request, with the last part for a split one.
+fn answer(
+    po: &Postoffice,
+    meta: &KvMeta,
+    reply: Reply,
+    result: PartResult,
+    answers: &mut Vec<Message>,
+) {
+    let whole = match reply {
+        Reply::Direct => Some(result),
+        Reply::Part(gather, index) => gather.add(index, result),
+    };
+    if let Some(result) = whole {
+        answers.push(response(po, meta, result));
     }
 }
 
@@ -697,6 +820,13 @@ impl ServerInner {
                 _held: held,
             };
             return self.submit(shard, job).await;
+        }
+        // Each shard's part would look like a round of its own to the handler.
+        if meta.cmd == ROUND_CMD {
+            return Err(format!(
+                "a round push-pull carries one key per request, not {}",
+                pairs.len()
+            ));
         }
         let offsets = if meta.push {
             Some(
