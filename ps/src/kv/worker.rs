@@ -100,7 +100,15 @@ enum Op {
 
 impl<T: Value> KvWorker<T> {
     /// A worker application (`app_id`, `customer_id`) on this node.
+    /// Fails when the cluster has no servers (a cluster of workers for collectives only).
     pub async fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<KvWorker<T>> {
+        if po.num_servers() == 0 {
+            return Err(PsError::InvalidArgument(
+                "this cluster has no servers (DMLC_NUM_SERVER=0): a key-value worker needs at \
+                 least one"
+                    .into(),
+            ));
+        }
         let inner = Arc::new(WorkerInner {
             po: po.clone(),
             ranges: po.server_key_ranges(),

@@ -246,7 +246,10 @@ mod tests {
         let node = || Config::builder().role(Role::Worker).root_port(8123);
         node().build().unwrap();
         let cases = [
-            (node().num_servers(0).build(), "DMLC_NUM_SERVER"),
+            (
+                node().role(Role::Server).num_servers(0).build(),
+                "DMLC_NUM_SERVER",
+            ),
             (node().num_workers(0).build(), "DMLC_NUM_WORKER"),
             (node().root_uri(" ").build(), "DMLC_PS_ROOT_URI"),
             (node().verbose(3).build(), "PS_VERBOSE"),

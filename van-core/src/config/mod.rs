@@ -344,11 +344,12 @@ impl Config {
             }
         }
         match self.role {
-            Some(Role::Worker | Role::Server) if self.num_servers == 0 => {
+            // Workers alone (DMLC_NUM_SERVER=0) run collectives; their key-value workers
+            // refuse to start (ps's KvWorker::new).
+            Some(Role::Server) if self.num_servers == 0 => {
                 return contradiction(
                     &["DMLC_ROLE", "DMLC_NUM_SERVER"],
-                    "workers and servers need at least one server; set DMLC_NUM_SERVER to \
-                     the number of server processes",
+                    "a server is counted in DMLC_NUM_SERVER, which must be at least 1",
                 );
             }
             Some(Role::Worker) if self.num_workers == 0 => {
@@ -459,8 +460,8 @@ mod tests {
         type Pairs = &'static [(&'static str, &'static str)];
         let cases: [(Pairs, [&str; 2]); 4] = [
             (
-                &[("DMLC_NUM_SERVER", "0")],
-                ["DMLC_ROLE", "DMLC_NUM_SERVER"],
+                &[("DMLC_ROLE", "worker"), ("DMLC_NUM_WORKER", "0")],
+                ["DMLC_ROLE", "DMLC_NUM_WORKER"],
             ),
             (
                 &[("DMLC_ROLE", "server"), ("DMLC_NUM_SERVER", "0")],
@@ -484,12 +485,11 @@ mod tests {
             let message = e.to_string();
             assert!(vars.iter().all(|v| message.contains(v)), "{message}");
         }
-        // A scheduler may count zero servers; a server may count zero workers.
-        Config::from_vars(with(&[
-            ("DMLC_ROLE", "scheduler"),
-            ("DMLC_NUM_SERVER", "0"),
-        ]))
-        .unwrap();
+        // A scheduler and workers may count zero servers (collectives only); a server may
+        // count zero workers.
+        for role in ["scheduler", "worker"] {
+            Config::from_vars(with(&[("DMLC_ROLE", role), ("DMLC_NUM_SERVER", "0")])).unwrap();
+        }
         Config::from_vars(with(&[("DMLC_ROLE", "server"), ("DMLC_NUM_WORKER", "0")])).unwrap();
         // Heartbeats: 0 is off; a timeout alone (the scheduler's side) is fine.
         let c = Config::from_vars(with(&[
