@@ -51,6 +51,9 @@ pub(crate) enum OpKind {
     AllGather = 2,
     ReduceScatter = 3,
     Barrier = 4,
+    AllToAll = 5,
+    /// A point-to-point message ([`Shared::begin_p2p`]).
+    PointToPoint = 6,
 }
 
 impl OpKind {
@@ -61,6 +64,8 @@ impl OpKind {
             2 => OpKind::AllGather,
             3 => OpKind::ReduceScatter,
             4 => OpKind::Barrier,
+            5 => OpKind::AllToAll,
+            6 => OpKind::PointToPoint,
             _ => return None,
         })
     }
@@ -72,6 +77,8 @@ impl OpKind {
             OpKind::AllGather => "all_gather",
             OpKind::ReduceScatter => "reduce_scatter",
             OpKind::Barrier => "barrier",
+            OpKind::AllToAll => "all_to_all",
+            OpKind::PointToPoint => "send/recv",
         }
     }
 }
@@ -226,7 +233,14 @@ struct State {
     /// The highest generation number seen anywhere (announced, or known by a joiner), so a
     /// new coordinator never reuses one.
     highest: u64,
+    /// Point-to-point messages of this generation begun, by (peer, tag, sending): the next
+    /// one's sequence number. Both ends count alike, so the n-th send of a tag to a peer
+    /// meets that peer's n-th receive of it, whatever else runs meanwhile.
+    p2p: HashMap<(NodeId, i32, bool), u64>,
 }
+
+/// The `op` numbers of point-to-point messages: above every collective's.
+const P2P_OP: u64 = 1 << 63;
 
 /// What a communicator's handle, its background task and the postoffice (as a
 /// [`Customer`]) share.
@@ -293,6 +307,7 @@ impl Shared {
                 stopped: false,
                 unannounced: false,
                 highest: 0,
+                p2p: HashMap::new(),
             }),
             notify: Notify::new(),
             control,
@@ -516,6 +531,7 @@ impl Shared {
                 }
                 st.generation = Generation { number, members };
                 st.next_op = 0;
+                st.p2p.clear();
                 st.join_sent = None;
                 st.mailbox.retain(|key, _| key.generation >= number);
                 st.status = if member {
@@ -552,14 +568,62 @@ impl Shared {
     }
 
     /// Starts a collective of `kind`: fails unless the generation is active and `valid`
-    /// accepts its size (a refused call takes no collective number, so the ranks stay in
+    /// accepts its size and this node's rank (a refused call takes no collective number, so the ranks stay in
     /// step).
     pub(crate) fn begin(
         &self,
         kind: OpKind,
-        valid: impl FnOnce(usize) -> Result<()>,
+        valid: impl FnOnce(usize, usize) -> Result<()>,
     ) -> Result<Op> {
         let mut st = self.lock();
+        let rank = Self::active_rank(&st, self.me)?;
+        valid(st.generation.size(), rank)?;
+        let number = st.next_op;
+        st.next_op += 1;
+        Ok(Op {
+            kind,
+            generation: st.generation.number,
+            members: st.generation.members.clone(),
+            rank,
+            number,
+            tag: 0,
+            total: 0,
+        })
+    }
+
+    /// Starts a point-to-point message with the rank `peer` under `tag` (sending or
+    /// receiving): numbered by the pair's own count, not the collectives', since the other
+    /// ranks take no part.
+    pub(crate) fn begin_p2p(&self, peer: usize, tag: i32, sending: bool) -> Result<Op> {
+        let mut st = self.lock();
+        let me = Self::active_rank(&st, self.me)?;
+        let size = st.generation.size();
+        let Some(&node) = st.generation.members.get(peer) else {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "rank {peer} is not in a generation of {size} ranks"
+            )));
+        };
+        if peer == me {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "rank {me} cannot send to or receive from itself"
+            )));
+        }
+        let count = st.p2p.entry((node, tag, sending)).or_insert(0);
+        let number = P2P_OP | *count;
+        *count += 1;
+        Ok(Op {
+            kind: OpKind::PointToPoint,
+            generation: st.generation.number,
+            members: st.generation.members.clone(),
+            rank: me,
+            number,
+            tag: 0,
+            total: 0,
+        })
+    }
+
+    /// This node's rank, when its generation is active.
+    fn active_rank(st: &State, me: NodeId) -> Result<usize> {
         if st.unannounced {
             return Err(CollectiveError::MembershipChanged {
                 generation: st.generation.number,
@@ -579,25 +643,12 @@ impl Shared {
                 })
             }
         }
-        let rank =
-            st.generation
-                .rank_of(self.me)
-                .ok_or_else(|| CollectiveError::MembershipChanged {
-                    generation: st.generation.number,
-                    reason: "this worker is not a member".into(),
-                })?;
-        valid(st.generation.size())?;
-        let number = st.next_op;
-        st.next_op += 1;
-        Ok(Op {
-            kind,
-            generation: st.generation.number,
-            members: st.generation.members.clone(),
-            rank,
-            number,
-            tag: 0,
-            total: 0,
-        })
+        st.generation
+            .rank_of(me)
+            .ok_or_else(|| CollectiveError::MembershipChanged {
+                generation: st.generation.number,
+                reason: "this worker is not a member".into(),
+            })
     }
 
     /// Waits for the next generation this node is a member of (or returns the current one

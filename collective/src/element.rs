@@ -1,7 +1,7 @@
-//! What a collective reduces: element types ([`Element`]: `f32`, `f64`, `i32`, `i64`, `bf16`)
-//! and reduction operators ([`ReduceOp`]).
+//! What a collective reduces: element types ([`Element`]: `f32`, `f64`, `i32`, `i64`, `u8`,
+//! `bf16`, `f16`) and reduction operators ([`ReduceOp`]).
 
-use half::bf16;
+use half::{bf16, f16};
 use van_core::DataType;
 
 /// How values of different ranks combine.
@@ -15,6 +15,8 @@ pub enum ReduceOp {
     Min,
     /// The largest value.
     Max,
+    /// The product (integers: wrapping).
+    Product,
 }
 
 impl ReduceOp {
@@ -25,6 +27,7 @@ impl ReduceOp {
             ReduceOp::Mean => "mean",
             ReduceOp::Min => "min",
             ReduceOp::Max => "max",
+            ReduceOp::Product => "product",
         }
     }
 }
@@ -43,15 +46,16 @@ impl std::str::FromStr for ReduceOp {
             "mean" => Ok(ReduceOp::Mean),
             "min" => Ok(ReduceOp::Min),
             "max" => Ok(ReduceOp::Max),
+            "product" => Ok(ReduceOp::Product),
             other => Err(format!(
-                "unknown reduction {other:?} (expected sum, mean, min or max)"
+                "unknown reduction {other:?} (expected sum, mean, min, max or product)"
             )),
         }
     }
 }
 
-/// A type a collective can carry and reduce. Implemented for `f32`, `f64`, `i32`, `i64` and
-/// [`half::bf16`]; values travel in the machine's byte order (all ranks of a cluster share
+/// A type a collective can carry and reduce. Implemented for `f32`, `f64`, `i32`, `i64`,
+/// `u8`, [`half::bf16`] and [`half::f16`]; values travel in the machine's byte order (all ranks of a cluster share
 /// it in practice; a message says its element type and a mismatch is an error).
 pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     /// The element's name (`f32`, `bf16`, …).
@@ -80,11 +84,17 @@ macro_rules! integer_element {
                     ReduceOp::Sum | ReduceOp::Mean => self.wrapping_add(other),
                     ReduceOp::Min => self.min(other),
                     ReduceOp::Max => self.max(other),
+                    ReduceOp::Product => self.wrapping_mul(other),
                 }
             }
             #[inline]
             fn divide(self, n: usize) -> Self {
-                self.wrapping_div(n.max(1) as $t)
+                // A rank count beyond the type's range (u8) divides to zero, as the mean of
+                // that many values of the type must be below the largest.
+                match <$t>::try_from(n.max(1)) {
+                    Ok(n) => self.wrapping_div(n),
+                    Err(_) => 0,
+                }
             }
         }
     };
@@ -102,6 +112,7 @@ macro_rules! float_element {
                     ReduceOp::Sum | ReduceOp::Mean => self + other,
                     ReduceOp::Min => self.min(other),
                     ReduceOp::Max => self.max(other),
+                    ReduceOp::Product => self * other,
                 }
             }
             #[inline]
@@ -117,24 +128,37 @@ integer_element!(i64, "i64", I64, 2);
 float_element!(f32, "f32", F32, 3);
 float_element!(f64, "f64", F64, 4);
 
-impl Element for bf16 {
-    const NAME: &'static str = "bf16";
-    const DATA_TYPE: DataType = DataType::Other;
-    const TAG: u64 = 5;
-    #[inline]
-    fn combine(self, other: Self, op: ReduceOp) -> Self {
-        match op {
-            // In f32, rounded once per step (as NCCL's bf16 sums).
-            ReduceOp::Sum | ReduceOp::Mean => bf16::from_f32(self.to_f32() + other.to_f32()),
-            ReduceOp::Min => self.min(other),
-            ReduceOp::Max => self.max(other),
+/// The 16-bit floats: combined in `f32` and rounded once per step (as NCCL's bf16 and
+/// fp16 sums).
+macro_rules! half_element {
+    ($t:ty, $name:literal, $tag:literal) => {
+        impl Element for $t {
+            const NAME: &'static str = $name;
+            // Neither has a tag in ps-lite's list: `TAG` tells them apart.
+            const DATA_TYPE: DataType = DataType::Other;
+            const TAG: u64 = $tag;
+            #[inline]
+            fn combine(self, other: Self, op: ReduceOp) -> Self {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Mean => {
+                        <$t>::from_f32(self.to_f32() + other.to_f32())
+                    }
+                    ReduceOp::Min => self.min(other),
+                    ReduceOp::Max => self.max(other),
+                    ReduceOp::Product => <$t>::from_f32(self.to_f32() * other.to_f32()),
+                }
+            }
+            #[inline]
+            fn divide(self, n: usize) -> Self {
+                <$t>::from_f32(self.to_f32() / n.max(1) as f32)
+            }
         }
-    }
-    #[inline]
-    fn divide(self, n: usize) -> Self {
-        bf16::from_f32(self.to_f32() / n.max(1) as f32)
-    }
+    };
 }
+
+half_element!(bf16, "bf16", 5);
+half_element!(f16, "f16", 6);
+integer_element!(u8, "u8", U8, 7);
 
 /// Combines `incoming` (the bytes of `acc.len()` elements, in any alignment) into `acc`.
 /// The caller checked the length.
@@ -176,6 +200,19 @@ mod tests {
         let x = bf16::from_f32(1.5);
         assert_eq!(x.combine(bf16::from_f32(2.0), ReduceOp::Sum).to_f32(), 3.5);
         assert_eq!(x.divide(3).to_f32(), bf16::from_f32(0.5).to_f32());
+        assert_eq!(3i32.combine(-4, ReduceOp::Product), -12);
+        assert_eq!(200u8.combine(100, ReduceOp::Sum), 44);
+        assert_eq!(16u8.combine(16, ReduceOp::Product), 0);
+        assert_eq!(250u8.divide(5), 50);
+        assert_eq!(250u8.divide(300), 0);
+        assert_eq!(1.5f64.combine(-2.0, ReduceOp::Product), -3.0);
+        let y = f16::from_f32(1.5);
+        assert_eq!(
+            y.combine(f16::from_f32(2.0), ReduceOp::Product).to_f32(),
+            3.0
+        );
+        assert_eq!(y.combine(f16::from_f32(-2.0), ReduceOp::Min).to_f32(), -2.0);
+        assert_eq!(y.divide(3).to_f32(), f16::from_f32(0.5).to_f32());
     }
 
     #[test]
@@ -197,7 +234,13 @@ mod tests {
 
     #[test]
     fn parses_operator_names() {
-        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Mean,
+            ReduceOp::Min,
+            ReduceOp::Max,
+            ReduceOp::Product,
+        ] {
             assert_eq!(op.as_str().parse::<ReduceOp>(), Ok(op));
         }
         assert!("avg".parse::<ReduceOp>().is_err());

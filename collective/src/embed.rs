@@ -1,22 +1,48 @@
 //! [`CommHandle`]: a communicator on a [`NodeHandle`]'s runtime, for plain threads and the
-//! bindings (Python, C). Each collective takes its buffer by value and gives it back reduced,
-//! so no caller memory is touched after the call returns, even when the caller stops
-//! waiting (a timeout, an interrupt).
+//! bindings (Python, C, the PyTorch backend). Each collective takes its buffers by value
+//! ([`Buffer`]: a `Vec`, or memory a binding lends) and gives them back when it completes,
+//! so no caller memory is touched after the call ends, even when the caller stops waiting
+//! (a timeout, an interrupt).
+//!
+//! A collective is *numbered when it is called*, not when it runs: calls made one after
+//! another from one thread are matched across ranks in that order even though they run
+//! concurrently on the node's runtime (a PyTorch job issues all-reduces for several gradient
+//! buckets at once and waits later). Point-to-point sends and receives are numbered per
+//! pair and tag the same way.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ps::embed::{Call, NodeHandle};
 
-use crate::{Communicator, Element, Generation, ReduceOp, Result};
+use crate::comm::{OpKind, Shared};
+use crate::{exchange, ring, CollectiveError, Communicator, Element, Generation, ReduceOp, Result};
 
-/// A node's communicator with the node's runtime; cheap to clone, thread-safe. Collectives
-/// of one communicator run one at a time (a second call waits for the first).
+/// Memory a collective works in until it completes: owned, or lent by a caller that keeps it
+/// alive and leaves it alone until the call's result is taken (the bindings' pinned arrays).
+pub trait Buffer<T>: Send + 'static {
+    /// The elements.
+    fn elements(&self) -> &[T];
+    /// The elements, for writing.
+    fn elements_mut(&mut self) -> &mut [T];
+}
+
+impl<T: Element> Buffer<T> for Vec<T> {
+    fn elements(&self) -> &[T] {
+        self
+    }
+    fn elements_mut(&mut self) -> &mut [T] {
+        self
+    }
+}
+
+/// A node's communicator with the node's runtime; cheap to clone, thread-safe. See the
+/// [module docs](self) for how concurrent calls are ordered.
 #[derive(Clone)]
 pub struct CommHandle {
     node: NodeHandle,
-    comm: Arc<tokio::sync::Mutex<Communicator>>,
-    shared: Arc<crate::comm::Shared>,
+    comm: Arc<Communicator>,
 }
 
 impl std::fmt::Debug for CommHandle {
@@ -26,6 +52,11 @@ impl std::fmt::Debug for CommHandle {
             .field("generation", &self.generation().number)
             .finish_non_exhaustive()
     }
+}
+
+/// The result of a collective that could not start: it completes at once with the error.
+fn refused<R: Send + 'static>(node: &NodeHandle, error: CollectiveError) -> Call<Result<R>> {
+    node.spawn(async move { Ok(Err(error)) })
 }
 
 impl CommHandle {
@@ -38,10 +69,25 @@ impl CommHandle {
         node.spawn(async move {
             Ok(Communicator::new(&po).await.map(|comm| CommHandle {
                 node: owner,
-                shared: Arc::clone(&comm.shared),
-                comm: Arc::new(tokio::sync::Mutex::new(comm)),
+                comm: Arc::new(comm),
             }))
         })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.comm.shared
+    }
+
+    /// Runs `run` (a collective already numbered) on the node's runtime, abandoning the
+    /// generation if it fails, and answers `buffers` with its result.
+    fn launch<R, F>(&self, generation: u64, run: F) -> Call<Result<R>>
+    where
+        R: Send + 'static,
+        F: Future<Output = Result<R>> + Send + 'static,
+    {
+        let shared = Arc::clone(self.shared());
+        self.node
+            .spawn(async move { Ok(Communicator::guarded(&shared, generation, run).await) })
     }
 
     /// The node.
@@ -51,38 +97,186 @@ impl CommHandle {
 
     /// The current generation.
     pub fn generation(&self) -> Generation {
-        self.shared.generation()
+        self.shared().generation()
     }
 
-    /// [`Communicator::allreduce`] of `values`; the result is the reduced buffer.
-    pub fn allreduce<T: Element>(&self, mut values: Vec<T>, op: ReduceOp) -> Call<Result<Vec<T>>> {
-        let comm = Arc::clone(&self.comm);
-        self.node.spawn(async move {
-            let result = comm.lock().await.allreduce(&mut values, op).await;
-            Ok(result.map(|()| values))
+    /// [`Communicator::allreduce`] of `buf`; the result is the reduced buffer.
+    pub fn allreduce<T: Element, B: Buffer<T>>(&self, mut buf: B, op: ReduceOp) -> Call<Result<B>> {
+        let len = buf.elements().len();
+        let call = match self.shared().begin(OpKind::AllReduce, |_, _| Ok(())) {
+            Ok(call) => call.carrying::<T>(len),
+            Err(e) => return refused(&self.node, e),
+        };
+        let shared = Arc::clone(self.shared());
+        self.launch(call.generation, async move {
+            crate::run_allreduce(&shared, &call, buf.elements_mut(), op).await?;
+            Ok(buf)
         })
     }
 
-    /// [`Communicator::broadcast`] of `values` from rank `root`.
-    pub fn broadcast<T: Element>(&self, mut values: Vec<T>, root: usize) -> Call<Result<Vec<T>>> {
-        let comm = Arc::clone(&self.comm);
-        self.node.spawn(async move {
-            let result = comm.lock().await.broadcast(&mut values, root).await;
-            Ok(result.map(|()| values))
+    /// [`Communicator::broadcast`] of `buf` from rank `root`.
+    pub fn broadcast<T: Element, B: Buffer<T>>(&self, mut buf: B, root: usize) -> Call<Result<B>> {
+        let len = buf.elements().len();
+        let call = match self
+            .shared()
+            .begin(OpKind::Broadcast, |size, _| crate::check_root(root, size))
+        {
+            Ok(call) => call.carrying::<T>(len),
+            Err(e) => return refused(&self.node, e),
+        };
+        let shared = Arc::clone(self.shared());
+        self.launch(call.generation, async move {
+            ring::broadcast(&shared, &call, buf.elements_mut(), root).await?;
+            Ok(buf)
+        })
+    }
+
+    /// [`Communicator::all_gather`]: `out` (`size × input.len()` elements) receives every
+    /// rank's `input`, in rank order.
+    pub fn all_gather<T: Element, I: Buffer<T>, B: Buffer<T>>(
+        &self,
+        input: I,
+        mut out: B,
+    ) -> Call<Result<B>> {
+        let (n, total) = (input.elements().len(), out.elements().len());
+        let begun = self.shared().begin(OpKind::AllGather, |size, _| {
+            crate::check_gather(n, total, size)
+        });
+        let call = match begun {
+            Ok(call) => call.carrying::<T>(total),
+            Err(e) => return refused(&self.node, e),
+        };
+        let shared = Arc::clone(self.shared());
+        self.launch(call.generation, async move {
+            ring::all_gather(&shared, &call, input.elements(), out.elements_mut()).await?;
+            Ok(out)
+        })
+    }
+
+    /// Reduce-scatter without touching `input` (`size` equal blocks): `out` receives this
+    /// rank's block of the reduction (chunk `rank` of [`ring::chunk`]; its length must be
+    /// that chunk's). The input is copied once, since the ring reduces in place.
+    pub fn reduce_scatter<T: Element, I: Buffer<T>, B: Buffer<T>>(
+        &self,
+        input: I,
+        mut out: B,
+        op: ReduceOp,
+    ) -> Call<Result<B>> {
+        let (len, want) = (input.elements().len(), out.elements().len());
+        let begun = self.shared().begin(OpKind::ReduceScatter, |size, rank| {
+            let mine = ring::chunk(len, size, rank).len();
+            if mine == want {
+                return Ok(());
+            }
+            Err(CollectiveError::InvalidArgument(format!(
+                "reduce_scatter of {len} elements among {size} ranks gives rank {rank} {mine} \
+                 elements, but its output holds {want}"
+            )))
+        });
+        let call = match begun {
+            Ok(call) => call.carrying::<T>(len),
+            Err(e) => return refused(&self.node, e),
+        };
+        let shared = Arc::clone(self.shared());
+        self.launch(call.generation, async move {
+            let mut work = input.elements().to_vec();
+            drop(input);
+            ring::reduce(&shared, &call, &mut work, op, 1).await?;
+            let mine = ring::chunk(work.len(), call.size(), call.rank);
+            out.elements_mut().copy_from_slice(&work[mine]);
+            Ok(out)
+        })
+    }
+
+    /// [`Communicator::all_to_all`]: block `k` of `input` goes to rank `k`; `out` receives
+    /// rank `k`'s block in its block `k`.
+    pub fn all_to_all<T: Element, I: Buffer<T>, B: Buffer<T>>(
+        &self,
+        input: I,
+        send_counts: Vec<usize>,
+        mut out: B,
+        recv_counts: Vec<usize>,
+    ) -> Call<Result<B>> {
+        let (n_in, n_out) = (input.elements().len(), out.elements().len());
+        let mut offsets = None;
+        let begun = self.shared().begin(OpKind::AllToAll, |size, _| {
+            offsets = Some((
+                exchange::offsets(&send_counts, size, n_in, "input")?,
+                exchange::offsets(&recv_counts, size, n_out, "output")?,
+            ));
+            Ok(())
+        });
+        let (call, (send, recv)) = match (begun, offsets) {
+            (Ok(call), Some(offsets)) => (call.carrying::<T>(0), offsets),
+            (Err(e), _) => return refused(&self.node, e),
+            (Ok(_), None) => {
+                let e = CollectiveError::InvalidArgument("all_to_all was not checked".into());
+                return refused(&self.node, e);
+            }
+        };
+        let shared = Arc::clone(self.shared());
+        self.launch(call.generation, async move {
+            let out_elements = out.elements_mut();
+            exchange::all_to_all(&shared, &call, input.elements(), &send, out_elements, &recv)
+                .await?;
+            Ok(out)
+        })
+    }
+
+    /// [`Communicator::send`] of `buf` to rank `to` under `tag`; the buffer comes back.
+    pub fn send<T: Element, B: Buffer<T>>(&self, buf: B, to: usize, tag: i32) -> Call<Result<B>> {
+        let begun = crate::p2p_tag(tag)
+            .and_then(|tag| Ok((tag, self.shared().begin_p2p(to, tag as i32, true)?)));
+        let (tag, call) = match begun {
+            Ok((tag, call)) => (tag, call.carrying::<T>(buf.elements().len())),
+            Err(e) => return refused(&self.node, e),
+        };
+        let shared = Arc::clone(self.shared());
+        self.launch(call.generation, async move {
+            exchange::send(&shared, &call, to, tag, buf.elements()).await?;
+            Ok(buf)
+        })
+    }
+
+    /// [`Communicator::recv`] into `buf` from rank `from` under `tag`.
+    pub fn recv<T: Element, B: Buffer<T>>(
+        &self,
+        mut buf: B,
+        from: usize,
+        tag: i32,
+    ) -> Call<Result<B>> {
+        let begun = crate::p2p_tag(tag)
+            .and_then(|tag| Ok((tag, self.shared().begin_p2p(from, tag as i32, false)?)));
+        let (tag, call) = match begun {
+            Ok((tag, call)) => (tag, call.carrying::<T>(buf.elements().len())),
+            Err(e) => return refused(&self.node, e),
+        };
+        let shared = Arc::clone(self.shared());
+        self.launch(call.generation, async move {
+            exchange::recv(&shared, &call, from, tag, buf.elements_mut()).await?;
+            Ok(buf)
         })
     }
 
     /// [`Communicator::barrier`].
     pub fn barrier(&self) -> Call<Result<()>> {
-        let comm = Arc::clone(&self.comm);
-        self.node
-            .spawn(async move { Ok(comm.lock().await.barrier().await) })
+        let call = match self.shared().begin(OpKind::Barrier, |_, _| Ok(())) {
+            Ok(call) => call,
+            Err(e) => return refused(&self.node, e),
+        };
+        let size = call.size();
+        let call = call.carrying::<i32>(size);
+        let shared = Arc::clone(self.shared());
+        let me = self.node.id();
+        self.launch(call.generation, async move {
+            crate::run_barrier(&shared, &call, me).await
+        })
     }
 
     /// [`Communicator::settle`].
     pub fn settle(&self, timeout: Duration) -> Call<Result<Generation>> {
-        let comm = Arc::clone(&self.comm);
+        let shared = Arc::clone(self.shared());
         self.node
-            .spawn(async move { Ok(comm.lock().await.settle(timeout).await) })
+            .spawn(async move { Ok(shared.settle(timeout).await) })
     }
 }

@@ -9,9 +9,11 @@
 //!   pipelined ([`ring`] explains the algorithm); buffers up to
 //!   [`CommOptions::direct_bytes`] go to every rank at once instead (one message latency);
 //! - [`broadcast`](Communicator::broadcast), [`all_gather`](Communicator::all_gather),
-//!   [`reduce_scatter`](Communicator::reduce_scatter), [`barrier`](Communicator::barrier);
-//! - over `f32`, `f64`, `i32`, `i64` and `bf16` ([`Element`]) with sum, mean, min and max
-//!   ([`ReduceOp`]).
+//!   [`reduce_scatter`](Communicator::reduce_scatter), [`all_to_all`](Communicator::all_to_all),
+//!   [`barrier`](Communicator::barrier), and point-to-point [`send`](Communicator::send) and
+//!   [`recv`](Communicator::recv);
+//! - over `f32`, `f64`, `i32`, `i64`, `u8`, `bf16` and `f16` ([`Element`]) with sum, mean,
+//!   min, max and product ([`ReduceOp`]).
 //!
 //! Every rank must call the same collectives in the same order with buffers of the same
 //! length (checked: a mismatch is [`CollectiveError::Mismatch`]). Floating-point results are
@@ -49,6 +51,7 @@ mod comm;
 pub mod element;
 pub mod embed;
 pub mod error;
+mod exchange;
 mod pool;
 pub mod ring;
 
@@ -63,7 +66,7 @@ use van_core::{NodeId, Role};
 pub use comm::{CommOptions, Generation, APP_ID};
 pub use element::{Element, ReduceOp};
 pub use error::{CollectiveError, Result};
-pub use half::bf16;
+pub use half::{bf16, f16};
 
 use comm::{Inbox, OpKind, Shared};
 
@@ -106,7 +109,7 @@ impl Communicator {
 
     /// Runs one collective of `generation`: a failure (or the call being dropped half-way)
     /// ends this rank's part in the generation, so the others are stopped at once.
-    async fn guarded<T>(
+    pub(crate) async fn guarded<T>(
         shared: &Shared,
         generation: u64,
         run: impl std::future::Future<Output = Result<T>>,
@@ -175,17 +178,10 @@ impl Communicator {
     pub async fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let call = self
             .shared
-            .begin(OpKind::AllReduce, |_| Ok(()))?
+            .begin(OpKind::AllReduce, |_, _| Ok(()))?
             .carrying::<T>(buf.len());
-        let shared = &self.shared;
-        let run = async {
-            if std::mem::size_of_val(buf) <= shared.options.direct_bytes {
-                ring::direct(shared, &call, buf, op).await
-            } else {
-                ring::reduce(shared, &call, buf, op, 2).await
-            }
-        };
-        Self::guarded(shared, call.generation, run).await
+        let run = run_allreduce(&self.shared, &call, buf, op);
+        Self::guarded(&self.shared, call.generation, run).await
     }
 
     /// Reduces `buf` across all ranks with `op`, leaving each rank's share of the result in
@@ -198,7 +194,7 @@ impl Communicator {
     ) -> Result<Range<usize>> {
         let call = self
             .shared
-            .begin(OpKind::ReduceScatter, |_| Ok(()))?
+            .begin(OpKind::ReduceScatter, |_, _| Ok(()))?
             .carrying::<T>(buf.len());
         let run = ring::reduce(&self.shared, &call, buf, op, 1);
         Self::guarded(&self.shared, call.generation, run).await?;
@@ -208,19 +204,10 @@ impl Communicator {
     /// Gathers every rank's `input` (all of the same length) into `out`, block `i` from rank
     /// `i`; `out` must hold `size × input.len()` elements.
     pub async fn all_gather<T: Element>(&mut self, input: &[T], out: &mut [T]) -> Result<()> {
+        let (n, total) = (input.len(), out.len());
         let call = self
             .shared
-            .begin(OpKind::AllGather, |size| {
-                if out.len() == input.len() * size {
-                    return Ok(());
-                }
-                Err(CollectiveError::InvalidArgument(format!(
-                    "all_gather of {} elements among {size} ranks needs an output of {}, not {}",
-                    input.len(),
-                    input.len() * size,
-                    out.len()
-                )))
-            })?
+            .begin(OpKind::AllGather, |size, _| check_gather(n, total, size))?
             .carrying::<T>(out.len());
         let run = ring::all_gather(&self.shared, &call, input, out);
         Self::guarded(&self.shared, call.generation, run).await
@@ -230,38 +217,129 @@ impl Communicator {
     pub async fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
         let call = self
             .shared
-            .begin(OpKind::Broadcast, |size| {
-                if root < size {
-                    return Ok(());
-                }
-                Err(CollectiveError::InvalidArgument(format!(
-                    "broadcast from rank {root} in a generation of {size} ranks"
-                )))
-            })?
+            .begin(OpKind::Broadcast, |size, _| check_root(root, size))?
             .carrying::<T>(buf.len());
         let run = ring::broadcast(&self.shared, &call, buf, root);
         Self::guarded(&self.shared, call.generation, run).await
     }
 
+    /// All-to-all: block `k` of `input` (of `send_counts[k]` elements) goes to rank `k`,
+    /// and rank `k`'s block for this rank lands in block `k` of `out` (of
+    /// `recv_counts[k]` elements). Each rank's `recv_counts[k]` must be rank `k`'s
+    /// `send_counts` for it (checked on arrival: [`CollectiveError::Mismatch`]).
+    pub async fn all_to_all<T: Element>(
+        &mut self,
+        input: &[T],
+        send_counts: &[usize],
+        out: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let mut offsets = None;
+        let call = self
+            .shared
+            .begin(OpKind::AllToAll, |size, _| {
+                offsets = Some((
+                    exchange::offsets(send_counts, size, input.len(), "input")?,
+                    exchange::offsets(recv_counts, size, out.len(), "output")?,
+                ));
+                Ok(())
+            })?
+            .carrying::<T>(0);
+        let (send, recv) = offsets.unwrap_or_default();
+        let run = exchange::all_to_all(&self.shared, &call, input, &send, out, &recv);
+        Self::guarded(&self.shared, call.generation, run).await
+    }
+
+    /// Sends `buf` to rank `to` under `tag` (a number of the caller's, 0 or more): the
+    /// `n`-th send of a tag to a rank meets that rank's `n`-th [`recv`](Self::recv) of it,
+    /// whatever collectives run meanwhile. Completes once the message is handed to the van.
+    /// Takes `&self`: sends and receives may run beside a collective.
+    pub async fn send<T: Element>(&self, buf: &[T], to: usize, tag: i32) -> Result<()> {
+        let tag = p2p_tag(tag)?;
+        let call = self.shared.begin_p2p(to, tag as i32, true)?;
+        let call = call.carrying::<T>(buf.len());
+        let run = exchange::send(&self.shared, &call, to, tag, buf);
+        Self::guarded(&self.shared, call.generation, run).await
+    }
+
+    /// Receives into `buf` what rank `from` sends under `tag` (see [`send`](Self::send));
+    /// the sender's buffer must have `buf`'s length and element type.
+    pub async fn recv<T: Element>(&self, buf: &mut [T], from: usize, tag: i32) -> Result<()> {
+        let tag = p2p_tag(tag)?;
+        let call = self.shared.begin_p2p(from, tag as i32, false)?;
+        let call = call.carrying::<T>(buf.len());
+        let run = exchange::recv(&self.shared, &call, from, tag, buf);
+        Self::guarded(&self.shared, call.generation, run).await
+    }
+
     /// Returns once every rank has called it.
     pub async fn barrier(&mut self) -> Result<()> {
-        let call = self.shared.begin(OpKind::Barrier, |_| Ok(()))?;
-        // One element per rank: every chunk travels, so each rank hears from all.
+        let call = self.shared.begin(OpKind::Barrier, |_, _| Ok(()))?;
         let size = call.size();
         let call = call.carrying::<i32>(size);
-        let mut token = vec![1i32; size];
-        let run = ring::reduce(&self.shared, &call, &mut token, ReduceOp::Sum, 2);
-        Self::guarded(&self.shared, call.generation, run).await?;
-        let expected = call.size() as i32;
-        match token.iter().all(|&v| v == expected) {
-            true => Ok(()),
-            false => Err(CollectiveError::Mismatch {
-                rank: call.rank,
-                node: self.shared.me,
-                reason: format!("barrier tokens {token:?}, expected {expected} each"),
-            }),
-        }
+        let run = run_barrier(&self.shared, &call, self.shared.me);
+        Self::guarded(&self.shared, call.generation, run).await
     }
+}
+
+/// All-reduce of a numbered collective: every rank at once for small buffers, the ring
+/// otherwise.
+pub(crate) async fn run_allreduce<T: Element>(
+    shared: &comm::Shared,
+    call: &comm::Op,
+    buf: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    if std::mem::size_of_val(buf) <= shared.options.direct_bytes {
+        ring::direct(shared, call, buf, op).await
+    } else {
+        ring::reduce(shared, call, buf, op, 2).await
+    }
+}
+
+/// A barrier of a numbered collective (carrying one `i32` per rank): an all-reduce of one
+/// token per rank, so each rank hears from all.
+pub(crate) async fn run_barrier(shared: &comm::Shared, call: &comm::Op, me: NodeId) -> Result<()> {
+    let size = call.size();
+    let mut token = vec![1i32; size];
+    ring::reduce(shared, call, &mut token, ReduceOp::Sum, 2).await?;
+    let expected = size as i32;
+    match token.iter().all(|&v| v == expected) {
+        true => Ok(()),
+        false => Err(CollectiveError::Mismatch {
+            rank: call.rank,
+            node: me,
+            reason: format!("barrier tokens {token:?}, expected {expected} each"),
+        }),
+    }
+}
+
+/// A broadcast's root must be a rank.
+pub(crate) fn check_root(root: usize, size: usize) -> Result<()> {
+    if root < size {
+        return Ok(());
+    }
+    Err(CollectiveError::InvalidArgument(format!(
+        "broadcast from rank {root} in a generation of {size} ranks"
+    )))
+}
+
+/// An all-gather's output holds one input per rank.
+pub(crate) fn check_gather(input: usize, out: usize, size: usize) -> Result<()> {
+    if out == input * size {
+        return Ok(());
+    }
+    Err(CollectiveError::InvalidArgument(format!(
+        "all_gather of {input} elements among {size} ranks needs an output of {}, not {out}",
+        input * size
+    )))
+}
+
+/// A point-to-point tag as the wire carries it.
+pub(crate) fn p2p_tag(tag: i32) -> Result<u32> {
+    u32::try_from(tag).map_err(|_| {
+        CollectiveError::InvalidArgument(format!("tag {tag} is negative; tags are 0 or more"))
+    })
 }
 
 impl Drop for Communicator {

@@ -26,7 +26,7 @@ pub fn chunk(len: usize, n: usize, i: usize) -> Range<usize> {
 }
 
 /// The slices of `range`, each at most `per` elements (none for an empty range).
-fn slices(range: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>> {
+pub(crate) fn slices(range: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>> {
     let per = per.max(1);
     (range.start..range.end)
         .step_by(per)
@@ -40,7 +40,7 @@ fn elements_per_slice<T: Element>(shared: &Shared) -> usize {
 /// A copy of `values` as message bytes for the member of rank `to`: in memory its van sends
 /// without another copy when it has some (the shared-memory arena, registered RDMA memory),
 /// else in a reused buffer.
-fn to_bytes<T: Element>(shared: &Shared, op: &Op, to: usize, values: &[T]) -> Bytes {
+pub(crate) fn to_bytes<T: Element>(shared: &Shared, op: &Op, to: usize, values: &[T]) -> Bytes {
     let bytes: &[u8] = bytemuck::cast_slice(values);
     let zero_copy = matches!(
         shared.po.van_for(op.members[to]),

@@ -14,7 +14,7 @@ use crate::node::{wait, Node};
 
 /// A collective error as `vans.errors.CollectiveError` (attributes `generation`, and `node`
 /// and `rank` when a member failed); call `settle()` and go on.
-fn to_py(err: CollectiveError) -> PyErr {
+pub(crate) fn to_py(err: CollectiveError) -> PyErr {
     Python::attach(|py| {
         convert(py, &err).unwrap_or_else(|_| PyRuntimeError::new_err(err.to_string()))
     })
@@ -154,6 +154,58 @@ impl Collective {
     #[pyo3(signature = (timeout=None))]
     fn barrier(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         wait(py, self.inner.barrier(), timeout)?.map_err(to_py)
+    }
+
+    /// Starts a collective on memory lent by address, for framework adapters (`vans.torch`):
+    /// `kind` is allreduce, broadcast, all_gather, reduce_scatter, all_to_all, send or recv;
+    /// `tensor` and `output` are `(address, nbytes)` of contiguous CPU memory holding
+    /// `dtype` elements; `peer` is the root (broadcast) or the other rank (send, recv).
+    /// Returns at once; `done(error)` runs on a vans I/O thread with the GIL when the
+    /// collective is over (`error` is `None` on success), after `keep` is let go.
+    ///
+    /// The caller must keep the memory alive (through `keep`) and must not read or write it
+    /// until `done` has run: the collective works in it without a copy.
+    #[pyo3(signature = (kind, dtype, tensor, done, keep, output=None, op="sum", peer=0, tag=0, send_counts=None, recv_counts=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn _start(
+        &self,
+        kind: &str,
+        dtype: &str,
+        tensor: (usize, usize),
+        done: Py<PyAny>,
+        keep: Py<PyAny>,
+        output: Option<(usize, usize)>,
+        op: &str,
+        peer: usize,
+        tag: i32,
+        send_counts: Option<Vec<usize>>,
+        recv_counts: Option<Vec<usize>>,
+    ) -> PyResult<()> {
+        let op: ReduceOp = op.parse().map_err(PyValueError::new_err)?;
+        let counts = match (send_counts, recv_counts) {
+            (Some(send), Some(recv)) => Some((send, recv)),
+            (None, None) => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "all_to_all needs both send_counts and recv_counts",
+                ))
+            }
+        };
+        let request = crate::lent::Request {
+            kind,
+            first: tensor,
+            second: output,
+            op,
+            peer,
+            tag,
+            counts,
+        };
+        crate::lent::start(&self.inner, dtype, request, keep, done)
+    }
+
+    /// Starts a barrier; `done(error)` runs when every rank has reached it (see `_start`).
+    fn _barrier(&self, py: Python<'_>, done: Py<PyAny>) {
+        crate::lent::complete(self.inner.barrier(), py.None(), done);
     }
 
     /// Waits for the next generation after a failure (or returns the current one when it

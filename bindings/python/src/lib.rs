@@ -5,6 +5,7 @@
 //! - [`server`]: `Server` (ps-lite's sum, or a handler in Python);
 //! - [`rendezvous`]: `Rendezvous`, `create_key`, `cpu_device`;
 //! - [`collective`]: `Collective` (all-reduce, broadcast, barrier; elastic generations);
+//! - [`lent`]: collectives on memory lent by address (the PyTorch backend);
 //! - [`launch`]: `launch`, a local cluster of processes;
 //! - [`bench`]: `RustBench`, the Rust reference loop of `vans.bench`;
 //! - [`buffer`]: Python memory borrowed without copies (buffer protocol, DLPack);
@@ -17,6 +18,7 @@ mod buffer;
 mod collective;
 mod errors;
 mod launch;
+mod lent;
 mod node;
 mod rendezvous;
 mod server;
@@ -36,5 +38,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rendezvous::cpu_device, m)?)?;
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The `cmd` of a synchronous round push-pull (`ps::ROUND_CMD`): the built-in sum server
+    // answers every worker with the sum of the round's pushes once all of them pushed.
+    m.add("ROUND_CMD", ps::ROUND_CMD)?;
     Ok(())
 }

@@ -31,6 +31,7 @@ import sys as _sys
 
 from . import errors
 from ._native import (
+    ROUND_CMD,
     Collective,
     Node,
     Request,
@@ -44,6 +45,7 @@ from ._native import (
 from ._native import launch as _launch
 
 __all__ = [
+    "ROUND_CMD",
     "Collective",
     "Node",
     "Request",

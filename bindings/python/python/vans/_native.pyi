@@ -8,6 +8,13 @@ import numpy.typing as npt
 
 __version__: str
 
+# The ``cmd`` of a synchronous round push-pull (BytePS's server): the built-in sum server adds
+# the values into the key's round accumulator (not its ps-lite store), and once every worker
+# has pushed the key, answers each of them with the round's sum; then the key starts a fresh
+# round. One key per request, one push per worker per round, the same length from every
+# worker. ``0x524F554E`` ("ROUN"), far from the small cmds applications use.
+ROUND_CMD: int
+
 # Anything exporting the buffer protocol (numpy, bytes, memoryview) or ``__dlpack__``.
 ArrayLike = Any
 DType = Union[str, np.dtype, type]
