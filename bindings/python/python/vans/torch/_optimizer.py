@@ -21,6 +21,8 @@ import io
 import os
 import threading
 
+import numpy
+
 import torch
 import torch.distributed as dist
 
@@ -33,8 +35,8 @@ __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_param
 # Multiplier spreading partition numbers over the 64-bit key space (odd, so a bijection).
 _SPREAD = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
-# Gradients of these dtypes travel as they are; others as float32.
-_WIRE = {torch.float32: "float32", torch.float64: "float64"}
+# The servers sum float32 (vans.Server's default): other gradients travel as float32.
+_WIRE = torch.float32
 
 
 def _env_bytes(name, default):
@@ -84,7 +86,8 @@ class DistributedOptimizer:
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be 1 or more")
         self._node = node
-        self._workers = {}
+        # The servers' sum (app 0, customer 0): requests go to the customer of their ids.
+        self._worker = vans.Worker(node, dtype="float32")
         self._size = node.num_workers
         self._average = average
         self._timeout = timeout
@@ -123,13 +126,6 @@ class DistributedOptimizer:
 
     # -- the exchange -------------------------------------------------------------------
 
-    def _worker(self, dtype):
-        if dtype not in self._workers:
-            # One vans worker per wire dtype, each its own customer of the node.
-            self._workers[dtype] = vans.Worker(self._node, dtype=dtype,
-                                               customer_id=100 + len(self._workers))
-        return self._workers[dtype]
-
     def _grad_ready(self, p):
         self._passes_done[p] += 1
         if self._passes_done[p] % self._passes == 0:
@@ -165,13 +161,12 @@ class DistributedOptimizer:
         if not grad.is_contiguous():
             p.grad = grad = grad.contiguous()
         flat = grad.view(-1)[part.start:part.stop]
-        dtype = _WIRE.get(flat.dtype)
-        wire = flat if dtype is not None else flat.to(torch.float32)
+        wire = flat if flat.dtype == _WIRE else flat.to(_WIRE)
         part.wire = wire
         nbytes = wire.numel() * wire.element_size()
         self._in_flight += nbytes
-        keys = torch.tensor([part.key], dtype=torch.int64).numpy().view("uint64")
-        request = self._worker(dtype or "float32").push_pull_async(
+        keys = numpy.array([part.key], dtype=numpy.uint64)
+        request = self._worker.push_pull_async(
             keys, wire.numpy(), out=wire.numpy(), cmd=vans.ROUND_CMD)
 
         def done(_value, error, part=part, nbytes=nbytes):
