@@ -18,6 +18,11 @@ use crate::comm::{Op, Shared};
 use crate::element::{copy_into, reduce_into, Element, ReduceOp};
 use crate::error::Result;
 
+/// Slices a rank sends ahead of what it has received in the first hop of a ring: enough
+/// to keep every link busy (4 MiB at the default 256 KiB slice), few enough that a large
+/// buffer is not queued to the van all at once (the receiver holds what arrives early).
+const IN_FLIGHT_SLICES: usize = 16;
+
 /// The elements of chunk `i` of `n` of a buffer of `len` elements: rank `i`'s share in
 /// [`reduce_scatter`](crate::Communicator::reduce_scatter).
 pub fn chunk(len: usize, n: usize, i: usize) -> Range<usize> {
@@ -128,10 +133,15 @@ pub(crate) async fn reduce<T: Element>(
     let per = elements_per_slice::<T>(shared);
     let size = std::mem::size_of::<T>();
     let hops = phases * (n - 1);
-    // Hop 0: this rank's contribution to the chunk its right neighbour starts reducing.
-    for (s, range) in slices(chunk(len, n, (r + n - 1) % n), per).enumerate() {
-        let data = to_bytes(shared, op, right, &buf[range]);
-        shared.send(op, right, 0, s, data).await?;
+    // Hop 0: this rank's contribution to the chunk its right neighbour starts reducing, at
+    // most IN_FLIGHT_SLICES ahead of what arrives from the left (the rest goes out as hop
+    // 0's slices arrive), so a large buffer is not all queued at once.
+    let first: Vec<Range<usize>> = slices(chunk(len, n, (r + n - 1) % n), per).collect();
+    let mut sent = 0;
+    while sent < first.len().min(IN_FLIGHT_SLICES) {
+        let data = to_bytes(shared, op, right, &buf[first[sent].clone()]);
+        shared.send(op, right, 0, sent, data).await?;
+        sent += 1;
     }
     for hop in 0..hops {
         // The chunk arriving at this hop; the one sent at hop + 1 is the same chunk.
@@ -153,6 +163,11 @@ pub(crate) async fn reduce<T: Element>(
                 // Copied as it came: forward the received bytes themselves.
                 Some(data)
             };
+            if hop == 0 && sent < first.len() {
+                let data = to_bytes(shared, op, right, &buf[first[sent].clone()]);
+                shared.send(op, right, 0, sent, data).await?;
+                sent += 1;
+            }
             if hop + 1 < hops {
                 let data = match forward {
                     Some(data) => data,
@@ -160,6 +175,13 @@ pub(crate) async fn reduce<T: Element>(
                 };
                 shared.send(op, right, hop + 1, s, data).await?;
             }
+        }
+        // Chunks differ by at most one element, so hop 0 may have a slice more to send than
+        // it received.
+        while hop == 0 && sent < first.len() {
+            let data = to_bytes(shared, op, right, &buf[first[sent].clone()]);
+            shared.send(op, right, 0, sent, data).await?;
+            sent += 1;
         }
     }
     Ok(())
@@ -183,9 +205,13 @@ pub(crate) async fn all_gather<T: Element>(
     let (right, left) = ring_neighbours(op);
     let per = elements_per_slice::<T>(shared);
     let size = std::mem::size_of::<T>();
-    for (s, range) in slices(0..m, per).enumerate() {
-        let data = to_bytes(shared, op, right, &input[range]);
-        shared.send(op, right, 0, s, data).await?;
+    // This rank's block, at most IN_FLIGHT_SLICES ahead of what arrives (as in `reduce`).
+    let first: Vec<Range<usize>> = slices(0..m, per).collect();
+    let mut sent = 0;
+    while sent < first.len().min(IN_FLIGHT_SLICES) {
+        let data = to_bytes(shared, op, right, &input[first[sent].clone()]);
+        shared.send(op, right, 0, sent, data).await?;
+        sent += 1;
     }
     for hop in 0..n - 1 {
         let block = (r + n - hop - 1) % n;
@@ -193,6 +219,11 @@ pub(crate) async fn all_gather<T: Element>(
             let at = block * m + range.start..block * m + range.end;
             let data = shared.recv(op, left, hop, s, range.len() * size).await?;
             copy_into(&mut out[at], &data);
+            if hop == 0 && sent < first.len() {
+                let data = to_bytes(shared, op, right, &input[first[sent].clone()]);
+                shared.send(op, right, 0, sent, data).await?;
+                sent += 1;
+            }
             if hop + 1 < n - 1 {
                 shared.send(op, right, hop + 1, s, data).await?;
             }

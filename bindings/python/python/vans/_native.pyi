@@ -152,6 +152,39 @@ class Rendezvous:
     ) -> Any: ...
     def cleanup(self, step: int) -> None: ...
 
+class Collective:
+    """Collectives among the workers (elastic generations); every worker makes one."""
+
+    def __init__(self, node: Node, timeout: Optional[float] = None) -> None: ...
+    def allreduce(self, array: ArrayLike, op: str = "sum", timeout: Optional[float] = None) -> None: ...
+    def broadcast(self, array: ArrayLike, root: int = 0, timeout: Optional[float] = None) -> None: ...
+    def barrier(self, timeout: Optional[float] = None) -> None: ...
+    def settle(self, timeout: float = 60.0) -> Tuple[int, list]: ...
+    @property
+    def generation(self) -> Tuple[int, list]: ...
+    @property
+    def rank(self) -> Optional[int]: ...
+    @property
+    def size(self) -> int: ...
+    # For framework adapters (vans.torch): a collective on memory lent by address, completed
+    # by done(error) on a vans I/O thread. The caller keeps the memory alive and untouched
+    # until done has run.
+    def _start(
+        self,
+        kind: str,
+        dtype: str,
+        tensor: Tuple[int, int],
+        done: Callable[[Optional[BaseException]], None],
+        keep: Any,
+        output: Optional[Tuple[int, int]] = None,
+        op: str = "sum",
+        peer: int = 0,
+        tag: int = 0,
+        send_counts: Optional[Sequence[int]] = None,
+        recv_counts: Optional[Sequence[int]] = None,
+    ) -> None: ...
+    def _barrier(self, done: Callable[[Optional[BaseException]], None]) -> None: ...
+
 class RustBench:
     """The Rust reference loop of ``vans.bench``."""
 

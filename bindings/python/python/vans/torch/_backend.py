@@ -20,7 +20,6 @@ import threading
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 import vans
 
@@ -46,6 +45,9 @@ _REDUCTIONS = {
 
 # How long finalizing the cluster may take when the process group shuts down.
 _FINALIZE_SECONDS = 60.0
+# Heartbeats of the nodes a torchrun job forms (seconds between them, and of silence before
+# the scheduler declares a node dead), when the environment does not set them.
+_HEARTBEATS = {"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10"}
 
 
 def _env_seconds(name, default):
@@ -169,18 +171,23 @@ def _form_cluster(store, rank, world_size, timeout):
     torch rank, and with co-located servers also a server of the same rank."""
     servers = _servers_wanted(world_size)
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    key = "vans/scheduler"
+    # torchrun keeps its store across restarts of the job: each attempt has its own key, so a
+    # restarted rank never dials the scheduler of an attempt that is gone.
+    key = f"vans/scheduler/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # A rank that dies must fail the others' collectives, not leave them waiting: the
+    # scheduler declares a node dead after this much silence (unless the job sets its own).
+    liveness = {var: os.environ.get(var, default) for var, default in _HEARTBEATS.items()}
     scheduler = None
     if rank == 0:
         port = _free_port(host)
         scheduler = _in_thread(lambda: vans.Node(
             role="scheduler", num_servers=servers, num_workers=world_size,
-            root_uri=host, root_port=port))
+            root_uri=host, root_port=port, env=liveness))
         store.set(key, f"{host}:{port}")
     address = store.get(key).decode()
     root_uri, _, root_port = address.rpartition(":")
     common = dict(num_servers=servers, num_workers=world_size, root_uri=root_uri,
-                  root_port=int(root_port), env={"VANS_RANK": str(rank)})
+                  root_port=int(root_port), env={"VANS_RANK": str(rank), **liveness})
     server = _in_thread(lambda: vans.Server(vans.Node(role="server", **common))) \
         if servers else None
     worker = vans.Node(role="worker", **common)
@@ -285,6 +292,54 @@ def _reduction(op):
     raise ValueError(f"vans: reduction {op} is not supported (sum, avg, min, max, product)")
 
 
+class _Work(dist._Work):
+    """A collective in flight. ``wait()`` raises the collective's error (torch's work made
+    from a future would return normally from a failed one) and ``get_future()`` gives the
+    future DDP's reducer chains on."""
+
+    def __init__(self, future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None):
+        self._future.wait()   # raises the error of a failed collective
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        if not self._future.done():
+            return False
+        try:
+            self._future.wait()
+        except Exception:  # noqa: BLE001 - the answer is "no"
+            return False
+        return True
+
+
+class _Failure:
+    """A collective's error, carried as a future's value to the ``then`` callback that
+    raises it: a future completed with ``set_exception`` looks successful to the C++ side
+    (``Work.wait()`` would return and DDP would go on with wrong values), one whose callback
+    raised is marked failed there."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _unwrap(future):
+    value = future.value()
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError(f"vans: {what} takes one tensor per call, not {len(tensors)}")
@@ -328,17 +383,14 @@ class ProcessGroupVans(dist.ProcessGroup):
                     after()
                 except Exception as e:  # noqa: BLE001 - handed to the waiter
                     error = e
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+            future.set_result(result if error is None else _Failure(error))
 
         self._coll._start(kind, dtype, _memory(tensor), done, keep, **kwargs)
-        return future
+        return future.then(_unwrap)
 
     @staticmethod
     def _work(future):
-        return _create_work_from_future(future)
+        return _Work(future)
 
     @staticmethod
     def _all(futures, result):
@@ -508,13 +560,10 @@ class ProcessGroupVans(dist.ProcessGroup):
         future = torch.futures.Future()
 
         def done(error):
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            future.set_result(None if error is None else _Failure(error))
 
         self._coll._barrier(done)
-        return self._work(future)
+        return self._work(future.then(_unwrap))
 
     def send(self, tensors, dst, tag=0):
         tensor = _one(tensors, "send")
