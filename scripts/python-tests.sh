@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python stage of the test command: builds the `vans` wheel from bindings/python
-# (maturin, release profile), installs it into a virtual environment under target/, and runs
-# the pytest suite (real clusters of processes on 127.0.0.1, the training example on a small
-# configuration, the README's Python snippets).
+# (maturin, release profile), installs it into a virtual environment under target/ with torch,
+# and runs the pytest suite (real clusters of processes on 127.0.0.1, the training examples on
+# small configurations, the README's Python and PyTorch snippets, vans.torch against Gloo).
 #   VANS_PY_VENV=DIR   the virtual environment (default target/py-venv; made when missing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,11 +12,20 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "== python: creating the virtual environment $venv"
     python3 -m venv "$venv"
 fi
-echo "== python: building and installing the wheel (pip install ./bindings/python[test,plot])"
+# torch first, and only when missing: it is large (about 5 GB with the CUDA libraries PyPI's
+# wheel pulls, which CPU code never loads) and the same virtual environment keeps it between
+# runs. The vans.torch tests (tests/test_torch.py) need it.
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "== python: installing torch into $venv (pip install torch; about a minute)"
+    start=$(date +%s)
+    "$venv/bin/python" -m pip install --quiet "torch>=2.1"
+    echo "== python: torch installed in $(( $(date +%s) - start ))s"
+fi
+echo "== python: building and installing the wheel (pip install ./bindings/python[test,plot,torch])"
 start=$(date +%s)
-"$venv/bin/python" -m pip install --quiet "./bindings/python[test,plot]"
+"$venv/bin/python" -m pip install --quiet "./bindings/python[test,plot,torch]"
 echo "== python: wheel built and installed in $(( $(date +%s) - start ))s"
-echo "== python: pytest bindings/python/tests"
+echo "== python: pytest bindings/python/tests (test_torch.py: the torch.distributed backend)"
 # From the tests' folder, so `import vans` finds the installed wheel, not the sources.
 cd bindings/python/tests
 exec "../../../$venv/bin/python" -m pytest -q -p no:cacheprovider .

@@ -54,9 +54,53 @@ impl std::fmt::Debug for CommHandle {
     }
 }
 
-/// The result of a collective that could not start: it completes at once with the error.
-fn refused<R: Send + 'static>(node: &NodeHandle, error: CollectiveError) -> Call<Result<R>> {
-    node.spawn(async move { Ok(Err(error)) })
+/// A collective numbered when it was called and not yet running: [`call`](Self::call) runs it
+/// as a [`Call`] to wait for, [`on_complete`](Self::on_complete) runs it as one task on the
+/// node's runtime that hands the result to a callback (no thread waits, no second task).
+#[must_use = "a numbered collective does nothing until it is run; the other ranks wait for it"]
+pub struct Numbered<R: Send + 'static> {
+    node: NodeHandle,
+    run: std::pin::Pin<Box<dyn Future<Output = Result<R>> + Send>>,
+}
+
+impl<R: Send + 'static> Numbered<R> {
+    /// Runs the collective; the call completes with its result.
+    pub fn call(self) -> Call<Result<R>> {
+        let run = self.run;
+        self.node.spawn(async move { Ok(run.await) })
+    }
+
+    /// Runs the collective and then `done` with its result, on the node's runtime: `done`
+    /// must not block. It runs exactly once: if the runtime shuts down first, with
+    /// [`CollectiveError::Ps`] saying so, on the thread that shuts it down.
+    pub fn on_complete(self, done: impl FnOnce(Result<R>) + Send + 'static) {
+        struct Once<R, F: FnOnce(Result<R>)>(Option<F>, std::marker::PhantomData<fn(R)>);
+        impl<R, F: FnOnce(Result<R>)> Drop for Once<R, F> {
+            fn drop(&mut self) {
+                if let Some(done) = self.0.take() {
+                    done(Err(CollectiveError::Ps(
+                        "the node's runtime shut down".into(),
+                    )));
+                }
+            }
+        }
+        let mut once = Once(Some(done), std::marker::PhantomData);
+        let run = self.run;
+        drop(self.node.runtime().spawn(async move {
+            let result = run.await;
+            if let Some(done) = once.0.take() {
+                done(result);
+            }
+        }));
+    }
+}
+
+/// A collective that could not start: it completes at once with the error.
+fn refused<R: Send + 'static>(node: &NodeHandle, error: CollectiveError) -> Numbered<R> {
+    Numbered {
+        node: node.clone(),
+        run: Box::pin(async move { Err(error) }),
+    }
 }
 
 impl CommHandle {
@@ -78,16 +122,17 @@ impl CommHandle {
         &self.comm.shared
     }
 
-    /// Runs `run` (a collective already numbered) on the node's runtime, abandoning the
-    /// generation if it fails, and answers `buffers` with its result.
-    fn launch<R, F>(&self, generation: u64, run: F) -> Call<Result<R>>
+    /// `run` (a collective already numbered), abandoning the generation if it fails.
+    fn launch<R, F>(&self, generation: u64, run: F) -> Numbered<R>
     where
         R: Send + 'static,
         F: Future<Output = Result<R>> + Send + 'static,
     {
         let shared = Arc::clone(self.shared());
-        self.node
-            .spawn(async move { Ok(Communicator::guarded(&shared, generation, run).await) })
+        Numbered {
+            node: self.node.clone(),
+            run: Box::pin(async move { Communicator::guarded(&shared, generation, run).await }),
+        }
     }
 
     /// The node.
@@ -101,7 +146,7 @@ impl CommHandle {
     }
 
     /// [`Communicator::allreduce`] of `buf`; the result is the reduced buffer.
-    pub fn allreduce<T: Element, B: Buffer<T>>(&self, mut buf: B, op: ReduceOp) -> Call<Result<B>> {
+    pub fn allreduce<T: Element, B: Buffer<T>>(&self, mut buf: B, op: ReduceOp) -> Numbered<B> {
         let len = buf.elements().len();
         let call = match self.shared().begin(OpKind::AllReduce, |_, _| Ok(())) {
             Ok(call) => call.carrying::<T>(len),
@@ -115,7 +160,7 @@ impl CommHandle {
     }
 
     /// [`Communicator::broadcast`] of `buf` from rank `root`.
-    pub fn broadcast<T: Element, B: Buffer<T>>(&self, mut buf: B, root: usize) -> Call<Result<B>> {
+    pub fn broadcast<T: Element, B: Buffer<T>>(&self, mut buf: B, root: usize) -> Numbered<B> {
         let len = buf.elements().len();
         let call = match self
             .shared()
@@ -137,7 +182,7 @@ impl CommHandle {
         &self,
         input: I,
         mut out: B,
-    ) -> Call<Result<B>> {
+    ) -> Numbered<B> {
         let (n, total) = (input.elements().len(), out.elements().len());
         let begun = self.shared().begin(OpKind::AllGather, |size, _| {
             crate::check_gather(n, total, size)
@@ -161,7 +206,7 @@ impl CommHandle {
         input: I,
         mut out: B,
         op: ReduceOp,
-    ) -> Call<Result<B>> {
+    ) -> Numbered<B> {
         let (len, want) = (input.elements().len(), out.elements().len());
         let begun = self.shared().begin(OpKind::ReduceScatter, |size, rank| {
             let mine = ring::chunk(len, size, rank).len();
@@ -196,7 +241,7 @@ impl CommHandle {
         send_counts: Vec<usize>,
         mut out: B,
         recv_counts: Vec<usize>,
-    ) -> Call<Result<B>> {
+    ) -> Numbered<B> {
         let (n_in, n_out) = (input.elements().len(), out.elements().len());
         let mut offsets = None;
         let begun = self.shared().begin(OpKind::AllToAll, |size, _| {
@@ -224,7 +269,7 @@ impl CommHandle {
     }
 
     /// [`Communicator::send`] of `buf` to rank `to` under `tag`; the buffer comes back.
-    pub fn send<T: Element, B: Buffer<T>>(&self, buf: B, to: usize, tag: i32) -> Call<Result<B>> {
+    pub fn send<T: Element, B: Buffer<T>>(&self, buf: B, to: usize, tag: i32) -> Numbered<B> {
         let begun = crate::p2p_tag(tag)
             .and_then(|tag| Ok((tag, self.shared().begin_p2p(to, tag as i32, true)?)));
         let (tag, call) = match begun {
@@ -239,12 +284,7 @@ impl CommHandle {
     }
 
     /// [`Communicator::recv`] into `buf` from rank `from` under `tag`.
-    pub fn recv<T: Element, B: Buffer<T>>(
-        &self,
-        mut buf: B,
-        from: usize,
-        tag: i32,
-    ) -> Call<Result<B>> {
+    pub fn recv<T: Element, B: Buffer<T>>(&self, mut buf: B, from: usize, tag: i32) -> Numbered<B> {
         let begun = crate::p2p_tag(tag)
             .and_then(|tag| Ok((tag, self.shared().begin_p2p(from, tag as i32, false)?)));
         let (tag, call) = match begun {
@@ -259,7 +299,7 @@ impl CommHandle {
     }
 
     /// [`Communicator::barrier`].
-    pub fn barrier(&self) -> Call<Result<()>> {
+    pub fn barrier(&self) -> Numbered<()> {
         let call = match self.shared().begin(OpKind::Barrier, |_, _| Ok(())) {
             Ok(call) => call,
             Err(e) => return refused(&self.node, e),

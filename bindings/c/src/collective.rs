@@ -127,7 +127,7 @@ impl Run for AllReduce {
         handle: &CommHandle,
         values: Vec<T>,
     ) -> Call<collective::Result<Vec<T>>> {
-        handle.allreduce(values, self.0)
+        handle.allreduce(values, self.0).call()
     }
 }
 
@@ -138,7 +138,7 @@ impl Run for Broadcast {
         handle: &CommHandle,
         values: Vec<T>,
     ) -> Call<collective::Result<Vec<T>>> {
-        handle.broadcast(values, self.0)
+        handle.broadcast(values, self.0).call()
     }
 }
 
@@ -228,7 +228,7 @@ pub unsafe extern "C" fn vans_collective_barrier(comm: *const Collective) -> c_i
     guard("vans_collective_barrier", || {
         // SAFETY: live or NULL by the caller's contract.
         let comm = unsafe { args::handle(comm, "comm") }?;
-        comm.handle.barrier().wait()??;
+        comm.handle.barrier().call().wait()??;
         Ok(())
     })
 }

@@ -92,8 +92,8 @@ impl Collective {
         macro_rules! run {
             ($t:ty) => {
                 self.in_place::<$t>(py, &mut pinned, timeout, |comm, values| match root {
-                    Some(root) => comm.broadcast(values, root),
-                    None => comm.allreduce(values, op),
+                    Some(root) => comm.broadcast(values, root).call(),
+                    None => comm.allreduce(values, op).call(),
                 })
             };
         }
@@ -153,7 +153,7 @@ impl Collective {
     /// Returns once every rank has called it.
     #[pyo3(signature = (timeout=None))]
     fn barrier(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        wait(py, self.inner.barrier(), timeout)?.map_err(to_py)
+        wait(py, self.inner.barrier().call(), timeout)?.map_err(to_py)
     }
 
     /// Starts a collective on memory lent by address, for framework adapters (`vans.torch`):

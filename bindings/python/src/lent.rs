@@ -8,9 +8,8 @@
 //! adapter checks that the tensor is a contiguous CPU tensor of the dtype it names and keeps
 //! it alive (the `keep` object) and unwritten until the callback has run.
 
-use collective::embed::{Buffer, CommHandle};
-use collective::{bf16, f16, CollectiveError, Element, ReduceOp};
-use ps::embed::Call;
+use collective::embed::{Buffer, CommHandle, Numbered};
+use collective::{bf16, f16, Element, ReduceOp};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -152,20 +151,16 @@ pub(crate) fn start(
 /// Calls `done(error)` (`None` on success) on completion of `call`, with the GIL, after the
 /// lent buffers and `keep` are let go.
 pub(crate) fn complete<B: Send + 'static>(
-    call: Call<collective::Result<B>>,
+    collective: Numbered<B>,
     keep: Py<PyAny>,
     done: Py<PyAny>,
 ) {
-    call.on_complete(move |result| {
+    collective.on_complete(move |result| {
         // The operation is over: its view of the lent memory goes first.
-        let result = result.map(|inner| inner.map(drop));
+        let result = result.map(drop);
         Python::attach(|py| {
             crate::buffer::release_pending(py);
-            let error = match result {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(to_py(e)),
-                Err(e) => Some(to_py(CollectiveError::from(e))),
-            };
+            let error = result.err().map(to_py);
             drop(keep);
             let called = match error {
                 None => done.call1(py, (py.None(),)),

@@ -248,7 +248,7 @@ def test_a_256_mib_all_reduce_is_not_copied(tmp_path, ipc):
     assert len(seen) == 2, run.stdout
     print("peak RSS rise (KiB):", seen)
     for s in seen:
-        assert s["copy_kib"] >= 250 * 1024, s      # a copy shows up as 256 MiB
+        assert s["copy_kib"] >= 200 * 1024, s      # a copy shows up (256 MiB, less any reuse)
         assert s["all_reduce_kib"] < 48 * 1024, s
 
 

@@ -292,52 +292,55 @@ def _reduction(op):
     raise ValueError(f"vans: reduction {op} is not supported (sum, avg, min, max, product)")
 
 
-class _Work(dist._Work):
-    """A collective in flight. ``wait()`` raises the collective's error (torch's work made
-    from a future would return normally from a failed one) and ``get_future()`` gives the
-    future DDP's reducer chains on."""
-
-    def __init__(self, future):
-        super().__init__()
-        self._future = future
-
-    def wait(self, timeout=None):
-        self._future.wait()   # raises the error of a failed collective
-        return True
-
-    def get_future(self):
-        return self._future
-
-    def is_completed(self):
-        return self._future.done()
-
-    def is_success(self):
-        if not self._future.done():
-            return False
-        try:
-            self._future.wait()
-        except Exception:  # noqa: BLE001 - the answer is "no"
-            return False
-        return True
-
-
 class _Failure:
-    """A collective's error, carried as a future's value to the ``then`` callback that
-    raises it: a future completed with ``set_exception`` looks successful to the C++ side
-    (``Work.wait()`` would return and DDP would go on with wrong values), one whose callback
-    raised is marked failed there."""
+    """A collective's error, carried as its future's value: a future completed with
+    ``set_exception`` looks successful to torch's C++ side, so failures travel as values
+    that :class:`_Work` and :func:`_unwrap` turn into exceptions."""
 
     __slots__ = ("error",)
 
     def __init__(self, error):
         self.error = error
 
+    def exception(self):
+        e = dist.DistBackendError(f"vans: {self.error}")
+        e.__cause__ = self.error
+        return e
+
 
 def _unwrap(future):
     value = future.value()
     if isinstance(value, _Failure):
-        raise value.error
+        raise value.exception()
     return value
+
+
+class _Work(dist._Work):
+    """A collective in flight. ``wait()`` raises ``torch.distributed.DistBackendError`` for
+    a failed collective (its ``__cause__`` is vans' error, naming a failed rank); the future
+    ``get_future()`` gives (DDP's reducer chains on it) fails the same way."""
+
+    def __init__(self, future):
+        super().__init__()
+        self._future = future
+        self._unwrapped = None
+
+    def wait(self, timeout=None):
+        value = self._future.wait()
+        if isinstance(value, _Failure):
+            raise value.exception()
+        return True
+
+    def get_future(self):
+        if self._unwrapped is None:
+            self._unwrapped = self._future.then(_unwrap)
+        return self._unwrapped
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        return self._future.done() and not isinstance(self._future.value(), _Failure)
 
 
 def _one(tensors, what):
@@ -386,7 +389,7 @@ class ProcessGroupVans(dist.ProcessGroup):
             future.set_result(result if error is None else _Failure(error))
 
         self._coll._start(kind, dtype, _memory(tensor), done, keep, **kwargs)
-        return future.then(_unwrap)
+        return future
 
     @staticmethod
     def _work(future):
@@ -394,10 +397,11 @@ class ProcessGroupVans(dist.ProcessGroup):
 
     @staticmethod
     def _all(futures, result):
-        if len(futures) == 1:
-            return futures[0].then(lambda _: result)
-        return torch.futures.collect_all(futures).then(
-            lambda f: [x.wait() for x in f.value()] and result)
+        def first_failure(done):
+            failures = [f.value() for f in done.value() if isinstance(f.value(), _Failure)]
+            return failures[0] if failures else result
+
+        return torch.futures.collect_all(futures).then(first_failure)
 
     def _check_rank(self, rank, what):
         if not 0 <= rank < self._world_size:
@@ -563,7 +567,7 @@ class ProcessGroupVans(dist.ProcessGroup):
             future.set_result(None if error is None else _Failure(error))
 
         self._coll._barrier(done)
-        return self._work(future.then(_unwrap))
+        return self._work(future)
 
     def send(self, tensors, dst, tag=0):
         tensor = _one(tensors, "send")
