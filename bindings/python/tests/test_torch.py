@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,6 +104,22 @@ def test_ddp_and_the_distributed_optimizer_train_like_one_process(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
+def test_the_distributed_optimizer_with_small_partitions_and_credit(tmp_path):
+    """Partitions of 4 KiB (the MLP's layers cut in up to 32 keys over 3 co-located servers)
+    and 8 KiB in flight: the priority queue and the credit carry every step, and the curve
+    is still the single process's."""
+    common = ["--steps", "15", "--batch", "96", "--hidden", "64", "--lr", "0.2"]
+    single = tmp_path / "single.json"
+    subprocess.run([sys.executable, str(EXAMPLE), "--mode", "single", "--json", str(single),
+                    *common], check=True, timeout=120)
+    out = tmp_path / "dopt.json"
+    torchrun(EXAMPLE, 3, "--mode", "dopt", "--json", out, *common,
+             env={"VANS_TORCH_PARTITION_BYTES": "4096", "VANS_TORCH_CREDIT_BYTES": "8192"})
+    losses = json.loads(out.read_text())["losses"]
+    reference = json.loads(single.read_text())["losses"]
+    assert max(abs(a - b) / b for a, b in zip(losses, reference)) < 1e-5
+
+
 def test_the_example_runs_under_vans_launch_with_server_processes(tmp_path):
     """The distributed optimizer with a separate server process (not co-located), and DDP
     over vans, both started by vans' own launcher: same curve as one process."""
@@ -119,6 +136,33 @@ def test_the_example_runs_under_vans_launch_with_server_processes(tmp_path):
         losses = json.loads(out.read_text())["losses"]
         diff = max(abs(a - b) / b for a, b in zip(losses, reference))
         assert diff < 1e-5, (mode, diff)
+
+
+def test_the_example_runs_under_mpirun(tmp_path):
+    """Open MPI's ranks take vans roles by the engine rule (rank 0 the scheduler, 1 the
+    server, the rest workers): vans.torch.init_process_group serves on the first two and
+    trains on the others, the same curve as one process."""
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun not found: run scripts/setup.sh (Debian: apt-get install openmpi-bin)")
+    common = ["--steps", "20", "--batch", "64", "--hidden", "32", "--lr", "0.2"]
+    single = tmp_path / "single.json"
+    subprocess.run([sys.executable, str(EXAMPLE), "--mode", "single", "--json", str(single),
+                    *common], check=True, timeout=120)
+    out = tmp_path / "mpi.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    run = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+         "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+         "--mca", "oob_tcp_if_include", "lo", "-np", "4",
+         "-x", "DMLC_NUM_SERVER=1", "-x", "DMLC_PS_ROOT_URI=127.0.0.1",
+         "-x", f"DMLC_PS_ROOT_PORT={free_port()}", "-x", "OMP_NUM_THREADS=1",
+         sys.executable, str(EXAMPLE), "--mode", "dopt", "--json", str(out), *common],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    losses = json.loads(out.read_text())["losses"]
+    reference = json.loads(single.read_text())["losses"]
+    assert json.loads(out.read_text())["world"] == 2
+    assert max(abs(a - b) / b for a, b in zip(losses, reference)) < 1e-5
 
 
 KILLED = """

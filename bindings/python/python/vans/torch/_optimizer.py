@@ -9,8 +9,10 @@ is still running.
 - **Priority.** A partition of parameter ``i`` (in the model's declaration order) goes before
   those of later parameters: the next forward pass needs the first layers first, and the
   backward pass produces them last. Ready partitions wait in a heap; at most ``credit_bytes``
-  (default ``VANS_TORCH_CREDIT_BYTES``, 16 MiB) are in flight, so a late, urgent partition is
-  not queued behind megabytes of less urgent ones.
+  (default ``VANS_TORCH_CREDIT_BYTES``, 16 MiB) are in flight during the backward pass, so a
+  late, urgent partition is not queued behind megabytes of less urgent ones; once
+  :meth:`~DistributedOptimizer.step` waits, everything left goes at once (a round needs every
+  worker's push, and workers finish their backward passes in different orders).
 - **Overlap.** A hook on each parameter (``register_post_accumulate_grad_hook``) queues its
   partitions as soon as its gradient is complete; :meth:`DistributedOptimizer.step` waits for
   the rest and then runs the wrapped optimizer.
@@ -117,6 +119,7 @@ class DistributedOptimizer:
         self._in_flight = 0     # bytes
         self._outstanding = 0   # partitions queued or in flight
         self._error = None
+        self._flushing = False  # step() waits: send whatever is ready, credit or not
         self._queued = set()    # params whose partitions were queued this step
         self._passes_done = {p: 0 for p in params}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
@@ -144,7 +147,8 @@ class DistributedOptimizer:
 
     def _dispatch(self):
         """Sends ready partitions, most urgent first, while the credit lasts (lock held)."""
-        while self._ready and (self._in_flight < self._credit or self._in_flight == 0):
+        while self._ready and (self._flushing or self._in_flight < self._credit
+                               or self._in_flight == 0):
             _, _, _, part = heapq.heappop(self._ready)
             try:
                 self._send(part)
@@ -186,16 +190,25 @@ class DistributedOptimizer:
     def synchronize(self):
         """Waits for every gradient's exchange of this step (queuing those whose hooks did
         not fire, e.g. parameters unused in this pass); raises the first error."""
+        with self._lock:
+            # Everything goes now, whatever the credit: a round completes only once every
+            # worker has pushed its key, and the workers' backward passes finish in different
+            # orders, so holding partitions back here could leave two workers each waiting
+            # for rounds the other has not joined.
+            self._flushing = True
+            self._dispatch()
         for p in self._partitions:
             if p not in self._queued:
                 self._queue(p)
         with self._lock:
             if not self._lock.wait_for(lambda: self._outstanding == 0, self._timeout):
+                self._flushing = False
                 raise vans.errors.TimeoutError(
                     f"gradient exchange not done within {self._timeout} s "
                     f"({self._outstanding} partitions outstanding)")
             error, self._error = self._error, None
             self._queued.clear()
+            self._flushing = False
         if error is not None:
             raise error
         if self._average and self._size > 1:
