@@ -50,19 +50,6 @@ _FINALIZE_SECONDS = 60.0
 _HEARTBEATS = {"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10"}
 
 
-def _env_seconds(name, default):
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise vans.errors.ConfigError(f"{name}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise vans.errors.ConfigError(f"{name}={text!r} must be a positive number of seconds")
-    return value
-
-
 class _Cluster:
     """The vans nodes of one process group in this process: the worker (always), the
     scheduler (rank 0 under torchrun) and a co-located server (when asked for)."""

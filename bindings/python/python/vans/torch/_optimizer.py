@@ -168,10 +168,10 @@ class DistributedOptimizer:
         wire = flat if flat.dtype == _WIRE else flat.to(_WIRE)
         part.wire = wire
         nbytes = wire.numel() * wire.element_size()
-        self._in_flight += nbytes
         keys = numpy.array([part.key], dtype=numpy.uint64)
         request = self._worker.push_pull_async(
             keys, wire.numpy(), out=wire.numpy(), cmd=vans.ROUND_CMD)
+        self._in_flight += nbytes
 
         def done(_value, error, part=part, nbytes=nbytes):
             with self._lock:
