@@ -258,6 +258,7 @@ pub(crate) struct Shared {
 }
 
 /// A collective in progress on this node: its generation, members and number.
+#[derive(Clone)]
 pub(crate) struct Op {
     pub(crate) kind: OpKind,
     pub(crate) generation: u64,

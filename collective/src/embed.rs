@@ -244,12 +244,12 @@ impl CommHandle {
     ) -> Numbered<B> {
         let (n_in, n_out) = (input.elements().len(), out.elements().len());
         let mut offsets = None;
-        let begun = self.shared().begin(OpKind::AllToAll, |size, _| {
+        let begun = self.shared().begin(OpKind::AllToAll, |size, rank| {
             offsets = Some((
                 exchange::offsets(&send_counts, size, n_in, "input")?,
                 exchange::offsets(&recv_counts, size, n_out, "output")?,
             ));
-            Ok(())
+            exchange::own_block(&send_counts, &recv_counts, rank)
         });
         let (call, (send, recv)) = match (begun, offsets) {
             (Ok(call), Some(offsets)) => (call.carrying::<T>(0), offsets),

@@ -13,6 +13,9 @@ use crate::ring::{slices, to_bytes};
 
 /// Where each rank's block starts in a buffer cut into blocks of `counts` elements, and the
 /// total; an error unless `counts` has one entry per rank and they add up to `len`.
+///
+/// Callers also check that a rank's block to itself has the same size both ways
+/// ([`own_block`]).
 pub(crate) fn offsets(
     counts: &[usize],
     ranks: usize,
@@ -43,6 +46,16 @@ pub(crate) fn offsets(
     Ok(at)
 }
 
+/// This rank's block to itself is copied across: its send and receive counts must agree.
+pub(crate) fn own_block(send: &[usize], recv: &[usize], rank: usize) -> Result<()> {
+    match (send.get(rank), recv.get(rank)) {
+        (Some(s), Some(r)) if s == r => Ok(()),
+        (s, r) => Err(CollectiveError::InvalidArgument(format!(
+            "all_to_all: rank {rank} sends itself {s:?} elements but expects {r:?} from itself"
+        ))),
+    }
+}
+
 /// All-to-all: block `k` of `input` (`send` offsets) goes to rank `k`, and rank `k`'s block
 /// for this rank lands in block `k` of `out` (`recv` offsets). A peer that sends a block of
 /// another size than this rank expects fails with [`CollectiveError::Mismatch`].
@@ -59,8 +72,15 @@ pub(crate) async fn all_to_all<T: Element>(
     let per = (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1);
     let size = std::mem::size_of::<T>();
     out[recv[r]..recv[r + 1]].copy_from_slice(&input[send[r]..send[r + 1]]);
+    // Each message carries its block's element count, which the receiver checks against its
+    // own count for that peer: a block of another size is a Mismatch, never a silent prefix.
+    let counted = |total: usize| Op {
+        total,
+        ..op.clone()
+    };
     for k in (1..n).map(|d| (r + d) % n) {
         let block = send[k]..send[k + 1];
+        let op = &counted(block.len());
         // An empty block still travels (one empty slice): the receiver counts on it.
         let mut sent = false;
         for (s, range) in slices(block.clone(), per).enumerate() {
@@ -74,6 +94,7 @@ pub(crate) async fn all_to_all<T: Element>(
     }
     for k in (1..n).map(|d| (r + n - d) % n) {
         let block = recv[k]..recv[k + 1];
+        let op = &counted(block.len());
         if block.is_empty() {
             shared.recv(op, k, 0, 0, 0).await?;
             continue;
@@ -153,5 +174,13 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(huge.is_some_and(|e| e.contains("overflow")));
+    }
+
+    #[test]
+    fn a_ranks_block_to_itself_must_match_both_ways() {
+        assert!(own_block(&[1, 3], &[1, 5], 0).is_ok());
+        let e = own_block(&[1, 3], &[2, 2], 0).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("rank 0 sends itself Some(1)")));
+        assert!(own_block(&[1], &[1], 3).is_err());
     }
 }

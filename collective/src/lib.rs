@@ -237,12 +237,12 @@ impl Communicator {
         let mut offsets = None;
         let call = self
             .shared
-            .begin(OpKind::AllToAll, |size, _| {
+            .begin(OpKind::AllToAll, |size, rank| {
                 offsets = Some((
                     exchange::offsets(send_counts, size, input.len(), "input")?,
                     exchange::offsets(recv_counts, size, out.len(), "output")?,
                 ));
-                Ok(())
+                exchange::own_block(send_counts, recv_counts, rank)
             })?
             .carrying::<T>(0);
         let (send, recv) = offsets.unwrap_or_default();

@@ -154,6 +154,9 @@ if backend == "vans":
         "gather size": (lambda: dist.all_gather([torch.zeros(2)] * n, torch.zeros(3)), "size"),
         "root": (lambda: dist.broadcast(torch.zeros(2), src=n + 3), "rank"),
         "any source": (lambda: dist.recv(torch.zeros(2)), "source"),
+        "own block": (lambda: dist.all_to_all_single(
+            torch.zeros(2 * n), torch.zeros(2 * n), [2] * n, [1] * (n - 1) + [n + 1]),
+            "itself"),
     }
     for name, (call, words) in checks.items():
         try:
@@ -165,6 +168,11 @@ if backend == "vans":
     t = torch.ones(3)
     dist.all_reduce(t)
     assert t.tolist() == [n] * 3, t
+    # In place: the input is this rank's block of the output (as FSDP gathers).
+    out = torch.zeros(n * 4)
+    out[rank * 4:(rank + 1) * 4] = rank + 1
+    dist.all_gather_into_tensor(out, out[rank * 4:(rank + 1) * 4])
+    assert out.tolist() == [float(k + 1) for k in range(n) for _ in range(4)], out
     print("argument errors ok", flush=True)
 
 torch.save(results, os.path.join(out_dir, f"{backend}-{rank}.pt"))

@@ -330,6 +330,13 @@ class _Work(dist._Work):
         return self._future.done() and not isinstance(self._future.value(), _Failure)
 
 
+def _overlap(a, b):
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError(f"vans: {what} takes one tensor per call, not {len(tensors)}")
@@ -360,6 +367,11 @@ class ProcessGroupVans(dist.ProcessGroup):
         ``after()`` ran, on the I/O thread, when given)."""
         dtype = _dtype_of(tensor, "tensor")
         output = kwargs.pop("output", None)
+        if output is not None and _overlap(tensor, output):
+            # In place (FSDP gathers into a tensor its input is a view of): the collective
+            # reads a copy, since it writes the output while it still reads the input.
+            tensor = tensor.clone()
+            keep = (keep, tensor)
         if output is not None:
             if _dtype_of(output, "output") != dtype:
                 raise TypeError(
@@ -492,10 +504,11 @@ class ProcessGroupVans(dist.ProcessGroup):
 
         def counts(t, splits, what):
             if not splits:
-                if t.numel() % n:
+                rows = t.shape[0] if t.dim() else 0
+                if t.dim() == 0 or rows % n:
                     raise ValueError(
-                        f"vans: all_to_all_single's {what} of {t.numel()} elements does not "
-                        f"split evenly among {n} ranks; give split sizes")
+                        f"vans: all_to_all_single's {what} of {rows} rows does not split "
+                        f"evenly among {n} ranks; give split sizes")
                 return [t.numel() // n] * n
             if len(splits) != n or t.dim() == 0:
                 raise ValueError(f"vans: all_to_all_single needs {n} {what} split sizes")

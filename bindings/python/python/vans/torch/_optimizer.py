@@ -37,6 +37,8 @@ __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_param
 # Multiplier spreading partition numbers over the 64-bit key space (odd, so a bijection).
 _SPREAD = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
+# Optimizers made in this process so far (each takes its own range of keys).
+_instances = 0
 # The servers sum float32 (vans.Server's default): other gradients travel as float32.
 _WIRE = torch.float32
 
@@ -104,7 +106,11 @@ class DistributedOptimizer:
         known = {id(p) for g in optimizer.param_groups for p in g["params"]}
         params = [p for p in params if p.requires_grad and id(p) in known]
         self._partitions = {}
-        number = 0
+        # Every optimizer of the process has keys of its own (a GAN's two optimizers may
+        # exchange in the same step): the instance's number in the high bits.
+        global _instances
+        number = _instances << 40
+        _instances += 1
         for index, p in enumerate(params):
             parts = []
             per = max(1, self._partition_bytes // p.element_size())
@@ -130,6 +136,12 @@ class DistributedOptimizer:
     # -- the exchange -------------------------------------------------------------------
 
     def _grad_ready(self, p):
+        if p in self._queued:
+            # Its exchange is under way in this very memory: another backward pass before
+            # step() would be sent half-added (Horovod refuses this too).
+            raise RuntimeError(
+                "vans.torch.DistributedOptimizer: a gradient was computed again before step(); "
+                "call step() after every backward pass, or set backward_passes_per_step")
         self._passes_done[p] += 1
         if self._passes_done[p] % self._passes == 0:
             self._queue(p)
@@ -209,6 +221,8 @@ class DistributedOptimizer:
             error, self._error = self._error, None
             self._queued.clear()
             self._flushing = False
+            for p in self._passes_done:
+                self._passes_done[p] = 0
         if error is not None:
             raise error
         if self._average and self._size > 1:
