@@ -221,6 +221,9 @@ struct State {
     join_sent: Option<(NodeId, Instant)>,
     /// Coordinator: who asked to join, with the generation each knew.
     joins: BTreeMap<NodeId, u64>,
+    /// Coordinator: why the first joiner of this round left its generation (what broke it,
+    /// as the joiner saw), passed on to those asked to join.
+    join_reason: Option<String>,
     /// Coordinator: when the first `JOIN` of this round arrived.
     round_started: Option<Instant>,
     /// Coordinator: who was asked to join in this round.
@@ -303,6 +306,7 @@ impl Shared {
                 mailbox: HashMap::new(),
                 join_sent: None,
                 joins: BTreeMap::new(),
+                join_reason: None,
                 round_started: None,
                 asked: BTreeSet::new(),
                 stopped: false,
@@ -384,7 +388,13 @@ impl Shared {
             return;
         }
         st.join_sent = Some((coordinator, now));
-        let msg = self.control_message(coordinator, KIND_JOIN, st.generation.number, Bytes::new());
+        // Why this node left its generation, so the coordinator can tell the others what
+        // broke it even before it sees the failure itself.
+        let why = match &st.status {
+            Status::Broken(e) => Bytes::from(e.to_string().into_bytes()),
+            _ => Bytes::new(),
+        };
+        let msg = self.control_message(coordinator, KIND_JOIN, st.generation.number, why);
         self.post(st, msg);
     }
 
@@ -410,10 +420,11 @@ impl Shared {
             .copied()
             .filter(|w| !st.joins.contains_key(w))
             .collect();
-        // Why, for the error those asked will see: what broke this node's generation, or
-        // the workers that ask to join.
-        let reason = match &st.status {
-            Status::Broken(e) => e.to_string(),
+        // Why, for the error those asked will see: what broke this node's generation, what
+        // broke a joiner's, or the workers that ask to join.
+        let reason = match (&st.status, &st.join_reason) {
+            (Status::Broken(e), _) => e.to_string(),
+            (_, Some(why)) => why.clone(),
             _ => {
                 let new: Vec<NodeId> = st
                     .joins
@@ -462,6 +473,7 @@ impl Shared {
 
     fn forget_round(st: &mut State) {
         st.joins.clear();
+        st.join_reason = None;
         st.asked.clear();
         st.round_started = None;
     }
@@ -497,6 +509,9 @@ impl Shared {
                     return;
                 }
                 st.joins.insert(from, known);
+                if st.join_reason.is_none() && !msg.meta.body.is_empty() {
+                    st.join_reason = Some(bounded_text(&msg.meta.body));
+                }
                 self.coordinate(st, now);
             }
             KIND_INTERRUPT => {
@@ -505,7 +520,7 @@ impl Shared {
                         generation = st.generation.number,
                         "asked to join the next generation"
                     );
-                    let why = String::from_utf8_lossy(&msg.meta.body);
+                    let why = bounded_text(&msg.meta.body);
                     st.status = Status::Broken(CollectiveError::MembershipChanged {
                         generation: st.generation.number,
                         reason: format!("worker {from}, forming the next generation, says: {why}"),
@@ -867,6 +882,16 @@ impl Shared {
         drop(st);
         self.notify.notify_waiters();
     }
+}
+
+/// A peer's reason text, as shown in an error: lossy UTF-8, at most `MAX_REASON` bytes.
+fn bounded_text(body: &[u8]) -> String {
+    const MAX_REASON: usize = 1024;
+    let mut text = String::from_utf8_lossy(&body[..body.len().min(MAX_REASON)]).into_owned();
+    if body.len() > MAX_REASON {
+        text.push_str("...");
+    }
+    text
 }
 
 fn smallvec_of_u8() -> van_core::message::DataTypes {
