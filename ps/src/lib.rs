@@ -7,6 +7,7 @@
 //! - [`kv`]: [`KvWorker`] (push, pull, push-pull, wait by request id) and [`KvServer`]
 //!   (request handler, sum aggregation, synchronous rounds with [`ROUND_CMD`],
 //!   shared-nothing shards);
+//! - [`optim`]: server-side optimizers and embedding tables ([`optim::TableHandler`]);
 //! - [`range`]: key ranges and slicing of requests across servers;
 //! - [`values`]: typed views of values carried as bytes;
 //! - [`local`]: a whole cluster inside one process, over the in-process van;
@@ -29,6 +30,7 @@ pub mod hash;
 pub mod kv;
 pub mod local;
 pub mod netif;
+pub mod optim;
 mod pending;
 pub mod postoffice;
 pub mod range;
