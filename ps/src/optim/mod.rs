@@ -259,6 +259,10 @@ pub struct TableSpec {
     pub seed: u64,
 }
 
+/// The widest row: every size a table computes from `dim` (with its optimizer state, times
+/// the keys of a request) then stays far from overflow.
+pub const MAX_DIM: usize = 1 << 20;
+
 /// The settings a spec accepts, for error messages.
 const SETTINGS: &str = "optimizer (sgd|momentum|adagrad|adam|ftrl), dim, lr, momentum, \
                         nesterov, initial_accumulator, eps, beta1, beta2, beta, l1, l2, \
@@ -306,31 +310,36 @@ impl FromStr for TableSpec {
         let mut dim = None;
         let mut seed = 0;
         for (name, value) in pairs {
-            let known =
-                match (name, &mut init) {
-                    ("optimizer" | "init", _) => true,
-                    ("dim", _) => {
-                        dim = Some(value.parse::<usize>().ok().filter(|d| *d > 0).ok_or_else(
-                            || bad(format!("dim={value} is not a positive integer")),
-                        )?);
-                        true
-                    }
-                    ("seed", _) => {
-                        seed = value
-                            .parse::<u64>()
-                            .map_err(|_| bad(format!("seed={value} is not an unsigned integer")))?;
-                        true
-                    }
-                    ("scale", Init::Uniform { scale }) => {
-                        *scale = parse_number(name, value)?;
-                        true
-                    }
-                    ("std", Init::Normal { std }) => {
-                        *std = parse_number(name, value)?;
-                        true
-                    }
-                    _ => optimizer.set(name, value)?,
-                };
+            let known = match (name, &mut init) {
+                ("optimizer" | "init", _) => true,
+                ("dim", _) => {
+                    dim = Some(
+                        value
+                            .parse::<usize>()
+                            .ok()
+                            .filter(|d| (1..=MAX_DIM).contains(d))
+                            .ok_or_else(|| {
+                                bad(format!("dim={value} is not an integer in 1..={MAX_DIM}"))
+                            })?,
+                    );
+                    true
+                }
+                ("seed", _) => {
+                    seed = value
+                        .parse::<u64>()
+                        .map_err(|_| bad(format!("seed={value} is not an unsigned integer")))?;
+                    true
+                }
+                ("scale", Init::Uniform { scale }) => {
+                    *scale = parse_number(name, value)?;
+                    true
+                }
+                ("std", Init::Normal { std }) => {
+                    *std = parse_number(name, value)?;
+                    true
+                }
+                _ => optimizer.set(name, value)?,
+            };
             if !known {
                 return Err(bad(format!(
                     "{name} is not a setting of optimizer {} with init {}; settings: {SETTINGS}",
@@ -428,7 +437,8 @@ mod tests {
     fn a_bad_spec_is_refused_with_what_is_wrong() {
         for (text, says) in [
             ("optimizer=adam", "dim (values per row) is required"),
-            ("dim=0", "not a positive integer"),
+            ("dim=0", "not an integer in 1..=1048576"),
+            ("dim=99999999999999999", "not an integer in 1..=1048576"),
             ("dim=4 optimizer=rmsprop", "unknown optimizer \"rmsprop\""),
             ("dim=4 beta1=0.9", "beta1 is not a setting of optimizer sgd"),
             ("dim=4 lr=fast", "lr=fast is not a finite number"),

@@ -15,7 +15,7 @@
 //! Pending sums ([`ACCUMULATE_CMD`](super::ACCUMULATE_CMD)) are not part of a snapshot: take
 //! one between steps.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 
 use super::rule::{apply, init_value, initial_state};
 use super::{TableSpec, ACCUMULATE_CMD, APPLY_CMD};
@@ -81,12 +81,10 @@ impl TableHandler {
         }
         let row = u32::try_from(self.keys.len())
             .map_err(|_| "the table shard holds 2^32 rows already".to_owned())?;
-        let spec = &self.spec;
-        let state = initial_state(&spec.optimizer);
+        let state = initial_state(&self.spec.optimizer);
+        self.data.extend(initial_row(&self.spec, key));
         self.data
-            .extend((0..spec.dim).map(|col| init_value(spec.init, spec.seed, key, col)));
-        self.data
-            .extend(std::iter::repeat_n(state, self.width - spec.dim));
+            .extend(std::iter::repeat_n(state, self.width - self.spec.dim));
         self.keys.push(key);
         self.steps.push(0);
         self.rows.insert(key, row);
@@ -185,8 +183,7 @@ impl RequestHandler for TableHandler {
         let spec = self.spec.to_string();
         let mut order: Vec<usize> = (0..self.keys.len()).collect();
         order.sort_unstable_by_key(|&row| self.keys[row]);
-        let mut out =
-            BytesMut::with_capacity(16 + spec.len() + self.keys.len() * (12 + 4 * self.width));
+        let mut out = Vec::with_capacity(16 + spec.len() + self.keys.len() * (12 + 4 * self.width));
         out.put_slice(MAGIC);
         out.put_u32_le(VERSION);
         out.put_u32_le(spec.len() as u32);
@@ -199,13 +196,13 @@ impl RequestHandler for TableHandler {
                 out.put_f32_le(*v);
             }
         }
-        Ok(out.to_vec())
+        Ok(out)
     }
 
     /// Replaces the shard's rows with a snapshot's, which must come from a table of the same
     /// spec (optimizer settings included).
     fn restore(&mut self, state: &[u8]) -> Result<(), String> {
-        let mut buf = Bytes::copy_from_slice(state);
+        let mut buf = state;
         let truncated = || "the table snapshot is truncated".to_owned();
         if buf.remaining() < 12 || &buf[..4] != MAGIC {
             return Err("not an embedding table snapshot (no VTBL header)".into());
@@ -221,7 +218,9 @@ impl RequestHandler for TableHandler {
         if buf.remaining() < spec_len {
             return Err(truncated());
         }
-        let spec_text = String::from_utf8_lossy(&buf.split_to(spec_len)).into_owned();
+        let (spec_bytes, rest) = buf.split_at(spec_len);
+        buf = rest;
+        let spec_text = String::from_utf8_lossy(spec_bytes);
         let spec: TableSpec = spec_text.parse().map_err(|e| format!("{e}"))?;
         if spec != self.spec {
             return Err(format!(
@@ -264,8 +263,13 @@ impl RequestHandler for TableHandler {
 /// single-process reference needs to start from the same weights.
 pub fn initial_rows(spec: &TableSpec, keys: &[u64]) -> Vec<f32> {
     keys.iter()
-        .flat_map(|&key| (0..spec.dim).map(move |col| init_value(spec.init, spec.seed, key, col)))
+        .flat_map(|&key| initial_row(spec, key))
         .collect()
+}
+
+/// The weights key `key`'s row starts with.
+fn initial_row(spec: &TableSpec, key: u64) -> impl Iterator<Item = f32> + '_ {
+    (0..spec.dim).map(move |col| init_value(spec.init, spec.seed, key, col))
 }
 
 #[cfg(test)]
@@ -418,6 +422,11 @@ mod tests {
         for cut in 0..snapshot.len() {
             assert!(restored.restore(&snapshot[..cut]).is_err(), "cut at {cut}");
         }
+        assert_eq!(
+            restored.snapshot().unwrap(),
+            before,
+            "a refused restore changed it"
+        );
         let mut noise = snapshot.clone();
         for i in 12..noise.len() {
             noise[i] = noise[i].wrapping_mul(31).wrapping_add(i as u8);
