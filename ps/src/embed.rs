@@ -45,7 +45,7 @@ use tokio::sync::oneshot;
 use van_core::{Config, DataType, NodeId, Role};
 
 use crate::error::{PsError, Result};
-use crate::kv::{KvPairs, KvServer, KvWorker, RequestHandler};
+use crate::kv::{Filled, KvPairs, KvServer, KvWorker, PullBuffer, RequestHandler};
 use crate::postoffice::Postoffice;
 
 /// How long dropping the last handle of a node that was neither finalized nor stopped waits
@@ -512,12 +512,18 @@ macro_rules! any_kv {
             }
 
             /// Sends the request; its id, to wait for.
-            async fn issue(&self, op: Op, pairs: KvPairs, cmd: i32) -> Result<crate::RequestId> {
+            async fn issue(
+                &self, op: Op, pairs: KvPairs, cmd: i32, out: Option<Box<dyn PullBuffer>>,
+            ) -> Result<crate::RequestId> {
                 match self {
-                    $(AnyWorker::$variant(kv) => match op {
-                        Op::Push => kv.zpush(pairs, cmd).await,
-                        Op::Pull => kv.zpull(pairs.keys, cmd).await,
-                        Op::PushPull => kv.zpush_pull(pairs, cmd).await,
+                    $(AnyWorker::$variant(kv) => match (op, out) {
+                        (Op::Push, _) => kv.zpush(pairs, cmd).await,
+                        (Op::Pull, None) => kv.zpull(pairs.keys, cmd).await,
+                        (Op::Pull, Some(out)) => kv.zpull_into(pairs.keys, Filled(out), cmd).await,
+                        (Op::PushPull, None) => kv.zpush_pull(pairs, cmd).await,
+                        (Op::PushPull, Some(out)) => {
+                            kv.zpush_pull_into(pairs, Filled(out), cmd).await
+                        }
                     },)*
                 }
             }
@@ -608,7 +614,7 @@ impl Worker {
     /// Pushes `pairs` (sorted keys; values of [`dtype`](Self::dtype); optional per-key
     /// lengths) without copying them: the bytes are held until the servers have answered.
     pub fn push(&self, pairs: KvPairs, cmd: i32) -> Call<()> {
-        let answer = self.call(Op::Push, pairs, cmd);
+        let answer = self.call(Op::Push, pairs, cmd, None);
         Call::new(
             answer.handle.clone(),
             async move { answer.await.map(|_| ()) },
@@ -627,20 +633,42 @@ impl Worker {
             keys,
             ..KvPairs::default()
         };
-        self.call(Op::Pull, pairs, cmd)
+        self.call(Op::Pull, pairs, cmd, None)
+    }
+
+    /// Pulls the values of sorted `keys` into `out`, each server's answer copied once to its
+    /// keys' place ([`KvWorker::zpull_into`]); the answer's values are `out`.
+    pub fn pull_into(&self, keys: Bytes, out: impl PullBuffer, cmd: i32) -> Call<KvPairs> {
+        let pairs = KvPairs {
+            keys,
+            ..KvPairs::default()
+        };
+        self.call(Op::Pull, pairs, cmd, Some(Box::new(out)))
     }
 
     /// Pushes `pairs`, then pulls the updated values, in one request per server.
     pub fn push_pull(&self, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
-        self.call(Op::PushPull, pairs, cmd)
+        self.call(Op::PushPull, pairs, cmd, None)
     }
 
-    fn call(&self, op: Op, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
+    /// [`push_pull`](Self::push_pull) with the pulled values written into `out`, as
+    /// [`pull_into`](Self::pull_into) does.
+    pub fn push_pull_into(&self, pairs: KvPairs, out: impl PullBuffer, cmd: i32) -> Call<KvPairs> {
+        self.call(Op::PushPull, pairs, cmd, Some(Box::new(out)))
+    }
+
+    fn call(
+        &self,
+        op: Op,
+        pairs: KvPairs,
+        cmd: i32,
+        out: Option<Box<dyn PullBuffer>>,
+    ) -> Call<KvPairs> {
         let handle = self.node.runtime();
         let kv = self.kv.clone();
         let mut issue: Pin<Box<dyn Future<Output = Result<crate::RequestId>> + Send>> = {
             let kv = kv.clone();
-            Box::pin(async move { kv.issue(op, pairs, cmd).await })
+            Box::pin(async move { kv.issue(op, pairs, cmd, out).await })
         };
         // Sent from the calling thread, in the runtime's context: a request whose frames fit
         // the van's queue (the common case) goes out without waking the runtime, and its

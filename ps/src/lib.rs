@@ -44,8 +44,8 @@ pub mod values;
 
 pub use error::{PsError, Result};
 pub use kv::{
-    Handled, HeldRequest, KvMeta, KvPairs, KvServer, KvWorker, Released, RequestHandler, RequestId,
-    ShardContext, Snapshot, SumHandler, ROUND_CMD,
+    Handled, HeldRequest, KvMeta, KvPairs, KvServer, KvWorker, PullBuffer, Released,
+    RequestHandler, RequestId, ShardContext, Snapshot, SumHandler, ROUND_CMD,
 };
 pub use postoffice::{Postoffice, ALL_GROUPS};
 pub use resend::ResendStats;

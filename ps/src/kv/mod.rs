@@ -25,7 +25,8 @@ pub use hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
 pub use round::ROUND_CMD;
 pub use server::{KvServer, RequestHandler, SumHandler};
 pub use snapshot::Snapshot;
-pub use worker::{KvWorker, RequestId};
+pub(crate) use worker::Filled;
+pub use worker::{KvWorker, PullBuffer, RequestId};
 
 /// Keys, values and optional per-key lengths, as bytes that travel without copies.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -58,6 +58,8 @@ struct WorkerInner {
     ranges: Vec<KeyRange>,
     app_id: i32,
     customer_id: i32,
+    /// Bytes per value.
+    elem: usize,
     next_id: AtomicI32,
     pending: Mutex<IntMap<RequestId, Pending>>,
     /// Servers a new process took the place of, not yet taken by the application.
@@ -73,7 +75,81 @@ struct Pending {
     outstanding: Servers,
     /// Answers so far, by server id (server ids sort in key-range order).
     parts: SmallVec<[(NodeId, KvPairs); 1]>,
+    /// A pull into the caller's memory: where each server's answer goes.
+    dest: Option<Dest>,
     completion: Completion<KvPairs>,
+}
+
+/// Memory a pull writes its values into ([`KvWorker::zpull_into`]): a `Vec<u8>`, a
+/// `BytesMut`, or a binding's view of a caller's array. It becomes the answer's values.
+pub trait PullBuffer: AsRef<[u8]> + AsMut<[u8]> + Send + 'static {}
+
+impl<B: AsRef<[u8]> + AsMut<[u8]> + Send + 'static> PullBuffer for B {}
+
+/// A boxed [`PullBuffer`], itself one (the owner of the answer's `Bytes`).
+pub(crate) struct Filled(pub(crate) Box<dyn PullBuffer>);
+
+impl AsRef<[u8]> for Filled {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl AsMut<[u8]> for Filled {
+    fn as_mut(&mut self) -> &mut [u8] {
+        (*self.0).as_mut()
+    }
+}
+
+/// Where a pull into the caller's memory puts each server's answer.
+struct Dest {
+    buf: Box<dyn PullBuffer>,
+    /// Bytes of values per key.
+    per_key: usize,
+    /// Each server's part of the request: its first key and how many.
+    parts: SmallVec<[(NodeId, Range<usize>); 4]>,
+    keys: Bytes,
+}
+
+impl Dest {
+    /// Copies a server's answer to its keys' place: the one copy from the received frame.
+    fn place(&mut self, server: NodeId, pairs: &KvPairs, elem: usize) -> Result<()> {
+        let Some((_, range)) = self.parts.iter().find(|(s, _)| *s == server) else {
+            return Ok(());
+        };
+        let want = range.len() * self.per_key;
+        let bad = |why: String| PsError::Protocol {
+            from: Some(server),
+            reason: format!(
+                "a pull into a buffer of {} bytes per key: {why}",
+                self.per_key
+            ),
+        };
+        if pairs.len() != range.len() || pairs.vals.len() != want {
+            return Err(bad(format!(
+                "the answer has {} keys and {} value bytes for {} keys",
+                pairs.len(),
+                pairs.vals.len(),
+                range.len()
+            )));
+        }
+        if let Some(lens) = pairs.lens()? {
+            if lens.iter().any(|&l| l as usize * elem != self.per_key) {
+                return Err(bad("the answer's keys have other lengths".into()));
+            }
+        }
+        let at = range.start * self.per_key;
+        (*self.buf).as_mut()[at..at + want].copy_from_slice(&pairs.vals);
+        Ok(())
+    }
+
+    fn finish(self) -> KvPairs {
+        KvPairs {
+            keys: self.keys,
+            vals: Bytes::from_owner(Filled(self.buf)),
+            lens: None,
+        }
+    }
 }
 
 impl Pending {
@@ -114,6 +190,7 @@ impl<T: Value> KvWorker<T> {
             ranges: po.server_key_ranges(),
             app_id,
             customer_id,
+            elem: std::mem::size_of::<T>(),
             next_id: AtomicI32::new(0),
             pending: Mutex::new(IntMap::default()),
             restarted: Mutex::new(Vec::new()),
@@ -140,7 +217,7 @@ impl<T: Value> KvWorker<T> {
 
     /// Pushes pairs already in [`Bytes`] without copying them.
     pub async fn zpush(&self, pairs: KvPairs, cmd: i32) -> Result<RequestId> {
-        self.request(Op::Push, pairs, cmd).await
+        self.request(Op::Push, pairs, cmd, None).await
     }
 
     /// Pulls the values of sorted `keys`.
@@ -154,7 +231,37 @@ impl<T: Value> KvWorker<T> {
             keys,
             ..KvPairs::default()
         };
-        self.request(Op::Pull, pairs, cmd).await
+        self.request(Op::Pull, pairs, cmd, None).await
+    }
+
+    /// Pulls the values of sorted `keys` (little-endian `u64` bytes) into `out`, every key
+    /// the same number of values (`out`'s length divided by the key count): each server's
+    /// answer is copied once, from the received frame to its keys' place in `out`, with no
+    /// join of the parts. The answer's values are `out` itself.
+    pub async fn zpull_into(
+        &self,
+        keys: Bytes,
+        out: impl PullBuffer,
+        cmd: i32,
+    ) -> Result<RequestId> {
+        let pairs = KvPairs {
+            keys,
+            ..KvPairs::default()
+        };
+        self.request(Op::Pull, pairs, cmd, Some(Box::new(out)))
+            .await
+    }
+
+    /// [`zpush_pull`](Self::zpush_pull) with the pulled values written into `out`, as
+    /// [`zpull_into`](Self::zpull_into) does.
+    pub async fn zpush_pull_into(
+        &self,
+        pairs: KvPairs,
+        out: impl PullBuffer,
+        cmd: i32,
+    ) -> Result<RequestId> {
+        self.request(Op::PushPull, pairs, cmd, Some(Box::new(out)))
+            .await
     }
 
     /// Pushes, then pulls the updated values, in one request per server.
@@ -171,7 +278,7 @@ impl<T: Value> KvWorker<T> {
 
     /// [`push_pull`](Self::push_pull) without copying.
     pub async fn zpush_pull(&self, pairs: KvPairs, cmd: i32) -> Result<RequestId> {
-        self.request(Op::PushPull, pairs, cmd).await
+        self.request(Op::PushPull, pairs, cmd, None).await
     }
 
     /// Waits for a request: nothing for a push, the pulled pairs for a pull or push-pull.
@@ -222,7 +329,13 @@ impl<T: Value> KvWorker<T> {
         lock(&self.inner.pending).len()
     }
 
-    async fn request(&self, op: Op, pairs: KvPairs, cmd: i32) -> Result<RequestId> {
+    async fn request(
+        &self,
+        op: Op,
+        pairs: KvPairs,
+        cmd: i32,
+        out: Option<Box<dyn PullBuffer>>,
+    ) -> Result<RequestId> {
         let inner = &self.inner;
         let po = &inner.po;
         let keys = pairs.keys()?;
@@ -240,8 +353,32 @@ impl<T: Value> KvWorker<T> {
             .map(|(rank, _)| node_ids::server_rank_to_id(rank))
             .collect();
         let mut entry = Pending::default();
+        if let Some(mut buf) = out {
+            let n = slices.iter().map(|s| s.len()).sum::<usize>();
+            let bytes = (*buf).as_mut().len();
+            let elem = std::mem::size_of::<T>();
+            let per_key = bytes.checked_div(n).unwrap_or(0);
+            if per_key * n != bytes || per_key % elem != 0 {
+                return Err(PsError::InvalidArgument(format!(
+                    "a buffer of {bytes} bytes does not hold whole values of {elem} bytes for \
+                     each of {n} keys alike"
+                )));
+            }
+            let parts = (0u32..)
+                .zip(&slices)
+                .filter(|(_, slice)| !slice.is_empty())
+                .map(|(rank, slice)| (node_ids::server_rank_to_id(rank), slice.clone()))
+                .collect();
+            entry.dest = Some(Dest {
+                buf,
+                per_key,
+                parts,
+                keys: pairs.keys.clone(),
+            });
+        }
         if servers.is_empty() {
-            entry.complete(Ok(KvPairs::default()));
+            let empty = entry.dest.take().map(Dest::finish).unwrap_or_default();
+            entry.complete(Ok(empty));
         } else {
             entry.outstanding = servers.clone();
         }
@@ -390,16 +527,23 @@ impl WorkerInner {
             entry.complete(Err(PsError::HandlerFailed { server, reason }));
             return;
         }
-        match kv_pairs(&msg) {
-            Ok(pairs) => entry.parts.push((server, pairs)),
-            Err(e) => {
-                entry.complete(Err(e));
-                return;
+        let placed = kv_pairs(&msg).and_then(|pairs| match &mut entry.dest {
+            Some(dest) => dest.place(server, &pairs, self.elem),
+            None => {
+                entry.parts.push((server, pairs));
+                Ok(())
             }
+        });
+        if let Err(e) = placed {
+            entry.complete(Err(e));
+            return;
         }
         if entry.outstanding.is_empty() {
-            let parts = std::mem::take(&mut entry.parts);
-            entry.complete(Ok(assemble(parts)));
+            let answer = match entry.dest.take() {
+                Some(dest) => dest.finish(),
+                None => assemble(std::mem::take(&mut entry.parts)),
+            };
+            entry.complete(Ok(answer));
         }
     }
 
