@@ -259,6 +259,34 @@ pub(crate) fn output(obj: &Bound<'_, PyAny>, dtype: DataType) -> PyResult<Pinned
     Ok(pinned)
 }
 
+/// An output array lent to a pull that writes each server's answer straight into it
+/// (`ps::embed::Worker::pull_into`): writable, contiguous, of the worker's type.
+pub(crate) struct Output(Pinned);
+
+impl Output {
+    /// `obj` as an output of `dtype` values (see [`output`]).
+    pub(crate) fn new(obj: &Bound<'_, PyAny>, dtype: DataType) -> PyResult<Output> {
+        output(obj, dtype).map(Output)
+    }
+}
+
+impl AsRef<[u8]> for Output {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_ref()
+    }
+}
+
+impl AsMut<[u8]> for Output {
+    fn as_mut(&mut self) -> &mut [u8] {
+        if self.0.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: the view is writable (checked by `output`), C-contiguous and `len` bytes
+        // long, pinned while `self` lives, and lent to the one request that owns `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.0.ptr.cast::<u8>(), self.0.len) }
+    }
+}
+
 /// The `numpy` module, imported once.
 pub(crate) fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();

@@ -29,6 +29,8 @@ enum Want {
         out: Option<(Pinned, Py<PyAny>)>,
         with_lens: bool,
     },
+    /// Values written by the pull itself into this `out` array.
+    Filled(Py<PyAny>),
 }
 
 /// The call of a request: a push answers nothing, the others answer pairs.
@@ -81,6 +83,11 @@ impl Request {
 fn convert(py: Python<'_>, pairs: KvPairs, want: Want) -> PyResult<Py<PyAny>> {
     match want {
         Want::Nothing => Ok(py.None()),
+        Want::Filled(array) => {
+            drop(pairs);
+            buffer::release_pending(py);
+            Ok(array)
+        }
         Want::Values {
             dtype,
             out,
@@ -269,7 +276,9 @@ impl Worker {
         Ok(Request::new(call, Want::Nothing))
     }
 
-    /// Starts a pull of the values of sorted `keys`, into `out` when given.
+    /// Starts a pull of the values of sorted `keys`, into `out` when given: each server's
+    /// answer is then written straight to its keys' place in `out` (every key the same number
+    /// of values: `out`'s length divided by the key count).
     #[pyo3(signature = (keys, out=None, cmd=0, return_lens=false))]
     fn pull_async(
         &self,
@@ -279,8 +288,14 @@ impl Worker {
         return_lens: bool,
     ) -> PyResult<Request> {
         buffer::release_pending(keys.py());
+        let keys = buffer::keys(keys)?;
+        if let (Some(array), false) = (out, return_lens) {
+            let lent = buffer::Output::new(array, self.inner.dtype())?;
+            let call = Pending::Pairs(self.inner.pull_into(keys, lent, cmd));
+            return Ok(Request::new(call, Want::Filled(array.clone().unbind())));
+        }
         let want = self.want_values(out, return_lens)?;
-        let call = Pending::Pairs(self.inner.pull(buffer::keys(keys)?, cmd));
+        let call = Pending::Pairs(self.inner.pull(keys, cmd));
         Ok(Request::new(call, want))
     }
 
@@ -297,6 +312,11 @@ impl Worker {
         return_lens: bool,
     ) -> PyResult<Request> {
         let pairs = self.pairs(keys, vals, lens)?;
+        if let (Some(array), false) = (out, return_lens) {
+            let lent = buffer::Output::new(array, self.inner.dtype())?;
+            let call = Pending::Pairs(self.inner.push_pull_into(pairs, lent, cmd));
+            return Ok(Request::new(call, Want::Filled(array.clone().unbind())));
+        }
         let want = self.want_values(out, return_lens)?;
         Ok(Request::new(
             Pending::Pairs(self.inner.push_pull(pairs, cmd)),

@@ -97,7 +97,7 @@ def test_bad_input_raises_an_error_naming_it(cluster):
     with pytest.raises(TypeError, match="not supported"):
         vans.Worker(w.node, dtype="complex64")
     w.push(KEYS, np.ones(4, dtype=np.float32))
-    with pytest.raises(ValueError, match="holds 12 bytes but 16 bytes arrived"):
+    with pytest.raises(ValueError, match="12 bytes does not hold the same whole number of 4-byte values for each of 4 keys"):
         w.pull(KEYS, out=np.zeros(3, dtype=np.float32))
     with pytest.raises(ValueError, match="read-only"):
         ro = np.zeros(4, dtype=np.float32)

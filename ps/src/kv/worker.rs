@@ -360,8 +360,8 @@ impl<T: Value> KvWorker<T> {
             let per_key = bytes.checked_div(n).unwrap_or(0);
             if per_key * n != bytes || per_key % elem != 0 {
                 return Err(PsError::InvalidArgument(format!(
-                    "a buffer of {bytes} bytes does not hold whole values of {elem} bytes for \
-                     each of {n} keys alike"
+                    "a buffer of {bytes} bytes does not hold the same whole number of \
+                     {elem}-byte values for each of {n} keys"
                 )));
             }
             let parts = (0u32..)
