@@ -256,6 +256,20 @@ impl NodeHandle {
         })
     }
 
+    /// A server application holding an embedding table of `f32` rows with a server-side
+    /// optimizer ([`crate::optim`]), in `shards` shards.
+    pub fn table_server(
+        &self,
+        spec: crate::optim::TableSpec,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+    ) -> Call<Server> {
+        self.server(DataType::F32, app_id, customer_id, shards, move |_| {
+            crate::optim::TableHandler::new(spec)
+        })
+    }
+
     /// A server application whose `shards` shards each answer with a handler from
     /// `make(shard)`. The handlers run on the node's runtime and must not block.
     pub fn server<H, M>(

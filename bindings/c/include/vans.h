@@ -65,6 +65,14 @@
 // Barrier group of every node.
 #define VANS_ALL_GROUPS 7
 
+// `cmd` of a push to a table server (`vans_server_new_table`) that adds each row's gradient
+// to its pending sum without applying it (the first phase of a synchronous step).
+#define VANS_ACCUMULATE_CMD 1094927181
+
+// `cmd` of a pull from a table server that applies each row's pending gradient sum with
+// the table's optimizer, then answers the rows (the second phase of a synchronous step).
+#define VANS_APPLY_CMD 1095782476
+
 // Rendezvous protocol where the receiver asks the producer (TensorFlow's `grpc+seastar`).
 #define VANS_RENDEZVOUS_PULL 0
 
@@ -541,6 +549,33 @@ int vans_server_new_sum(const struct vans_node *node,
                         int customer_id,
                         size_t shards,
                         struct vans_server **out);
+
+// Starts a server application for `app_id` / `customer_id` that holds an embedding table of
+// `float` rows (`VANS_F32` workers) with an optimizer applied on the server. `spec` is the
+// table's settings as `name=value` text separated by spaces or commas, e.g.
+// `"optimizer=adam dim=16 lr=0.001 init=normal std=0.01 seed=7"`: `dim` (values per key) is
+// required; `optimizer` is `sgd` (the default), `momentum`, `adagrad`, `adam` or `ftrl`
+// with their settings (`lr`, `momentum`, `nesterov`, `initial_accumulator`, `eps`, `beta1`,
+// `beta2`, `beta`, `l1`, `l2`); rows start on first touch from `init` (`zeros`, `uniform`
+// with `scale`, `normal` with `std`) seeded by `seed` and the key, the same on any server.
+// A push applies its gradients at once, or, with `VANS_ACCUMULATE_CMD`, adds them to each
+// row's pending sum that a pull with `VANS_APPLY_CMD` applies. A bad spec fails with
+// `VANS_ERR_INVALID_ARGUMENT` naming the setting. Key range cut into `shards` shards (0
+// means 1). Blocks until registered.
+//
+// Ownership: `spec` is read before this returns; the caller owns `*out` and releases it
+// with `vans_server_free`. Thread-safety: any thread except a vans I/O thread.
+//
+// # Safety
+//
+// `node` must be a live node or NULL; `spec` NULL or a NUL-terminated string; `out` valid
+// for writing one pointer.
+int vans_server_new_table(const struct vans_node *node,
+                          const char *spec,
+                          int app_id,
+                          int customer_id,
+                          size_t shards,
+                          struct vans_server **out);
 
 // Starts a server application of type `dtype` for `app_id` / `customer_id` whose requests
 // are answered by the C function `handler` (see `vans_handler`) with `user_data`, in

@@ -88,6 +88,13 @@ pub const VANS_WORKER_GROUP: c_int = 4;
 /// Barrier group of every node.
 pub const VANS_ALL_GROUPS: c_int = 7;
 
+/// `cmd` of a push to a table server (`vans_server_new_table`) that adds each row's gradient
+/// to its pending sum without applying it (the first phase of a synchronous step).
+pub const VANS_ACCUMULATE_CMD: c_int = 0x4143_434D;
+/// `cmd` of a pull from a table server that applies each row's pending gradient sum with
+/// the table's optimizer, then answers the rows (the second phase of a synchronous step).
+pub const VANS_APPLY_CMD: c_int = 0x4150_504C;
+
 /// Rendezvous protocol where the receiver asks the producer (TensorFlow's `grpc+seastar`).
 pub const VANS_RENDEZVOUS_PULL: c_int = 0;
 /// Rendezvous protocol where the producer delivers to the receiver (StarServer's `star_server`).

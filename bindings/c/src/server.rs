@@ -6,6 +6,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bytes::Bytes;
+use ps::optim::TableSpec;
 use ps::{KvMeta, KvPairs, RequestHandler};
 use van_core::DataType;
 
@@ -300,6 +301,48 @@ pub unsafe extern "C" fn vans_server_new_sum(
         let server = node
             .handle
             .sum_server(dtype, app_id, customer_id, shards)
+            .wait()?;
+        store(out, server)
+    })
+}
+
+/// Starts a server application for `app_id` / `customer_id` that holds an embedding table of
+/// `float` rows (`VANS_F32` workers) with an optimizer applied on the server. `spec` is the
+/// table's settings as `name=value` text separated by spaces or commas, e.g.
+/// `"optimizer=adam dim=16 lr=0.001 init=normal std=0.01 seed=7"`: `dim` (values per key) is
+/// required; `optimizer` is `sgd` (the default), `momentum`, `adagrad`, `adam` or `ftrl`
+/// with their settings (`lr`, `momentum`, `nesterov`, `initial_accumulator`, `eps`, `beta1`,
+/// `beta2`, `beta`, `l1`, `l2`); rows start on first touch from `init` (`zeros`, `uniform`
+/// with `scale`, `normal` with `std`) seeded by `seed` and the key, the same on any server.
+/// A push applies its gradients at once, or, with `VANS_ACCUMULATE_CMD`, adds them to each
+/// row's pending sum that a pull with `VANS_APPLY_CMD` applies. A bad spec fails with
+/// `VANS_ERR_INVALID_ARGUMENT` naming the setting. Key range cut into `shards` shards (0
+/// means 1). Blocks until registered.
+///
+/// Ownership: `spec` is read before this returns; the caller owns `*out` and releases it
+/// with `vans_server_free`. Thread-safety: any thread except a vans I/O thread.
+///
+/// # Safety
+///
+/// `node` must be a live node or NULL; `spec` NULL or a NUL-terminated string; `out` valid
+/// for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn vans_server_new_table(
+    node: *const Node,
+    spec: *const c_char,
+    app_id: c_int,
+    customer_id: c_int,
+    shards: usize,
+    out: *mut *mut Server,
+) -> c_int {
+    guard("vans_server_new_table", || {
+        // SAFETY: forwarded contract.
+        let (node, _, shards) = unsafe { server_args(node, crate::VANS_F32, shards, out) }?;
+        // SAFETY: NULL or NUL-terminated by the caller's contract.
+        let spec: TableSpec = unsafe { args::text(spec, "spec") }?.parse()?;
+        let server = node
+            .handle
+            .table_server(spec, app_id, customer_id, shards)
             .wait()?;
         store(out, server)
     })

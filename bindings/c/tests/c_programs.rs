@@ -124,6 +124,28 @@ fn c_server_handler_keeps_the_maximum() {
 }
 
 #[test]
+fn c_table_servers_step_as_adagrad_and_adam_do() {
+    let program = c_program("test_table.c");
+    let run = run_cluster(program.path(), &[], 2, WORKERS);
+    run.assert_success();
+    let mut sums = Vec::new();
+    for launched in 0..WORKERS {
+        let log = run.log(&format!("worker-{launched}"));
+        let sum = number_after(log, "tables ok, sum of pulled values ");
+        assert!(sum.is_some_and(|s| s != 0.0), "{log}");
+        assert!(log.contains("table with dim 8"), "{log}");
+        sums.push(sum);
+    }
+    // Both workers pulled the same rows.
+    assert_eq!(sums[0], sums[1]);
+    for server in 0..2 {
+        let log = run.log(&format!("server-{server}"));
+        assert!(log.contains("unknown optimizer \"adamw\""), "{log}");
+        assert!(log.contains("beta1 is not a setting"), "{log}");
+    }
+}
+
+#[test]
 fn c_collectives_among_three_workers() {
     let program = c_program("test_collective.c");
     let run = run_cluster(program.path(), &[], 1, 3);

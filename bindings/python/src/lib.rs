@@ -2,7 +2,8 @@
 //!
 //! - [`node`]: `Node`, and the wait every blocking call goes through (without the GIL);
 //! - [`worker`]: `Worker` and `Request` (push, pull, push-pull; requests in flight);
-//! - [`server`]: `Server` (ps-lite's sum, or a handler in Python);
+//! - [`server`]: `Server` (ps-lite's sum, an embedding table with an optimizer, or a handler
+//!   in Python), `table_spec`, `table_initial_rows`;
 //! - [`rendezvous`]: `Rendezvous`, `create_key`, `cpu_device`;
 //! - [`collective`]: `Collective` (all-reduce, broadcast, barrier; elastic generations);
 //! - [`lent`]: collectives on memory lent by address (the PyTorch backend);
@@ -37,9 +38,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rendezvous::create_key, m)?)?;
     m.add_function(wrap_pyfunction!(rendezvous::cpu_device, m)?)?;
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
+    m.add_function(wrap_pyfunction!(server::table_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(server::table_initial_rows, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The `cmd` of a synchronous round push-pull (`ps::ROUND_CMD`): the built-in sum server
     // answers every worker with the sum of the round's pushes once all of them pushed.
     m.add("ROUND_CMD", ps::ROUND_CMD)?;
+    // A table server's two-phase step (`ps::optim`): a push with ACCUMULATE_CMD adds to each
+    // row's pending gradient sum; a pull with APPLY_CMD applies the sums, then answers rows.
+    m.add("ACCUMULATE_CMD", ps::optim::ACCUMULATE_CMD)?;
+    m.add("APPLY_CMD", ps::optim::APPLY_CMD)?;
     Ok(())
 }

@@ -1,13 +1,15 @@
 //! `Server`: ps-lite's sum or a request handler written in Python.
 
 use bytes::Bytes;
+use ps::optim::{initial_rows, TableSpec, SETTING_NAMES};
 use ps::{KvMeta, KvPairs, RequestHandler};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use van_core::DataType;
 
 use crate::buffer;
+use crate::errors::to_py;
 use crate::node::{node_or_start, wait, Node};
 
 /// The Python handler of a server shard: `handler(request) -> values or None`.
@@ -85,8 +87,13 @@ impl Server {
     /// An exception fails the worker's request with its text.
     /// Without `node`, starts one from the environment and `config` (role `server` unless
     /// `DMLC_ROLE` or `role=` says otherwise).
+    ///
+    /// With `table` (a spec such as `"optimizer=adam dim=16 lr=0.01"`) or `optimizer=` /
+    /// `dim=` and the other settings of [`table_spec`] as keyword arguments, the server holds
+    /// an embedding table of float32 rows instead: rows start from a seeded initializer on
+    /// first touch, and each pushed gradient is applied by the optimizer on the server.
     #[new]
-    #[pyo3(signature = (node=None, dtype=None, handler=None, app_id=0, customer_id=0, shards=1, **config))]
+    #[pyo3(signature = (node=None, dtype=None, handler=None, app_id=0, customer_id=0, shards=1, table=None, **config))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -96,14 +103,30 @@ impl Server {
         app_id: i32,
         customer_id: i32,
         shards: usize,
+        table: Option<&str>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Server> {
-        let dtype = buffer::dtype_arg(dtype)?;
-        let node_ref = node_or_start(py, node, "server", config)?;
+        let config = match config {
+            Some(c) => c.copy()?,
+            None => PyDict::new(py),
+        };
+        let spec = take_spec(table, &config)?;
+        let dtype = match (&spec, dtype) {
+            (Some(_), None) => DataType::F32,
+            (_, dtype) => buffer::dtype_arg(dtype)?,
+        };
+        if spec.is_some() && (dtype != DataType::F32 || handler.is_some()) {
+            return Err(PyTypeError::new_err(
+                "a table server holds float32 rows and answers with its optimizer: \
+                 pass neither another dtype nor a handler",
+            ));
+        }
+        let node_ref = node_or_start(py, node, "server", Some(&config))?;
         let node = node_ref.get();
-        let call = match handler {
-            None => node.handle.sum_server(dtype, app_id, customer_id, shards),
-            Some(handler) => {
+        let call = match (handler, spec) {
+            (_, Some(spec)) => node.handle.table_server(spec, app_id, customer_id, shards),
+            (None, None) => node.handle.sum_server(dtype, app_id, customer_id, shards),
+            (Some(handler), None) => {
                 node.handle
                     .server(dtype, app_id, customer_id, 1, move |_| PyHandler {
                         handler: Python::attach(|py| handler.clone_ref(py)),
@@ -135,4 +158,71 @@ impl Server {
     fn dtype(&self) -> &'static str {
         buffer::dtype_name(self.dtype)
     }
+}
+
+/// The table spec of `table` and the table settings among `config` (taken out of it), or
+/// None when neither names one.
+fn take_spec(table: Option<&str>, config: &Bound<'_, PyDict>) -> PyResult<Option<TableSpec>> {
+    let mut text = table.unwrap_or_default().to_owned();
+    let mut named = table.is_some();
+    for name in SETTING_NAMES {
+        let Some(value) = config.get_item(name)? else {
+            continue;
+        };
+        config.del_item(name)?;
+        named = true;
+        // Python's `True` is "True"; a spec says "true".
+        let value = match value.extract::<bool>() {
+            Ok(b) if value.is_instance_of::<pyo3::types::PyBool>() => b.to_string(),
+            _ => value.str()?.to_string(),
+        };
+        text.push_str(&format!(" {name}={value}"));
+    }
+    if !named {
+        return Ok(None);
+    }
+    text.trim().parse().map(Some).map_err(to_py)
+}
+
+/// The canonical text of a table spec: `table` and/or keyword settings (`optimizer`, `dim`,
+/// `lr`, `momentum`, `nesterov`, `initial_accumulator`, `eps`, `beta1`, `beta2`, `beta`,
+/// `l1`, `l2`, `init`, `scale`, `std`, `seed`), with every default written out. Raises
+/// `ValueError` naming a bad or unknown setting.
+#[pyfunction]
+#[pyo3(signature = (table=None, **settings))]
+pub(crate) fn table_spec(
+    py: Python<'_>,
+    table: Option<&str>,
+    settings: Option<&Bound<'_, PyDict>>,
+) -> PyResult<String> {
+    let settings = match settings {
+        Some(s) => s.copy()?,
+        None => PyDict::new(py),
+    };
+    let spec = take_spec(table, &settings)?;
+    if let Some(name) = settings.keys().iter().next() {
+        return Err(PyValueError::new_err(format!(
+            "{name} is not a table setting; settings: {}",
+            SETTING_NAMES.join(", ")
+        )));
+    }
+    match spec {
+        Some(spec) => Ok(spec.to_string()),
+        None => Err(PyValueError::new_err("a table spec needs at least dim=")),
+    }
+}
+
+/// The rows a table of `spec` starts `keys` (uint64) with, as a float32 array of
+/// `len(keys) * dim` values: the same rows a table server creates on first touch.
+#[pyfunction]
+pub(crate) fn table_initial_rows<'py>(
+    py: Python<'py>,
+    spec: &str,
+    keys: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let spec: TableSpec = spec.parse().map_err(to_py)?;
+    let keys = buffer::keys(keys)?;
+    let keys = ps::values::view::<u64>(&keys).map_err(to_py)?;
+    let rows = initial_rows(&spec, &keys);
+    buffer::new_array(py, &ps::values::to_bytes(&rows), DataType::F32)
 }

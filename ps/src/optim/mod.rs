@@ -263,6 +263,26 @@ pub struct TableSpec {
 /// the keys of a request) then stays far from overflow.
 pub const MAX_DIM: usize = 1 << 20;
 
+/// The name of every setting a spec accepts (a binding picks them out of keyword arguments).
+pub const SETTING_NAMES: &[&str] = &[
+    "optimizer",
+    "dim",
+    "lr",
+    "momentum",
+    "nesterov",
+    "initial_accumulator",
+    "eps",
+    "beta1",
+    "beta2",
+    "beta",
+    "l1",
+    "l2",
+    "init",
+    "scale",
+    "std",
+    "seed",
+];
+
 /// The settings a spec accepts, for error messages.
 const SETTINGS: &str = "optimizer (sgd|momentum|adagrad|adam|ftrl), dim, lr, momentum, \
                         nesterov, initial_accumulator, eps, beta1, beta2, beta, l1, l2, \

@@ -31,6 +31,8 @@ import sys as _sys
 
 from . import errors
 from ._native import (
+    ACCUMULATE_CMD,
+    APPLY_CMD,
     ROUND_CMD,
     Collective,
     Node,
@@ -41,10 +43,14 @@ from ._native import (
     __version__,
     cpu_device,
     create_key,
+    table_initial_rows,
+    table_spec,
 )
 from ._native import launch as _launch
 
 __all__ = [
+    "ACCUMULATE_CMD",
+    "APPLY_CMD",
     "ROUND_CMD",
     "Collective",
     "Node",
@@ -57,6 +63,8 @@ __all__ = [
     "errors",
     "launch",
     "run_node",
+    "table_initial_rows",
+    "table_spec",
     "__version__",
 ]
 
