@@ -19,6 +19,9 @@ Under ``vans-launch``, Slurm or MPI, where vans' own environment names each proc
 call :func:`init_process_group` instead: the scheduler and server processes serve and exit,
 the workers return with the process group formed.
 
+:class:`ShardedEmbedding` and :class:`ShardedEmbeddingBag` are embedding tables held by vans
+table servers, trained by the servers' optimizer (sync or async), with 64-bit ids.
+
 :class:`DistributedOptimizer` wraps any torch optimizer: each gradient is push-pulled
 through vans servers (servers sum, workers apply), partitioned and sent in priority order
 while the backward pass runs, as ``byteps.torch.DistributedOptimizer`` does.
@@ -32,11 +35,14 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
     ) from _e
 
 from ._backend import ProcessGroupVans, init_process_group, vans_node
+from ._embedding import ShardedEmbedding, ShardedEmbeddingBag
 from ._optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
 
 __all__ = [
     "DistributedOptimizer",
     "ProcessGroupVans",
+    "ShardedEmbedding",
+    "ShardedEmbeddingBag",
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "init_process_group",

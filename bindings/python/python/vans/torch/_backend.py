@@ -97,6 +97,8 @@ class _Cluster:
 # vans' own launchers), and every live one (for vans_node and atexit).
 _pending_worker = None
 _clusters = []
+# The embedding tables servers started by this process hold ({app id: spec}).
+_tables = {}
 
 
 def vans_node(group=None):
@@ -153,6 +155,28 @@ def _servers_wanted(world_size):
     )
 
 
+def _serve(node):
+    """Starts this server node's applications: the sum (application 0, for
+    :class:`vans.torch.DistributedOptimizer`) and the embedding tables of ``tables=``."""
+    server = vans.Server(node)
+    for app_id, spec in _tables.items():
+        vans.Server(node, app_id=app_id, table=spec)
+    return server
+
+
+def _check_tables(tables):
+    """``tables`` ({application id: table spec}) checked: ids other than 0 (the sum's), specs
+    that parse."""
+    checked = {}
+    for app_id, spec in (tables or {}).items():
+        if not isinstance(app_id, int) or app_id <= 0:
+            raise ValueError(
+                f"tables: application id {app_id!r}; use positive ints (0 is the servers' sum)")
+        checked[app_id] = vans.table_spec(spec) if isinstance(spec, str) \
+            else vans.table_spec(**spec)
+    return checked
+
+
 def _form_cluster(store, rank, world_size, timeout):
     """Under torchrun: rank 0 hosts the scheduler; every rank is a worker asking for its
     torch rank, and with co-located servers also a server of the same rank."""
@@ -175,7 +199,7 @@ def _form_cluster(store, rank, world_size, timeout):
     root_uri, _, root_port = address.rpartition(":")
     common = dict(num_servers=servers, num_workers=world_size, root_uri=root_uri,
                   root_port=int(root_port), env={"VANS_RANK": str(rank), **liveness})
-    server = _in_thread(lambda: vans.Server(vans.Node(role="server", **common))) \
+    server = _in_thread(lambda: _serve(vans.Node(role="server", **common))) \
         if servers else None
     worker = vans.Node(role="worker", **common)
     server = server() if server else None
@@ -204,7 +228,7 @@ def _create(store, rank, world_size, timeout):
     return ProcessGroupVans(cluster, rank, world_size)
 
 
-def init_process_group(**kwargs):
+def init_process_group(tables=None, **kwargs):
     """``torch.distributed.init_process_group("vans", **kwargs)``, wherever the job was
     started:
 
@@ -215,8 +239,13 @@ def init_process_group(**kwargs):
       group's rank and size;
     - otherwise (torchrun, ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``), it is
       ``dist.init_process_group("vans", **kwargs)``.
+
+    ``tables`` ({application id: spec text or dict of settings}, ids from 1) are embedding
+    tables every server holds beside its sum, for :class:`vans.torch.ShardedEmbedding`
+    (under torchrun, with ``VANS_TORCH_SERVERS=colocated``).
     """
-    global _pending_worker
+    global _pending_worker, _tables
+    _tables = _check_tables(tables)
     launched = "DMLC_ROLE" in os.environ or (
         "DMLC_NUM_SERVER" in os.environ
         and any(v in os.environ for v in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
@@ -226,7 +255,7 @@ def init_process_group(**kwargs):
         return
     node = vans.Node()
     if node.role == "server":
-        vans.Server(node).serve()
+        _serve(node).serve()
         raise SystemExit(0)
     if node.role == "scheduler":
         node.finalize()
