@@ -10,7 +10,7 @@
 //! use examples::report::{Case, Figures, Mode, RunReport, WorkerCase, WorkerReport};
 //! use std::time::Duration;
 //!
-//! let case = Case { mode: Mode::Push, size: 8, window: 1 };
+//! let case = Case { mode: Mode::Push, size: 8, window: 1, keys: 1 };
 //! let worker = |rank: u32, ops: u64| WorkerReport {
 //!     worker: rank,
 //!     van: Some("tcp".into()),
@@ -80,6 +80,13 @@ pub struct Case {
     pub size: u64,
     /// Requests kept in flight.
     pub window: u64,
+    /// Keys per request (1, as in ps-lite, except in ps-bench's sparse mode).
+    #[serde(default = "one_key")]
+    pub keys: u64,
+}
+
+fn one_key() -> u64 {
+    1
 }
 
 /// The figures of one case, for one worker or for the whole cluster.
@@ -282,6 +289,9 @@ pub struct WorkerReport {
     /// `--mode barrier`: when it arrived and left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub barrier: Option<BarrierTimes>,
+    /// Sparse mode: user-space copies of pulled value bytes on the worker, per byte pulled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies_per_pulled_byte: Option<f64>,
 }
 
 /// One worker's figures of a case, in a [`CaseReport`].
@@ -326,6 +336,9 @@ pub struct RunReport {
     /// `--mode barrier`: each worker's arrival and release.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub barriers: Vec<BarrierTimes>,
+    /// Sparse mode: the workers' largest count of user-space copies per pulled byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies_per_pulled_byte: Option<f64>,
 }
 
 impl RunReport {
@@ -371,6 +384,10 @@ impl RunReport {
             raw: reports.iter().flat_map(|r| r.raw.clone()).collect(),
             checks: reports.iter().filter_map(|r| r.check.clone()).collect(),
             barriers: reports.iter().filter_map(|r| r.barrier).collect(),
+            copies_per_pulled_byte: reports
+                .iter()
+                .filter_map(|r| r.copies_per_pulled_byte)
+                .reduce(f64::max),
         }
     }
 
@@ -384,27 +401,46 @@ impl RunReport {
     /// `total` row with several.
     pub fn table(&self) -> Table {
         let several = self.several_workers();
+        // Multi-key requests (the sparse mode) also say keys per request and keys/s.
+        let sparse = self.cases.iter().any(|c| c.case.keys > 1);
         let mut header = vec!["mode", "size", "in flight"];
+        if sparse {
+            header.insert(2, "keys");
+        }
         if several {
             header.push("worker");
+        }
+        if sparse {
+            header.push("keys/s");
         }
         header.extend(["ops/s", "GB/s", "p50 µs", "p99 µs", "CPU s/GB", "CPU µs/op"]);
         let mut table = Table::new(&header);
         for c in &self.cases {
-            let case = vec![
+            let mut case = vec![
                 c.case.mode.name().to_owned(),
                 c.case.size.to_string(),
                 c.case.window.to_string(),
             ];
+            if sparse {
+                case.insert(2, c.case.keys.to_string());
+            }
+            let row = |who: Option<String>, figures: &Figures, total: bool| {
+                let mut row = case.clone();
+                row.extend(who);
+                if sparse {
+                    row.push(format!("{:.0}", figures.ops_per_s * c.case.keys as f64));
+                }
+                row.extend(figures.cells(total));
+                row
+            };
             if !several {
-                table.row([case, c.total.cells(true)].concat());
+                table.row(row(None, &c.total, true));
                 continue;
             }
             for w in &c.workers {
-                let cells = w.figures.cells(false);
-                table.row([case.clone(), vec![w.worker.to_string()], cells].concat());
+                table.row(row(Some(w.worker.to_string()), &w.figures, false));
             }
-            table.row([case, vec!["total".to_owned()], c.total.cells(true)].concat());
+            table.row(row(Some("total".to_owned()), &c.total, true));
         }
         table
     }
@@ -529,6 +565,13 @@ impl fmt::Display for BenchReport {
                 if run.several_workers() {
                     writeln!(f, "({TOTAL_MEANS})")?;
                 }
+                if let Some(copies) = run.copies_per_pulled_byte {
+                    writeln!(
+                        f,
+                        "user-space copies per pulled byte on a worker: {copies:.3} (each \
+                         server's answer placed once into the caller's buffer)"
+                    )?;
+                }
             }
             if let Some(raw) = run.raw_table() {
                 write!(f, "reference, same run:\n{raw}")?;
@@ -568,6 +611,7 @@ mod tests {
                     mode,
                     size: 1000,
                     window: 4,
+                    keys: 1,
                 };
                 WorkerCase {
                     case,

@@ -164,3 +164,56 @@ fn the_table_has_each_workers_row_and_a_total_and_plot_writes_a_png() {
     assert!(png.len() > 1000, "{} bytes", png.len());
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
 }
+
+#[test]
+fn the_sparse_mode_pulls_many_ids_per_request_with_one_copy_per_byte() {
+    let args = [
+        "--servers",
+        "3",
+        "--workers",
+        "2",
+        "--keys-per-request",
+        "512",
+        "--value-floats",
+        "16",
+        "--zipf",
+        "1.2",
+        "--windows",
+        "1,4",
+        "--iters",
+        "30",
+        "--no-raw",
+    ];
+    let out = ps_bench(&[&args[..], &["--json"]].concat());
+    let value: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_totals_add_up(&value, 2);
+    let run = &value["runs"][0];
+    let cases = run["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 6, "push, pull, pushpull x 2 windows: {run}");
+    for case in cases {
+        assert_eq!(case["keys"], 512, "{case}");
+        assert_eq!(case["size"], 512 * 16 * 4, "{case}");
+        assert_eq!(case["total"]["ops"], 60, "{case}");
+    }
+    // Each server's answer is copied once into the caller's buffer, and nothing else is.
+    assert_eq!(run["copies_per_pulled_byte"].as_f64(), Some(1.0), "{run}");
+    let table = String::from_utf8(ps_bench(&args).stdout).unwrap();
+    assert!(table.contains("| keys |"), "{table}");
+    assert!(table.contains("keys/s"), "{table}");
+    assert!(
+        table.contains("user-space copies per pulled byte on a worker: 1.000"),
+        "{table}"
+    );
+    // A bad table spec is refused before anything starts.
+    let refused = Command::new(PS_BENCH)
+        .args(["--keys-per-request", "8", "--table", "optimizer=adamw"])
+        .env_remove("DMLC_ROLE")
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("unknown optimizer \"adamw\""),
+        "{}",
+        text(&refused)
+    );
+}

@@ -549,6 +549,13 @@ macro_rules! any_kv {
                 }
             }
 
+            /// Value bytes pulls into callers' buffers copied so far.
+            fn copied_pull_bytes(&self) -> u64 {
+                match self {
+                    $(AnyWorker::$variant(kv) => kv.copied_pull_bytes(),)*
+                }
+            }
+
             /// The answer to request `id`.
             async fn wait(self, id: crate::RequestId) -> Result<KvPairs> {
                 match self {
@@ -639,6 +646,12 @@ impl Worker {
     /// diagnostics: a dropped call's request still counts until its answer arrives.
     pub fn in_flight(&self) -> usize {
         self.kv.in_flight()
+    }
+
+    /// Value bytes [`pull_into`](Self::pull_into) and [`push_pull_into`](Self::push_pull_into)
+    /// have copied so far ([`KvWorker::copied_pull_bytes`]).
+    pub fn copied_pull_bytes(&self) -> u64 {
+        self.kv.copied_pull_bytes()
     }
 
     /// Pulls the values of sorted `keys` (little-endian `u64` bytes).

@@ -92,4 +92,65 @@ impl RustBench {
         });
         wait(py, call, None)
     }
+
+    /// The sparse loop: `iters` requests of `mode`, each the next of `key_sets` (sorted
+    /// unique keys) with `floats` values per key, pulls written into a fresh buffer per
+    /// request (`zpull_into`), `window` in flight; returns the seconds taken.
+    fn run_sparse(
+        &self,
+        py: Python<'_>,
+        mode: &str,
+        key_sets: Vec<Vec<u64>>,
+        floats: usize,
+        window: usize,
+        iters: u64,
+    ) -> PyResult<f64> {
+        let op = match mode {
+            "push" => 0,
+            "pull" => 1,
+            "pushpull" => 2,
+            other => return Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
+        };
+        let n = key_sets.first().map_or(0, Vec::len);
+        if n == 0 || window == 0 || floats == 0 || key_sets.iter().any(|k| k.len() != n) {
+            return Err(PyValueError::new_err(
+                "key_sets must be non-empty sets of one size, window and floats positive",
+            ));
+        }
+        let worker = self.worker.clone();
+        let call = self.node.spawn(async move {
+            let sets: Vec<Bytes> = key_sets.iter().map(|k| ps::values::to_bytes(k)).collect();
+            let vals = ps::values::to_bytes(&vec![1e-3f32; n * floats]);
+            let bytes = n * floats * 4;
+            let started = Instant::now();
+            let mut in_flight = VecDeque::with_capacity(window);
+            let mut next = 0u64;
+            while next < iters || !in_flight.is_empty() {
+                if next < iters && in_flight.len() < window {
+                    let keys = sets[(next % sets.len() as u64) as usize].clone();
+                    next += 1;
+                    let pairs = KvPairs {
+                        keys: keys.clone(),
+                        vals: vals.clone(),
+                        lens: None,
+                    };
+                    let id = match op {
+                        0 => worker.zpush(pairs, 0).await?,
+                        1 => worker.zpull_into(keys, vec![0u8; bytes], 0).await?,
+                        _ => worker.zpush_pull_into(pairs, vec![0u8; bytes], 0).await?,
+                    };
+                    in_flight.push_back(id);
+                    continue;
+                }
+                match in_flight.pop_front() {
+                    Some(id) => {
+                        worker.wait(id).await?;
+                    }
+                    None => break,
+                }
+            }
+            Ok::<f64, PsError>(started.elapsed().as_secs_f64())
+        });
+        wait(py, call, None)
+    }
 }

@@ -261,6 +261,13 @@ impl Worker {
         buffer::dtype_name(self.inner.dtype())
     }
 
+    /// Value bytes that pulls into `out=` arrays have copied so far: each server's answer
+    /// once, from its received frame to its place in the array (the only copy of them).
+    #[getter]
+    fn copied_pull_bytes(&self) -> u64 {
+        self.inner.copied_pull_bytes()
+    }
+
     /// Starts a push of `vals` for sorted `keys` (no copy: do not modify the arrays until the
     /// request completes).
     #[pyo3(signature = (keys, vals, lens=None, cmd=0))]

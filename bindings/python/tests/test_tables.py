@@ -141,3 +141,23 @@ def test_table_settings_are_checked():
     with pytest.raises(TypeError, match="float32 rows"):
         vans.Server(dtype="int64", optimizer="sgd", dim=4, role="server", num_servers=1,
                     num_workers=1, root_uri="127.0.0.1", root_port=1)
+
+
+def test_the_sparse_bench_measures_python_beside_rust(tmp_path):
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "sparse.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "vans.bench", "--servers", "2", "--keys-per-request", "256",
+         "--value-floats", "8", "--windows", "2", "--repeat", "1", "--bytes", "2e6",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    assert [r["mode"] for r in result["rows"]] == ["push", "pull", "pushpull"]
+    for r in result["rows"]:
+        assert r["keys_per_request"] == 256 and r["python_keys"] > 0 and r["rust_keys"] > 0
+    # Pulls into out= arrays: each pulled byte copied once, from its frame into the array.
+    assert result["copies_per_pulled_byte"] == 1.0
+    assert "python keys/s" in run.stdout

@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::AtomicI32;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +61,8 @@ struct WorkerInner {
     /// Bytes per value.
     elem: usize,
     next_id: AtomicI32,
+    /// Value bytes copied from received frames into callers' buffers ([`Dest::place`]).
+    copied: AtomicU64,
     pending: Mutex<IntMap<RequestId, Pending>>,
     /// Servers a new process took the place of, not yet taken by the application.
     restarted: Mutex<Vec<NodeId>>,
@@ -192,6 +194,7 @@ impl<T: Value> KvWorker<T> {
             customer_id,
             elem: std::mem::size_of::<T>(),
             next_id: AtomicI32::new(0),
+            copied: AtomicU64::new(0),
             pending: Mutex::new(IntMap::default()),
             restarted: Mutex::new(Vec::new()),
         });
@@ -262,6 +265,13 @@ impl<T: Value> KvWorker<T> {
     ) -> Result<RequestId> {
         self.request(Op::PushPull, pairs, cmd, Some(Box::new(out)))
             .await
+    }
+
+    /// Value bytes the pulls into callers' buffers ([`zpull_into`](Self::zpull_into)) have
+    /// copied so far: each server's answer once, from its frame to its place. A pull with a
+    /// join ([`zpull`](Self::zpull) over several servers) copies outside this count.
+    pub fn copied_pull_bytes(&self) -> u64 {
+        self.inner.copied.load(Ordering::Relaxed)
     }
 
     /// Pushes, then pulls the updated values, in one request per server.
@@ -528,7 +538,10 @@ impl WorkerInner {
             return;
         }
         let placed = kv_pairs(&msg).and_then(|pairs| match &mut entry.dest {
-            Some(dest) => dest.place(server, &pairs, self.elem),
+            Some(dest) => dest.place(server, &pairs, self.elem).map(|()| {
+                self.copied
+                    .fetch_add(pairs.vals.len() as u64, Ordering::Relaxed);
+            }),
             None => {
                 entry.parts.push((server, pairs));
                 Ok(())
@@ -572,8 +585,6 @@ impl WorkerInner {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
-
     use super::*;
     use crate::local::LocalCluster;
     use crate::{KvServer, Role};

@@ -34,6 +34,7 @@
 
 mod node;
 mod options;
+mod sparse;
 mod tf_tasks;
 
 use std::path::{Path, PathBuf};

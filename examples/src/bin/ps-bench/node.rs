@@ -10,6 +10,7 @@ use examples::raw::{echo_server, raw_socket_to, BoxError, Workload};
 use examples::report::{
     BarrierTimes, Case, CheckOutcome, Figures, Mode, RawFigure, WorkerCase, WorkerReport,
 };
+use ps::optim::TableHandler;
 use ps::{node_ids, KvPairs, KvServer, KvWorker, Postoffice, Role};
 
 use crate::options::{ModeArg, Options};
@@ -19,7 +20,12 @@ pub(crate) async fn node(po: Postoffice, o: &Options) -> Result<Option<WorkerRep
     let report = match po.role() {
         Role::Scheduler => None,
         Role::Server => {
-            let _server = KvServer::<f32>::with_sum(&po, 0, 0, o.shards).await?;
+            let _server = if o.sparse() {
+                let spec = o.table_spec()?;
+                KvServer::<f32>::new(&po, 0, 0, o.shards, move |_| TableHandler::new(spec)).await?
+            } else {
+                KvServer::<f32>::with_sum(&po, 0, 0, o.shards).await?
+            };
             po.finalize().await?;
             return Ok(None);
         }
@@ -32,6 +38,7 @@ pub(crate) async fn node(po: Postoffice, o: &Options) -> Result<Option<WorkerRep
             let result = match o.mode {
                 ModeArg::Check => check(&po, &worker, o).await.map(|c| report.check = Some(c)),
                 ModeArg::Barrier => barrier(&po, o).await.map(|b| report.barrier = Some(b)),
+                _ if o.sparse() => crate::sparse::benchmark(&po, &worker, o, &mut report).await,
                 _ => benchmark(&po, &worker, o, &mut report).await,
             };
             if let Err(e) = result {
@@ -211,6 +218,7 @@ async fn benchmark(
                     mode,
                     size: *size as u64,
                     window: *window as u64,
+                    keys: 1,
                 };
                 let figures = Figures::measure(case, r.ops, r.elapsed, &mut r.latencies_us, cpu);
                 report.cases.push(WorkerCase { case, figures });
@@ -226,7 +234,7 @@ async fn benchmark(
 /// CPU ticks (user + system) of this node and its sibling nodes — every child of the
 /// launcher that started this one — from `/proc/<pid>/stat`. `None` when not started by a
 /// launcher (the siblings would be unrelated processes).
-fn cluster_cpu_seconds() -> Option<f64> {
+pub(crate) fn cluster_cpu_seconds() -> Option<f64> {
     std::env::var_os("VANS_LAUNCH_RANK")?;
     let parent = std::os::unix::process::parent_id();
     let ticks = rustix::param::clock_ticks_per_second();

@@ -81,6 +81,24 @@ pub(crate) struct Options {
     /// Distinct keys, spread over the servers.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     pub keys: u64,
+    /// Sparse mode: unique Zipf-distributed ids per request (instead of one key), each of
+    /// `--value-floats` floats, from servers holding an embedding table whose optimizer
+    /// (`--table`) applies every push; `--sizes` is then ignored.
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub keys_per_request: usize,
+    /// Sparse mode: floats per key (the table's dim).
+    #[arg(long, default_value_t = 64, value_parser = positive)]
+    pub value_floats: usize,
+    /// Sparse mode: the Zipf exponent of the ids (0 is uniform).
+    #[arg(long, default_value_t = 1.1, value_parser = exponent)]
+    pub zipf: f64,
+    /// Sparse mode: distinct ids the requests draw from.
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub vocab: u64,
+    /// Sparse mode: the servers' table settings (`ps::optim` spec; `dim` comes from
+    /// `--value-floats`).
+    #[arg(long, default_value = "optimizer=adagrad lr=0.01 init=normal std=0.01")]
+    pub table: String,
     /// Seconds per case.
     #[arg(long, default_value_t = 0.3, value_parser = seconds)]
     pub seconds: f64,
@@ -152,9 +170,34 @@ impl Options {
                 )
                 .exit();
         }
+        if options.sparse() {
+            if u64::try_from(options.keys_per_request).map_or(true, |n| n > options.vocab) {
+                Options::command()
+                    .error(
+                        ErrorKind::ValueValidation,
+                        "--keys-per-request: more unique ids per request than --vocab has",
+                    )
+                    .exit();
+            }
+            if let Err(e) = options.table_spec() {
+                Options::command()
+                    .error(ErrorKind::ValueValidation, format!("--table: {e}"))
+                    .exit();
+            }
+        }
         options.results_dir = std::env::var_os(RESULTS_DIR_ENV).map(PathBuf::from);
         options.args = std::env::args().skip(1).collect();
         options
+    }
+
+    /// Whether requests carry several keys (the sparse mode).
+    pub(crate) fn sparse(&self) -> bool {
+        self.keys_per_request > 1
+    }
+
+    /// The sparse mode's table: `--table` with `--value-floats` as its dim.
+    pub(crate) fn table_spec(&self) -> Result<ps::optim::TableSpec, ps::PsError> {
+        format!("{} dim={}", self.table, self.value_floats).parse()
     }
 
     /// The benchmark modes to run (none for check and barrier).
@@ -175,6 +218,15 @@ fn value_size(value: &str) -> Result<usize, String> {
         return Err(format!("{size} is not a multiple of 4 (values are f32)"));
     }
     Ok(size)
+}
+
+fn exponent(value: &str) -> Result<f64, String> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= 0.0 && s.is_finite())
+        .ok_or_else(|| format!("`{value}` is not a number ≥ 0"))
 }
 
 fn seconds(value: &str) -> Result<f64, String> {

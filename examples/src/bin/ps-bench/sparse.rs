@@ -1,0 +1,178 @@
+//! The sparse mode (`--keys-per-request N`): each request carries N unique ids drawn from a
+//! Zipf distribution over `--vocab` ids, `--value-floats` floats each, to servers holding an
+//! embedding table ([`ps::optim`]) whose optimizer applies every push. Pulls land in the
+//! caller's buffer, each server's answer copied once to its place ([`KvWorker::zpull_into`]).
+
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use examples::raw::BoxError;
+use examples::report::{Case, Figures, Mode, WorkerCase, WorkerReport};
+use ps::{node_ids, KvPairs, KvWorker, Postoffice};
+
+use crate::options::Options;
+
+/// Distinct requests (id sets) a worker cycles through.
+const REQUEST_SETS: usize = 32;
+
+/// SplitMix64: the ids' generator and the spreading of Zipf ranks over the key space.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A Zipf-like rank in `0..vocab` with exponent `s`: the inverse CDF of the continuous power
+/// law on `[1, vocab + 1)` (uniform when `s` is 0).
+fn zipf_rank(u: f64, vocab: u64, s: f64) -> u64 {
+    let n = vocab as f64 + 1.0;
+    let x = if (s - 1.0).abs() < 1e-9 {
+        n.powf(u)
+    } else {
+        let a = 1.0 - s;
+        ((n.powf(a) - 1.0) * u + 1.0).powf(1.0 / a)
+    };
+    (x as u64).saturating_sub(1).min(vocab - 1)
+}
+
+/// `REQUEST_SETS` requests' keys: `n` unique ids each, sorted, as little-endian bytes.
+fn request_keys(o: &Options, rank: u32) -> Vec<Bytes> {
+    let mut state = 0x5EED ^ u64::from(rank) << 32;
+    (0..REQUEST_SETS)
+        .map(|_| {
+            let mut ids = HashSet::with_capacity(o.keys_per_request);
+            while ids.len() < o.keys_per_request {
+                let u = (splitmix(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+                let mut rank = zipf_rank(u, o.vocab, o.zipf);
+                ids.insert(splitmix(&mut rank));
+            }
+            let mut keys: Vec<u64> = ids.into_iter().collect();
+            keys.sort_unstable();
+            ps::values::to_bytes(&keys)
+        })
+        .collect()
+}
+
+/// Every sparse case of `o` (mode × in flight), measured into `report`.
+pub(crate) async fn benchmark(
+    po: &Postoffice,
+    worker: &KvWorker<f32>,
+    o: &Options,
+    report: &mut WorkerReport,
+) -> Result<(), BoxError> {
+    let rank = po.my_rank();
+    let requests = request_keys(o, rank);
+    let bytes = o.keys_per_request * o.value_floats * 4;
+    let grads = ps::values::to_bytes(&vec![1e-3f32; o.keys_per_request * o.value_floats]);
+    let together = po.num_workers() > 1;
+    let mut pulled = 0u64;
+    for mode in o.modes() {
+        for window in &o.windows {
+            eprintln!(
+                "worker {rank}: sparse {mode}, {} ids x {} floats, x{window} in flight ...",
+                o.keys_per_request, o.value_floats
+            );
+            if together {
+                po.barrier(node_ids::WORKER_GROUP).await?;
+            }
+            let cpu_before = crate::node::cluster_cpu_seconds();
+            let started = Instant::now();
+            let deadline = started + Duration::from_secs_f64(o.seconds);
+            let mut in_flight = VecDeque::with_capacity(*window);
+            let mut latencies = Vec::new();
+            let mut next = 0usize;
+            loop {
+                let running = match o.iters {
+                    Some(n) => (next as u64) < n,
+                    None => Instant::now() < deadline,
+                };
+                if running && in_flight.len() < *window {
+                    let keys = requests[next % requests.len()].clone();
+                    next += 1;
+                    let id = match mode {
+                        Mode::Push => {
+                            let pairs = KvPairs {
+                                keys,
+                                vals: grads.clone(),
+                                lens: None,
+                            };
+                            worker.zpush(pairs, 0).await?
+                        }
+                        Mode::Pull => worker.zpull_into(keys, vec![0u8; bytes], 0).await?,
+                        Mode::PushPull => {
+                            let pairs = KvPairs {
+                                keys,
+                                vals: grads.clone(),
+                                lens: None,
+                            };
+                            worker.zpush_pull_into(pairs, vec![0u8; bytes], 0).await?
+                        }
+                    };
+                    in_flight.push_back((id, Instant::now()));
+                    continue;
+                }
+                let Some((id, sent)) = in_flight.pop_front() else {
+                    break;
+                };
+                let answer = worker.wait(id).await?;
+                if mode != Mode::Push {
+                    if answer.vals.len() != bytes {
+                        return Err(format!(
+                            "a sparse pull answered {} bytes, not {bytes}",
+                            answer.vals.len()
+                        )
+                        .into());
+                    }
+                    pulled += bytes as u64;
+                }
+                latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+            }
+            let case = Case {
+                mode,
+                size: bytes as u64,
+                window: *window as u64,
+                keys: o.keys_per_request as u64,
+            };
+            let elapsed = started.elapsed();
+            let cpu = crate::node::cluster_cpu_seconds()
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
+            let ops = latencies.len() as u64;
+            let figures = Figures::measure(case, ops, elapsed, &mut latencies, cpu);
+            report.cases.push(WorkerCase { case, figures });
+        }
+    }
+    let copied = worker.copied_pull_bytes();
+    if pulled > 0 {
+        // User-space copies of pulled values on this worker: the placement of each server's
+        // answer into the caller's buffer (frames are decoded without copies).
+        report.copies_per_pulled_byte = Some(copied as f64 / pulled as f64);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_ranks_stay_in_range_and_favour_the_head() {
+        let vocab = 1_000_000;
+        let mut state = 1;
+        let mut head = 0;
+        for _ in 0..10_000 {
+            let u = (splitmix(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+            let rank = zipf_rank(u, vocab, 1.1);
+            assert!(rank < vocab);
+            head += u64::from(rank < 100);
+        }
+        // With s = 1.1 the first 100 of 10^6 ranks draw far more than 100/10^6 of the mass.
+        assert!(head > 2_000, "{head}");
+        assert_eq!(zipf_rank(0.0, vocab, 0.0), 0);
+        assert_eq!(zipf_rank(0.999_999_999, vocab, 0.0), vocab - 1);
+        assert_eq!(zipf_rank(0.5, 1, 2.0), 0);
+    }
+}
