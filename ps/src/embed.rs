@@ -45,7 +45,7 @@ use tokio::sync::oneshot;
 use van_core::{Config, DataType, NodeId, Role};
 
 use crate::error::{PsError, Result};
-use crate::kv::{Filled, KvPairs, KvServer, KvWorker, PullBuffer, RequestHandler};
+use crate::kv::{Filled, KvPairs, KvServer, KvWorker, PullBuffer, RequestHandler, Snapshot};
 use crate::postoffice::Postoffice;
 
 /// How long dropping the last handle of a node that was neither finalized nor stopped waits
@@ -250,9 +250,10 @@ impl NodeHandle {
         shards: usize,
     ) -> Call<Server> {
         let po = self.inner.po.clone();
+        let node = self.clone();
         self.spawn(async move {
-            start_sum_server(dtype, &po, app_id, customer_id, shards).await?;
-            Ok(Server { dtype })
+            let kv = Arc::new(start_sum_server(dtype, &po, app_id, customer_id, shards).await?);
+            Ok(Server { dtype, kv, node })
         })
     }
 
@@ -284,10 +285,54 @@ impl NodeHandle {
         H: RequestHandler,
         M: Fn(usize) -> H + Send + 'static,
     {
+        self.launch_server(dtype, app_id, customer_id, shards, make, None)
+    }
+
+    /// [`server`](Self::server) started from `snapshot` before it takes any request
+    /// ([`KvServer::new_restored`]): what a server started again after a failure wants.
+    pub fn server_restored<H, M>(
+        &self,
+        dtype: DataType,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: M,
+        snapshot: Snapshot,
+    ) -> Call<Server>
+    where
+        H: RequestHandler,
+        M: Fn(usize) -> H + Send + 'static,
+    {
+        self.launch_server(dtype, app_id, customer_id, shards, make, Some(snapshot))
+    }
+
+    fn launch_server<H, M>(
+        &self,
+        dtype: DataType,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: M,
+        snapshot: Option<Snapshot>,
+    ) -> Call<Server>
+    where
+        H: RequestHandler,
+        M: Fn(usize) -> H + Send + 'static,
+    {
         let po = self.inner.po.clone();
+        let node = self.clone();
         self.spawn(async move {
-            start_server(dtype, &po, app_id, customer_id, shards, make).await?;
-            Ok(Server { dtype })
+            let started = start_server(
+                dtype,
+                &po,
+                app_id,
+                customer_id,
+                shards,
+                make,
+                snapshot.as_ref(),
+            );
+            let kv = Arc::new(started.await?);
+            Ok(Server { dtype, kv, node })
         })
     }
 }
@@ -565,24 +610,46 @@ macro_rules! any_kv {
         }
 
         // A server stays registered with its postoffice (which holds it) for as long as the
-        // node runs, so the typed `KvServer` need not be kept.
+        // node runs; the typed `KvServer` is kept only for its checkpoints.
+
+        /// A [`KvServer`] of one of the value types, for its snapshot and restore.
+        #[derive(Debug)]
+        enum AnyServer { $($variant(KvServer<$t>)),* }
+
+        impl AnyServer {
+            async fn snapshot(&self) -> Result<Snapshot> {
+                match self {
+                    $(AnyServer::$variant(kv) => kv.snapshot().await,)*
+                }
+            }
+
+            async fn restore(&self, snapshot: &Snapshot) -> Result<()> {
+                match self {
+                    $(AnyServer::$variant(kv) => kv.restore(snapshot).await,)*
+                }
+            }
+        }
 
         /// Starts a [`KvServer`] of `dtype` summing values.
-        async fn start_sum_server(dtype: DataType, po: &Postoffice, app: i32, customer: i32, shards: usize) -> Result<()> {
+        async fn start_sum_server(dtype: DataType, po: &Postoffice, app: i32, customer: i32, shards: usize) -> Result<AnyServer> {
             match dtype {
-                $(DataType::$variant => KvServer::<$t>::with_sum(po, app, customer, shards).await.map(drop),)*
+                $(DataType::$variant => KvServer::<$t>::with_sum(po, app, customer, shards).await.map(AnyServer::$variant),)*
                 other => Err(unsupported(other)),
             }
         }
 
-        /// Starts a [`KvServer`] of `dtype` with handlers from `make`.
+        /// Starts a [`KvServer`] of `dtype` with handlers from `make`, from `snapshot` when
+        /// given ([`KvServer::new_restored`]).
         async fn start_server<H: RequestHandler>(
             dtype: DataType, po: &Postoffice, app: i32, customer: i32, shards: usize,
-            make: impl Fn(usize) -> H,
-        ) -> Result<()> {
-            match dtype {
-                $(DataType::$variant => KvServer::<$t>::new(po, app, customer, shards, make).await.map(drop),)*
-                other => Err(unsupported(other)),
+            make: impl Fn(usize) -> H, snapshot: Option<&Snapshot>,
+        ) -> Result<AnyServer> {
+            match (dtype, snapshot) {
+                $(
+                    (DataType::$variant, None) => KvServer::<$t>::new(po, app, customer, shards, make).await.map(AnyServer::$variant),
+                    (DataType::$variant, Some(snapshot)) => KvServer::<$t>::new_restored(po, app, customer, shards, make, snapshot).await.map(AnyServer::$variant),
+                )*
+                (other, _) => Err(unsupported(other)),
             }
         }
     };
@@ -716,15 +783,31 @@ impl Worker {
 
 /// A server application of a [`NodeHandle`]. It keeps answering for as long as the node
 /// runs, whether or not this value is kept.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Server {
     dtype: DataType,
+    kv: Arc<AnyServer>,
+    node: NodeHandle,
 }
 
 impl Server {
     /// The type of the values this server handles.
     pub fn dtype(&self) -> DataType {
         self.dtype
+    }
+
+    /// The values this server holds, for a checkpoint ([`KvServer::snapshot`]: take it where
+    /// no request is in flight, after a barrier of the workers).
+    pub fn snapshot(&self) -> Call<Snapshot> {
+        let kv = Arc::clone(&self.kv);
+        self.node.spawn(async move { kv.snapshot().await })
+    }
+
+    /// Rolls this server back to `snapshot` ([`KvServer::restore`]); a server started again
+    /// after a failure starts from its snapshot instead ([`NodeHandle::server_restored`]).
+    pub fn restore(&self, snapshot: Snapshot) -> Call<()> {
+        let kv = Arc::clone(&self.kv);
+        self.node.spawn(async move { kv.restore(&snapshot).await })
     }
 }
 

@@ -180,6 +180,13 @@ impl Node {
         self.handle.is_stopped()
     }
 
+    /// Whether this node took the place of a dead one (ps-lite's `is_recovery`): a server
+    /// then restores its checkpoint, and skips the start barriers the others passed.
+    #[getter]
+    fn is_recovery(&self) -> bool {
+        self.handle.postoffice().is_recovery()
+    }
+
     /// Waits until every node of `group` has called `barrier` with the same group.
     /// `group` is `"workers"` (the default), `"servers"`, `"all"`, a sum such as
     /// `"workers+servers"`, or ps-lite's bitmask.

@@ -1,8 +1,8 @@
 //! `Server`: ps-lite's sum or a request handler written in Python.
 
 use bytes::Bytes;
-use ps::optim::{initial_rows, TableSpec, SETTING_NAMES};
-use ps::{KvMeta, KvPairs, RequestHandler};
+use ps::optim::{initial_rows, TableHandler, TableSpec, SETTING_NAMES};
+use ps::{KvMeta, KvPairs, RequestHandler, Snapshot};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -76,6 +76,7 @@ impl PyHandler {
 pub(crate) struct Server {
     dtype: DataType,
     node: Py<Node>,
+    inner: ps::embed::Server,
 }
 
 #[pymethods]
@@ -92,8 +93,10 @@ impl Server {
     /// `dim=` and the other settings of [`table_spec`] as keyword arguments, the server holds
     /// an embedding table of float32 rows instead: rows start from a seeded initializer on
     /// first touch, and each pushed gradient is applied by the optimizer on the server.
+    /// `restore` (bytes of `snapshot()`) starts a table server from that checkpoint before
+    /// it takes any request: what a server started again after a failure wants.
     #[new]
-    #[pyo3(signature = (node=None, dtype=None, handler=None, app_id=0, customer_id=0, shards=1, table=None, **config))]
+    #[pyo3(signature = (node=None, dtype=None, handler=None, app_id=0, customer_id=0, shards=1, table=None, restore=None, **config))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -104,6 +107,7 @@ impl Server {
         customer_id: i32,
         shards: usize,
         table: Option<&str>,
+        restore: Option<Vec<u8>>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Server> {
         let config = match config {
@@ -121,12 +125,29 @@ impl Server {
                  pass neither another dtype nor a handler",
             ));
         }
+        let snapshot = match (restore, &spec) {
+            (None, _) => None,
+            (Some(bytes), Some(_)) => Some(Snapshot::from_bytes(&bytes).map_err(to_py)?),
+            (Some(_), None) => {
+                return Err(PyTypeError::new_err(
+                    "restore= starts a table server from its snapshot: pass table= too",
+                ))
+            }
+        };
         let node_ref = node_or_start(py, node, "server", Some(&config))?;
         let node = node_ref.get();
-        let call = match (handler, spec) {
-            (_, Some(spec)) => node.handle.table_server(spec, app_id, customer_id, shards),
-            (None, None) => node.handle.sum_server(dtype, app_id, customer_id, shards),
-            (Some(handler), None) => {
+        let call = match (handler, spec, snapshot) {
+            (_, Some(spec), Some(snapshot)) => node.handle.server_restored(
+                DataType::F32,
+                app_id,
+                customer_id,
+                shards,
+                move |_| TableHandler::new(spec),
+                snapshot,
+            ),
+            (_, Some(spec), None) => node.handle.table_server(spec, app_id, customer_id, shards),
+            (None, None, _) => node.handle.sum_server(dtype, app_id, customer_id, shards),
+            (Some(handler), None, _) => {
                 node.handle
                     .server(dtype, app_id, customer_id, 1, move |_| PyHandler {
                         handler: Python::attach(|py| handler.clone_ref(py)),
@@ -134,11 +155,33 @@ impl Server {
                     })
             }
         };
-        wait(py, call, None)?;
+        let inner = wait(py, call, None)?;
         Ok(Server {
             dtype,
             node: node_ref.unbind(),
+            inner,
         })
+    }
+
+    /// The values this server holds, as bytes for a checkpoint (a table's rows with their
+    /// optimizer state; the sum's values): take it where no request is in flight, after a
+    /// barrier of the workers. A Python handler has no snapshot (an error says so).
+    #[pyo3(signature = (timeout=None))]
+    fn snapshot<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let snapshot = wait(py, self.inner.snapshot(), timeout)?;
+        Ok(pyo3::types::PyBytes::new(py, &snapshot.to_bytes()))
+    }
+
+    /// Rolls this server back to `snapshot` (bytes of `snapshot()` from a server of the same
+    /// key range and shard count), after the requests already queued.
+    #[pyo3(signature = (snapshot, timeout=None))]
+    fn restore(&self, py: Python<'_>, snapshot: &[u8], timeout: Option<f64>) -> PyResult<()> {
+        let snapshot = Snapshot::from_bytes(snapshot).map_err(to_py)?;
+        wait(py, self.inner.restore(snapshot), timeout)
     }
 
     /// The node this server runs on.
