@@ -2,7 +2,8 @@
 # The Python stage of the test command: builds the `vans` wheel from bindings/python
 # (maturin, release profile), installs it into a virtual environment under target/ with torch,
 # and runs the pytest suite (real clusters of processes on 127.0.0.1, the training examples on
-# small configurations, the README's Python and PyTorch snippets, vans.torch against Gloo).
+# small configurations, the README's Python and PyTorch snippets, vans.torch against Gloo,
+# vans.tensorflow's ops and Keras layer; tensorflow-cpu is installed there too).
 #   VANS_PY_VENV=DIR   the virtual environment (default target/py-venv; made when missing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,6 +21,14 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     start=$(date +%s)
     "$venv/bin/python" -m pip install --quiet "torch>=2.1"
     echo "== python: torch installed in $(( $(date +%s) - start ))s"
+fi
+# tensorflow-cpu likewise (about 600 MB), for vans.tensorflow's tests (tests/test_tensorflow.py)
+# and the DLRM example's TensorFlow modes; its ops are compiled on first use with c++.
+if ! "$venv/bin/python" -c "import tensorflow" >/dev/null 2>&1; then
+    echo "== python: installing tensorflow-cpu into $venv (pip install tensorflow-cpu)"
+    start=$(date +%s)
+    "$venv/bin/python" -m pip install --quiet "tensorflow-cpu>=2.15"
+    echo "== python: tensorflow-cpu installed in $(( $(date +%s) - start ))s"
 fi
 echo "== python: building and installing the wheel (pip install ./bindings/python[test,plot,torch])"
 start=$(date +%s)

@@ -8,7 +8,11 @@ that are compared step by step:
   servers as :class:`vans.torch.ShardedEmbeddingBag` with server-side Adagrad, applied once
   per step with every worker's gradients; the MLPs' gradients go through
   :class:`vans.torch.DistributedOptimizer`. Its loss curve must be the reference's;
-- ``async``: the same, but each worker's embedding gradients are applied as they arrive.
+- ``async``: the same, but each worker's embedding gradients are applied as they arrive;
+- ``tf-sync`` and ``tf-async``: the same model in TensorFlow (when installed), the table a
+  :class:`vans.tensorflow.ShardedEmbedding` over vans' TensorFlow ops, the MLPs starting from
+  the torch model's weights, their gradients averaged through the servers. Its sync curve
+  must be the (torch) reference's too.
 
 Compare the three (2 servers × 2 workers), print the largest relative loss difference from
 the reference and examples per second, and plot the curves::
@@ -28,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-MODES = ("single", "sync", "async")
+MODES = ("single", "sync", "async", "tf-sync", "tf-async")
 _MASK = (1 << 64) - 1
 
 
@@ -186,6 +190,76 @@ def train_node(args):
     return result
 
 
+def train_node_tf(args):
+    """One node of a launched cluster, the model in TensorFlow: the table is a
+    :class:`vans.tensorflow.ShardedEmbedding` on the servers; the MLPs start from the torch
+    model's weights (the same seed) and their gradients are averaged through the servers' sum
+    in a synchronous round (``ROUND_CMD``), with the batch loss riding along."""
+    import tensorflow as tf
+    import vans
+    import vans.tensorflow as vtf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    node = vans.Node()
+    if node.role == "server":
+        vans.Server(node, app_id=1, table=table_spec(args))
+        vans.Server(node).serve()
+        return None
+    if node.role == "scheduler":
+        node.finalize()
+        return None
+    rank, world = node.rank, node.num_workers
+    if args.batch % world:
+        raise SystemExit(f"--batch {args.batch} does not split among {world} workers")
+    mode = args.mode.removeprefix("tf-")
+    embedding = vtf.ShardedEmbedding(args.dim, node, app_id=1, mode=mode, combiner="sum")
+    reference = Dlrm(args, torch.nn.Identity())
+    # torch's Linear computes x @ W.T + b: the same weights, transposed.
+    weights = [tf.Variable(p.detach().numpy().T if p.dim() == 2 else p.detach().numpy())
+               for p in reference.parameters()]
+    (w_bottom, b_bottom, w_hidden, b_hidden, w_out, b_out) = weights
+    sums = vans.Worker(node, dtype="float32", app_id=0)
+    round_key = np.array([12345], dtype=np.uint64)
+
+    def model(dense, bags):
+        n = tf.shape(dense)[0]
+        pooled = tf.reshape(embedding(bags), [n, -1])
+        z = tf.concat([tf.nn.relu(dense @ w_bottom + b_bottom), pooled], axis=1)
+        return tf.squeeze(tf.nn.relu(z @ w_hidden + b_hidden) @ w_out + b_out, 1)
+
+    share = args.batch // world
+    losses = []
+    started = time.perf_counter()
+    for step in range(args.steps):
+        x, ids, clicks = make_batch(args, step)
+        lo, hi = rank * share, (rank + 1) * share
+        bags = ids[lo:hi].reshape(-1, args.bag).view(np.int64)
+        with tf.GradientTape() as tape:
+            logits = model(tf.constant(x[lo:hi]), tf.constant(bags))
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=tf.constant(clicks[lo:hi]), logits=logits))
+        grads = tape.gradient(loss, weights + embedding.trainable_weights)[:len(weights)]
+        # Every worker's MLP gradients and loss, summed by the servers in one round.
+        flat = np.concatenate([g.numpy().reshape(-1) for g in grads] + [[loss.numpy()]])
+        total = sums.push_pull(round_key, flat.astype(np.float32), cmd=vans.ROUND_CMD) / world
+        at = 0
+        for w, g in zip(weights, grads):
+            w.assign_sub(args.lr * total[at:at + g.shape.num_elements()].reshape(g.shape))
+            at += g.shape.num_elements()
+        embedding.step()
+        losses.append(float(total[-1]))
+        if rank == 0:
+            _progress(args, args.mode, step, losses[-1])
+    seconds = time.perf_counter() - started
+    result = {"mode": args.mode, "losses": losses, "workers": world,
+              "examples_per_s": args.batch * args.steps / seconds}
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f)
+    node.finalize()
+    return result
+
+
 def launch(args):
     """Runs ``--mode sync|async`` on a local cluster of processes; returns rank 0's result."""
     import vans
@@ -256,7 +330,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=MODES, default="single")
     p.add_argument("--compare", action="store_true", help="run every mode and compare")
-    p.add_argument("--modes", nargs="+", default=list(MODES))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None,
+                   help="default: single sync async, and tf-sync tf-async with TensorFlow")
     p.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
@@ -278,12 +353,16 @@ def main(argv=None):
     p.add_argument("--plot")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.modes is None:
+        import importlib.util
+        tf = importlib.util.find_spec("tensorflow") is not None
+        args.modes = [m for m in MODES if tf or not m.startswith("tf-")]
     if args.modes[0] != "single" and args.compare:
         p.error("--modes must start with single, the reference")
     if args.compare:
         return compare(args)
     if args.node:
-        return train_node(args)
+        return train_node_tf(args) if args.mode.startswith("tf-") else train_node(args)
     if args.mode == "single":
         result = train_single(args)
         if args.json:

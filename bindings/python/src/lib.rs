@@ -9,6 +9,7 @@
 //! - [`lent`]: collectives on memory lent by address (the PyTorch backend);
 //! - [`launch`]: `launch`, a local cluster of processes;
 //! - [`bench`]: `RustBench`, the Rust reference loop of `vans.bench`;
+//! - [`tf_api`]: the functions the TensorFlow ops of `vans.tensorflow` call;
 //! - [`buffer`]: Python memory borrowed without copies (buffer protocol, DLPack);
 //! - [`errors`]: errors as `vans.errors` exceptions.
 
@@ -23,6 +24,7 @@ mod lent;
 mod node;
 mod rendezvous;
 mod server;
+mod tf_api;
 mod worker;
 
 /// The native module.
@@ -40,6 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
     m.add_function(wrap_pyfunction!(server::table_spec, m)?)?;
     m.add_function(wrap_pyfunction!(server::table_initial_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(tf_api::_tf_api, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The `cmd` of a synchronous round push-pull (`ps::ROUND_CMD`): the built-in sum server
     // answers every worker with the sum of the round's pushes once all of them pushed.

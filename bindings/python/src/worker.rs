@@ -261,6 +261,12 @@ impl Worker {
         buffer::dtype_name(self.inner.dtype())
     }
 
+    /// The address of this worker's Rust handle, for the ops of `vans.tensorflow` (valid for
+    /// as long as this object lives: keep it).
+    fn _address(&self) -> usize {
+        std::ptr::addr_of!(self.inner) as usize
+    }
+
     /// Value bytes that pulls into `out=` arrays have copied so far: each server's answer
     /// once, from its received frame to its place in the array (the only copy of them).
     #[getter]

@@ -1,0 +1,224 @@
+// TensorFlow ops of vans: pull and push of embedding rows from vans table servers.
+//
+// Built by vans.tensorflow against the installed TensorFlow (tf.sysconfig's flags) and loaded
+// with tf.load_op_library. The kernels call into the vans Python extension through a table of
+// C functions whose address, and the worker's, the ops take as attributes; each call blocks
+// the kernel's thread until the servers answered, without the Python interpreter.
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Status;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::errors::InvalidArgument;
+using tensorflow::errors::Unavailable;
+using tensorflow::shape_inference::InferenceContext;
+
+// The layout of vans' function table (bindings/python/src/tf_api.rs), version 1.
+struct VansApi {
+  uint32_t version;
+  int (*pull)(const void* worker, const uint64_t* keys, size_t n, float* out, size_t out_len,
+              int32_t cmd, char* err, size_t err_len);
+  int (*push)(const void* worker, const uint64_t* keys, size_t n, const float* vals, size_t len,
+              int32_t cmd, char* err, size_t err_len);
+  int (*push_pull)(const void* worker, const uint64_t* keys, size_t n, const float* vals,
+                   size_t len, float* out, size_t out_len, int32_t cmd, char* err,
+                   size_t err_len);
+};
+
+constexpr uint32_t kApiVersion = 1;
+
+// Attributes every op takes: the function table, the worker, the row width, the command.
+class VansOp : public OpKernel {
+ public:
+  explicit VansOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    int64_t api = 0, worker = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("api", &api));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("worker", &worker));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("cmd", &cmd_));
+    api_ = reinterpret_cast<const VansApi*>(static_cast<uintptr_t>(api));
+    worker_ = reinterpret_cast<const void*>(static_cast<uintptr_t>(worker));
+    OP_REQUIRES(ctx, api_ != nullptr && worker_ != nullptr,
+                InvalidArgument("vans: the op has no worker (use vans.tensorflow's functions)"));
+    OP_REQUIRES(ctx, api_->version == kApiVersion,
+                InvalidArgument("vans: the op library was built for another vans version"));
+    OP_REQUIRES(ctx, dim_ > 0, InvalidArgument("vans: dim must be positive"));
+  }
+
+ protected:
+  // The keys' order as unsigned 64-bit values (vans' key order): the permutation sorting
+  // them, empty when they already are; fails on a repeated key.
+  Status Order(const Tensor& keys, std::vector<uint64_t>* sorted, std::vector<int64_t>* perm) {
+    auto flat = keys.flat<int64_t>();
+    const int64_t n = flat.size();
+    sorted->resize(n);
+    for (int64_t i = 0; i < n; i++) (*sorted)[i] = static_cast<uint64_t>(flat(i));
+    if (std::is_sorted(sorted->begin(), sorted->end())) {
+      perm->clear();
+    } else {
+      perm->resize(n);
+      std::iota(perm->begin(), perm->end(), 0);
+      std::sort(perm->begin(), perm->end(),
+                [&](int64_t a, int64_t b) { return (*sorted)[a] < (*sorted)[b]; });
+      std::vector<uint64_t> by_key(n);
+      for (int64_t i = 0; i < n; i++) by_key[i] = (*sorted)[(*perm)[i]];
+      sorted->swap(by_key);
+    }
+    if (std::adjacent_find(sorted->begin(), sorted->end()) != sorted->end()) {
+      return InvalidArgument("vans: keys must be unique (tf.unique them first)");
+    }
+    return Status();
+  }
+
+  Status Failed(const char* what, const char* err) {
+    return Unavailable("vans: ", what, ": ", err);
+  }
+
+  const VansApi* api_ = nullptr;
+  const void* worker_ = nullptr;
+  int64_t dim_ = 0;
+  int32_t cmd_ = 0;
+};
+
+class VansPullOp : public VansOp {
+ public:
+  using VansOp::VansOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    OP_REQUIRES(ctx, keys.dims() == 1, InvalidArgument("vans: keys must be a vector"));
+    std::vector<uint64_t> sorted;
+    std::vector<int64_t> perm;
+    OP_REQUIRES_OK(ctx, Order(keys, &sorted, &perm));
+    const int64_t n = static_cast<int64_t>(sorted.size());
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
+    float* rows = out->flat<float>().data();
+    // Already in key order: each server's answer lands in the output itself. Otherwise in a
+    // buffer, then row by row to the keys' places.
+    std::vector<float> staged(perm.empty() ? 0 : n * dim_);
+    float* target = perm.empty() ? rows : staged.data();
+    char err[512] = {0};
+    if (api_->pull(worker_, sorted.data(), n, target, n * dim_, cmd_, err, sizeof err) != 0) {
+      ctx->CtxFailure(Failed("pull", err));
+      return;
+    }
+    for (size_t i = 0; i < perm.size(); i++) {
+      std::copy_n(staged.data() + i * dim_, dim_, rows + perm[i] * dim_);
+    }
+  }
+};
+
+// VansPush (`pull` false) and VansPushPull (`pull` true): values in the keys' order.
+template <bool kPull>
+class VansPushOp : public VansOp {
+ public:
+  using VansOp::VansOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    const Tensor& vals = ctx->input(1);
+    OP_REQUIRES(ctx, keys.dims() == 1, InvalidArgument("vans: keys must be a vector"));
+    OP_REQUIRES(ctx, vals.NumElements() == keys.NumElements() * dim_,
+                InvalidArgument("vans: ", vals.NumElements(), " values for ",
+                                keys.NumElements(), " keys of dim ", dim_));
+    std::vector<uint64_t> sorted;
+    std::vector<int64_t> perm;
+    OP_REQUIRES_OK(ctx, Order(keys, &sorted, &perm));
+    const int64_t n = static_cast<int64_t>(sorted.size());
+    const float* given = vals.flat<float>().data();
+    std::vector<float> staged;
+    if (!perm.empty()) {
+      staged.resize(n * dim_);
+      for (int64_t i = 0; i < n; i++) {
+        std::copy_n(given + perm[i] * dim_, dim_, staged.data() + i * dim_);
+      }
+      given = staged.data();
+    }
+    char err[512] = {0};
+    if (!kPull) {
+      if (api_->push(worker_, sorted.data(), n, given, n * dim_, cmd_, err, sizeof err) != 0) {
+        ctx->CtxFailure(Failed("push", err));
+      }
+      return;
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
+    float* rows = out->flat<float>().data();
+    std::vector<float> pulled(perm.empty() ? 0 : n * dim_);
+    float* target = perm.empty() ? rows : pulled.data();
+    if (api_->push_pull(worker_, sorted.data(), n, given, n * dim_, target, n * dim_, cmd_, err,
+                        sizeof err) != 0) {
+      ctx->CtxFailure(Failed("push-pull", err));
+      return;
+    }
+    for (size_t i = 0; i < perm.size(); i++) {
+      std::copy_n(pulled.data() + i * dim_, dim_, rows + perm[i] * dim_);
+    }
+  }
+};
+
+}  // namespace
+
+REGISTER_OP("VansPull")
+    .Input("keys: int64")
+    .Output("rows: float")
+    .Attr("api: int")
+    .Attr("worker: int")
+    .Attr("dim: int")
+    .Attr("cmd: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), dim));
+      return Status();
+    })
+    .Doc("Rows of unique int64 keys (as unsigned) from vans table servers: [n, dim].");
+
+REGISTER_OP("VansPush")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Attr("api: int")
+    .Attr("worker: int")
+    .Attr("dim: int")
+    .Attr("cmd: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext*) { return Status(); })
+    .Doc("Pushes [n, dim] values (gradients) of unique int64 keys to vans table servers.");
+
+REGISTER_OP("VansPushPull")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Output("rows: float")
+    .Attr("api: int")
+    .Attr("worker: int")
+    .Attr("dim: int")
+    .Attr("cmd: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), dim));
+      return Status();
+    })
+    .Doc("Pushes [n, dim] values of unique int64 keys, then returns their updated rows.");
+
+REGISTER_KERNEL_BUILDER(Name("VansPull").Device(DEVICE_CPU), VansPullOp);
+REGISTER_KERNEL_BUILDER(Name("VansPush").Device(DEVICE_CPU), VansPushOp<false>);
+REGISTER_KERNEL_BUILDER(Name("VansPushPull").Device(DEVICE_CPU), VansPushOp<true>);

@@ -1,0 +1,282 @@
+//! The C entry points `vans.tensorflow`'s TensorFlow ops call: a table of functions whose
+//! address `_tf_api()` gives, and a worker's address (`Worker._address()`), passed to each op
+//! as attributes. The ops run on TensorFlow's threads, outside Python: each call blocks that
+//! thread until the servers answered (never holding the GIL), and pulls write each server's
+//! answer straight into the op's output tensor.
+
+use std::ffi::c_char;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use bytes::Bytes;
+use ps::embed::Worker as EmbedWorker;
+use ps::KvPairs;
+use pyo3::prelude::*;
+
+/// The table's layout version; the ops refuse another.
+const VERSION: u32 = 1;
+
+/// What an op's kernel calls. Every function returns 0, or 1 with a NUL-terminated message in
+/// `err` (at most `err_len` bytes).
+#[repr(C)]
+pub(crate) struct TfApi {
+    version: u32,
+    /// Pulls `n` sorted unique keys' values into `out` (`out_len` floats, the same number per
+    /// key), with `cmd`.
+    pull: unsafe extern "C" fn(
+        worker: *const EmbedWorker,
+        keys: *const u64,
+        n: usize,
+        out: *mut f32,
+        out_len: usize,
+        cmd: i32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32,
+    /// Pushes `vals` (`len` floats) for `n` sorted unique keys, with `cmd`, and waits.
+    push: unsafe extern "C" fn(
+        worker: *const EmbedWorker,
+        keys: *const u64,
+        n: usize,
+        vals: *const f32,
+        len: usize,
+        cmd: i32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32,
+    /// Pushes `vals` as `push` does, then pulls the updated rows into `out` as `pull` does,
+    /// in one request per server.
+    push_pull: unsafe extern "C" fn(
+        worker: *const EmbedWorker,
+        keys: *const u64,
+        n: usize,
+        vals: *const f32,
+        len: usize,
+        out: *mut f32,
+        out_len: usize,
+        cmd: i32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32,
+}
+
+static TF_API: TfApi = TfApi {
+    version: VERSION,
+    pull,
+    push,
+    push_pull,
+};
+
+/// The address of the function table the TensorFlow ops call.
+#[pyfunction]
+pub(crate) fn _tf_api() -> usize {
+    std::ptr::addr_of!(TF_API) as usize
+}
+
+/// An op's output tensor lent to a pull for the duration of one blocking call.
+struct Lent {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the memory is the op's output tensor, written only by the pull that owns this value,
+// while the op's thread blocks in `pull` until that pull has completed.
+unsafe impl Send for Lent {}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` bytes at `ptr`, valid while the op waits (see `Send`).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl AsMut<[u8]> for Lent {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_ref`, and the only writer.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Writes `message` into the caller's `err` buffer, cut to fit, NUL-terminated.
+///
+/// # Safety
+///
+/// `err` must be NULL or writable for `err_len` bytes.
+unsafe fn report(err: *mut c_char, err_len: usize, message: &str) -> i32 {
+    if !err.is_null() && err_len > 0 {
+        let n = message.len().min(err_len - 1);
+        // SAFETY: writable for `err_len` bytes by the caller's contract; `n < err_len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(message.as_ptr(), err.cast::<u8>(), n);
+            *err.add(n) = 0;
+        }
+    }
+    1
+}
+
+/// Runs `call`, turning an error or a panic into the caller's message.
+///
+/// # Safety
+///
+/// As [`report`].
+unsafe fn guarded(
+    err: *mut c_char,
+    err_len: usize,
+    call: impl FnOnce() -> Result<(), String>,
+) -> i32 {
+    let outcome = catch_unwind(AssertUnwindSafe(call))
+        .unwrap_or_else(|_| Err("a vans TensorFlow op panicked (a bug in vans)".to_owned()));
+    match outcome {
+        Ok(()) => 0,
+        // SAFETY: forwarded contract.
+        Err(message) => unsafe { report(err, err_len, &message) },
+    }
+}
+
+/// The keys of a call, checked and copied (8 bytes a key: small beside the values).
+///
+/// # Safety
+///
+/// `keys` readable for `n` values.
+unsafe fn key_bytes(keys: *const u64, n: usize) -> Result<Bytes, String> {
+    if n == 0 {
+        return Ok(Bytes::new());
+    }
+    if keys.is_null() {
+        return Err("keys is NULL".to_owned());
+    }
+    // SAFETY: readable for `n` values by the caller's contract.
+    let keys = unsafe { std::slice::from_raw_parts(keys, n) };
+    if keys.windows(2).any(|w| w[0] >= w[1]) {
+        return Err("keys are not sorted and unique (as unsigned 64-bit)".to_owned());
+    }
+    Ok(ps::values::to_bytes(keys))
+}
+
+/// # Safety
+///
+/// `worker` the address of a live worker (`Worker._address()`); `keys` readable for `n`
+/// values; `out` writable for `out_len` floats; `err` as [`report`].
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn pull(
+    worker: *const EmbedWorker,
+    keys: *const u64,
+    n: usize,
+    out: *mut f32,
+    out_len: usize,
+    cmd: i32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        guarded(err, err_len, || {
+            let worker = worker.as_ref().ok_or("worker is NULL")?;
+            let keys = key_bytes(keys, n)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if out.is_null() {
+                return Err("out is NULL".to_owned());
+            }
+            let lent = Lent {
+                ptr: out.cast(),
+                len: out_len * 4,
+            };
+            worker
+                .pull_into(keys, lent, cmd)
+                .wait()
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// # Safety
+///
+/// `worker` as for [`pull`]; `keys` readable for `n` values; `vals` readable for `len`
+/// floats; `err` as [`report`].
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn push(
+    worker: *const EmbedWorker,
+    keys: *const u64,
+    n: usize,
+    vals: *const f32,
+    len: usize,
+    cmd: i32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        guarded(err, err_len, || {
+            let worker = worker.as_ref().ok_or("worker is NULL")?;
+            let keys = key_bytes(keys, n)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let pairs = pairs(keys, vals, len)?;
+            worker.push(pairs, cmd).wait().map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The pairs of a push: `keys`, and `len` floats at `vals`, copied (the op's input tensor may
+/// be freed once the op returns, and a push's bytes can outlive the wait when a server fails
+/// mid-request).
+///
+/// # Safety
+///
+/// `vals` NULL or readable for `len` floats.
+unsafe fn pairs(keys: Bytes, vals: *const f32, len: usize) -> Result<KvPairs, String> {
+    if vals.is_null() {
+        return Err("vals is NULL".to_owned());
+    }
+    // SAFETY: readable for `len` floats by the caller's contract.
+    let vals = unsafe { std::slice::from_raw_parts(vals.cast::<u8>(), len * 4) };
+    Ok(KvPairs {
+        keys,
+        vals: Bytes::copy_from_slice(vals),
+        lens: None,
+    })
+}
+
+/// # Safety
+///
+/// As [`push`] for `worker`, `keys` and `vals`, as [`pull`] for `out`.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn push_pull(
+    worker: *const EmbedWorker,
+    keys: *const u64,
+    n: usize,
+    vals: *const f32,
+    len: usize,
+    out: *mut f32,
+    out_len: usize,
+    cmd: i32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        guarded(err, err_len, || {
+            let worker = worker.as_ref().ok_or("worker is NULL")?;
+            let keys = key_bytes(keys, n)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if out.is_null() {
+                return Err("out is NULL".to_owned());
+            }
+            let pairs = pairs(keys, vals, len)?;
+            let lent = Lent {
+                ptr: out.cast(),
+                len: out_len * 4,
+            };
+            worker
+                .push_pull_into(pairs, lent, cmd)
+                .wait()
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
