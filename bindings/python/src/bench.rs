@@ -112,16 +112,21 @@ impl RustBench {
             other => return Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
         };
         let n = key_sets.first().map_or(0, Vec::len);
+        let bytes = n.checked_mul(floats).and_then(|v| v.checked_mul(4));
         if n == 0 || window == 0 || floats == 0 || key_sets.iter().any(|k| k.len() != n) {
             return Err(PyValueError::new_err(
                 "key_sets must be non-empty sets of one size, window and floats positive",
             ));
         }
+        let Some(bytes) = bytes else {
+            return Err(PyValueError::new_err(
+                "a request of that size does not fit in memory",
+            ));
+        };
         let worker = self.worker.clone();
         let call = self.node.spawn(async move {
             let sets: Vec<Bytes> = key_sets.iter().map(|k| ps::values::to_bytes(k)).collect();
             let vals = ps::values::to_bytes(&vec![1e-3f32; n * floats]);
-            let bytes = n * floats * 4;
             let started = Instant::now();
             let mut in_flight = VecDeque::with_capacity(window);
             let mut next = 0u64;

@@ -79,8 +79,29 @@ struct Lent {
 }
 
 // SAFETY: the memory is the op's output tensor, written only by the pull that owns this value,
-// while the op's thread blocks in `pull` until that pull has completed.
+// while the op's thread blocks in `pull` until that pull has completed: `blocking_thread`
+// refuses the one thread where a wait would return at once (leaving the pull running).
 unsafe impl Send for Lent {}
+
+/// Fails on an async runtime's thread (a vans I/O thread, say from a Python callback): there
+/// a blocking wait returns at once, and a pull would go on writing into memory the op frees.
+fn blocking_thread() -> Result<(), String> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(
+            "a vans TensorFlow op cannot run on an async runtime thread (a vans I/O \
+                    thread, e.g. inside a request's callback)"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// `floats` float values as bytes, or an error when that does not fit in memory.
+fn float_bytes(floats: usize) -> Result<usize, String> {
+    floats
+        .checked_mul(4)
+        .ok_or_else(|| format!("{floats} floats do not fit in memory"))
+}
 
 impl AsRef<[u8]> for Lent {
     fn as_ref(&self) -> &[u8] {
@@ -178,9 +199,10 @@ unsafe extern "C" fn pull(
             if out.is_null() {
                 return Err("out is NULL".to_owned());
             }
+            blocking_thread()?;
             let lent = Lent {
                 ptr: out.cast(),
-                len: out_len * 4,
+                len: float_bytes(out_len)?,
             };
             worker
                 .pull_into(keys, lent, cmd)
@@ -215,6 +237,7 @@ unsafe extern "C" fn push(
                 return Ok(());
             }
             let pairs = pairs(keys, vals, len)?;
+            blocking_thread()?;
             worker.push(pairs, cmd).wait().map_err(|e| e.to_string())
         })
     }
@@ -232,7 +255,7 @@ unsafe fn pairs(keys: Bytes, vals: *const f32, len: usize) -> Result<KvPairs, St
         return Err("vals is NULL".to_owned());
     }
     // SAFETY: readable for `len` floats by the caller's contract.
-    let vals = unsafe { std::slice::from_raw_parts(vals.cast::<u8>(), len * 4) };
+    let vals = unsafe { std::slice::from_raw_parts(vals.cast::<u8>(), float_bytes(len)?) };
     Ok(KvPairs {
         keys,
         vals: Bytes::copy_from_slice(vals),
@@ -268,9 +291,10 @@ unsafe extern "C" fn push_pull(
                 return Err("out is NULL".to_owned());
             }
             let pairs = pairs(keys, vals, len)?;
+            blocking_thread()?;
             let lent = Lent {
                 ptr: out.cast(),
-                len: out_len * 4,
+                len: float_bytes(out_len)?,
             };
             worker
                 .push_pull_into(pairs, lent, cmd)

@@ -291,7 +291,8 @@ impl Worker {
 
     /// Starts a pull of the values of sorted `keys`, into `out` when given: each server's
     /// answer is then written straight to its keys' place in `out` (every key the same number
-    /// of values: `out`'s length divided by the key count).
+    /// of values: `out`'s length divided by the key count), from an I/O thread while the
+    /// request is in flight, so do not read or reuse `out` until it completes.
     #[pyo3(signature = (keys, out=None, cmd=0, return_lens=false))]
     fn pull_async(
         &self,

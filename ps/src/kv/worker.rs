@@ -136,12 +136,18 @@ impl Dest {
             )));
         }
         if let Some(lens) = pairs.lens()? {
-            if lens.iter().any(|&l| l as usize * elem != self.per_key) {
+            let fits = |l: i32| {
+                usize::try_from(l).ok().and_then(|l| l.checked_mul(elem)) == Some(self.per_key)
+            };
+            if !lens.iter().all(|&l| fits(l)) {
                 return Err(bad("the answer's keys have other lengths".into()));
             }
         }
         let at = range.start * self.per_key;
-        (*self.buf).as_mut()[at..at + want].copy_from_slice(&pairs.vals);
+        let Some(place) = (*self.buf).as_mut().get_mut(at..at + want) else {
+            return Err(bad("the buffer shrank while the pull was in flight".into()));
+        };
+        place.copy_from_slice(&pairs.vals);
         Ok(())
     }
 
@@ -368,7 +374,7 @@ impl<T: Value> KvWorker<T> {
             let bytes = (*buf).as_mut().len();
             let elem = std::mem::size_of::<T>();
             let per_key = bytes.checked_div(n).unwrap_or(0);
-            if per_key * n != bytes || per_key % elem != 0 {
+            if per_key * n != bytes || per_key % elem != 0 || (n > 0 && per_key == 0) {
                 return Err(PsError::InvalidArgument(format!(
                     "a buffer of {bytes} bytes does not hold the same whole number of \
                      {elem}-byte values for each of {n} keys"

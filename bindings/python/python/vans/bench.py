@@ -59,9 +59,9 @@ def options(argv=None):
                    help="sparse mode: the servers' table settings (dim: --value-floats)")
     o = p.parse_args(argv)
     if o.keys_per_request > 1:
-        if o.value_floats <= 0 or o.keys_per_request > o.vocab or o.zipf < 0:
-            p.error("sparse mode: --value-floats positive, --keys-per-request at most "
-                    "--vocab, --zipf at least 0")
+        if o.value_floats <= 0 or o.keys_per_request > o.vocab // 2 or o.zipf < 0:
+            p.error("sparse mode: --value-floats positive, --keys-per-request at most half "
+                    "of --vocab, --zipf at least 0")
         try:
             o.table = vans.table_spec(f"{o.table} dim={o.value_floats}")
         except ValueError as e:

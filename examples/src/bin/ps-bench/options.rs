@@ -171,11 +171,24 @@ impl Options {
                 .exit();
         }
         if options.sparse() {
-            if u64::try_from(options.keys_per_request).map_or(true, |n| n > options.vocab) {
+            // At most half the ids: drawing nearly all of them would take long.
+            if u64::try_from(options.keys_per_request).map_or(true, |n| n > options.vocab / 2) {
                 Options::command()
                     .error(
                         ErrorKind::ValueValidation,
-                        "--keys-per-request: more unique ids per request than --vocab has",
+                        "--keys-per-request: more unique ids per request than half of --vocab",
+                    )
+                    .exit();
+            }
+            let bytes = options
+                .keys_per_request
+                .checked_mul(options.value_floats)
+                .and_then(|v| v.checked_mul(4));
+            if bytes.is_none_or(|b| b > 1 << 31) {
+                Options::command()
+                    .error(
+                        ErrorKind::ValueValidation,
+                        "--keys-per-request x --value-floats: a request over 2 GiB",
                     )
                     .exit();
             }

@@ -9,7 +9,9 @@ kernels call into vans' Rust code directly, on TensorFlow's threads, without Pyt
 writes each server's answer straight into the op's output tensor.
 
 - :func:`pull`, :func:`push`, :func:`push_pull`: the ops for a :class:`vans.Worker` of a
-  table application (keys: unique int64, any order; rows: ``[n, dim]`` float32);
+  table application (keys: unique int64, any order; rows: ``[n, dim]`` float32). The ops
+  carry the worker's address as an attribute: a graph using them runs in this process only
+  (it cannot be saved and served elsewhere), and must not run on a vans I/O thread;
 - :class:`ShardedEmbedding`: a Keras layer whose table lives on the servers. Its forward pass
   pulls the rows of the batch's distinct ids; the gradient of its output pushes them (async
   mode: the servers apply them at once; sync mode: accumulated, and :meth:`step` applies
@@ -147,6 +149,7 @@ class ShardedEmbedding(tf.keras.layers.Layer):
                                     shape=tf.TensorShape([None]), name="vans_touched")
 
     def build(self, input_shape):
+        """Adds the zero-valued weight the push's gradient flows through."""
         self._trigger = self.add_weight(name="vans_push", shape=(), initializer="zeros",
                                         trainable=True)
         super().build(input_shape)
@@ -174,6 +177,8 @@ class ShardedEmbedding(tf.keras.layers.Layer):
         return lookup(keys, trigger)
 
     def call(self, ids):
+        """The rows of ``ids`` (``ids.shape + (dim,)``), or each bag's reduced with
+        ``combiner``."""
         ids = tf.cast(ids, tf.int64)
         keys, index = tf.unique(tf.reshape(ids, [-1]))
         rows = self._lookup(keys, tf.convert_to_tensor(self._trigger))
@@ -201,8 +206,12 @@ class ShardedEmbedding(tf.keras.layers.Layer):
         self._node.barrier("workers")
 
     def get_config(self):
+        """The layer's settings. A layer restored from them needs its ``node`` or
+        ``worker`` passed again: the ops hold a live worker, so a model using them cannot be
+        saved and loaded elsewhere."""
         config = super().get_config()
-        config.update(dim=self.dim, mode=self.mode, combiner=self.combiner)
+        config.update(dim=self.dim, mode=self.mode, combiner=self.combiner,
+                      grad_scale=self.grad_scale)
         return config
 
 
@@ -214,5 +223,6 @@ class SyncCallback(tf.keras.callbacks.Callback):
         self.layers = layers
 
     def on_train_batch_end(self, batch, logs=None):
+        """Steps every layer (sync mode: barrier, apply, barrier)."""
         for layer in self.layers:
             layer.step()

@@ -41,6 +41,10 @@ struct VansApi {
 };
 
 constexpr uint32_t kApiVersion = 1;
+// The widest row a table has (ps::optim::MAX_DIM); with it, keys * dim stays far from
+// overflow for any key count a tensor can hold in memory.
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxKeys = int64_t{1} << 40;
 
 // Attributes every op takes: the function table, the worker, the row width, the command.
 class VansOp : public OpKernel {
@@ -57,7 +61,8 @@ class VansOp : public OpKernel {
                 InvalidArgument("vans: the op has no worker (use vans.tensorflow's functions)"));
     OP_REQUIRES(ctx, api_->version == kApiVersion,
                 InvalidArgument("vans: the op library was built for another vans version"));
-    OP_REQUIRES(ctx, dim_ > 0, InvalidArgument("vans: dim must be positive"));
+    OP_REQUIRES(ctx, dim_ > 0 && dim_ <= kMaxDim,
+                InvalidArgument("vans: dim must be in 1..=", kMaxDim));
   }
 
  protected:
@@ -66,6 +71,7 @@ class VansOp : public OpKernel {
   Status Order(const Tensor& keys, std::vector<uint64_t>* sorted, std::vector<int64_t>* perm) {
     auto flat = keys.flat<int64_t>();
     const int64_t n = flat.size();
+    if (n > kMaxKeys) return InvalidArgument("vans: ", n, " keys in one op are too many");
     sorted->resize(n);
     for (int64_t i = 0; i < n; i++) (*sorted)[i] = static_cast<uint64_t>(flat(i));
     if (std::is_sorted(sorted->begin(), sorted->end())) {
@@ -134,6 +140,8 @@ class VansPushOp : public VansOp {
     const Tensor& keys = ctx->input(0);
     const Tensor& vals = ctx->input(1);
     OP_REQUIRES(ctx, keys.dims() == 1, InvalidArgument("vans: keys must be a vector"));
+    OP_REQUIRES(ctx, keys.NumElements() <= kMaxKeys,
+                InvalidArgument("vans: ", keys.NumElements(), " keys in one op are too many"));
     OP_REQUIRES(ctx, vals.NumElements() == keys.NumElements() * dim_,
                 InvalidArgument("vans: ", vals.NumElements(), " values for ",
                                 keys.NumElements(), " keys of dim ", dim_));

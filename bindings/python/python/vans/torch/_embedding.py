@@ -71,10 +71,10 @@ class _Table(torch.nn.Module):
         return rows, index
 
     def _push(self, keys, grad):
-        grad = grad.detach()
-        if self.grad_scale != 1.0:
-            grad = grad * self.grad_scale
-        grads = grad.to(torch.float32).contiguous().numpy().reshape(-1)
+        # A copy (scaled or not): autograd may reuse its gradient's memory while the push,
+        # which sends the array without copying it, is in flight.
+        grad = grad.detach().to(torch.float32) * self.grad_scale
+        grads = grad.contiguous().numpy().reshape(-1)
         cmd = vans.ACCUMULATE_CMD if self.mode == "sync" else 0
         self._pushes.append((self._worker.push_async(keys, grads, cmd=cmd), grads))
         if self.mode == "sync":
@@ -104,6 +104,7 @@ class _Table(torch.nn.Module):
             return rows[index]
 
     def extra_repr(self):
+        """The settings, for ``repr``."""
         return f"dim={self.dim}, app_id={self.app_id}, mode={self.mode!r}"
 
 
@@ -123,6 +124,7 @@ class ShardedEmbedding(_Table):
         super().__init__(dim, app_id, mode, node, grad_scale, timeout)
 
     def forward(self, ids):
+        """The rows of ``ids`` (int64, any shape): ``ids.shape + (dim,)``."""
         rows, index = self._rows(ids)
         return F.embedding(index, rows)
 
@@ -138,6 +140,7 @@ class ShardedEmbeddingBag(_Table):
         self.mode_bag = mode_bag
 
     def forward(self, ids, offsets=None, per_sample_weights=None):
+        """Each bag's rows reduced, as ``torch.nn.EmbeddingBag.forward``."""
         rows, index = self._rows(ids)
         return F.embedding_bag(index, rows, offsets, mode=self.mode_bag,
                                per_sample_weights=per_sample_weights)
