@@ -124,7 +124,7 @@ fn c_server_handler_keeps_the_maximum() {
 }
 
 #[test]
-fn c_table_servers_step_as_adagrad_and_adam_do() {
+fn c_table_servers_step_as_each_optimizer_does() {
     let program = c_program("test_table.c");
     let run = run_cluster(program.path(), &[], 2, WORKERS);
     run.assert_success();
