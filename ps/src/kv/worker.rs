@@ -108,7 +108,7 @@ struct Dest {
     buf: Box<dyn PullBuffer>,
     /// Bytes of values per key.
     per_key: usize,
-    /// Each server's part of the request: its first key and how many.
+    /// Each server's part of the request: the indices of its keys among the request's.
     parts: SmallVec<[(NodeId, Range<usize>); 4]>,
     keys: Bytes,
 }
