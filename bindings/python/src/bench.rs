@@ -11,12 +11,28 @@ use pyo3::prelude::*;
 
 use crate::node::{wait, Node};
 
-/// A Rust `KvWorker<f32>` on a node, running ps-bench's loop: one key per request, `window`
-/// requests in flight.
+/// A Rust `KvWorker<f32>` on a node, running ps-bench's loop: `window` requests in flight.
 #[pyclass(module = "vans._native", frozen)]
 pub(crate) struct RustBench {
     node: ps::embed::NodeHandle,
     worker: KvWorker<f32>,
+}
+
+/// What each request of a round does.
+#[derive(Clone, Copy)]
+enum Op {
+    Push,
+    Pull,
+    PushPull,
+}
+
+fn op(mode: &str) -> PyResult<Op> {
+    match mode {
+        "push" => Ok(Op::Push),
+        "pull" => Ok(Op::Pull),
+        "pushpull" => Ok(Op::PushPull),
+        other => Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
+    }
 }
 
 #[pymethods]
@@ -46,51 +62,15 @@ impl RustBench {
         window: usize,
         iters: u64,
     ) -> PyResult<f64> {
-        let op = match mode {
-            "push" => 0,
-            "pull" => 1,
-            "pushpull" => 2,
-            other => return Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
-        };
+        let op = op(mode)?;
         if keys.is_empty() || window == 0 || size % 4 != 0 {
             return Err(PyValueError::new_err(
                 "keys must be non-empty, window positive, size a multiple of 4",
             ));
         }
-        let worker = self.worker.clone();
-        let call = self.node.spawn(async move {
-            let key_bytes: Vec<Bytes> = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
-            let vals = ps::values::to_bytes(&vec![1f32; size / 4]);
-            let started = Instant::now();
-            let mut in_flight = VecDeque::with_capacity(window);
-            let mut next = 0u64;
-            while next < iters || !in_flight.is_empty() {
-                if next < iters && in_flight.len() < window {
-                    let keys = key_bytes[(next % key_bytes.len() as u64) as usize].clone();
-                    next += 1;
-                    let pairs = KvPairs {
-                        keys: keys.clone(),
-                        vals: vals.clone(),
-                        lens: None,
-                    };
-                    let id = match op {
-                        0 => worker.zpush(pairs, 0).await?,
-                        1 => worker.zpull(keys, 0).await?,
-                        _ => worker.zpush_pull(pairs, 0).await?,
-                    };
-                    in_flight.push_back(id);
-                    continue;
-                }
-                match in_flight.pop_front() {
-                    Some(id) => {
-                        worker.wait(id).await?;
-                    }
-                    None => break,
-                }
-            }
-            Ok::<f64, PsError>(started.elapsed().as_secs_f64())
-        });
-        wait(py, call, None)
+        let sets = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
+        let vals = ps::values::to_bytes(&vec![1f32; size / 4]);
+        self.round(py, op, sets, vals, None, window, iters)
     }
 
     /// The sparse loop: `iters` requests of `mode`, each the next of `key_sets` (sorted
@@ -105,28 +85,41 @@ impl RustBench {
         window: usize,
         iters: u64,
     ) -> PyResult<f64> {
-        let op = match mode {
-            "push" => 0,
-            "pull" => 1,
-            "pushpull" => 2,
-            other => return Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
-        };
+        let op = op(mode)?;
         let n = key_sets.first().map_or(0, Vec::len);
-        let bytes = n.checked_mul(floats).and_then(|v| v.checked_mul(4));
         if n == 0 || window == 0 || floats == 0 || key_sets.iter().any(|k| k.len() != n) {
             return Err(PyValueError::new_err(
                 "key_sets must be non-empty sets of one size, window and floats positive",
             ));
         }
-        let Some(bytes) = bytes else {
+        let Some(bytes) = n.checked_mul(floats).and_then(|v| v.checked_mul(4)) else {
             return Err(PyValueError::new_err(
                 "a request of that size does not fit in memory",
             ));
         };
+        let sets = key_sets.iter().map(|k| ps::values::to_bytes(k)).collect();
+        let vals = ps::values::to_bytes(&vec![1f32; n * floats]);
+        self.round(py, op, sets, vals, Some(bytes), window, iters)
+    }
+}
+
+impl RustBench {
+    /// `iters` requests of `op`, each with the next of `sets` (key bytes, round robin) and
+    /// `vals`, `window` in flight; pulls into a fresh buffer of `into` bytes when given
+    /// (else joined by the worker). The seconds taken.
+    #[allow(clippy::too_many_arguments)]
+    fn round(
+        &self,
+        py: Python<'_>,
+        op: Op,
+        sets: Vec<Bytes>,
+        vals: Bytes,
+        into: Option<usize>,
+        window: usize,
+        iters: u64,
+    ) -> PyResult<f64> {
         let worker = self.worker.clone();
         let call = self.node.spawn(async move {
-            let sets: Vec<Bytes> = key_sets.iter().map(|k| ps::values::to_bytes(k)).collect();
-            let vals = ps::values::to_bytes(&vec![1e-3f32; n * floats]);
             let started = Instant::now();
             let mut in_flight = VecDeque::with_capacity(window);
             let mut next = 0u64;
@@ -139,10 +132,14 @@ impl RustBench {
                         vals: vals.clone(),
                         lens: None,
                     };
-                    let id = match op {
-                        0 => worker.zpush(pairs, 0).await?,
-                        1 => worker.zpull_into(keys, vec![0u8; bytes], 0).await?,
-                        _ => worker.zpush_pull_into(pairs, vec![0u8; bytes], 0).await?,
+                    let id = match (op, into) {
+                        (Op::Push, _) => worker.zpush(pairs, 0).await?,
+                        (Op::Pull, None) => worker.zpull(keys, 0).await?,
+                        (Op::Pull, Some(n)) => worker.zpull_into(keys, vec![0u8; n], 0).await?,
+                        (Op::PushPull, None) => worker.zpush_pull(pairs, 0).await?,
+                        (Op::PushPull, Some(n)) => {
+                            worker.zpush_pull_into(pairs, vec![0u8; n], 0).await?
+                        }
                     };
                     in_flight.push_back(id);
                     continue;

@@ -84,11 +84,11 @@ def keys_for(o, size):
     return [(step * i + size) % 2**64 for i in range(o.keys)]
 
 
-def python_round(worker, mode, keys, size, window, iters):
-    """The ps-bench loop in Python; seconds taken."""
-    key_arrays = [np.array([k], dtype=np.uint64) for k in keys]
-    vals = np.ones(size // 4, dtype=np.float32)
-    outs = [np.empty(size // 4, dtype=np.float32) for _ in range(window)]
+def python_round(worker, mode, key_arrays, floats, window, iters):
+    """The ps-bench loop in Python: each request the next of ``key_arrays`` (sorted uint64)
+    with ``floats`` values, pulls into preallocated arrays; seconds taken."""
+    vals = np.ones(floats, dtype=np.float32)
+    outs = [np.empty(floats, dtype=np.float32) for _ in range(window)]
     push, pull, push_pull = worker.push_async, worker.pull_async, worker.push_pull_async
     in_flight = collections.deque()
     started = time.perf_counter()
@@ -133,29 +133,6 @@ def sparse_key_sets(o, sets=32, seed=7):
     return out
 
 
-def sparse_python_round(worker, mode, key_sets, floats, window, iters):
-    """The sparse loop in Python: pulls into preallocated arrays; seconds taken."""
-    n = len(key_sets[0])
-    vals = np.full(n * floats, 1e-3, dtype=np.float32)
-    outs = [np.empty(n * floats, dtype=np.float32) for _ in range(window)]
-    push, pull, push_pull = worker.push_async, worker.pull_async, worker.push_pull_async
-    in_flight = collections.deque()
-    started = time.perf_counter()
-    for i in range(iters):
-        if len(in_flight) == window:
-            in_flight.popleft().wait()
-        k = key_sets[i % len(key_sets)]
-        if mode == "push":
-            in_flight.append(push(k, vals))
-        elif mode == "pull":
-            in_flight.append(pull(k, out=outs[i % window]))
-        else:
-            in_flight.append(push_pull(k, vals, out=outs[i % window]))
-    while in_flight:
-        in_flight.popleft().wait()
-    return time.perf_counter() - started
-
-
 def run_sparse_worker(o, node):
     py_worker = vans.Worker(node, dtype="float32", app_id=0)
     rust = vans._native.RustBench(node, 1)
@@ -170,8 +147,8 @@ def run_sparse_worker(o, node):
             iters = int(max(window * 4, min(o.max_iters, o.bytes / size)))
             py_best = rust_best = float("inf")
             for _ in range(o.repeat):
-                py_best = min(py_best, sparse_python_round(py_worker, mode, key_sets, floats,
-                                                           window, iters))
+                py_best = min(py_best, python_round(py_worker, mode, key_sets, n * floats,
+                                                    window, iters))
                 rust_best = min(rust_best, rust.run_sparse(mode, rust_sets, floats, window,
                                                            iters))
             if mode != "push":
@@ -210,9 +187,9 @@ def run_worker(o, node):
     rows = []
     for size in o.sizes:
         keys = keys_for(o, size)
+        key_arrays = [np.array([k], dtype=np.uint64) for k in keys]
         # Every key holds a value of this size before anything is pulled.
-        for k in keys:
-            one = np.array([k], dtype=np.uint64)
+        for one in key_arrays:
             py_worker.push(one, np.zeros(size // 4, dtype=np.float32))
         rust.run("push", keys, size, 1, len(keys))
         for mode in o.modes:
@@ -220,7 +197,8 @@ def run_worker(o, node):
                 iters = int(max(window * 4, min(o.max_iters, o.bytes / size)))
                 py_best = rust_best = float("inf")
                 for _ in range(o.repeat):
-                    py_best = min(py_best, python_round(py_worker, mode, keys, size, window, iters))
+                    py_best = min(py_best, python_round(py_worker, mode, key_arrays, size // 4,
+                                                        window, iters))
                     rust_best = min(rust_best, rust.run(mode, keys, size, window, iters))
                 row = {
                     "mode": mode, "size": size, "window": window, "iters": iters,

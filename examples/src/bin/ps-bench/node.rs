@@ -3,6 +3,7 @@
 //! worker 0 measures the raw-socket reference.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use examples::report::{
     BarrierTimes, Case, CheckOutcome, Figures, Mode, RawFigure, WorkerCase, WorkerReport,
 };
 use ps::optim::TableHandler;
-use ps::{node_ids, KvPairs, KvServer, KvWorker, Postoffice, Role};
+use ps::{node_ids, KvPairs, KvServer, KvWorker, Postoffice, RequestId, Role};
 
 use crate::options::{ModeArg, Options};
 
@@ -203,6 +204,7 @@ async fn benchmark(
             worker.wait(id).await?;
         }
         let vals = values(po, *size, o);
+        let key_bytes: Vec<Bytes> = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
         for mode in o.modes() {
             for window in &o.windows {
                 eprintln!("worker {rank}: {mode} {size} B x{window} in flight for {length} ...");
@@ -210,7 +212,29 @@ async fn benchmark(
                     po.barrier(node_ids::WORKER_GROUP).await?;
                 }
                 let cpu_before = cluster_cpu_seconds();
-                let mut r = run_case(worker, &keys, mode, &vals, *window, o).await?;
+                let mut r = run_case(
+                    worker,
+                    *window,
+                    o,
+                    |i| {
+                        let keys = key_bytes[i % key_bytes.len()].clone();
+                        let pairs = KvPairs {
+                            keys: keys.clone(),
+                            vals: vals.clone(),
+                            lens: None,
+                        };
+                        let worker = worker.clone();
+                        async move {
+                            match mode {
+                                Mode::Push => worker.zpush(pairs, 0).await,
+                                Mode::Pull => worker.zpull(keys, 0).await,
+                                Mode::PushPull => worker.zpush_pull(pairs, 0).await,
+                            }
+                        }
+                    },
+                    |_| Ok(()),
+                )
+                .await?;
                 let cpu = cluster_cpu_seconds()
                     .zip(cpu_before)
                     .map(|(after, before)| after - before);
@@ -270,10 +294,10 @@ pub(crate) fn cluster_cpu_seconds() -> Option<f64> {
 }
 
 /// One measured case, before its figures are worked out.
-struct CaseResult {
-    ops: u64,
-    elapsed: Duration,
-    latencies_us: Vec<u32>,
+pub(crate) struct CaseResult {
+    pub(crate) ops: u64,
+    pub(crate) elapsed: Duration,
+    pub(crate) latencies_us: Vec<u32>,
 }
 
 /// The values every request of a size's cases pushes: `size` bytes of `1f32`, written once (in the
@@ -292,16 +316,19 @@ fn values(po: &Postoffice, size: usize, o: &Options) -> Bytes {
     buf.freeze()
 }
 
-/// Keeps `window` requests in flight, one key per request, for `o.seconds` or `o.iters`.
-async fn run_case(
+/// Keeps `window` requests in flight for `o.seconds` or `o.iters`: `issue(i)` sends the
+/// `i`-th, `answered` looks at each answer.
+pub(crate) async fn run_case<F, Fut>(
     worker: &KvWorker<f32>,
-    keys: &[u64],
-    mode: Mode,
-    vals: &Bytes,
     window: usize,
     o: &Options,
-) -> Result<CaseResult, BoxError> {
-    let key_bytes: Vec<Bytes> = keys.iter().map(|k| ps::values::to_bytes(&[*k])).collect();
+    mut issue: F,
+    mut answered: impl FnMut(&KvPairs) -> Result<(), BoxError>,
+) -> Result<CaseResult, BoxError>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = ps::Result<RequestId>>,
+{
     let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
     let started = Instant::now();
     let mut in_flight = VecDeque::with_capacity(window);
@@ -314,25 +341,15 @@ async fn run_case(
             None => Instant::now() < deadline,
         };
         if running && in_flight.len() < window {
-            let keys = key_bytes[next % key_bytes.len()].clone();
+            let id = issue(next).await?;
             next += 1;
-            let pairs = KvPairs {
-                keys: keys.clone(),
-                vals: vals.clone(),
-                lens: None,
-            };
-            let id = match mode {
-                Mode::Push => worker.zpush(pairs, 0).await?,
-                Mode::Pull => worker.zpull(keys, 0).await?,
-                Mode::PushPull => worker.zpush_pull(pairs, 0).await?,
-            };
             in_flight.push_back((id, Instant::now()));
             continue;
         }
         let Some((id, sent)) = in_flight.pop_front() else {
             break;
         };
-        worker.wait(id).await?;
+        answered(&worker.wait(id).await?)?;
         latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
         ops += 1;
     }

@@ -3,14 +3,14 @@
 //! embedding table ([`ps::optim`]) whose optimizer applies every push. Pulls land in the
 //! caller's buffer, each server's answer copied once to its place ([`KvWorker::zpull_into`]).
 
-use std::collections::{HashSet, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
 
 use bytes::Bytes;
 use examples::raw::BoxError;
 use examples::report::{Case, Figures, Mode, WorkerCase, WorkerReport};
 use ps::{node_ids, KvPairs, KvWorker, Postoffice};
 
+use crate::node::run_case;
 use crate::options::Options;
 
 /// Distinct requests (id sets) a worker cycles through.
@@ -79,46 +79,32 @@ pub(crate) async fn benchmark(
                 po.barrier(node_ids::WORKER_GROUP).await?;
             }
             let cpu_before = crate::node::cluster_cpu_seconds();
-            let started = Instant::now();
-            let deadline = started + Duration::from_secs_f64(o.seconds);
-            let mut in_flight = VecDeque::with_capacity(*window);
-            let mut latencies = Vec::new();
-            let mut next = 0usize;
-            loop {
-                let running = match o.iters {
-                    Some(n) => (next as u64) < n,
-                    None => Instant::now() < deadline,
-                };
-                if running && in_flight.len() < *window {
-                    let keys = requests[next % requests.len()].clone();
-                    next += 1;
-                    let id = match mode {
-                        Mode::Push => {
-                            let pairs = KvPairs {
-                                keys,
-                                vals: grads.clone(),
-                                lens: None,
-                            };
-                            worker.zpush(pairs, 0).await?
-                        }
-                        Mode::Pull => worker.zpull_into(keys, vec![0u8; bytes], 0).await?,
-                        Mode::PushPull => {
-                            let pairs = KvPairs {
-                                keys,
-                                vals: grads.clone(),
-                                lens: None,
-                            };
-                            worker.zpush_pull_into(pairs, vec![0u8; bytes], 0).await?
-                        }
+            let mut r = run_case(
+                worker,
+                *window,
+                o,
+                |i| {
+                    let keys = requests[i % requests.len()].clone();
+                    let pairs = KvPairs {
+                        keys: keys.clone(),
+                        vals: grads.clone(),
+                        lens: None,
                     };
-                    in_flight.push_back((id, Instant::now()));
-                    continue;
-                }
-                let Some((id, sent)) = in_flight.pop_front() else {
-                    break;
-                };
-                let answer = worker.wait(id).await?;
-                if mode != Mode::Push {
+                    let worker = worker.clone();
+                    async move {
+                        match mode {
+                            Mode::Push => worker.zpush(pairs, 0).await,
+                            Mode::Pull => worker.zpull_into(keys, vec![0u8; bytes], 0).await,
+                            Mode::PushPull => {
+                                worker.zpush_pull_into(pairs, vec![0u8; bytes], 0).await
+                            }
+                        }
+                    }
+                },
+                |answer| {
+                    if mode == Mode::Push {
+                        return Ok(());
+                    }
                     if answer.vals.len() != bytes {
                         return Err(format!(
                             "a sparse pull answered {} bytes, not {bytes}",
@@ -127,21 +113,20 @@ pub(crate) async fn benchmark(
                         .into());
                     }
                     pulled += bytes as u64;
-                }
-                latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
-            }
+                    Ok(())
+                },
+            )
+            .await?;
+            let cpu = crate::node::cluster_cpu_seconds()
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
             let case = Case {
                 mode,
                 size: bytes as u64,
                 window: *window as u64,
                 keys: o.keys_per_request as u64,
             };
-            let elapsed = started.elapsed();
-            let cpu = crate::node::cluster_cpu_seconds()
-                .zip(cpu_before)
-                .map(|(after, before)| after - before);
-            let ops = latencies.len() as u64;
-            let figures = Figures::measure(case, ops, elapsed, &mut latencies, cpu);
+            let figures = Figures::measure(case, r.ops, r.elapsed, &mut r.latencies_us, cpu);
             report.cases.push(WorkerCase { case, figures });
         }
     }
