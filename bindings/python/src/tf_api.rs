@@ -173,79 +173,58 @@ unsafe fn key_bytes(keys: *const u64, n: usize) -> Result<Bytes, String> {
     Ok(ps::values::to_bytes(keys))
 }
 
+/// What every op does: push `vals` (`len` floats) when given, then pull into `out`
+/// (`out_len` floats) when given, for `n` sorted unique keys, and wait.
+///
 /// # Safety
 ///
 /// `worker` the address of a live worker (`Worker._address()`); `keys` readable for `n`
-/// values; `out` writable for `out_len` floats; `err` as [`report`].
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn pull(
+/// values; `vals` readable for `len` floats and `out` writable for `out_len` floats (or
+/// NULL: an error).
+unsafe fn run(
     worker: *const EmbedWorker,
     keys: *const u64,
     n: usize,
-    out: *mut f32,
-    out_len: usize,
+    vals: Option<(*const f32, usize)>,
+    out: Option<(*mut f32, usize)>,
     cmd: i32,
-    err: *mut c_char,
-    err_len: usize,
-) -> i32 {
-    // SAFETY: forwarded contract.
-    unsafe {
-        guarded(err, err_len, || {
-            let worker = worker.as_ref().ok_or("worker is NULL")?;
-            let keys = key_bytes(keys, n)?;
-            if n == 0 {
-                return Ok(());
-            }
-            if out.is_null() {
-                return Err("out is NULL".to_owned());
-            }
-            blocking_thread()?;
-            let lent = Lent {
-                ptr: out.cast(),
-                len: float_bytes(out_len)?,
-            };
-            worker
-                .pull_into(keys, lent, cmd)
-                .wait()
-                .map(drop)
-                .map_err(|e| e.to_string())
-        })
+) -> Result<(), String> {
+    // SAFETY: the caller's contract.
+    let worker = unsafe { worker.as_ref() }.ok_or("worker is NULL")?;
+    // SAFETY: the caller's contract.
+    let keys = unsafe { key_bytes(keys, n) }?;
+    if n == 0 {
+        return Ok(());
     }
-}
-
-/// # Safety
-///
-/// `worker` as for [`pull`]; `keys` readable for `n` values; `vals` readable for `len`
-/// floats; `err` as [`report`].
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn push(
-    worker: *const EmbedWorker,
-    keys: *const u64,
-    n: usize,
-    vals: *const f32,
-    len: usize,
-    cmd: i32,
-    err: *mut c_char,
-    err_len: usize,
-) -> i32 {
-    // SAFETY: forwarded contract.
-    unsafe {
-        guarded(err, err_len, || {
-            let worker = worker.as_ref().ok_or("worker is NULL")?;
-            let keys = key_bytes(keys, n)?;
-            if n == 0 {
-                return Ok(());
-            }
-            let pairs = pairs(keys, vals, len)?;
-            blocking_thread()?;
-            worker.push(pairs, cmd).wait().map_err(|e| e.to_string())
-        })
-    }
+    let pairs = match vals {
+        // SAFETY: the caller's contract.
+        Some((vals, len)) => unsafe { pairs(keys, vals, len) }?,
+        None => KvPairs {
+            keys,
+            ..KvPairs::default()
+        },
+    };
+    blocking_thread()?;
+    let lent = match out {
+        Some((out, _)) if out.is_null() => return Err("out is NULL".to_owned()),
+        Some((out, out_len)) => Some(Lent {
+            ptr: out.cast(),
+            len: float_bytes(out_len)?,
+        }),
+        None => None,
+    };
+    let done = match (vals.is_some(), lent) {
+        (true, None) => worker.push(pairs, cmd).wait(),
+        (false, Some(lent)) => worker.pull_into(pairs.keys, lent, cmd).wait().map(drop),
+        (true, Some(lent)) => worker.push_pull_into(pairs, lent, cmd).wait().map(drop),
+        (false, None) => Ok(()),
+    };
+    done.map_err(|e| e.to_string())
 }
 
 /// The pairs of a push: `keys`, and `len` floats at `vals`, copied (the op's input tensor may
-/// be freed once the op returns, and a push's bytes can outlive the wait when a server fails
-/// mid-request).
+/// be freed once the op returns, and a push's bytes can outlive the wait: a resend buffer or
+/// a send to a failed server may still hold them).
 ///
 /// # Safety
 ///
@@ -265,7 +244,51 @@ unsafe fn pairs(keys: Bytes, vals: *const f32, len: usize) -> Result<KvPairs, St
 
 /// # Safety
 ///
-/// As [`push`] for `worker`, `keys` and `vals`, as [`pull`] for `out`.
+/// As [`run`]; `err` as [`report`].
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn pull(
+    worker: *const EmbedWorker,
+    keys: *const u64,
+    n: usize,
+    out: *mut f32,
+    out_len: usize,
+    cmd: i32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        guarded(err, err_len, || {
+            run(worker, keys, n, None, Some((out, out_len)), cmd)
+        })
+    }
+}
+
+/// # Safety
+///
+/// As [`run`]; `err` as [`report`].
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn push(
+    worker: *const EmbedWorker,
+    keys: *const u64,
+    n: usize,
+    vals: *const f32,
+    len: usize,
+    cmd: i32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        guarded(err, err_len, || {
+            run(worker, keys, n, Some((vals, len)), None, cmd)
+        })
+    }
+}
+
+/// # Safety
+///
+/// As [`run`]; `err` as [`report`].
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn push_pull(
     worker: *const EmbedWorker,
@@ -282,25 +305,14 @@ unsafe extern "C" fn push_pull(
     // SAFETY: forwarded contract.
     unsafe {
         guarded(err, err_len, || {
-            let worker = worker.as_ref().ok_or("worker is NULL")?;
-            let keys = key_bytes(keys, n)?;
-            if n == 0 {
-                return Ok(());
-            }
-            if out.is_null() {
-                return Err("out is NULL".to_owned());
-            }
-            let pairs = pairs(keys, vals, len)?;
-            blocking_thread()?;
-            let lent = Lent {
-                ptr: out.cast(),
-                len: float_bytes(out_len)?,
-            };
-            worker
-                .push_pull_into(pairs, lent, cmd)
-                .wait()
-                .map(drop)
-                .map_err(|e| e.to_string())
+            run(
+                worker,
+                keys,
+                n,
+                Some((vals, len)),
+                Some((out, out_len)),
+                cmd,
+            )
         })
     }
 }

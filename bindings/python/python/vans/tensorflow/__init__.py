@@ -181,6 +181,11 @@ class ShardedEmbedding(tf.keras.layers.Layer):
         ``combiner``."""
         ids = tf.cast(ids, tf.int64)
         keys, index = tf.unique(tf.reshape(ids, [-1]))
+        # In vans' key order (unsigned: the sign bit flipped sorts as signed), so the ops put
+        # each server's answer straight into their output, moving no row twice.
+        order = tf.argsort(tf.bitwise.bitwise_xor(keys, tf.constant(-(2**63), tf.int64)))
+        keys = tf.gather(keys, order)
+        index = tf.gather(tf.math.invert_permutation(order), index)
         rows = self._lookup(keys, tf.convert_to_tensor(self._trigger))
         if self.combiner is None:
             out = tf.gather(rows, index)

@@ -101,7 +101,13 @@ class VansOp : public OpKernel {
   int32_t cmd_ = 0;
 };
 
-class VansPullOp : public VansOp {
+// VansPull (kPush false), VansPush (kPull false) and VansPushPull: keys in any order, the
+// values of a push and the rows of a pull in the keys' order. Keys already in order (what
+// vans.tensorflow's layer passes) move no row twice: each server's answer lands in the output
+// itself; otherwise rows are gathered into key order for a push and scattered back after a
+// pull.
+template <bool kPush, bool kPull>
+class VansKernel : public VansOp {
  public:
   using VansOp::VansOp;
 
@@ -112,71 +118,49 @@ class VansPullOp : public VansOp {
     std::vector<int64_t> perm;
     OP_REQUIRES_OK(ctx, Order(keys, &sorted, &perm));
     const int64_t n = static_cast<int64_t>(sorted.size());
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
-    float* rows = out->flat<float>().data();
-    // Already in key order: each server's answer lands in the output itself. Otherwise in a
-    // buffer, then row by row to the keys' places.
-    std::vector<float> staged(perm.empty() ? 0 : n * dim_);
-    float* target = perm.empty() ? rows : staged.data();
-    char err[512] = {0};
-    if (api_->pull(worker_, sorted.data(), n, target, n * dim_, cmd_, err, sizeof err) != 0) {
-      ctx->CtxFailure(Failed("pull", err));
-      return;
+    const size_t len = static_cast<size_t>(n * dim_);
+    const float* given = nullptr;
+    std::vector<float> gathered;
+    if (kPush) {
+      const Tensor& vals = ctx->input(1);
+      OP_REQUIRES(ctx, vals.NumElements() == n * dim_,
+                  InvalidArgument("vans: ", vals.NumElements(), " values for ", n,
+                                  " keys of dim ", dim_));
+      given = vals.flat<float>().data();
+      if (!perm.empty()) {
+        gathered.resize(len);
+        for (int64_t i = 0; i < n; i++) {
+          std::copy_n(given + perm[i] * dim_, dim_, gathered.data() + i * dim_);
+        }
+        given = gathered.data();
+      }
     }
-    for (size_t i = 0; i < perm.size(); i++) {
-      std::copy_n(staged.data() + i * dim_, dim_, rows + perm[i] * dim_);
-    }
-  }
-};
-
-// VansPush (`pull` false) and VansPushPull (`pull` true): values in the keys' order.
-template <bool kPull>
-class VansPushOp : public VansOp {
- public:
-  using VansOp::VansOp;
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys = ctx->input(0);
-    const Tensor& vals = ctx->input(1);
-    OP_REQUIRES(ctx, keys.dims() == 1, InvalidArgument("vans: keys must be a vector"));
-    OP_REQUIRES(ctx, keys.NumElements() <= kMaxKeys,
-                InvalidArgument("vans: ", keys.NumElements(), " keys in one op are too many"));
-    OP_REQUIRES(ctx, vals.NumElements() == keys.NumElements() * dim_,
-                InvalidArgument("vans: ", vals.NumElements(), " values for ",
-                                keys.NumElements(), " keys of dim ", dim_));
-    std::vector<uint64_t> sorted;
-    std::vector<int64_t> perm;
-    OP_REQUIRES_OK(ctx, Order(keys, &sorted, &perm));
-    const int64_t n = static_cast<int64_t>(sorted.size());
-    const float* given = vals.flat<float>().data();
+    float* rows = nullptr;
     std::vector<float> staged;
-    if (!perm.empty()) {
-      staged.resize(n * dim_);
-      for (int64_t i = 0; i < n; i++) {
-        std::copy_n(given + perm[i] * dim_, dim_, staged.data() + i * dim_);
-      }
-      given = staged.data();
+    float* target = nullptr;
+    if (kPull) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
+      rows = out->flat<float>().data();
+      staged.resize(perm.empty() ? 0 : len);
+      target = perm.empty() ? rows : staged.data();
     }
     char err[512] = {0};
-    if (!kPull) {
-      if (api_->push(worker_, sorted.data(), n, given, n * dim_, cmd_, err, sizeof err) != 0) {
-        ctx->CtxFailure(Failed("push", err));
-      }
+    int failed = 0;
+    if (kPush && kPull) {
+      failed = api_->push_pull(worker_, sorted.data(), n, given, len, target, len, cmd_, err,
+                               sizeof err);
+    } else if (kPush) {
+      failed = api_->push(worker_, sorted.data(), n, given, len, cmd_, err, sizeof err);
+    } else {
+      failed = api_->pull(worker_, sorted.data(), n, target, len, cmd_, err, sizeof err);
+    }
+    if (failed != 0) {
+      ctx->CtxFailure(Failed(kPush ? (kPull ? "push-pull" : "push") : "pull", err));
       return;
     }
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &out));
-    float* rows = out->flat<float>().data();
-    std::vector<float> pulled(perm.empty() ? 0 : n * dim_);
-    float* target = perm.empty() ? rows : pulled.data();
-    if (api_->push_pull(worker_, sorted.data(), n, given, n * dim_, target, n * dim_, cmd_, err,
-                        sizeof err) != 0) {
-      ctx->CtxFailure(Failed("push-pull", err));
-      return;
-    }
-    for (size_t i = 0; i < perm.size(); i++) {
-      std::copy_n(pulled.data() + i * dim_, dim_, rows + perm[i] * dim_);
+    for (size_t i = 0; kPull && i < perm.size(); i++) {
+      std::copy_n(staged.data() + i * dim_, dim_, rows + perm[i] * dim_);
     }
   }
 };
@@ -227,6 +211,9 @@ REGISTER_OP("VansPushPull")
     })
     .Doc("Pushes [n, dim] values of unique int64 keys, then returns their updated rows.");
 
-REGISTER_KERNEL_BUILDER(Name("VansPull").Device(DEVICE_CPU), VansPullOp);
-REGISTER_KERNEL_BUILDER(Name("VansPush").Device(DEVICE_CPU), VansPushOp<false>);
-REGISTER_KERNEL_BUILDER(Name("VansPushPull").Device(DEVICE_CPU), VansPushOp<true>);
+using VansPullKernel = VansKernel<false, true>;
+using VansPushKernel = VansKernel<true, false>;
+using VansPushPullKernel = VansKernel<true, true>;
+REGISTER_KERNEL_BUILDER(Name("VansPull").Device(DEVICE_CPU), VansPullKernel);
+REGISTER_KERNEL_BUILDER(Name("VansPush").Device(DEVICE_CPU), VansPushKernel);
+REGISTER_KERNEL_BUILDER(Name("VansPushPull").Device(DEVICE_CPU), VansPushPullKernel);
