@@ -180,12 +180,7 @@ def train_node(args):
         losses.append(report.item() / world)
         if rank == 0:
             _progress(args, args.mode, step, losses[-1])
-    seconds = time.perf_counter() - started
-    result = {"mode": args.mode, "losses": losses, "workers": world,
-              "examples_per_s": args.batch * args.steps / seconds}
-    if rank == 0 and args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f)
+    result = _worker_result(args, rank, world, losses, started)
     dist.destroy_process_group()
     return result
 
@@ -250,13 +245,19 @@ def train_node_tf(args):
         losses.append(float(total[-1]))
         if rank == 0:
             _progress(args, args.mode, step, losses[-1])
+    result = _worker_result(args, rank, world, losses, started)
+    node.finalize()
+    return result
+
+
+def _worker_result(args, rank, world, losses, started):
+    """A worker's figures (rank 0 writes them to ``--json`` for the launching process)."""
     seconds = time.perf_counter() - started
     result = {"mode": args.mode, "losses": losses, "workers": world,
               "examples_per_s": args.batch * args.steps / seconds}
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)
-    node.finalize()
     return result
 
 
