@@ -45,6 +45,15 @@ pub fn init_logging(ansi: bool) {
         .init();
 }
 
+/// SplitMix64 of `x`: a bijection of `u64` that spreads neighbouring values over the whole
+/// range (ids over every server, seeds into unrelated streams).
+pub fn splitmix64(x: u64) -> u64 {
+    let x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
 /// `a / b`, or 0 when `b` is 0 (a failed or empty measurement).
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b == 0.0 {

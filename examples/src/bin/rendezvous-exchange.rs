@@ -490,18 +490,11 @@ struct Exchange {
     pool: Bytes,
 }
 
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 8);
     let mut s = seed;
     while out.len() < len {
-        s = splitmix(s);
+        s = examples::splitmix64(s);
         out.extend_from_slice(&s.to_le_bytes());
     }
     out.truncate(len);
@@ -543,7 +536,7 @@ impl Exchange {
 
     /// The ping from task 0 to `peer`, tensor `i` of `step`: unique content per tensor.
     fn ping(&self, step: i64, i: usize, peer: NodeId, len: usize) -> Bytes {
-        let seed = splitmix(
+        let seed = examples::splitmix64(
             (step as u64).wrapping_mul(1_000_003) ^ ((i as u64) << 20) ^ (peer as u64) << 48,
         );
         if len <= SMALL_MAX {

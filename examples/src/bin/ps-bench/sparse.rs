@@ -6,8 +6,10 @@
 use std::collections::HashSet;
 
 use bytes::Bytes;
+use examples::chaos::Rng;
 use examples::raw::BoxError;
 use examples::report::{Case, Figures, Mode, WorkerCase, WorkerReport};
+use examples::splitmix64;
 use ps::{node_ids, KvPairs, KvWorker, Postoffice};
 
 use crate::node::run_case;
@@ -16,13 +18,9 @@ use crate::options::Options;
 /// Distinct requests (id sets) a worker cycles through.
 const REQUEST_SETS: usize = 32;
 
-/// SplitMix64: the ids' generator and the spreading of Zipf ranks over the key space.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// A uniform number in `[0, 1)`.
+fn uniform(rng: &mut Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// A Zipf-like rank in `0..vocab` with exponent `s`: the inverse CDF of the continuous power
@@ -40,14 +38,14 @@ fn zipf_rank(u: f64, vocab: u64, s: f64) -> u64 {
 
 /// `REQUEST_SETS` requests' keys: `n` unique ids each, sorted, as little-endian bytes.
 fn request_keys(o: &Options, rank: u32) -> Vec<Bytes> {
-    let mut state = 0x5EED ^ u64::from(rank) << 32;
+    let mut rng = Rng::new(0x5EED ^ u64::from(rank) << 32);
     (0..REQUEST_SETS)
         .map(|_| {
             let mut ids = HashSet::with_capacity(o.keys_per_request);
             while ids.len() < o.keys_per_request {
-                let u = (splitmix(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
-                let mut rank = zipf_rank(u, o.vocab, o.zipf);
-                ids.insert(splitmix(&mut rank));
+                let rank = zipf_rank(uniform(&mut rng), o.vocab, o.zipf);
+                // Popular ranks spread over the key space, so over every server.
+                ids.insert(splitmix64(rank));
             }
             let mut keys: Vec<u64> = ids.into_iter().collect();
             keys.sort_unstable();
@@ -146,11 +144,10 @@ mod tests {
     #[test]
     fn zipf_ranks_stay_in_range_and_favour_the_head() {
         let vocab = 1_000_000;
-        let mut state = 1;
+        let mut rng = Rng::new(1);
         let mut head = 0;
         for _ in 0..10_000 {
-            let u = (splitmix(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
-            let rank = zipf_rank(u, vocab, 1.1);
+            let rank = zipf_rank(uniform(&mut rng), vocab, 1.1);
             assert!(rank < vocab);
             head += u64::from(rank < 100);
         }
