@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ps::postoffice::Customer;
-use ps::Postoffice;
+use node::postoffice::Customer;
+use node::Postoffice;
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, warn};
 use van_core::{node_ids, Message, Meta, NodeId};
@@ -542,7 +542,7 @@ impl Shared {
             data: [data].into_iter().collect(),
         };
         self.po.send(msg).await.map_err(|e| match e {
-            ps::PsError::NodeFailed { reason, .. } => CollectiveError::RankFailed {
+            node::PsError::NodeFailed { reason, .. } => CollectiveError::RankFailed {
                 node,
                 rank: to,
                 generation: op.generation,

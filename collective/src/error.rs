@@ -58,8 +58,8 @@ pub enum CollectiveError {
     Ps(String),
 }
 
-impl From<ps::PsError> for CollectiveError {
-    fn from(e: ps::PsError) -> CollectiveError {
+impl From<node::PsError> for CollectiveError {
+    fn from(e: node::PsError) -> CollectiveError {
         CollectiveError::Ps(e.to_string())
     }
 }

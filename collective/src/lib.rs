@@ -28,7 +28,7 @@
 //! generation, and goes on:
 //!
 //! ```no_run
-//! # async fn train(po: ps::Postoffice) -> collective::Result<()> {
+//! # async fn train(po: node::Postoffice) -> collective::Result<()> {
 //! use std::time::Duration;
 //! let mut comm = collective::Communicator::new(&po).await?;
 //! let mut grads = vec![0f32; 1 << 20];
@@ -59,7 +59,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ps::Postoffice;
+use node::Postoffice;
 use tokio::task::JoinHandle;
 use van_core::{NodeId, Role};
 

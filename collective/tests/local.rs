@@ -3,13 +3,13 @@
 //! the rank count, zero-length buffers, many slices per chunk, every element type.
 
 use collective::{bf16, CommOptions, Communicator, ReduceOp};
-use ps::local::LocalCluster;
-use ps::{Postoffice, Role};
+use node::local::LocalCluster;
+use node::{Postoffice, Role};
 
 /// What one worker saw: its rank and the bits of its floating-point results.
 type Seen = Option<(usize, Vec<u64>)>;
 
-async fn worker(po: Postoffice) -> ps::Result<Seen> {
+async fn worker(po: Postoffice) -> node::Result<Seen> {
     if po.role() != Role::Worker {
         po.finalize().await?;
         return Ok(None);
@@ -31,7 +31,7 @@ async fn worker(po: Postoffice) -> ps::Result<Seen> {
     po.finalize().await?;
     result
         .map(Some)
-        .map_err(|e| ps::PsError::InvalidArgument(format!("collective failed: {e}")))
+        .map_err(|e| node::PsError::InvalidArgument(format!("collective failed: {e}")))
 }
 
 fn options() -> CommOptions {

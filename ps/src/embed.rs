@@ -1,24 +1,13 @@
-//! Node handles that own their I/O runtime, for callers that have none: plain threads, C and
-//! Python through the bindings, a tokio runtime of the caller's own (current-thread or
-//! multi-thread), or another executor (`futures::executor::block_on`, smol).
-//!
-//! [`NodeHandle::start`] joins the cluster on a tokio runtime that the handle owns
-//! (`config.io_threads` threads, one by default). Operations run on that runtime, except that
-//! a worker's request is sent from the calling thread when the van can take it at once (no
-//! hop to the runtime and back); each is answered through a [`Call`], which is at once
-//!
-//! - a `Future` that any executor can poll (it needs no tokio context, so awaiting it on a
-//!   caller's runtime never blocks that runtime's workers),
-//! - a blocking wait, [`Call::wait`] / [`Call::wait_timeout`] (ps-lite's `Wait`), refused
-//!   with an error on an async runtime thread rather than stalling it, and
-//! - a completion callback, [`Call::on_complete`] (ps-lite's callback style), run on the
-//!   node's runtime.
+//! Key-value applications on a [`NodeHandle`] (a node that owns its I/O runtime, for plain
+//! threads, the bindings and other executors): [`Worker`] and [`Server`], started with the
+//! [`KvNode`] methods of the handle.
 //!
 //! Values are typed at run time here ([`DataType`]), so a foreign caller picks the type with
 //! an argument; [`Worker`] and [`Server`] dispatch to [`KvWorker<T>`] and [`KvServer<T>`].
 //!
 //! ```no_run
-//! use ps::embed::NodeHandle;
+//! use node::embed::NodeHandle;
+//! use ps::embed::KvNode;
 //! use ps::{Config, KvPairs};
 //! use van_core::DataType;
 //!
@@ -34,205 +23,73 @@
 //! ```
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
-use van_core::{Config, DataType, NodeId, Role};
+use node::embed::{Call, NodeHandle};
+use van_core::DataType;
 
-use crate::error::{PsError, Result};
 use crate::kv::{Filled, KvPairs, KvServer, KvWorker, PullBuffer, RequestHandler, Snapshot};
-use crate::postoffice::Postoffice;
+use crate::{PsError, Result};
+use node::Postoffice;
 
-/// How long dropping the last handle of a node that was neither finalized nor stopped waits
-/// for its vans to close.
-const DROP_STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// A node of the cluster with its own I/O runtime; cheap to clone (all clones are the same
-/// node). Thread-safe: every method may be called from any thread.
-///
-/// Leave the cluster with [`finalize`](Self::finalize) (a barrier of every node, then stop)
-/// or [`stop`](Self::stop). Dropping the last clone without either stops the node's vans
-/// (waiting up to two seconds when called outside an async runtime) and then its runtime.
-#[derive(Clone)]
-pub struct NodeHandle {
-    inner: Arc<NodeInner>,
-}
-
-struct NodeInner {
-    runtime: OwnedRuntime,
-    po: Postoffice,
-}
-
-impl Drop for NodeInner {
-    fn drop(&mut self) {
-        if self.po.is_stopped() || tokio::runtime::Handle::try_current().is_ok() {
-            return;
-        }
-        if let Some(runtime) = &self.runtime.0 {
-            let po = self.po.clone();
-            // The timer is made inside the runtime (it needs its context).
-            let _ =
-                runtime.block_on(async { tokio::time::timeout(DROP_STOP_GRACE, po.stop()).await });
-        }
-    }
-}
-
-/// A runtime that shuts down in the background when dropped, which never blocks: safe on a
-/// caller's runtime thread and on the runtime's own threads (where dropping a tokio runtime
-/// panics).
-struct OwnedRuntime(Option<tokio::runtime::Runtime>);
-
-impl OwnedRuntime {
-    fn handle(&self) -> tokio::runtime::Handle {
-        match &self.0 {
-            Some(runtime) => runtime.handle().clone(),
-            // Taken only in `drop`, after which nothing can ask.
-            None => unreachable!("a node's runtime was used while being dropped"),
-        }
-    }
-}
-
-impl Drop for OwnedRuntime {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
-impl std::fmt::Debug for NodeHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeHandle")
-            .field("postoffice", &self.inner.po)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A runtime for one node: `config.io_threads` worker threads (one by default).
-fn node_runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
-    let threads = config.io_threads.unwrap_or(1).max(1) as usize;
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name("vans-io")
-        .enable_all()
-        .build()
-        .map_err(|e| PsError::InvalidArgument(format!("cannot start the I/O runtime: {e}")))
-}
-
-impl NodeHandle {
-    /// Joins the cluster `config` describes, blocking until the node table has arrived (or
-    /// `config.bootstrap_timeout` passed). Must not be called on an async runtime thread: use
-    /// [`start_async`](Self::start_async) there.
-    pub fn start(config: Config) -> Result<NodeHandle> {
-        NodeHandle::start_async(config)?.wait()
-    }
-
-    /// Joins the cluster from the environment (`DMLC_*` or `TF_CONFIG`), blocking.
-    pub fn from_env() -> Result<NodeHandle> {
-        NodeHandle::start(Config::from_env()?)
-    }
-
-    /// Starts joining the cluster; the returned call completes with the node once it has
-    /// joined. The runtime is created here, so this fails at once only when it cannot be.
-    pub fn start_async(config: Config) -> Result<Call<NodeHandle>> {
-        let runtime = OwnedRuntime(Some(node_runtime(&config)?));
-        let handle = runtime.handle();
-        let (tx, rx) = oneshot::channel();
-        handle.spawn(async move {
-            let node = Postoffice::start(config).await.map(|po| NodeHandle {
-                inner: Arc::new(NodeInner { runtime, po }),
-            });
-            if let Err(Ok(node)) = tx.send(node) {
-                // Nobody waits any more: leave, and let the runtime go (dropping the last
-                // handle on the runtime's own thread shuts it down in the background).
-                node.inner.po.stop().await;
-            }
-        });
-        Ok(Call::new(handle, async move {
-            rx.await.unwrap_or(Err(PsError::Stopped))
-        }))
-    }
-
-    /// The node's postoffice, for Rust code that runs on [`runtime`](Self::runtime).
-    pub fn postoffice(&self) -> &Postoffice {
-        &self.inner.po
-    }
-
-    /// The node's runtime, to spawn Rust tasks next to the node's own.
-    pub fn runtime(&self) -> tokio::runtime::Handle {
-        self.inner.runtime.handle()
-    }
-
-    /// Runs `future` on the node's runtime; its result comes back through the call.
-    pub fn spawn<T, F>(&self, future: F) -> Call<T>
-    where
-        T: Send + 'static,
-        F: Future<Output = Result<T>> + Send + 'static,
-    {
-        spawn_call(&self.runtime(), future)
-    }
-
-    /// This node's role.
-    pub fn role(&self) -> Role {
-        self.inner.po.role()
-    }
-
-    /// This node's id (ps-lite numbering: scheduler 1, servers 8, 10, …, workers 9, 11, …).
-    pub fn id(&self) -> NodeId {
-        self.inner.po.my_id()
-    }
-
-    /// This node's rank within its role.
-    pub fn rank(&self) -> u32 {
-        self.inner.po.my_rank()
-    }
-
-    /// Number of servers in the cluster.
-    pub fn num_servers(&self) -> u32 {
-        self.inner.po.num_servers()
-    }
-
-    /// Number of workers in the cluster.
-    pub fn num_workers(&self) -> u32 {
-        self.inner.po.num_workers()
-    }
-
-    /// Waits until every node of `group` has called `barrier` with the same group
-    /// ([`Postoffice::barrier`]).
-    pub fn barrier(&self, group: i32) -> Call<()> {
-        let po = self.inner.po.clone();
-        self.spawn(async move { po.barrier(group).await })
-    }
-
-    /// Leaves the cluster in order: a barrier of every node, then stop
-    /// ([`Postoffice::finalize`]).
-    pub fn finalize(&self) -> Call<()> {
-        let po = self.inner.po.clone();
-        self.spawn(async move { po.finalize().await })
-    }
-
-    /// Stops the node without a barrier (after a failure); pending calls fail.
-    pub fn stop(&self) -> Call<()> {
-        let po = self.inner.po.clone();
-        self.spawn(async move {
-            po.stop().await;
-            Ok(())
-        })
-    }
-
-    /// Whether the node has stopped (finalized, stopped, or its scheduler is gone).
-    pub fn is_stopped(&self) -> bool {
-        self.inner.po.is_stopped()
-    }
-
+/// The key-value applications a [`NodeHandle`] can start: `use ps::embed::KvNode;` and call
+/// them on the handle.
+pub trait KvNode {
     /// A worker application pushing and pulling values of type `dtype`.
-    pub fn worker(&self, dtype: DataType, app_id: i32, customer_id: i32) -> Call<Worker> {
-        let po = self.inner.po.clone();
+    fn worker(&self, dtype: DataType, app_id: i32, customer_id: i32) -> Call<Worker>;
+    /// A server application summing values of type `dtype` (ps-lite's default handle), with
+    /// `shards` shared-nothing shards.
+    fn sum_server(
+        &self,
+        dtype: DataType,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+    ) -> Call<Server>;
+    /// A server application holding an embedding table of `f32` rows with a server-side
+    /// optimizer ([`crate::optim`]), in `shards` shards.
+    fn table_server(
+        &self,
+        spec: crate::optim::TableSpec,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+    ) -> Call<Server>;
+    /// A server application whose `shards` shards each answer with a handler from
+    /// `make(shard)`. The handlers run on the node's runtime and must not block.
+    fn server<H, M>(
+        &self,
+        dtype: DataType,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: M,
+    ) -> Call<Server>
+    where
+        H: RequestHandler,
+        M: Fn(usize) -> H + Send + 'static;
+    /// [`server`](Self::server) started from `snapshot` before it takes any request
+    /// ([`KvServer::new_restored`]): what a server started again after a failure wants.
+    fn server_restored<H, M>(
+        &self,
+        dtype: DataType,
+        app_id: i32,
+        customer_id: i32,
+        shards: usize,
+        make: M,
+        snapshot: Snapshot,
+    ) -> Call<Server>
+    where
+        H: RequestHandler,
+        M: Fn(usize) -> H + Send + 'static;
+}
+
+impl KvNode for NodeHandle {
+    fn worker(&self, dtype: DataType, app_id: i32, customer_id: i32) -> Call<Worker> {
+        let po = self.postoffice().clone();
         let node = self.clone();
         self.spawn(async move {
             let kv = AnyWorker::new(dtype, &po, app_id, customer_id).await?;
@@ -240,16 +97,14 @@ impl NodeHandle {
         })
     }
 
-    /// A server application summing values of type `dtype` (ps-lite's default handle), with
-    /// `shards` shared-nothing shards.
-    pub fn sum_server(
+    fn sum_server(
         &self,
         dtype: DataType,
         app_id: i32,
         customer_id: i32,
         shards: usize,
     ) -> Call<Server> {
-        let po = self.inner.po.clone();
+        let po = self.postoffice().clone();
         let node = self.clone();
         self.spawn(async move {
             let kv = Arc::new(start_sum_server(dtype, &po, app_id, customer_id, shards).await?);
@@ -257,9 +112,7 @@ impl NodeHandle {
         })
     }
 
-    /// A server application holding an embedding table of `f32` rows with a server-side
-    /// optimizer ([`crate::optim`]), in `shards` shards.
-    pub fn table_server(
+    fn table_server(
         &self,
         spec: crate::optim::TableSpec,
         app_id: i32,
@@ -271,9 +124,7 @@ impl NodeHandle {
         })
     }
 
-    /// A server application whose `shards` shards each answer with a handler from
-    /// `make(shard)`. The handlers run on the node's runtime and must not block.
-    pub fn server<H, M>(
+    fn server<H, M>(
         &self,
         dtype: DataType,
         app_id: i32,
@@ -285,12 +136,10 @@ impl NodeHandle {
         H: RequestHandler,
         M: Fn(usize) -> H + Send + 'static,
     {
-        self.launch_server(dtype, app_id, customer_id, shards, make, None)
+        launch_server(self, dtype, app_id, customer_id, shards, make, None)
     }
 
-    /// [`server`](Self::server) started from `snapshot` before it takes any request
-    /// ([`KvServer::new_restored`]): what a server started again after a failure wants.
-    pub fn server_restored<H, M>(
+    fn server_restored<H, M>(
         &self,
         dtype: DataType,
         app_id: i32,
@@ -303,254 +152,50 @@ impl NodeHandle {
         H: RequestHandler,
         M: Fn(usize) -> H + Send + 'static,
     {
-        self.launch_server(dtype, app_id, customer_id, shards, make, Some(snapshot))
-    }
-
-    fn launch_server<H, M>(
-        &self,
-        dtype: DataType,
-        app_id: i32,
-        customer_id: i32,
-        shards: usize,
-        make: M,
-        snapshot: Option<Snapshot>,
-    ) -> Call<Server>
-    where
-        H: RequestHandler,
-        M: Fn(usize) -> H + Send + 'static,
-    {
-        let po = self.inner.po.clone();
-        let node = self.clone();
-        self.spawn(async move {
-            let started = start_server(
-                dtype,
-                &po,
-                app_id,
-                customer_id,
-                shards,
-                make,
-                snapshot.as_ref(),
-            );
-            let kv = Arc::new(started.await?);
-            Ok(Server { dtype, kv, node })
-        })
+        launch_server(
+            self,
+            dtype,
+            app_id,
+            customer_id,
+            shards,
+            make,
+            Some(snapshot),
+        )
     }
 }
 
-/// Spawns `future` on `handle`, answering through a [`Call`].
-fn spawn_call<T, F>(handle: &tokio::runtime::Handle, future: F) -> Call<T>
+fn launch_server<H, M>(
+    node: &NodeHandle,
+    dtype: DataType,
+    app_id: i32,
+    customer_id: i32,
+    shards: usize,
+    make: M,
+    snapshot: Option<Snapshot>,
+) -> Call<Server>
 where
-    T: Send + 'static,
-    F: Future<Output = Result<T>> + Send + 'static,
+    H: RequestHandler,
+    M: Fn(usize) -> H + Send + 'static,
 {
-    let (tx, rx) = oneshot::channel();
-    handle.spawn(async move {
-        // The caller may have dropped its call: the result is not wanted then.
-        let _ = tx.send(future.await);
-    });
-    Call::new(handle.clone(), async move {
-        // The task ended without an answer: its runtime shut down.
-        rx.await.unwrap_or(Err(PsError::Stopped))
+    let po = node.postoffice().clone();
+    let handle = node.clone();
+    node.spawn(async move {
+        let started = start_server(
+            dtype,
+            &po,
+            app_id,
+            customer_id,
+            shards,
+            make,
+            snapshot.as_ref(),
+        );
+        let kv = Arc::new(started.await?);
+        Ok(Server {
+            dtype,
+            kv,
+            node: handle,
+        })
     })
-}
-
-/// An operation's future, polled by whoever waits for the call.
-/// `Sync` too, so a call can sit in shared structures (a Python object, a C request table).
-type Operation<T> = Pin<Box<dyn Future<Output = Result<T>> + Send + Sync>>;
-
-/// Where a call stands.
-enum State<T> {
-    /// Not answered yet.
-    Running(Operation<T>),
-    /// Answered, not yet taken.
-    Answered(Result<T>),
-    /// Taken.
-    Taken,
-}
-
-/// The answer to an operation of a node handle: await it (on any executor), wait for it
-/// ([`wait`](Self::wait)), or have a callback run with it ([`on_complete`](Self::on_complete)).
-///
-/// The operation's own future is polled by whoever waits, so an answer wakes the waiting
-/// thread directly (no hop through the node's runtime). Every future behind a call is
-/// runtime-agnostic. Dropping a call does not cancel the operation: what is left of it runs
-/// to the end on the node's runtime, and its result is discarded.
-#[must_use = "a call does nothing more once dropped: its result is discarded"]
-pub struct Call<T: Send + 'static> {
-    state: State<T>,
-    handle: tokio::runtime::Handle,
-}
-
-impl<T: Send + 'static> std::fmt::Debug for Call<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Call")
-            .field("running", &matches!(self.state, State::Running(_)))
-            .finish_non_exhaustive()
-    }
-}
-
-// The operation is boxed and a result is only ever moved: nothing in a call is pinned in place.
-impl<T: Send + 'static> Unpin for Call<T> {}
-
-impl<T: Send + 'static> Drop for Call<T> {
-    fn drop(&mut self) {
-        // Let the operation finish (a request leaves its table only when waited for).
-        if let State::Running(operation) = std::mem::replace(&mut self.state, State::Taken) {
-            drop(self.handle.spawn(operation));
-        }
-    }
-}
-
-impl<T: Send + 'static> Call<T> {
-    fn new(
-        handle: tokio::runtime::Handle,
-        operation: impl Future<Output = Result<T>> + Send + Sync + 'static,
-    ) -> Call<T> {
-        Call {
-            state: State::Running(Box::pin(operation)),
-            handle,
-        }
-    }
-
-    fn answered(handle: tokio::runtime::Handle, result: Result<T>) -> Call<T> {
-        Call {
-            state: State::Answered(result),
-            handle,
-        }
-    }
-
-    /// Blocks the calling thread until the operation completes. Fails with
-    /// [`PsError::InvalidArgument`] on an async runtime thread (await the call there instead):
-    /// blocking it could stall the very tasks that would complete the call.
-    pub fn wait(mut self) -> Result<T> {
-        self.wait_until(None)
-    }
-
-    /// Like [`wait`](Self::wait), giving up after `timeout` with [`PsError::Timeout`]; the call
-    /// can be waited for again then.
-    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<T> {
-        self.wait_until(Some(Instant::now() + timeout))
-    }
-
-    fn wait_until(&mut self, deadline: Option<Instant>) -> Result<T> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(PsError::InvalidArgument(
-                "a blocking wait on an async runtime thread would stall it; await the call \
-                 instead"
-                    .into(),
-            ));
-        }
-        let started = Instant::now();
-        match block_on_until(&mut *self, deadline) {
-            Some(result) => result,
-            None => Err(PsError::Timeout {
-                waited: started.elapsed(),
-            }),
-        }
-    }
-
-    /// Whether the result is there (a wait would not block).
-    pub fn is_ready(&mut self) -> bool {
-        if let State::Running(operation) = &mut self.state {
-            let mut cx = Context::from_waker(std::task::Waker::noop());
-            match operation.as_mut().poll(&mut cx) {
-                Poll::Ready(result) => self.state = State::Answered(result),
-                Poll::Pending => return false,
-            }
-        }
-        true
-    }
-
-    /// Runs `done` with the result on the node's runtime, once the operation completes. `done`
-    /// must not block (it runs on an I/O thread). It runs exactly once: if the node's runtime
-    /// shuts down before the operation completes, it runs with [`PsError::Stopped`] on the
-    /// thread that shuts the runtime down.
-    pub fn on_complete(mut self, done: impl FnOnce(Result<T>) + Send + 'static) {
-        let done = Once(Some(done), PhantomData);
-        let result = match std::mem::replace(&mut self.state, State::Taken) {
-            State::Running(operation) => {
-                drop(self.handle.spawn(async move { done.call(operation.await) }));
-                return;
-            }
-            State::Answered(result) => result,
-            State::Taken => Err(already_taken()),
-        };
-        drop(self.handle.spawn(async move { done.call(result) }));
-    }
-}
-
-/// A completion callback that runs exactly once: with the result, or with
-/// [`PsError::Stopped`] when it is dropped first (its task was dropped by a runtime shutting
-/// down), so nobody waits on a callback that will never come.
-struct Once<T, F: FnOnce(Result<T>)>(Option<F>, PhantomData<fn(T)>);
-
-impl<T, F: FnOnce(Result<T>)> Once<T, F> {
-    fn call(mut self, result: Result<T>) {
-        if let Some(done) = self.0.take() {
-            done(result);
-        }
-    }
-}
-
-impl<T, F: FnOnce(Result<T>)> Drop for Once<T, F> {
-    fn drop(&mut self) {
-        if let Some(done) = self.0.take() {
-            done(Err(PsError::Stopped));
-        }
-    }
-}
-
-fn already_taken() -> PsError {
-    PsError::InvalidArgument("the call's result was already taken".into())
-}
-
-impl<T: Send + 'static> Future for Call<T> {
-    type Output = Result<T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        let result = match &mut self.state {
-            State::Running(operation) => match operation.as_mut().poll(cx) {
-                Poll::Ready(result) => result,
-                Poll::Pending => return Poll::Pending,
-            },
-            State::Answered(_) => match std::mem::replace(&mut self.state, State::Taken) {
-                State::Answered(result) => result,
-                _ => Err(already_taken()),
-            },
-            State::Taken => Err(already_taken()),
-        };
-        self.state = State::Taken;
-        Poll::Ready(result)
-    }
-}
-
-/// Polls `future` on the calling thread until it is ready or `deadline` passes.
-pub(crate) fn block_on_until<F: Future>(future: F, deadline: Option<Instant>) -> Option<F::Output> {
-    use std::task::{Wake, Waker};
-    struct ThreadWaker(std::thread::Thread);
-    impl Wake for ThreadWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return Some(out);
-        }
-        match deadline {
-            None => std::thread::park(),
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return None;
-                }
-                std::thread::park_timeout(left);
-            }
-        }
-    }
 }
 
 macro_rules! any_kv {
@@ -702,11 +347,7 @@ impl Worker {
     /// Pushes `pairs` (sorted keys; values of [`dtype`](Self::dtype); optional per-key
     /// lengths) without copying them: the bytes are held until the servers have answered.
     pub fn push(&self, pairs: KvPairs, cmd: i32) -> Call<()> {
-        let answer = self.call(Op::Push, pairs, cmd, None);
-        Call::new(
-            answer.handle.clone(),
-            async move { answer.await.map(|_| ()) },
-        )
+        self.call(Op::Push, pairs, cmd, None).map(|_| ())
     }
 
     /// Requests of this worker that are in flight (issued, answer not yet collected), for
@@ -776,7 +417,7 @@ impl Worker {
         match polled {
             Poll::Ready(Ok(id)) => Call::new(handle, kv.wait(id)),
             Poll::Ready(Err(e)) => Call::answered(handle, Err(e)),
-            Poll::Pending => spawn_call(&handle, async move { kv.wait(issue.await?).await }),
+            Poll::Pending => self.node.spawn(async move { kv.wait(issue.await?).await }),
         }
     }
 }

@@ -6,11 +6,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use crate::error::{PsError, Result};
-use crate::hash::IntMap;
-
-/// Identifies a request until it is waited for (ps-lite's timestamp).
-pub type RequestId = i32;
+use node::hash::IntMap;
+use node::{PsError, RequestId, Result};
 
 /// The outcome of one request and its waiter.
 #[derive(Debug)]

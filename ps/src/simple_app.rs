@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use bytes::Bytes;
-//! use ps::local::LocalCluster;
+//! use node::local::LocalCluster;
 //! use ps::node_ids::SERVER_GROUP;
 //! use ps::simple_app::SimpleApp;
 //! use ps::Role;
@@ -48,11 +48,12 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 use van_core::{node_ids, Message, Meta, NodeId};
 
-use crate::error::{PsError, Result};
-use crate::hash::IntMap;
 use crate::kv::RequestId;
 use crate::pending::{insert_new, Completion};
-use crate::postoffice::{role_name, Customer, Postoffice};
+use node::error::role_name;
+use node::error::{PsError, Result};
+use node::hash::IntMap;
+use node::postoffice::{Customer, Postoffice};
 
 /// Requests queued for the handler before the node stops reading (back-pressure).
 const REQUEST_QUEUE: usize = 1024;
@@ -215,7 +216,7 @@ impl SimpleApp {
             })
             .collect();
         if !msgs.is_empty() {
-            if let Err(e) = po.router().send_batch(msgs).await {
+            if let Err(e) = po.send_batch(msgs).await {
                 lock(&inner.pending).remove(&id);
                 return Err(e);
             }
@@ -302,7 +303,7 @@ async fn answer_requests(
             },
             data: van_core::Parts::new(),
         };
-        if let Err(e) = po.router().send(response).await {
+        if let Err(e) = po.send(response).await {
             warn!(
                 to = sender,
                 "cannot answer simple request {request_id}: {e}"
@@ -396,11 +397,7 @@ impl Customer for AppInner {
         }
         for entry in lock(&self.pending).values_mut() {
             if entry.outstanding.contains(&node) {
-                entry.complete(Err(PsError::NodeFailed {
-                    node,
-                    role: role_name(node),
-                    reason: error.to_owned(),
-                }));
+                entry.complete(Err(PsError::node_failed(node, error.to_owned())));
             }
         }
     }

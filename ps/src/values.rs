@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use van_core::DataType;
 
-use crate::error::PsError;
+use node::error::PsError;
 
 /// A value type the parameter server can carry: plain old data with a wire type.
 pub trait Value: bytemuck::Pod + Default + Send + Sync + 'static {

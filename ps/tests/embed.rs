@@ -10,7 +10,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ps::embed::{Call, NodeHandle, Worker};
+use node::embed::{Call, NodeHandle};
+use ps::embed::{KvNode, Worker};
 use ps::values::to_bytes;
 use ps::{Config, KvPairs, PsError, Role};
 use van_core::testkit::free_port;

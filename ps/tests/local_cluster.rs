@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ps::local::LocalCluster;
+use node::local::LocalCluster;
 use ps::{
     node_ids, KvMeta, KvPairs, KvServer, KvWorker, Postoffice, PsError, RequestHandler, Role,
 };
@@ -405,7 +405,7 @@ struct StalledApp {
 }
 
 #[async_trait::async_trait]
-impl ps::postoffice::Customer for StalledApp {
+impl node::postoffice::Customer for StalledApp {
     async fn deliver(&self, msg: ps::Message) {
         self.seen.lock().unwrap().push(msg.meta.head);
         self.started.notify_one();

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use ps::local::LocalCluster;
+use node::local::LocalCluster;
 use ps::{node_ids, KvServer, KvWorker, PsError, Role, ROUND_CMD};
 
 /// Keys on both servers and on several shards of each.

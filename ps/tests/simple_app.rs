@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ps::local::LocalCluster;
+use node::local::LocalCluster;
 use ps::simple_app::SimpleApp;
 use ps::{node_ids, PsError, Role};
 use tokio::sync::Notify;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ps::local::LocalCluster;
+use node::local::LocalCluster;
 use ps::{
     KvMeta, KvPairs, KvServer, KvWorker, PsError, RequestHandler, Role, Snapshot, SumHandler,
     ALL_GROUPS,

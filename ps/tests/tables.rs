@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
-use ps::local::LocalCluster;
+use node::local::LocalCluster;
 use ps::optim::{initial_rows, TableHandler, TableSpec, ACCUMULATE_CMD, APPLY_CMD};
 use ps::values::to_bytes;
 use ps::{node_ids, KvMeta, KvPairs, KvServer, KvWorker, PsError, RequestHandler, Role};

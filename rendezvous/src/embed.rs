@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ps::embed::{Call, NodeHandle};
-use ps::PsError;
+use node::embed::{Call, NodeHandle};
+use node::PsError;
 use van_core::rendezvous::{parse_key, Received};
 use van_core::{NodeId, Rendezvous};
 
@@ -62,7 +62,7 @@ impl RendezvousHandle {
 
     /// Makes `value` available under `key` in step `step_id`; never blocks. Fails on a
     /// malformed key, a key whose source device is not this task, or an aborted step.
-    pub fn send(&self, step_id: i64, key: &str, value: Bytes, is_dead: bool) -> ps::Result<()> {
+    pub fn send(&self, step_id: i64, key: &str, value: Bytes, is_dead: bool) -> node::Result<()> {
         let parsed = parse_key(key).map_err(|e| PsError::InvalidArgument(e.to_string()))?;
         // The manager spawns its sends onto the node's runtime: enter it (without blocking).
         let runtime = self.node.runtime();

@@ -6,7 +6,7 @@
 //! [`Rendezvous`](van_core::Rendezvous) trait sees one type; the crate builds the ones that
 //! name a peer here.
 
-use ps::PsError;
+use node::PsError;
 use van_core::rendezvous::KeyError;
 use van_core::{node_ids, NodeId, RendezvousError};
 

@@ -14,7 +14,7 @@
 //! - [`device`]: which task owns a device name;
 //! - [`wire`]: the RecvTensor / PushTensor / CancelRecv / Goodbye messages between tasks;
 //! - [`embed`]: [`RendezvousHandle`](embed::RendezvousHandle), send and receive for callers
-//!   without an async runtime (on a `ps::embed::NodeHandle`);
+//!   without an async runtime (on a `node::embed::NodeHandle`);
 //! - [`error`]: [`Error`] (setting up) and [`MessageError`] (bad peer messages); calls fail
 //!   with the contract's [`RendezvousError`].
 //!
@@ -24,8 +24,8 @@
 //!
 //! ```
 //! use bytes::Bytes;
-//! use ps::local::LocalCluster;
-//! use ps::Role;
+//! use node::local::LocalCluster;
+//! use node::Role;
 //! use rendezvous::device::cpu_device;
 //! use rendezvous::{create_key, parse_key, Protocol, Rendezvous, RendezvousMgr};
 //!
@@ -35,7 +35,7 @@
 //!     .run(|po| async move {
 //!         let mgr = RendezvousMgr::new(&po, Protocol::Push)
 //!             .await
-//!             .map_err(|e| ps::PsError::InvalidArgument(e.to_string()))?;
+//!             .map_err(|e| node::PsError::InvalidArgument(e.to_string()))?;
 //!         let (worker, server) = (cpu_device(9).unwrap(), cpu_device(8).unwrap());
 //!         let weights = parse_key(&create_key(&server, 1, &worker, "w", (0, 0))).unwrap();
 //!         let grad = parse_key(&create_key(&worker, 1, &server, "grad", (0, 0))).unwrap();

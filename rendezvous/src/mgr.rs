@@ -5,7 +5,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
-use ps::Postoffice;
+use node::Postoffice;
 use tokio::sync::oneshot;
 use van_core::rendezvous::DoneCallback;
 use van_core::rendezvous::Received;
@@ -182,8 +182,8 @@ pub struct MgrStats {
 ///
 /// ```
 /// use bytes::Bytes;
-/// use ps::local::LocalCluster;
-/// use ps::Role;
+/// use node::local::LocalCluster;
+/// use node::Role;
 /// use rendezvous::device::cpu_device;
 /// use rendezvous::{create_key, parse_key, Protocol, Rendezvous, RendezvousMgr};
 ///
@@ -191,7 +191,7 @@ pub struct MgrStats {
 /// // One server (node 8) and one worker (node 9): the worker sends, the server receives.
 /// LocalCluster::new(1, 1)
 ///     .run(|po| async move {
-///         let mgr = RendezvousMgr::new(&po, Protocol::Pull).await.map_err(|e| ps::PsError::InvalidArgument(e.to_string()))?;
+///         let mgr = RendezvousMgr::new(&po, Protocol::Pull).await.map_err(|e| node::PsError::InvalidArgument(e.to_string()))?;
 ///         let key = parse_key(&create_key(
 ///             &cpu_device(9).unwrap(), 1, &cpu_device(8).unwrap(), "grad", (0, 0),
 ///         )).unwrap();

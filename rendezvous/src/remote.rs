@@ -69,7 +69,7 @@ pub(crate) trait StepHost: Send + Sync {
     );
     /// Withdraws pull `request` (telling its owner), completing it with `error`; false if it
     /// was no longer pending.
-    fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError) -> bool;
+    fn cancel_pull(&self, request: node::RequestId, error: RendezvousError) -> bool;
     /// Withdraws every pull of the step `step_id` in its `incarnation`, failing them with
     /// `status`.
     fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError);
@@ -88,7 +88,7 @@ pub(crate) enum Ticket {
     /// Waiting in the step's local table.
     Local { key: String, waiter: WaiterId },
     /// Waiting for a RecvTensor response.
-    Remote(ps::RequestId),
+    Remote(node::RequestId),
     /// Answered, or withdrawn.
     Finished,
     /// Withdrawn while being placed, with this error.
@@ -748,7 +748,7 @@ impl Rendezvous for RemoteRendezvous {
 mod tests {
     use super::*;
     use crate::{cpu_device, RendezvousMgr};
-    use ps::local::LocalCluster;
+    use node::local::LocalCluster;
     use van_core::rendezvous::{create_key, parse_key};
     use van_core::{node_ids, Role};
 
@@ -763,10 +763,10 @@ mod tests {
             if po.role() == Role::Scheduler {
                 return po.finalize().await.map(|()| None);
             }
-            let failed = |e: RendezvousError| ps::PsError::InvalidArgument(e.to_string());
+            let failed = |e: RendezvousError| node::PsError::InvalidArgument(e.to_string());
             let mgr = RendezvousMgr::new(&po, Protocol::Push)
                 .await
-                .map_err(|e| ps::PsError::InvalidArgument(e.to_string()))?;
+                .map_err(|e| node::PsError::InvalidArgument(e.to_string()))?;
             let (server, worker) = (cpu_device(8).unwrap(), cpu_device(9).unwrap());
             // One step with many iterations, as a while loop inside a TensorFlow step.
             let step = mgr.find(1);

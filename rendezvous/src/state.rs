@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
-use ps::Postoffice;
+use node::Postoffice;
 use tracing::warn;
 use van_core::{NodeId, ParsedKey, Rendezvous, RendezvousError, Role};
 
@@ -107,9 +107,9 @@ pub(crate) struct MgrInner {
     pub(crate) options: Options,
     steps: Mutex<Steps>,
     /// This task's receives waiting for a RecvTensor response, by request id.
-    pub(crate) pulls: Mutex<HashMap<ps::RequestId, PendingPull>>,
+    pub(crate) pulls: Mutex<HashMap<node::RequestId, PendingPull>>,
     /// Requests from other tasks waiting for a value here, by (requester, request id).
-    pub(crate) served: Mutex<HashMap<(NodeId, ps::RequestId), Served>>,
+    pub(crate) served: Mutex<HashMap<(NodeId, node::RequestId), Served>>,
     pub(crate) next_request: AtomicI32,
     next_incarnation: AtomicU64,
     pub(crate) outbox: Arc<Outbox>,

@@ -13,8 +13,8 @@ use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ps::postoffice::Customer;
-use ps::{Postoffice, PsError};
+use node::postoffice::Customer;
+use node::{Postoffice, PsError};
 use tracing::{debug, warn};
 use van_core::rendezvous::Received;
 use van_core::{Message, NodeId, ParsedKey, Rendezvous, RendezvousError};
@@ -175,7 +175,7 @@ impl Drop for MgrInner {
     /// every task gets a goodbye, which fails the receives waiting on values from here.
     fn drop(&mut self) {
         let reason = dropped(self.me);
-        let served: Vec<((NodeId, ps::RequestId), Served)> = lock(&self.served).drain().collect();
+        let served: Vec<((NodeId, node::RequestId), Served)> = lock(&self.served).drain().collect();
         for ((from, request), entry) in served {
             let status = RemoteStatus {
                 code: StatusCode::Failed,
@@ -204,7 +204,7 @@ impl MgrInner {
     }
 
     /// Withdraws pull `request`, completing it with `error`; `notify` tells the owner.
-    fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError, notify: bool) -> bool {
+    fn cancel_pull(&self, request: node::RequestId, error: RendezvousError, notify: bool) -> bool {
         let Some(pull) = lock(&self.pulls).remove(&request) else {
             return false;
         };
@@ -218,7 +218,7 @@ impl MgrInner {
     }
 
     /// Fails pull `request` because `peer` cannot answer it.
-    fn fail_pull(&self, request: ps::RequestId, peer: NodeId, reason: &str) {
+    fn fail_pull(&self, request: node::RequestId, peer: NodeId, reason: &str) {
         let pull = {
             let mut pulls = lock(&self.pulls);
             match pulls.get(&request) {
@@ -333,7 +333,7 @@ impl MgrInner {
     fn serve(
         self: &Arc<Self>,
         from: NodeId,
-        request: ps::RequestId,
+        request: node::RequestId,
         step_id: i64,
         key: &ParsedKey,
     ) {
@@ -377,7 +377,7 @@ impl MgrInner {
     fn respond(
         &self,
         to: NodeId,
-        request: ps::RequestId,
+        request: node::RequestId,
         step_id: i64,
         result: Result<Received, RemoteStatus>,
     ) {
@@ -395,7 +395,7 @@ impl MgrInner {
     fn answer_pull(
         &self,
         from: NodeId,
-        request: ps::RequestId,
+        request: node::RequestId,
         result: Result<Received, RemoteStatus>,
     ) {
         let pull = {
@@ -461,7 +461,7 @@ impl MgrInner {
     }
 
     /// The requester withdrew `request`.
-    fn cancel_served(&self, from: NodeId, request: ps::RequestId) {
+    fn cancel_served(&self, from: NodeId, request: node::RequestId) {
         let entry = lock(&self.served).remove(&(from, request));
         if let Some(entry) = entry {
             if let Some(step) = entry.step.upgrade() {
@@ -517,7 +517,7 @@ impl MgrInner {
     fn fail_peer(&self, node: NodeId, reason: &str) {
         let pulls: Vec<PendingPull> = {
             let mut pulls = lock(&self.pulls);
-            let ids: Vec<ps::RequestId> = pulls
+            let ids: Vec<node::RequestId> = pulls
                 .iter()
                 .filter(|(_, p)| p.peer == node)
                 .map(|(id, _)| *id)
@@ -530,7 +530,7 @@ impl MgrInner {
         }
         let served: Vec<Served> = {
             let mut served = lock(&self.served);
-            let ids: Vec<(NodeId, ps::RequestId)> =
+            let ids: Vec<(NodeId, node::RequestId)> =
                 served.keys().filter(|(n, _)| *n == node).copied().collect();
             ids.into_iter()
                 .filter_map(|id| served.remove(&id))
@@ -656,15 +656,15 @@ impl StepHost for MgrInner {
         }
     }
 
-    fn cancel_pull(&self, request: ps::RequestId, error: RendezvousError) -> bool {
+    fn cancel_pull(&self, request: node::RequestId, error: RendezvousError) -> bool {
         MgrInner::cancel_pull(self, request, error, true)
     }
 
     /// The step was aborted: withdraws its pulls.
     fn abort_pulls(&self, step_id: i64, incarnation: u64, status: &RendezvousError) {
-        let withdrawn: Vec<(ps::RequestId, PendingPull)> = {
+        let withdrawn: Vec<(node::RequestId, PendingPull)> = {
             let mut pulls = lock(&self.pulls);
-            let ids: Vec<ps::RequestId> = pulls
+            let ids: Vec<node::RequestId> = pulls
                 .iter()
                 .filter(|(_, p)| p.step_id == step_id && p.incarnation == incarnation)
                 .map(|(id, _)| *id)

@@ -8,8 +8,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ps::embed::NodeHandle;
-use ps::{Config, PsError, Role};
+use node::embed::NodeHandle;
+use node::{Config, PsError, Role};
 use rendezvous::embed::RendezvousHandle;
 use rendezvous::{cpu_device, create_key, Protocol};
 use van_core::testkit::free_port;

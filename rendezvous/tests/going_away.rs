@@ -1,7 +1,7 @@
 //! What waits on another task ends at once, not at its own deadline, when that task cannot
 //! deliver: its rendezvous manager is dropped (pull and push), a request reaches the manager
 //! after it was dropped, or a value it pushed does not decode. A server (node 8) and a worker
-//! (node 9) of an in-process cluster (`ps::local::LocalCluster`).
+//! (node 9) of an in-process cluster (`node::local::LocalCluster`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ps::local::LocalCluster;
-use ps::postoffice::Customer;
-use ps::{node_ids, Postoffice, PsError, Role};
+use node::local::LocalCluster;
+use node::postoffice::Customer;
+use node::{node_ids, Postoffice, PsError, Role};
 use rendezvous::mgr::DEFAULT_APP_ID;
 use rendezvous::wire::{Address, RemoteStatus, RendezvousMessage, StatusCode};
 use rendezvous::{
@@ -51,7 +51,7 @@ async fn pair<T, F, Fut>(node: F) -> Vec<T>
 where
     T: Send + 'static,
     F: Fn(Postoffice) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = ps::Result<T>> + Send + 'static,
+    Fut: Future<Output = node::Result<T>> + Send + 'static,
 {
     let cluster = LocalCluster::new(1, 1);
     let run = cluster.run(move |po| {

@@ -1,5 +1,5 @@
 //! The remote rendezvous between a server (node 8) and a worker (node 9) of an in-process
-//! cluster (`ps::local::LocalCluster`, the in-process van): exchange in both protocols,
+//! cluster (`node::local::LocalCluster`, the in-process van): exchange in both protocols,
 //! two-phase initialization, abort and cleanup propagation, deadlines, step bounds, a peer
 //! that stops. The same behaviour across real processes is in `examples/tests/rendezvous.rs`.
 
@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ps::local::LocalCluster;
-use ps::{node_ids, Postoffice, PsError, Role};
+use node::local::LocalCluster;
+use node::{node_ids, Postoffice, PsError, Role};
 use rendezvous::{
     cpu_device, create_key, parse_key, Instant, ParsedKey, Protocol, Rendezvous, RendezvousError,
     RendezvousMgr,
@@ -50,7 +50,7 @@ async fn pair<T, F, Fut>(node: F) -> Vec<T>
 where
     T: Send + 'static,
     F: Fn(Postoffice) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = ps::Result<T>> + Send + 'static,
+    Fut: Future<Output = node::Result<T>> + Send + 'static,
 {
     let cluster = LocalCluster::new(1, 1);
     let run = cluster.run(move |po| {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use collective::embed::CommHandle;
 use collective::{CollectiveError, Element, ReduceOp};
-use ps::embed::Call;
+use node::embed::Call;
 use van_core::DataType;
 
 use crate::args;

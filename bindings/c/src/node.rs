@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 
-use ps::embed::NodeHandle;
+use node::embed::NodeHandle;
 use van_core::Role;
 
 use crate::args;

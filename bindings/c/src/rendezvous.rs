@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ps::embed::Call;
+use node::embed::Call;
 use rendezvous::embed::RendezvousHandle;
 use rendezvous::{cpu_device, create_key, Protocol};
 use van_core::rendezvous::Received;

@@ -2,6 +2,7 @@
 //! that answers through a `vans_response` (values and lengths written straight into buffers
 //! the response owns, which then go out without another copy).
 
+use ps::embed::KvNode;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

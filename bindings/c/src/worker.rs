@@ -9,6 +9,7 @@
 //! request is made (8 and 4 bytes per key), so their arrays may be reused at once. Pulled
 //! values are copied once, from the received frame into the caller's buffer.
 
+use ps::embed::KvNode;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ps::embed::Call;
+use node::embed::Call;
 use ps::{KvPairs, PsError};
 use tokio::sync::oneshot;
 

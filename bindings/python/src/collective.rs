@@ -70,7 +70,7 @@ impl Collective {
         py: Python<'_>,
         pinned: &mut Pinned,
         timeout: Option<f64>,
-        f: impl FnOnce(&CommHandle, Vec<T>) -> ps::embed::Call<collective::Result<Vec<T>>>,
+        f: impl FnOnce(&CommHandle, Vec<T>) -> node::embed::Call<collective::Result<Vec<T>>>,
     ) -> PyResult<()> {
         let bytes = pinned.as_ref();
         let mut values = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];

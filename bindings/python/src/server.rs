@@ -1,6 +1,7 @@
 //! `Server`: ps-lite's sum or a request handler written in Python.
 
 use bytes::Bytes;
+use ps::embed::KvNode;
 use ps::optim::{initial_rows, TableHandler, TableSpec, SETTING_NAMES};
 use ps::{KvMeta, KvPairs, RequestHandler, Snapshot};
 use pyo3::exceptions::{PyTypeError, PyValueError};

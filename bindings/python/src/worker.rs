@@ -2,9 +2,11 @@
 //! [`ps::embed::Worker`], with requests in flight that can be waited for, polled, given a
 //! callback or awaited from asyncio.
 
+use ps::embed::KvNode;
 use std::time::Duration;
 
-use ps::embed::{Call, Worker as EmbedWorker};
+use node::embed::Call;
+use ps::embed::Worker as EmbedWorker;
 use ps::KvPairs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -18,8 +18,8 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use van_core::{DataType, Message, Meta, NodeId};
 
-use crate::error::PsError;
 use crate::values::{self, Value};
+use node::error::PsError;
 
 pub use hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
 pub use round::ROUND_CMD;

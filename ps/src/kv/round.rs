@@ -12,8 +12,8 @@ use van_core::node_ids;
 
 use super::hold::{Handled, HeldRequest, Released, ShardContext};
 use super::{KvMeta, KvPairs};
-use crate::hash::IntMap;
 use crate::values::Value;
+use node::hash::IntMap;
 
 /// The `cmd` of a synchronous round push-pull: the server adds the values into the key's
 /// round accumulator (not the ps-lite store), holds the request, and once every worker

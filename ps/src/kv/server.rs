@@ -22,11 +22,11 @@ use super::hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUEST
 use super::round::{Rounds, ROUND_CMD};
 use super::snapshot::{decode_store, encode_store, Snapshot};
 use super::{kv_message, kv_pairs, KvMeta, KvPairs};
-use crate::error::{PsError, Result};
-use crate::hash::IntMap;
-use crate::postoffice::{Customer, Postoffice};
 use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
+use node::error::{PsError, Result};
+use node::hash::IntMap;
+use node::postoffice::{Customer, Postoffice};
 
 /// Requests queued per shard before the server stops reading (back-pressure).
 const SHARD_QUEUE: usize = 4096;
@@ -574,11 +574,11 @@ async fn send_responses(po: &Postoffice, answers: &mut Vec<Message>) {
         let count = run.len();
         let result = if count == 1 {
             match run.into_iter().next() {
-                Some(msg) => po.router().send(msg).await,
+                Some(msg) => po.send(msg).await,
                 None => Ok(()),
             }
         } else {
-            po.router().send_batch(run).await
+            po.send_batch(run).await
         };
         if let Err(e) = result {
             warn!(?worker, "cannot answer {count} request(s): {e}");
@@ -689,7 +689,7 @@ async fn wait_for_budget(
 /// Sends the answer to `request` on its own.
 async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<KvPairs, String>) {
     let msg = response(po, request, result);
-    if let Err(e) = po.router().send(msg).await {
+    if let Err(e) = po.send(msg).await {
         warn!(
             worker = request.sender,
             "cannot answer request {}: {e}", request.request_id

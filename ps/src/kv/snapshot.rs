@@ -20,10 +20,10 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::error::{PsError, Result};
-use crate::hash::IntMap;
 use crate::range::KeyRange;
 use crate::values::Value;
+use node::error::{PsError, Result};
+use node::hash::IntMap;
 
 const MAGIC: &[u8; 4] = b"VSNP";
 const VERSION: u16 = 1;

@@ -12,13 +12,13 @@ use van_core::smallvec::SmallVec;
 use van_core::{node_ids, Message, Meta, NodeId};
 
 use super::{kv_message, kv_pairs, KvPairs};
-use crate::error::{PsError, Result};
-use crate::hash::IntMap;
-pub use crate::pending::RequestId;
 use crate::pending::{insert_new, lock, Completion};
-use crate::postoffice::{role_name, Customer, Postoffice};
-use crate::range::{slice_sorted_keys, KeyRange};
+use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
+use node::error::{PsError, Result};
+use node::hash::IntMap;
+use node::postoffice::{Customer, Postoffice};
+pub use node::RequestId;
 
 /// Pushes and pulls values of type `T` to and from the servers.
 ///
@@ -195,7 +195,7 @@ impl<T: Value> KvWorker<T> {
         }
         let inner = Arc::new(WorkerInner {
             po: po.clone(),
-            ranges: po.server_key_ranges(),
+            ranges: server_key_ranges(po.num_servers() as usize),
             app_id,
             customer_id,
             elem: std::mem::size_of::<T>(),
@@ -323,7 +323,7 @@ impl<T: Value> KvWorker<T> {
                 "wait_blocking called on a runtime thread; use `wait(id).await`".into(),
             ));
         }
-        crate::embed::block_on_until(self.wait(id), None).unwrap_or(Err(PsError::Stopped))
+        node::embed::block_on_until(self.wait(id), None).unwrap_or(Err(PsError::Stopped))
     }
 
     /// The servers that failed and came back as a new process (recovery) since the last
@@ -429,10 +429,10 @@ impl<T: Value> KvWorker<T> {
         let sent = match msgs.len() {
             0 => Ok(()),
             1 => match msgs.pop() {
-                Some(msg) => po.router().send(msg).await,
+                Some(msg) => po.send(msg).await,
                 None => Ok(()),
             },
-            _ => po.router().send_batch(msgs.into_vec()).await,
+            _ => po.send_batch(msgs.into_vec()).await,
         };
         if let Err(e) = sent {
             lock(&inner.pending).remove(&id);
@@ -498,7 +498,7 @@ impl Customer for WorkerInner {
     }
 
     fn node_recovered(&self, node: NodeId) {
-        self.fail_node(node, crate::delivery::RECOVERED);
+        self.fail_node(node, node::postoffice::RECOVERED);
         if node_ids::role_of(node) != Some(van_core::Role::Server) {
             return;
         }
@@ -579,11 +579,7 @@ impl WorkerInner {
             } else if entry.outstanding.contains(&node)
                 || (scheduler && !entry.outstanding.is_empty())
             {
-                entry.complete(Err(PsError::NodeFailed {
-                    node,
-                    role: role_name(node),
-                    reason: error.to_owned(),
-                }));
+                entry.complete(Err(PsError::node_failed(node, error.to_owned())));
             }
         }
     }
@@ -592,8 +588,8 @@ impl WorkerInner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::LocalCluster;
     use crate::{KvServer, Role};
+    use node::local::LocalCluster;
 
     /// Awaits a test cluster's run: every node must finish, without error, within a minute.
     async fn within_a_minute<T>(run: impl std::future::Future<Output = crate::Result<T>>) {

@@ -37,7 +37,7 @@ use std::str::FromStr;
 pub use rule::init_value;
 pub use table::{initial_rows, TableHandler};
 
-use crate::error::PsError;
+use node::error::PsError;
 
 /// A push with this `cmd` adds gradients into each row's pending sum, not applying them.
 pub const ACCUMULATE_CMD: i32 = 0x4143_434D;

@@ -19,9 +19,9 @@ use bytes::{Buf, BufMut, BytesMut};
 
 use super::rule::{apply, init_value, initial_state};
 use super::{TableSpec, ACCUMULATE_CMD, APPLY_CMD};
-use crate::hash::IntMap;
 use crate::kv::{KvMeta, KvPairs, RequestHandler};
 use crate::values::Value;
+use node::hash::IntMap;
 
 const MAGIC: &[u8; 4] = b"VTBL";
 const VERSION: u32 = 1;

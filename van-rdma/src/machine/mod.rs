@@ -2,7 +2,7 @@
 //! send slots, the large-frame rendezvous (`START`, `REPLY`, RDMA WRITE_WITH_IMM), ordered
 //! delivery, and the flush on stop.
 //!
-//! Like `ps::control`, [`Machine`] touches no device, memory registration, socket or clock.
+//! Like `node::control`, [`Machine`] touches no device, memory registration, socket or clock.
 //! The engine (the connection's thread, `rdma` feature) turns what happens into [`Event`]s —
 //! a frame taken from the send queue, a work completion, the peer's end — hands them to
 //! [`Machine::handle`], calls [`Machine::pump`] once per round to let it post what it may, and

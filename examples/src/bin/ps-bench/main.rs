@@ -41,10 +41,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use ::node::local::LocalCluster;
 use examples::raw::BoxError;
 use examples::report::{BenchReport, RunReport, WorkerReport};
 use launcher::{launch, LaunchSpec};
-use ps::local::LocalCluster;
 use ps::{Config, Postoffice};
 use van_core::VanKind;
 

@@ -40,7 +40,7 @@ struct Running {
 /// What the nodes log (unless `RUST_LOG` says otherwise): warnings, and the scheduler's and
 /// postoffices' membership events (registrations, failures, recoveries), so that a failed
 /// run shows what each process saw.
-const NODE_LOG: &str = "warn,ps::control=info,ps::postoffice=info";
+const NODE_LOG: &str = "warn,node::control=info,node::postoffice=info";
 
 pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     let ipc = match o.van.as_str() {

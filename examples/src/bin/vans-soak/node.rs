@@ -43,7 +43,7 @@ struct Keys {
 
 impl Keys {
     fn new(po: &Postoffice, rank: u32, o: &Options) -> Keys {
-        let ranges = po.server_key_ranges();
+        let ranges = ps::range::server_key_ranges(po.num_servers() as usize);
         let step = u64::MAX / o.keys.max(1);
         let all: Vec<u64> = (0..o.keys.max(1)).map(|i| i * step + 7).collect();
         let shared = ranges

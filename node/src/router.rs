@@ -278,11 +278,10 @@ impl Router {
                     .find_map(|p| Some((*p, state.failed.get(p)?.clone())))
             };
             if let Some((node, reason)) = failed {
-                return PsError::NodeFailed {
+                return PsError::node_failed(
                     node,
-                    role: crate::postoffice::role_name(node),
-                    reason: format!("{reason} (while a send to it waited for room)"),
-                };
+                    format!("{reason} (while a send to it waited for room)"),
+                );
             }
             news.await;
         }
@@ -493,11 +492,9 @@ fn is_transient(e: &PsError) -> bool {
 /// A lost peer is a failed node, for the layers above.
 fn peer_error(error: VanError) -> PsError {
     match error {
-        VanError::PeerGone { peer, reason } => PsError::NodeFailed {
-            node: peer,
-            role: crate::postoffice::role_name(peer),
-            reason: format!("connection lost: {reason}"),
-        },
+        VanError::PeerGone { peer, reason } => {
+            PsError::node_failed(peer, format!("connection lost: {reason}"))
+        }
         other => other.into(),
     }
 }

@@ -3,39 +3,22 @@
 //! [`Hub`](van_core::inproc::Hub) instead of a network.
 //!
 //! ```
-//! use ps::local::LocalCluster;
-//! use ps::{KvServer, KvWorker, Role};
+//! use node::local::LocalCluster;
+//! use node::Role;
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let results = LocalCluster::new(2, 3)
+//! let ranks = LocalCluster::new(2, 3)
 //!     .run(|po| async move {
-//!         match po.role() {
-//!             Role::Server => {
-//!                 let _server = KvServer::<f32>::with_sum(&po, 0, 0, 1).await?;
-//!                 po.finalize().await?;
-//!                 Ok(None)
-//!             }
-//!             Role::Worker => {
-//!                 let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
-//!                 let id = worker.push(&[1, u64::MAX], &[1.0, 2.0], None, 0).await?;
-//!                 worker.wait(id).await?;
-//!                 po.barrier(ps::node_ids::WORKER_GROUP).await?;
-//!                 let id = worker.pull(&[1, u64::MAX], 0).await?;
-//!                 let sums = worker.wait(id).await?.vals::<f32>()?.to_vec();
-//!                 po.finalize().await?;
-//!                 Ok(Some(sums))
-//!             }
-//!             Role::Scheduler => {
-//!                 po.finalize().await?;
-//!                 Ok(None)
-//!             }
-//!         }
+//!         po.barrier(node::ALL_GROUPS).await?;
+//!         let rank = (po.role() == Role::Worker).then(|| po.my_rank());
+//!         po.finalize().await?;
+//!         Ok(rank)
 //!     })
 //!     .await?;
-//! for sums in results.into_iter().flatten() {
-//!     assert_eq!(sums, vec![3.0, 6.0]);
-//! }
-//! # Ok::<(), ps::PsError>(())
+//! let mut ranks: Vec<u32> = ranks.into_iter().flatten().collect();
+//! ranks.sort();
+//! assert_eq!(ranks, vec![0, 1, 2]);
+//! # Ok::<(), node::PsError>(())
 //! # }).unwrap();
 //! ```
 

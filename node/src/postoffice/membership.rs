@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use van_core::{node_ids, Event, Message, Node, NodeId};
 
-use super::{lock, role_name, Postoffice};
+use super::{lock, Postoffice};
 use crate::error::{PsError, Result};
 
 impl Postoffice {
@@ -173,11 +173,7 @@ impl Postoffice {
     pub fn dead_error(&self, node: NodeId) -> Option<PsError> {
         lock(&self.inner.dead)
             .get(&node)
-            .map(|reason| PsError::NodeFailed {
-                node,
-                role: role_name(node),
-                reason: reason.clone(),
-            })
+            .map(|reason| PsError::node_failed(node, reason.clone()))
     }
 
     /// A new process took the place of failed node `peer` at `node`'s address: reach it

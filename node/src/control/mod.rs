@@ -84,7 +84,7 @@ struct Peer {
 ///
 /// ```
 /// # use std::time::Instant;
-/// # use ps::control::{Output, Scheduler, SchedulerConfig};
+/// # use node::control::{Output, Scheduler, SchedulerConfig};
 /// # use van_core::{Command, Control, Message, Meta, Node, Role};
 /// let config = SchedulerConfig { num_workers: 1, num_servers: 0, heartbeat_timeout: None };
 /// let mut scheduler = Scheduler::new(config, Node::new(Role::Scheduler, "10.0.0.1", 9000));

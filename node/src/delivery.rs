@@ -69,7 +69,7 @@ pub trait Customer: Send + Sync {
 }
 
 /// Why requests to a node that a new process replaced fail.
-pub(crate) const RECOVERED: &str = "replaced by a new process before it answered";
+pub const RECOVERED: &str = "replaced by a new process before it answered";
 
 /// A node's applications by (app id, customer id), and the messages held for those that
 /// have not registered yet.

@@ -21,9 +21,8 @@ use van_core::{
 use crate::control::{Output, Scheduler, SchedulerConfig};
 use crate::delivery::{Customers, DataQueue};
 // The trait of a node's applications, defined beside how messages reach them.
-pub use crate::delivery::Customer;
+pub use crate::delivery::{Customer, RECOVERED};
 use crate::error::{PsError, Result};
-use crate::range::{server_key_ranges, KeyRange};
 use crate::router::Router;
 
 // The node table, failures, recoveries and resends: who this node counts in and alive.
@@ -157,7 +156,7 @@ fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
         )),
         VanKind::InProcess => Err(PsError::InvalidArgument(
             "VANS_STREAM_VAN=inproc needs a shared hub: run the cluster in one process with \
-             ps::local::LocalCluster"
+             node::local::LocalCluster"
                 .into(),
         )),
         kind => Err(van_core::VanError::NotCompiled { kind }.into()),
@@ -814,11 +813,6 @@ impl Postoffice {
         self.inner.table.get().map_or(&[], Vec::as_slice)
     }
 
-    /// The key range of each server, by rank.
-    pub fn server_key_ranges(&self) -> Vec<KeyRange> {
-        server_key_ranges(self.num_servers() as usize)
-    }
-
     /// The peers this node has a connection to, with the van of each.
     pub fn connected_peers(&self) -> Vec<(NodeId, VanKind)> {
         self.inner.router.connected()
@@ -868,11 +862,6 @@ impl Postoffice {
     pub fn resend_stats(&self) -> Option<crate::ResendStats> {
         self.inner.router.resender().map(|r| r.stats())
     }
-
-    /// The router, for applications to send through.
-    pub(crate) fn router(&self) -> &Router {
-        &self.inner.router
-    }
 }
 
 /// Runs the cluster's scheduler inside this process (TF_CONFIG's chief, or worker 0 when
@@ -920,11 +909,6 @@ fn endpoint_port(endpoint: &van_core::Endpoint) -> u16 {
         .next()
         .and_then(|p| p.parse().ok())
         .unwrap_or(0)
-}
-
-/// `server`, `worker` or `scheduler`, for error messages.
-pub(crate) fn role_name(node: NodeId) -> String {
-    node_ids::role_of(node).map_or_else(|| "group".to_owned(), |r| r.to_string())
 }
 
 /// A control message to `recipient`.

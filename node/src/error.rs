@@ -79,5 +79,21 @@ pub enum PsError {
     },
 }
 
+impl PsError {
+    /// [`PsError::NodeFailed`] for `node`, its role named from its id.
+    pub fn node_failed(node: NodeId, reason: impl Into<String>) -> PsError {
+        PsError::NodeFailed {
+            node,
+            role: role_name(node),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// `server`, `worker` or `scheduler` (or `group` for a group id), for error messages.
+pub fn role_name(node: NodeId) -> String {
+    van_core::node_ids::role_of(node).map_or_else(|| "group".to_owned(), |r| r.to_string())
+}
+
 /// Results of the parameter server.
 pub type Result<T, E = PsError> = std::result::Result<T, E>;

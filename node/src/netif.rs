@@ -4,9 +4,9 @@
 //! ([`route_to`]).
 //!
 //! ```
-//! let lo = ps::netif::interface_ipv4("lo")?;
+//! let lo = node::netif::interface_ipv4("lo")?;
 //! assert!(lo.is_loopback());
-//! # Ok::<(), ps::netif::InterfaceError>(())
+//! # Ok::<(), node::netif::InterfaceError>(())
 //! ```
 
 use std::ffi::CStr;
