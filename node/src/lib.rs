@@ -6,7 +6,9 @@
 //!
 //! - [`control`]: the scheduler as a state machine (registration, node ids, barriers,
 //!   heartbeats, failure notices, termination), with no I/O;
-//! - [`postoffice`]: one per node; joins the cluster, runs barriers and heartbeats, dispatches
+//! - [`member`]: the node's side of membership as a state machine (the node table, who is
+//!   dead, barriers, failure and recovery notices, scheduler liveness, finalize), with no I/O;
+//! - [`postoffice`]: one per node, the driver of its [`Member`](member::Member); joins the cluster, runs barriers and heartbeats, dispatches
 //!   messages to applications (its [`Customer`](postoffice::Customer)s);
 //! - [`router`]: which van carries each peer's traffic (with feature `rdma`, remote peers use
 //!   the RDMA van when `DMLC_ENABLE_RDMA` asks for it);
@@ -26,6 +28,7 @@ pub mod embed;
 pub mod error;
 pub mod hash;
 pub mod local;
+pub mod member;
 pub mod netif;
 pub mod postoffice;
 // Exactly-once delivery across broken connections (`PS_RESEND`).

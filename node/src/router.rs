@@ -26,8 +26,18 @@ pub struct Router {
     state: Mutex<RouterState>,
     /// With `PS_RESEND`: numbers what is sent and keeps it until acknowledged.
     resend: Option<Resender>,
-    /// Rung when a node is declared failed: sends waiting for room towards it give up.
+    /// Who is declared failed (the node's membership): sends waiting for room towards such a
+    /// peer give up.
+    failed: Arc<dyn Failures>,
+    /// Rung when a node is declared failed.
     failures: tokio::sync::Notify,
+}
+
+/// Who is declared failed, as the node's membership knows it
+/// ([`Member::failure`](crate::member::Member::failure)).
+pub trait Failures: Send + Sync {
+    /// Why `peer` counts as dead, if it does.
+    fn failure(&self, peer: NodeId) -> Option<String>;
 }
 
 impl std::fmt::Debug for Router {
@@ -45,8 +55,6 @@ struct RouterState {
     nodes: HashMap<NodeId, Node>,
     /// The van chosen for each peer we have connected to.
     connected: HashMap<NodeId, VanKind>,
-    /// Nodes declared failed (and not yet replaced by a new process), with the reason.
-    failed: HashMap<NodeId, String>,
 }
 
 impl Router {
@@ -54,8 +62,15 @@ impl Router {
     /// the selection switches and, with an endpoint map (the `.endpoint_map` of TensorFlow
     /// Seastar / StarServer deployments), the data address of each mapped control address.
     /// `incarnation` tells this process from another that later takes its node id (the top
-    /// bits of its resend sequence numbers, with `PS_RESEND`).
-    pub fn new(vans: Vec<Arc<dyn Van>>, config: &Config, me: Node, incarnation: u64) -> Router {
+    /// bits of its resend sequence numbers, with `PS_RESEND`). `failed` says who is declared
+    /// failed.
+    pub fn new(
+        vans: Vec<Arc<dyn Van>>,
+        config: &Config,
+        me: Node,
+        incarnation: u64,
+        failed: Arc<dyn Failures>,
+    ) -> Router {
         let mut available = Available::default();
         for van in &vans {
             match van.kind() {
@@ -75,6 +90,7 @@ impl Router {
             resend: config
                 .resend_timeout
                 .map(|timeout| Resender::new(timeout, incarnation)),
+            failed,
             failures: tokio::sync::Notify::new(),
         }
     }
@@ -271,12 +287,9 @@ impl Router {
             tokio::pin!(news);
             // Registered before looking, so a failure recorded in between still wakes us.
             news.as_mut().enable();
-            let failed = {
-                let state = self.lock();
-                peers
-                    .into_iter()
-                    .find_map(|p| Some((*p, state.failed.get(p)?.clone())))
-            };
+            let failed = peers
+                .into_iter()
+                .find_map(|p| Some((*p, self.failed.failure(*p)?)));
             if let Some((node, reason)) = failed {
                 return PsError::node_failed(
                     node,
@@ -404,18 +417,12 @@ impl Router {
         }
     }
 
-    /// `peer` was declared failed (`reason`): its route is dropped as by
+    /// `peer` was declared failed (its [`Failures`] now says so): its route is dropped as by
     /// [`peer_lost`](Self::peer_lost), and sends to it that wait, or come to wait, for room in
-    /// its queue end with [`PsError::NodeFailed`] until [`node_recovered`](Self::node_recovered).
-    pub fn node_failed(&self, peer: NodeId, reason: &str) {
+    /// its queue end with [`PsError::NodeFailed`], for as long as it counts as failed.
+    pub fn node_failed(&self, peer: NodeId) {
         self.peer_lost(peer);
-        self.lock().failed.insert(peer, reason.to_owned());
         self.failures.notify_waiters();
-    }
-
-    /// A new process took failed `peer`'s place: sends to it wait for room again.
-    pub fn node_recovered(&self, peer: NodeId) {
-        self.lock().failed.remove(&peer);
     }
 
     /// Stops every van; the first error is returned after all have been asked to stop.
@@ -506,6 +513,20 @@ mod tests {
     use van_core::inproc::{Hub, InProcessVan};
     use van_core::Role;
 
+    /// Failures kept by hand, as the membership would.
+    #[derive(Default)]
+    struct Dead(Mutex<HashMap<NodeId, String>>);
+
+    impl Failures for Dead {
+        fn failure(&self, peer: NodeId) -> Option<String> {
+            self.0.lock().unwrap().get(&peer).cloned()
+        }
+    }
+
+    fn nobody_dead() -> Arc<dyn Failures> {
+        Arc::new(Dead::default())
+    }
+
     #[test]
     fn the_endpoint_map_redirects_control_addresses_to_data_addresses() {
         let map = EndpointMap::parse("10.0.0.1:2222=10.1.0.1:3333\n").unwrap();
@@ -515,7 +536,7 @@ mod tests {
         };
         let me = Node::new(Role::Worker, "10.0.0.3", 1);
         let vans: Vec<Arc<dyn Van>> = vec![Arc::new(InProcessVan::new(&Hub::new()))];
-        let router = Router::new(vans, &config, me, 1);
+        let router = Router::new(vans, &config, me, 1, nobody_dead());
         let mut node = Node::new(Role::Server, "10.0.0.1", 2222).with_id(8);
         node.endpoints
             .push(Endpoint::stream(VanKind::Tcp, "10.0.0.1", 2222));
@@ -546,7 +567,7 @@ mod tests {
         let me = Node::new(Role::Worker, "127.0.0.1", 1).with_id(9);
         let (mine, (inbox, _my_inbox)) = (tcp(), van_core::inbox(16));
         mine.bind("127.0.0.1", 0, inbox).await.unwrap();
-        let router = Router::new(vec![mine], &config, me, 1);
+        let router = Router::new(vec![mine], &config, me, 1, nobody_dead());
         let peer = Node::new(Role::Server, "127.0.0.1", port).with_id(8);
         router.connect(&peer).await.unwrap();
         // The peer's process ends; a new one listens at the same address.
@@ -601,7 +622,9 @@ mod tests {
             ..Config::default()
         };
         let me = Node::new(Role::Worker, "127.0.0.1", 1).with_id(9);
-        let router = Arc::new(Router::new(vec![Arc::new(Full)], &config, me, 1));
+        let dead = Arc::new(Dead::default());
+        let failed: Arc<dyn Failures> = dead.clone();
+        let router = Arc::new(Router::new(vec![Arc::new(Full)], &config, me, 1, failed));
         for id in [8, 10] {
             let peer = Node::new(Role::Server, "127.0.0.1", 2).with_id(id);
             router.connect(&peer).await.unwrap();
@@ -618,7 +641,9 @@ mod tests {
             !to_8.is_finished() && !to_10.is_finished(),
             "a send found room"
         );
-        router.node_failed(8, "declared dead by the scheduler");
+        let reason = "declared dead by the scheduler".to_owned();
+        dead.0.lock().unwrap().insert(8, reason);
+        router.node_failed(8);
         match tokio::time::timeout(Duration::from_secs(5), to_8).await {
             Ok(Ok(Err(PsError::NodeFailed {
                 node: 8, reason, ..
@@ -631,7 +656,7 @@ mod tests {
         // its place.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!to_10.is_finished(), "a live peer's send ended");
-        router.node_recovered(8);
+        dead.0.lock().unwrap().remove(&8);
         let again = send(8);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(

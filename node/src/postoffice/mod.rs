@@ -14,8 +14,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 use van_core::{
-    inbox, node_ids, Command, Config, Control, Event, Inbox, Message, Meta, Node, NodeId, Role,
-    SharedBuf, Van, VanKind,
+    inbox, node_ids, Command, Config, Event, Inbox, Message, Node, NodeId, Role, SharedBuf, Van,
+    VanKind,
 };
 
 use crate::control::{Output, Scheduler, SchedulerConfig};
@@ -23,13 +23,12 @@ use crate::delivery::{Customers, DataQueue};
 // The trait of a node's applications, defined beside how messages reach them.
 pub use crate::delivery::{Customer, RECOVERED};
 use crate::error::{PsError, Result};
+pub use crate::member::ALL_GROUPS;
+use crate::member::{Action, Input, Member, MemberConfig};
 use crate::router::Router;
 
-// The node table, failures, recoveries and resends: who this node counts in and alive.
+// Carrying out what the node's `Member` decides, and the resends of `PS_RESEND`.
 mod membership;
-
-/// Barrier group of every node (scheduler, servers and workers).
-pub const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
 
 /// Batches a node's inbox holds before its vans push back.
 const INBOX_BATCHES: usize = 1024;
@@ -68,25 +67,15 @@ struct Inner {
     /// This process's incarnation: sent with its registration, so that the scheduler tells a
     /// registration re-sent from one sent by a new process at the same address.
     incarnation: u64,
-    /// Recovery notices that arrived before the node table (a resend after a broken
-    /// connection can overtake the table), by sequence number: applied once the table
-    /// arrives if they were sent after it.
-    early_notices: Mutex<Vec<(u64, Node)>>,
+    /// Who is in the cluster and alive, barriers, finalize: the decisions, which this
+    /// postoffice carries out (`membership.rs`).
+    member: Arc<Mutex<Member>>,
     /// Bumped whenever a node is declared dead or recovers ([`Postoffice::wait_alive`]).
     membership: watch::Sender<u64>,
     scheduler: Option<Mutex<Scheduler>>,
     customers: Mutex<Customers>,
+    /// Who waits for each pending barrier.
     barriers: Mutex<HashMap<i32, oneshot::Sender<Result<()>>>>,
-    dead: Mutex<HashMap<NodeId, String>>,
-    /// Set when `finalize` begins: the all-nodes barrier this node now waits at is the final
-    /// one, not an ordinary `barrier(ALL_GROUPS)` of the run.
-    finalizing: AtomicBool,
-    /// Set once the final barrier has released: departures are no longer failures.
-    finishing: AtomicBool,
-    stopped: AtomicBool,
-    /// When this node last heard from the scheduler (a reply to its heartbeat, a release, a
-    /// notice): a scheduler silent for a whole heartbeat timeout is lost.
-    scheduler_heard: Mutex<Instant>,
     /// Set once `alloc` has warned about falling back to ordinary memory.
     alloc_warned: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -213,7 +202,16 @@ impl Postoffice {
         let networked = vans
             .first()
             .is_some_and(|van| van.kind() != VanKind::InProcess);
-        let router = Router::new(vans, &config, me.clone(), incarnation);
+        let member = Arc::new(Mutex::new(Member::new(
+            MemberConfig {
+                role,
+                incarnation,
+                heartbeat_timeout: config.heartbeat_timeout,
+                resend: config.resend_timeout.is_some(),
+            },
+            Instant::now(),
+        )));
+        let router = Router::new(vans, &config, me.clone(), incarnation, member.clone());
         let (inbox_tx, inbox) = inbox(INBOX_BATCHES);
         if networked {
             crate::netif::wait_resolvable(&host, left()).await;
@@ -242,16 +240,11 @@ impl Postoffice {
                 table: OnceLock::new(),
                 ready,
                 incarnation,
-                early_notices: Mutex::new(Vec::new()),
+                member,
                 membership: watch::channel(0).0,
                 scheduler,
                 customers: Mutex::new(Customers::default()),
                 barriers: Mutex::new(HashMap::new()),
-                dead: Mutex::new(HashMap::new()),
-                finalizing: AtomicBool::new(false),
-                finishing: AtomicBool::new(false),
-                stopped: AtomicBool::new(false),
-                scheduler_heard: Mutex::new(Instant::now()),
                 alloc_warned: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
                 hosted_scheduler: Mutex::new(hosted_scheduler),
@@ -322,7 +315,7 @@ impl Postoffice {
         let mut ready = self.inner.ready.subscribe();
         if self.inner.role == Role::Scheduler {
             // An empty cluster is ready at once.
-            self.scheduler_check_ready();
+            self.scheduler_check_ready().await;
         } else {
             let scheduler = self.scheduler_node();
             let mut attempts = 0u32;
@@ -342,7 +335,7 @@ impl Postoffice {
                 }
                 tokio::time::sleep(CONNECT_RETRY).await;
             }
-            let mut msg = control_message(node_ids::SCHEDULER, Command::AddNode, true);
+            let mut msg = crate::member::control_request(Command::AddNode);
             if let Some(control) = &mut msg.meta.control {
                 control.nodes.push(self.inner.me.clone());
             }
@@ -400,17 +393,17 @@ impl Postoffice {
         }
         if self.inner.role != Role::Scheduler {
             if let Some(interval) = self.inner.config.heartbeat_interval {
-                *lock(&self.inner.scheduler_heard) = Instant::now();
                 let po = self.clone();
                 self.spawn(async move {
                     let mut ticker = tokio::time::interval(interval);
                     loop {
                         ticker.tick().await;
-                        let msg = control_message(node_ids::SCHEDULER, Command::Heartbeat, true);
+                        let msg = crate::member::control_request(Command::Heartbeat);
                         if po.send_control(msg).await.is_err() && po.is_stopped() {
                             break;
                         }
-                        po.check_scheduler_heard();
+                        // A scheduler silent for a whole heartbeat timeout is lost.
+                        po.feed(Input::Tick).await;
                     }
                 });
             }
@@ -421,7 +414,7 @@ impl Postoffice {
                 let mut ticker = tokio::time::interval(period);
                 loop {
                     ticker.tick().await;
-                    if po.inner.finishing.load(Ordering::Acquire) {
+                    if lock(&po.inner.member).is_finishing() {
                         break;
                     }
                     let outputs = po.with_scheduler(|s| s.tick(Instant::now()));
@@ -481,7 +474,14 @@ impl Postoffice {
                         self.handle_control(msg).await
                     }
                     event => {
-                        let read_as = self.lost_incarnation(&event);
+                        // The loss is the process the table names now: by the time it is
+                        // handled (behind data), a new process may have taken the node over.
+                        let read_as = match &event {
+                            Event::PeerLost(lost) => lost
+                                .peer
+                                .map_or(0, |peer| lock(&self.inner.member).incarnation_of(peer)),
+                            Event::Message(_) => 0,
+                        };
                         if data.is_idle() {
                             self.deliver_event(event, read_as, &mut data).await;
                         } else {
@@ -518,8 +518,8 @@ impl Postoffice {
     }
 
     /// Delivers a data message (or holds it until its application registers), or tells of a
-    /// lost peer (read while it was process `read_as`: [`lost_connection`](Self::lost_connection));
-    /// a delivery that cannot finish at once is left waiting in `data`.
+    /// lost peer (read while it was process `read_as`: [`Input::Lost`]); a delivery that
+    /// cannot finish at once is left waiting in `data`.
     async fn deliver_event(&self, event: Event, read_as: u64, data: &mut DataQueue) {
         match event {
             Event::Message(msg) => {
@@ -530,7 +530,13 @@ impl Postoffice {
             }
             Event::PeerLost(lost) => {
                 if let Some(peer) = lost.peer {
-                    self.lost_connection(peer, &lost.reason, read_as).await;
+                    let reason = &lost.reason;
+                    self.feed(Input::Lost {
+                        peer,
+                        reason,
+                        read_as,
+                    })
+                    .await;
                 }
             }
         }
@@ -576,9 +582,6 @@ impl Postoffice {
         let Some(control) = msg.meta.control.as_ref() else {
             return;
         };
-        if msg.meta.sender == Some(node_ids::SCHEDULER) && self.inner.scheduler.is_none() {
-            *lock(&self.inner.scheduler_heard) = Instant::now();
-        }
         if msg.meta.request {
             if self.inner.scheduler.is_none() {
                 warn!(
@@ -590,51 +593,16 @@ impl Postoffice {
             let outputs = self.with_scheduler(|s| s.handle(Instant::now(), &msg));
             self.execute(outputs).await;
             if self.inner.role == Role::Scheduler && !*self.inner.ready.borrow() {
-                self.scheduler_check_ready();
+                self.scheduler_check_ready().await;
             }
             return;
         }
-        match control.cmd {
-            Command::AddNode => self.table_arrived(&msg),
-            Command::Barrier => {
-                let waiter = lock(&self.inner.barriers).remove(&control.barrier_group);
-                let result = if control.nodes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(PsError::BarrierFailed {
-                        group: control.barrier_group,
-                        dead: control.nodes.iter().filter_map(|n| n.id).collect(),
-                    })
-                };
-                // Only the release of finalize's barrier ends the run (peers may leave from
-                // now on, before `finalize` resumes); an ordinary all-nodes barrier does not.
-                if control.barrier_group == ALL_GROUPS
-                    && result.is_ok()
-                    && self.inner.finalizing.load(Ordering::Acquire)
-                {
-                    self.inner.finishing.store(true, Ordering::Release);
-                }
-                match waiter {
-                    Some(waiter) => {
-                        let _ = waiter.send(result);
-                    }
-                    None => warn!(
-                        group = control.barrier_group,
-                        "barrier release nobody waits for"
-                    ),
-                }
+        if control.cmd == Command::Ack {
+            if let (Some(resend), Some(from)) = (self.inner.router.resender(), msg.meta.sender) {
+                resend.acked(from, control.msg_sig);
             }
-            Command::NodeFailure => self.failure_notice(&control.nodes),
-            // The scheduler's answer to a heartbeat: noted above, nothing more to do.
-            Command::Heartbeat => {}
-            Command::Ack => {
-                if let (Some(resend), Some(from)) = (self.inner.router.resender(), msg.meta.sender)
-                {
-                    resend.acked(from, control.msg_sig);
-                }
-            }
-            other => debug!("ignoring control {other:?} from {:?}", msg.meta.sender),
         }
+        self.feed(Input::Control(&msg)).await;
     }
 
     fn with_scheduler<T: Default>(&self, f: impl FnOnce(&mut Scheduler) -> T) -> T {
@@ -671,7 +639,7 @@ impl Postoffice {
     async fn send_control(&self, mut msg: Message) -> Result<()> {
         msg.meta.sender = self.inner.my_id.get().copied();
         if self.inner.role == Role::Scheduler {
-            self.handle_control(msg).await;
+            Box::pin(self.handle_control(msg)).await;
             Ok(())
         } else {
             self.inner.router.send(msg).await
@@ -681,19 +649,9 @@ impl Postoffice {
     /// Waits until every node of `group` (a bitmask of [`node_ids`] groups; [`ALL_GROUPS`]
     /// for everyone) has called `barrier` with the same group. Fails if a member dies.
     pub async fn barrier(&self, group: i32) -> Result<()> {
-        if group <= 0 || group & !ALL_GROUPS != 0 {
-            return Err(PsError::InvalidArgument(format!(
-                "barrier group {group} is not a combination of 1 (scheduler), 2 (servers), 4 (workers)"
-            )));
-        }
-        if group & node_ids::group_of(self.inner.role) == 0 {
-            return Err(PsError::InvalidArgument(format!(
-                "this {} is not a member of barrier group {group}; it would wait forever",
-                self.inner.role
-            )));
-        }
         let (tx, rx) = oneshot::channel();
         {
+            // The waiter first: a release or a failure can come as soon as the request goes.
             let mut barriers = lock(&self.inner.barriers);
             if barriers.contains_key(&group) {
                 return Err(PsError::InvalidArgument(format!(
@@ -702,17 +660,19 @@ impl Postoffice {
             }
             barriers.insert(group, tx);
         }
-        if let Some(e) = self.dead_error(node_ids::SCHEDULER) {
-            lock(&self.inner.barriers).remove(&group);
-            return Err(e);
-        }
-        let mut msg = control_message(node_ids::SCHEDULER, Command::Barrier, true);
-        if let Some(control) = &mut msg.meta.control {
-            control.barrier_group = group;
-        }
-        if let Err(e) = self.send_control(msg).await {
-            lock(&self.inner.barriers).remove(&group);
-            return Err(e);
+        for action in self.decide(Input::Barrier(group)) {
+            let sent = match action {
+                Action::Send(msg) => self.send_control(msg).await,
+                Action::RefuseBarrier(e) => Err(e),
+                other => {
+                    self.carry_out(vec![other]).await;
+                    Ok(())
+                }
+            };
+            if let Err(e) = sent {
+                lock(&self.inner.barriers).remove(&group);
+                return Err(e);
+            }
         }
         rx.await.map_err(|_| PsError::Stopped)?
     }
@@ -720,13 +680,10 @@ impl Postoffice {
     /// Leaves the cluster in order: a barrier of every node, a goodbye to the scheduler, then
     /// stop. The scheduler waits (bounded) for everyone's goodbye before it stops.
     pub async fn finalize(&self) -> Result<()> {
-        self.inner.finalizing.store(true, Ordering::Release);
+        self.feed(Input::Finalize).await;
         let barrier = self.barrier(ALL_GROUPS).await;
-        self.inner.finishing.store(true, Ordering::Release);
-        let goodbye = control_message(node_ids::SCHEDULER, Command::Terminate, true);
-        if let Err(e) = self.send_control(goodbye).await {
-            debug!("goodbye to the scheduler not sent: {e}");
-        }
+        // The goodbye to the scheduler.
+        self.feed(Input::Leave).await;
         if self.inner.role == Role::Scheduler && barrier.is_ok() {
             let deadline = Instant::now() + FINISH_GRACE;
             while !self.with_scheduler(|s| s.is_finished()) && Instant::now() < deadline {
@@ -748,13 +705,17 @@ impl Postoffice {
 
     /// Stops the vans and background tasks without a barrier (after a failure).
     pub async fn stop(&self) {
-        if self.inner.stopped.swap(true, Ordering::AcqRel) {
-            return;
+        if !self.decide(Input::Stop).is_empty() {
+            self.shut_down().await;
         }
+    }
+
+    /// What stopping does, once.
+    async fn shut_down(&self) {
         if let Err(e) = self.inner.router.stop().await {
             warn!("stopping the vans: {e}");
         }
-        if !self.inner.finishing.load(Ordering::Acquire) {
+        if !lock(&self.inner.member).is_finishing() {
             if let Some(scheduler) = lock(&self.inner.hosted_scheduler).take() {
                 scheduler.abort();
             }
@@ -775,7 +736,7 @@ impl Postoffice {
 
     /// Whether [`stop`](Self::stop) or [`finalize`](Self::finalize) ran.
     pub fn is_stopped(&self) -> bool {
-        self.inner.stopped.load(Ordering::Acquire)
+        lock(&self.inner.member).is_stopped()
     }
 
     /// This node's id.
@@ -909,19 +870,6 @@ fn endpoint_port(endpoint: &van_core::Endpoint) -> u16 {
         .next()
         .and_then(|p| p.parse().ok())
         .unwrap_or(0)
-}
-
-/// A control message to `recipient`.
-fn control_message(recipient: NodeId, cmd: Command, request: bool) -> Message {
-    Message {
-        meta: Meta {
-            recipient: Some(recipient),
-            request,
-            control: Some(Control::command(cmd)),
-            ..Meta::default()
-        },
-        data: van_core::Parts::new(),
-    }
 }
 
 #[cfg(test)]
