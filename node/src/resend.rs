@@ -320,7 +320,7 @@ impl Resender {
                     kept.sent = now;
                     kept.resends += 1;
                     if kept.resends == RESENDS_WARNED {
-                        let what = crate::router::describe(&kept.msg);
+                        let what = kept.msg.summary();
                         stuck.push(format!("{what}, meant for process {to:x}"));
                     }
                     again.push(kept.msg.clone());

@@ -249,7 +249,7 @@ impl Router {
         let peer = msg.meta.recipient.ok_or(VanError::NoRecipient)?;
         let kind = self.ensure_connected(peer).await?;
         if self.config.verbose >= 2 {
-            info!("send {} via {kind}", describe(&msg));
+            info!("send {} via {kind}", msg.summary());
         }
         let van = self.van(kind)?;
         let sent = match van.try_send(msg) {
@@ -371,7 +371,7 @@ impl Router {
                     .ok_or(VanError::UnknownPeer { peer })?
             };
             if self.config.verbose >= 2 {
-                info!("send {} via {kind}", describe(&msg));
+                info!("send {} via {kind}", msg.summary());
             }
             match by_van.iter_mut().find(|(k, _)| *k == kind) {
                 Some((_, batch)) => batch.push(msg),
@@ -437,33 +437,6 @@ impl Router {
         }
         first
     }
-}
-
-/// One line about a message, for `PS_VERBOSE=2` (ps-lite's per-message log).
-pub(crate) fn describe(msg: &Message) -> String {
-    let m = &msg.meta;
-    let what = match &m.control {
-        Some(control) => format!("control {:?} group {}", control.cmd, control.barrier_group),
-        None if m.simple_app => format!("simple-app head {}", m.head),
-        None => format!(
-            "{}{}{} cmd {}",
-            if m.push { "push" } else { "" },
-            if m.push && m.pull { "-" } else { "" },
-            if m.pull { "pull" } else { "" },
-            m.head
-        ),
-    };
-    format!(
-        "{} {what} #{} {:?} -> {:?}, app {}/{}, {} segments, {} bytes",
-        if m.request { "request" } else { "response" },
-        m.request_id,
-        m.sender,
-        m.recipient,
-        m.app_id,
-        m.customer_id,
-        msg.data.len(),
-        msg.data_len()
-    )
 }
 
 /// The (recipient, number) of each numbered message.

@@ -486,6 +486,34 @@ impl Message {
     pub fn data_len(&self) -> usize {
         self.data.iter().map(Bytes::len).sum()
     }
+
+    /// One line about the message: what it is, its ids, its size (`PS_VERBOSE=2`, ps-lite's
+    /// per-message log).
+    pub fn summary(&self) -> String {
+        let m = &self.meta;
+        let what = match &m.control {
+            Some(control) => format!("control {:?} group {}", control.cmd, control.barrier_group),
+            None if m.simple_app => format!("simple-app head {}", m.head),
+            None => format!(
+                "{}{}{} cmd {}",
+                if m.push { "push" } else { "" },
+                if m.push && m.pull { "-" } else { "" },
+                if m.pull { "pull" } else { "" },
+                m.head
+            ),
+        };
+        format!(
+            "{} {what} #{} {:?} -> {:?}, app {}/{}, {} segments, {} bytes",
+            if m.request { "request" } else { "response" },
+            m.request_id,
+            m.sender,
+            m.recipient,
+            m.app_id,
+            m.customer_id,
+            self.data.len(),
+            self.data_len()
+        )
+    }
 }
 
 /// ps-lite's node-id numbering: scheduler 1, groups 2/4, servers 8, 10, …, workers 9, 11, ….

@@ -27,15 +27,17 @@ pub use crate::member::ALL_GROUPS;
 use crate::member::{Action, Input, Member, MemberConfig};
 use crate::router::Router;
 
+// Joining: reaching the scheduler, registering, the node table.
+mod join;
 // Carrying out what the node's `Member` decides, and the resends of `PS_RESEND`.
 mod membership;
+// The vans a node has, and the scheduler it may host.
+mod vans;
+
+use self::vans::{endpoint_port, extra_vans, host_identity, stream_van};
 
 /// Batches a node's inbox holds before its vans push back.
 const INBOX_BATCHES: usize = 1024;
-/// How often a node retries reaching the scheduler while bootstrapping.
-const CONNECT_RETRY: Duration = Duration::from_millis(200);
-/// How often a node re-sends its registration until the node table arrives.
-const REGISTER_RETRY: Duration = Duration::from_secs(2);
 /// How long the scheduler waits, after the final barrier, for the others to say goodbye.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
 
@@ -87,69 +89,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section in this file is a few map operations with no await and no call
     // out, so a poisoned lock still holds consistent data.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The identity of what this node can share memory with: boot id and host name, and in the
-/// default shared-memory mode the network namespace too. That mode meets its peers on
-/// abstract Unix sockets, which belong to a network namespace: two containers (or two test
-/// "hosts") on one machine with separate network namespaces cannot reach each other there,
-/// so they are different hosts and talk TCP. Named mode (`VANS_IPC_NAMED`) meets through
-/// files in `/dev/shm`, which such containers may share, so it leaves the namespace out.
-fn host_identity(config: &Config) -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let mut identity = format!("{}/{}", boot.trim(), name.trim());
-    if !config.ipc_named {
-        if let Ok(net) = std::fs::read_link("/proc/self/ns/net") {
-            identity.push('/');
-            identity.push_str(&net.to_string_lossy());
-        }
-    }
-    identity
-}
-
-/// The vans besides the stream van that this build and configuration provide: shared memory
-/// for co-located peers (feature `ipc`, unless `DMLC_ENABLE_IPC=0`). The scheduler needs none:
-/// its links stay on the stream van.
-fn extra_vans(config: &Config) -> Vec<Arc<dyn Van>> {
-    #[cfg(all(feature = "ipc", target_os = "linux"))]
-    if config.enable_ipc && config.role != Some(Role::Scheduler) {
-        let ipc = van_ipc::IpcVan::new(van_ipc::IpcOptions::from_config(config));
-        return vec![Arc::new(ipc)];
-    }
-    let _ = config;
-    Vec::new()
-}
-
-/// Creates the stream van the configuration asks for.
-fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
-    if config.enable_rdma.is_enabled()
-        && !cfg!(feature = "rdma")
-        && config.rdma.fallback == van_core::config::RdmaFallback::None
-    {
-        // No silent fallback: the user asked for RDMA (ps-lite/BytePS `DMLC_ENABLE_RDMA`).
-        return Err(van_core::VanError::NotCompiled {
-            kind: VanKind::Rdma,
-        }
-        .into());
-    }
-    match config.stream_van {
-        #[cfg(feature = "tcp")]
-        VanKind::Tcp => Ok(Arc::new(van_tcp::TcpVan::new(
-            van_tcp::TcpOptions::from_config(config),
-        ))),
-        #[cfg(all(feature = "uring", target_os = "linux"))]
-        VanKind::Uring => Ok(Arc::new(
-            van_uring::IoUringVan::new(van_uring::UringOptions::from_config(config))
-                .map_err(van_core::VanError::from)?,
-        )),
-        VanKind::InProcess => Err(PsError::InvalidArgument(
-            "VANS_STREAM_VAN=inproc needs a shared hub: run the cluster in one process with \
-             node::local::LocalCluster"
-                .into(),
-        )),
-        kind => Err(van_core::VanError::NotCompiled { kind }.into()),
-    }
 }
 
 impl Postoffice {
@@ -282,95 +221,11 @@ impl Postoffice {
         Ok(po)
     }
 
-    /// Connects to every other node of the table now (`VANS_EAGER_CONNECT`), so a peer that
-    /// cannot be reached is an error at start rather than at first use.
-    async fn connect_all(&self) -> Result<()> {
-        let me = self.my_id();
-        let peers: Vec<Node> = self
-            .nodes()
-            .iter()
-            .filter(|n| n.id.is_some_and(|id| id != me && id != node_ids::SCHEDULER))
-            .cloned()
-            .collect();
-        for peer in peers {
-            self.inner.router.connect(&peer).await?;
-        }
-        Ok(())
-    }
-
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         let handle = tokio::spawn(task);
         let mut tasks = lock(&self.inner.tasks);
         tasks.retain(|t| !t.is_finished());
         tasks.push(handle);
-    }
-
-    fn scheduler_node(&self) -> Node {
-        let c = &self.inner.config;
-        Node::new(Role::Scheduler, c.root_uri.clone(), c.root_port).with_id(node_ids::SCHEDULER)
-    }
-
-    /// Registers with the scheduler and waits for the node table.
-    async fn bootstrap(&self) -> Result<()> {
-        let mut ready = self.inner.ready.subscribe();
-        if self.inner.role == Role::Scheduler {
-            // An empty cluster is ready at once.
-            self.scheduler_check_ready().await;
-        } else {
-            let scheduler = self.scheduler_node();
-            let mut attempts = 0u32;
-            while let Err(e) = self.inner.router.connect(&scheduler).await {
-                // A scheduler that refuses our secret will not accept it on a retry: say why
-                // now instead of at the bootstrap deadline. A handshake that merely did not
-                // finish (timeout, closed, busy) may succeed next time.
-                if is_final_refusal(&e) {
-                    return Err(e);
-                }
-                attempts += 1;
-                if attempts == 1 || attempts % 25 == 0 {
-                    info!(
-                        "waiting for the scheduler at {}:{}: {e}",
-                        scheduler.host, scheduler.port
-                    );
-                }
-                tokio::time::sleep(CONNECT_RETRY).await;
-            }
-            let mut msg = crate::member::control_request(Command::AddNode);
-            if let Some(control) = &mut msg.meta.control {
-                control.nodes.push(self.inner.me.clone());
-            }
-            // The registration is re-sent until the table arrives: one lost with its
-            // connection (a cut, a reset) would otherwise leave this node waiting until the
-            // bootstrap deadline. The scheduler takes a re-sent one from the same process
-            // (same incarnation) as a duplicate.
-            loop {
-                match self.inner.router.send(msg.clone()).await {
-                    Ok(()) => {}
-                    Err(e) if is_final_refusal(&e) => return Err(e),
-                    Err(e) => debug!("registration not sent, will try again: {e}"),
-                }
-                match tokio::time::timeout(REGISTER_RETRY, wait_ready(&mut ready)).await {
-                    Ok(result) => return result,
-                    Err(_) => debug!("no node table yet; registering again"),
-                }
-            }
-        }
-        wait_ready(&mut ready).await
-    }
-
-    /// What the bootstrap deadline error says.
-    fn bootstrap_summary(&self) -> String {
-        match &self.inner.scheduler {
-            Some(s) => lock(s).summary(),
-            None => format!(
-                "no node table from the scheduler at {}:{} ({} servers and {} workers expected); \
-                 is the scheduler running, and have all nodes started?",
-                self.inner.config.root_uri,
-                self.inner.config.root_port,
-                self.inner.config.num_servers,
-                self.inner.config.num_workers
-            ),
-        }
     }
 
     fn start_timers(&self) {
@@ -451,7 +306,7 @@ impl Postoffice {
             for event in events.drain(..) {
                 if let Event::Message(msg) = &event {
                     if self.inner.config.verbose >= 2 {
-                        info!("recv {}", crate::router::describe(msg));
+                        info!("recv {}", msg.summary());
                     }
                     if let Some(resend) = self.inner.router.resender() {
                         let sender = msg
@@ -461,10 +316,7 @@ impl Postoffice {
                         let received = resend.received(msg, self.inner.incarnation, sender);
                         acks.extend(received.ack);
                         if received.duplicate {
-                            debug!(
-                                "dropping a copy already received: {}",
-                                crate::router::describe(msg)
-                            );
+                            debug!("dropping a copy already received: {}", msg.summary());
                             continue;
                         }
                     }
@@ -838,71 +690,4 @@ fn host_scheduler(config: &Config) -> JoinHandle<Result<()>> {
         config.root_uri, config.root_port
     );
     tokio::spawn(async move { Box::pin(Postoffice::start(config)).await?.finalize().await })
-}
-
-/// Waits until the node table has arrived.
-async fn wait_ready(ready: &mut watch::Receiver<bool>) -> Result<()> {
-    while !*ready.borrow_and_update() {
-        ready.changed().await.map_err(|_| PsError::Stopped)?;
-    }
-    Ok(())
-}
-
-/// Whether `e` is a handshake answer that no retry can change: the scheduler holds another
-/// secret, speaks another handshake version, or does not authenticate at all. A handshake
-/// cut short (timeout, closed connection, I/O error, too many pending from our address) is
-/// not: the scheduler may be starting or busy, so bootstrap keeps trying.
-fn is_final_refusal(e: &PsError) -> bool {
-    use van_core::auth::AuthError;
-    matches!(
-        e,
-        PsError::Van(van_core::VanError::Unauthenticated {
-            source: AuthError::WrongSecret | AuthError::Version(_) | AuthError::NotAuthenticating,
-            ..
-        })
-    )
-}
-
-fn endpoint_port(endpoint: &van_core::Endpoint) -> u16 {
-    endpoint
-        .address
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use van_core::auth::AuthError;
-    use van_core::{VanError, VanKind};
-
-    use super::*;
-
-    fn refused(source: AuthError) -> PsError {
-        PsError::Van(VanError::Unauthenticated {
-            kind: VanKind::Tcp,
-            peer: node_ids::SCHEDULER,
-            address: "127.0.0.1:1".into(),
-            source,
-        })
-    }
-
-    #[test]
-    fn only_final_handshake_answers_stop_bootstrap() {
-        assert!(is_final_refusal(&refused(AuthError::WrongSecret)));
-        assert!(is_final_refusal(&refused(AuthError::Version(2))));
-        assert!(is_final_refusal(&refused(AuthError::NotAuthenticating)));
-        for transient in [
-            AuthError::Timeout(Duration::from_secs(10)),
-            AuthError::Closed,
-            AuthError::Io(std::io::ErrorKind::ConnectionReset.into()),
-            AuthError::TooManyPending { count: 8, max: 8 },
-        ] {
-            assert!(!is_final_refusal(&refused(transient)));
-        }
-        assert!(!is_final_refusal(&PsError::Stopped));
-    }
 }
