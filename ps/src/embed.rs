@@ -31,7 +31,7 @@ use bytes::Bytes;
 use node::embed::{Call, NodeHandle};
 use van_core::DataType;
 
-use crate::kv::{Filled, KvPairs, KvServer, KvWorker, PullBuffer, RequestHandler, Snapshot};
+use crate::kv::{KvPairs, KvServer, KvWorker, Op, PullBuffer, RequestHandler, Snapshot};
 use crate::{PsError, Result};
 use node::Postoffice;
 
@@ -220,15 +220,7 @@ macro_rules! any_kv {
                 &self, op: Op, pairs: KvPairs, cmd: i32, out: Option<Box<dyn PullBuffer>>,
             ) -> Result<crate::RequestId> {
                 match self {
-                    $(AnyWorker::$variant(kv) => match (op, out) {
-                        (Op::Push, _) => kv.zpush(pairs, cmd).await,
-                        (Op::Pull, None) => kv.zpull(pairs.keys, cmd).await,
-                        (Op::Pull, Some(out)) => kv.zpull_into(pairs.keys, Filled(out), cmd).await,
-                        (Op::PushPull, None) => kv.zpush_pull(pairs, cmd).await,
-                        (Op::PushPull, Some(out)) => {
-                            kv.zpush_pull_into(pairs, Filled(out), cmd).await
-                        }
-                    },)*
+                    $(AnyWorker::$variant(kv) => kv.request(op, pairs, cmd, out).await,)*
                 }
             }
 
@@ -306,13 +298,6 @@ fn unsupported(dtype: DataType) -> PsError {
     PsError::InvalidArgument(format!(
         "values of type {dtype:?} are not supported here; use one of {VALUE_TYPES:?}"
     ))
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    Push,
-    Pull,
-    PushPull,
 }
 
 /// A worker application of a [`NodeHandle`]: push, pull and push-pull of values of one type.

@@ -26,7 +26,7 @@ pub mod simple_app;
 pub mod values;
 
 pub use kv::{
-    Handled, HeldRequest, KvMeta, KvPairs, KvServer, KvWorker, PullBuffer, Released,
+    Handled, HeldRequest, KvMeta, KvPairs, KvServer, KvWorker, Op, PullBuffer, Released,
     RequestHandler, ShardContext, Snapshot, SumHandler, ROUND_CMD,
 };
 pub use node::{

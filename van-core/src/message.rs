@@ -157,13 +157,47 @@ impl DataType {
         }
     }
 
-    pub(crate) fn to_wire(self) -> u8 {
+    /// Its name, as numpy spells it (`float32`, `int64`, `uint8`, …; `char` and `other` for
+    /// ps-lite's raw bytes and anything else): the one table the bindings share.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Char => "char",
+            DataType::I8 => "int8",
+            DataType::I16 => "int16",
+            DataType::I32 => "int32",
+            DataType::I64 => "int64",
+            DataType::U8 => "uint8",
+            DataType::U16 => "uint16",
+            DataType::U32 => "uint32",
+            DataType::U64 => "uint64",
+            DataType::F32 => "float32",
+            DataType::F64 => "float64",
+            DataType::Other => "other",
+        }
+    }
+
+    /// The type [`name`](Self::name) spells `name`.
+    pub fn from_name(name: &str) -> Option<DataType> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Its number (ps-lite's `DataType` value, the wire code and the C binding's `VANS_*`).
+    pub fn code(self) -> u8 {
         // ALL is in wire order, so the index is the code.
         Self::ALL.iter().position(|t| *t == self).unwrap_or(11) as u8
     }
 
+    /// The type numbered `code`.
+    pub fn from_code(code: u8) -> Option<DataType> {
+        Self::ALL.get(usize::from(code)).copied()
+    }
+
+    pub(crate) fn to_wire(self) -> u8 {
+        self.code()
+    }
+
     pub(crate) fn from_wire(value: u8) -> Option<DataType> {
-        Self::ALL.get(usize::from(value)).copied()
+        Self::from_code(value)
     }
 }
 
@@ -625,5 +659,22 @@ mod tests {
             assert_eq!(DataType::from_wire(code as u8), Some(*t));
         }
         assert_eq!(DataType::from_wire(12), None);
+    }
+
+    #[test]
+    fn data_type_names_are_numpys_and_round_trip() {
+        let names: Vec<&str> = DataType::ALL.iter().map(|t| t.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "char", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float32", "float64", "other"
+            ]
+        );
+        for t in DataType::ALL {
+            assert_eq!(DataType::from_name(t.name()), Some(t));
+            assert_eq!(DataType::from_code(t.code()), Some(t));
+        }
+        assert_eq!(DataType::from_name("f32"), None);
     }
 }

@@ -147,25 +147,28 @@ pub extern "C" fn vans_version() -> *const c_char {
 
 /// The value type of a `VANS_*` type code, if the library carries it.
 pub(crate) fn data_type(code: c_int) -> Result<van_core::DataType, Failure> {
-    let dtype = usize::try_from(code)
+    let types = ps::embed::VALUE_TYPES;
+    let dtype = u8::try_from(code)
         .ok()
-        .and_then(|index| van_core::DataType::ALL.get(index).copied())
-        .filter(|dtype| ps::embed::VALUE_TYPES.contains(dtype));
+        .and_then(van_core::DataType::from_code)
+        .filter(|dtype| types.contains(dtype));
     dtype.ok_or_else(|| {
+        let names: Vec<String> = types.iter().map(|t| c_name(*t)).collect();
         Failure::invalid(format!(
-            "value type {code} is not one of VANS_F32, VANS_F64, VANS_I32, VANS_I64, VANS_U8, \
-             VANS_U64"
+            "value type {code} is not one of {}",
+            names.join(", ")
         ))
     })
 }
 
 /// The `VANS_*` code of a value type (its ps-lite number).
 pub(crate) fn data_type_code(dtype: van_core::DataType) -> c_int {
-    van_core::DataType::ALL
-        .iter()
-        .position(|known| *known == dtype)
-        .and_then(|index| c_int::try_from(index).ok())
-        .unwrap_or(-1)
+    c_int::from(dtype.code())
+}
+
+/// The C name of a value type's code: `VANS_F32` for float32, … (`vans.h`).
+fn c_name(dtype: van_core::DataType) -> String {
+    format!("VANS_{dtype:?}").to_uppercase()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
-use ps::{KvPairs, KvWorker, PsError};
+use ps::{KvPairs, KvWorker, Op, PsError, PullBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -18,21 +18,9 @@ pub(crate) struct RustBench {
     worker: KvWorker<f32>,
 }
 
-/// What each request of a round does.
-#[derive(Clone, Copy)]
-enum Op {
-    Push,
-    Pull,
-    PushPull,
-}
-
 fn op(mode: &str) -> PyResult<Op> {
-    match mode {
-        "push" => Ok(Op::Push),
-        "pull" => Ok(Op::Pull),
-        "pushpull" => Ok(Op::PushPull),
-        other => Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
-    }
+    mode.parse()
+        .map_err(|e: PsError| PyValueError::new_err(e.to_string()))
 }
 
 #[pymethods]
@@ -132,15 +120,8 @@ impl RustBench {
                         vals: vals.clone(),
                         lens: None,
                     };
-                    let id = match (op, into) {
-                        (Op::Push, _) => worker.zpush(pairs, 0).await?,
-                        (Op::Pull, None) => worker.zpull(keys, 0).await?,
-                        (Op::Pull, Some(n)) => worker.zpull_into(keys, vec![0u8; n], 0).await?,
-                        (Op::PushPull, None) => worker.zpush_pull(pairs, 0).await?,
-                        (Op::PushPull, Some(n)) => {
-                            worker.zpush_pull_into(pairs, vec![0u8; n], 0).await?
-                        }
-                    };
+                    let out = into.map(|n| Box::new(vec![0u8; n]) as Box<dyn PullBuffer>);
+                    let id = worker.request(op, pairs, 0, out).await?;
                     in_flight.push_back(id);
                     continue;
                 }

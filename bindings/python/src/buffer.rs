@@ -165,30 +165,21 @@ fn data_type_of(format: &[u8], size: usize) -> Option<DataType> {
 
 /// The numpy dtype name of `dtype`.
 pub(crate) fn dtype_name(dtype: DataType) -> &'static str {
-    match dtype {
-        DataType::F32 => "float32",
-        DataType::F64 => "float64",
-        DataType::I32 => "int32",
-        DataType::I64 => "int64",
-        DataType::U64 => "uint64",
-        DataType::U8 => "uint8",
-        _ => "unsupported",
-    }
+    dtype.name()
 }
 
-/// The type named `name` (a numpy dtype name such as `"float32"`).
+/// The type named `name` (a numpy dtype name such as `"float32"`), if values can have it.
 pub(crate) fn parse_dtype(name: &str) -> PyResult<DataType> {
-    match name {
-        "float32" => Ok(DataType::F32),
-        "float64" => Ok(DataType::F64),
-        "int32" => Ok(DataType::I32),
-        "int64" => Ok(DataType::I64),
-        "uint64" => Ok(DataType::U64),
-        "uint8" => Ok(DataType::U8),
-        other => Err(PyTypeError::new_err(format!(
-            "dtype {other} is not supported; use float32, float64, int32, int64, uint64 or uint8"
-        ))),
-    }
+    let types = ps::embed::VALUE_TYPES;
+    DataType::from_name(name)
+        .filter(|dtype| types.contains(dtype))
+        .ok_or_else(|| {
+            let names: Vec<&str> = types.iter().map(|t| t.name()).collect();
+            PyTypeError::new_err(format!(
+                "dtype {name} is not supported; use {}",
+                names.join(", ")
+            ))
+        })
 }
 
 /// The value type a `dtype=` argument names: a numpy dtype, a numpy scalar type

@@ -25,8 +25,47 @@ pub use hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
 pub use round::ROUND_CMD;
 pub use server::{KvServer, RequestHandler, SumHandler};
 pub use snapshot::Snapshot;
-pub(crate) use worker::Filled;
 pub use worker::{KvWorker, PullBuffer, RequestId};
+
+/// Which kind of key-value request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Values to add (or whatever the server's handler does with a push).
+    Push,
+    /// The keys' values, answered.
+    Pull,
+    /// A push, then the updated values, in one request per server.
+    PushPull,
+}
+
+impl Op {
+    /// Every kind, as [`name`](Self::name) spells them.
+    pub const ALL: [Op; 3] = [Op::Push, Op::Pull, Op::PushPull];
+
+    /// `push`, `pull` or `pushpull`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Push => "push",
+            Op::Pull => "pull",
+            Op::PushPull => "pushpull",
+        }
+    }
+}
+
+impl std::str::FromStr for Op {
+    type Err = PsError;
+
+    fn from_str(name: &str) -> Result<Op, PsError> {
+        Op::ALL
+            .into_iter()
+            .find(|op| op.name() == name)
+            .ok_or_else(|| {
+                PsError::InvalidArgument(format!(
+                    "unknown request kind {name:?}: push, pull or pushpull"
+                ))
+            })
+    }
+}
 
 /// Keys, values and optional per-key lengths, as bytes that travel without copies.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,6 +115,43 @@ impl KvPairs {
     /// Whether there are no keys.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// The pairs of the keys at indexes `keys`, without copying: `offsets` are the byte
+    /// offsets of each key's values ([`value_offsets`](Self::value_offsets)), or `None` to
+    /// leave the values out (a pull). Lengths, when present, cover every key (as
+    /// [`kv_pairs`] checks of a received message).
+    pub fn slice(&self, keys: std::ops::Range<usize>, offsets: Option<&[usize]>) -> KvPairs {
+        KvPairs {
+            keys: self.keys.slice(keys.start * 8..keys.end * 8),
+            vals: offsets.map_or_else(Bytes::new, |o| self.vals.slice(o[keys.start]..o[keys.end])),
+            lens: self
+                .lens
+                .as_ref()
+                .map(|l| l.slice(keys.start * 4..keys.end * 4)),
+        }
+    }
+
+    /// `parts` joined in order (one copy of each): the inverse of [`slice`](Self::slice)
+    /// over consecutive key ranges. Per-key lengths are kept when any part has them.
+    pub fn concat<'a>(parts: impl IntoIterator<Item = &'a KvPairs>) -> KvPairs {
+        let mut keys = bytes::BytesMut::new();
+        let mut vals = bytes::BytesMut::new();
+        let mut lens = bytes::BytesMut::new();
+        let mut with_lens = false;
+        for part in parts {
+            keys.extend_from_slice(&part.keys);
+            vals.extend_from_slice(&part.vals);
+            if let Some(l) = &part.lens {
+                with_lens = true;
+                lens.extend_from_slice(l);
+            }
+        }
+        KvPairs {
+            keys: keys.freeze(),
+            vals: vals.freeze(),
+            lens: with_lens.then(|| lens.freeze()),
+        }
     }
 
     /// Byte offset of each key's values in `vals` (`len() + 1` entries), checking that the

@@ -602,27 +602,14 @@ impl Gather {
         if *remaining > 0 {
             return None;
         }
-        let mut keys = BytesMut::new();
-        let mut vals = BytesMut::new();
-        let mut lens = BytesMut::new();
-        let mut with_lens = false;
+        let mut done = Vec::with_capacity(parts.len());
         for part in parts.drain(..).flatten() {
-            let part = match part {
-                Ok(p) => p,
+            match part {
+                Ok(p) => done.push(p),
                 Err(e) => return Some(Err(e)),
-            };
-            keys.extend_from_slice(&part.keys);
-            vals.extend_from_slice(&part.vals);
-            if let Some(l) = &part.lens {
-                with_lens = true;
-                lens.extend_from_slice(l);
             }
         }
-        Some(Ok(KvPairs {
-            keys: keys.freeze(),
-            vals: vals.freeze(),
-            lens: with_lens.then(|| lens.freeze()),
-        }))
+        Some(Ok(KvPairs::concat(&done)))
     }
 }
 
@@ -842,14 +829,8 @@ impl ServerInner {
         });
         for (index, shard) in touched.into_iter().enumerate() {
             let s = slices[shard].clone();
-            let part = KvPairs {
-                keys: pairs.keys.slice(s.start * 8..s.end * 8),
-                vals: offsets
-                    .as_ref()
-                    .map_or_else(Bytes::new, |o| pairs.vals.slice(o[s.start]..o[s.end])),
-                // `kv_pairs` checked that lengths, when present, cover every key.
-                lens: pairs.lens.as_ref().map(|l| l.slice(s.start * 4..s.end * 4)),
-            };
+            // `kv_pairs` checked that lengths, when present, cover every key.
+            let part = pairs.slice(s, offsets.as_deref());
             let reply = Reply::Part(Arc::clone(&gather), index);
             let job = Job {
                 meta,

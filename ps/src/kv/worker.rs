@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use van_core::smallvec::SmallVec;
 use van_core::{node_ids, Message, Meta, NodeId};
 
-use super::{kv_message, kv_pairs, KvPairs};
+use super::{kv_message, kv_pairs, KvPairs, Op};
 use crate::pending::{insert_new, lock, Completion};
 use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
@@ -89,7 +89,7 @@ pub trait PullBuffer: AsRef<[u8]> + AsMut<[u8]> + Send + 'static {}
 impl<B: AsRef<[u8]> + AsMut<[u8]> + Send + 'static> PullBuffer for B {}
 
 /// A boxed [`PullBuffer`], itself one (the owner of the answer's `Bytes`).
-pub(crate) struct Filled(pub(crate) Box<dyn PullBuffer>);
+struct Filled(Box<dyn PullBuffer>);
 
 impl AsRef<[u8]> for Filled {
     fn as_ref(&self) -> &[u8] {
@@ -172,14 +172,6 @@ impl crate::pending::Pending<KvPairs> for Pending {
     fn completion(&mut self) -> &mut Completion<KvPairs> {
         &mut self.completion
     }
-}
-
-/// Which kind of request.
-#[derive(Clone, Copy)]
-enum Op {
-    Push,
-    Pull,
-    PushPull,
 }
 
 impl<T: Value> KvWorker<T> {
@@ -345,7 +337,10 @@ impl<T: Value> KvWorker<T> {
         lock(&self.inner.pending).len()
     }
 
-    async fn request(
+    /// Sends request `op` with `pairs` (the keys alone for a pull) and `cmd`, sliced across
+    /// the servers by key range: the door every push, pull and push-pull goes through. With
+    /// `out`, the pulled values are written there ([`zpull_into`](Self::zpull_into)).
+    pub async fn request(
         &self,
         op: Op,
         pairs: KvPairs,
@@ -402,7 +397,7 @@ impl<T: Value> KvWorker<T> {
         let mut msgs: SmallVec<[Message; 1]> = SmallVec::new();
         for (slice, server) in slices.into_iter().filter(|s| !s.is_empty()).zip(&servers) {
             let server = *server;
-            let part = slice_pairs(&pairs, slice, offsets.as_deref());
+            let part = pairs.slice(slice, offsets.as_deref());
             let meta = Meta {
                 head: cmd,
                 app_id: inner.app_id,
@@ -442,43 +437,13 @@ impl<T: Value> KvWorker<T> {
     }
 }
 
-/// The part of `pairs` at key indexes `slice` (zero-copy slices).
-fn slice_pairs(pairs: &KvPairs, slice: Range<usize>, offsets: Option<&[usize]>) -> KvPairs {
-    KvPairs {
-        keys: pairs.keys.slice(slice.start * 8..slice.end * 8),
-        vals: match offsets {
-            Some(o) => pairs.vals.slice(o[slice.start]..o[slice.end]),
-            None => Bytes::new(),
-        },
-        lens: pairs
-            .lens
-            .as_ref()
-            .map(|l| l.slice(slice.start * 4..slice.end * 4)),
-    }
-}
-
 /// Joins the answers of several servers, in key order.
 fn assemble(mut parts: SmallVec<[(NodeId, KvPairs); 1]>) -> KvPairs {
     if parts.len() == 1 {
         return parts.pop().map(|(_, p)| p).unwrap_or_default();
     }
     parts.sort_by_key(|(server, _)| *server);
-    let mut keys = BytesMut::new();
-    let mut vals = BytesMut::new();
-    let mut lens = BytesMut::new();
-    let with_lens = parts.iter().any(|(_, p)| p.lens.is_some());
-    for (_, part) in &parts {
-        keys.extend_from_slice(&part.keys);
-        vals.extend_from_slice(&part.vals);
-        if let Some(l) = &part.lens {
-            lens.extend_from_slice(l);
-        }
-    }
-    KvPairs {
-        keys: keys.freeze(),
-        vals: vals.freeze(),
-        lens: with_lens.then(|| lens.freeze()),
-    }
+    KvPairs::concat(parts.iter().map(|(_, part)| part))
 }
 
 #[async_trait]
