@@ -120,7 +120,10 @@ impl RustBench {
                         vals: vals.clone(),
                         lens: None,
                     };
-                    let out = into.map(|n| Box::new(vec![0u8; n]) as Box<dyn PullBuffer>);
+                    // A push answers no values: nothing to write into.
+                    let out = into
+                        .filter(|_| op != Op::Push)
+                        .map(|n| Box::new(vec![0u8; n]) as Box<dyn PullBuffer>);
                     let id = worker.request(op, pairs, 0, out).await?;
                     in_flight.push_back(id);
                     continue;

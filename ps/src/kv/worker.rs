@@ -339,7 +339,8 @@ impl<T: Value> KvWorker<T> {
 
     /// Sends request `op` with `pairs` (the keys alone for a pull) and `cmd`, sliced across
     /// the servers by key range: the door every push, pull and push-pull goes through. With
-    /// `out`, the pulled values are written there ([`zpull_into`](Self::zpull_into)).
+    /// `out`, the pulled values are written there ([`zpull_into`](Self::zpull_into)); a push
+    /// with `out` is refused ([`PsError::InvalidArgument`]).
     pub async fn request(
         &self,
         op: Op,
@@ -347,6 +348,11 @@ impl<T: Value> KvWorker<T> {
         cmd: i32,
         out: Option<Box<dyn PullBuffer>>,
     ) -> Result<RequestId> {
+        if op == Op::Push && out.is_some() {
+            return Err(PsError::InvalidArgument(
+                "a push answers no values: no buffer to write them into".into(),
+            ));
+        }
         let inner = &self.inner;
         let po = &inner.po;
         let keys = pairs.keys()?;
@@ -599,6 +605,15 @@ mod tests {
                         let pulled = worker.wait(id).await?;
                         assert_eq!(&*pulled.keys()?, &[key]);
                         assert_eq!(&*pulled.vals::<f32>()?, &[key as f32]);
+                    }
+                    assert_eq!(worker.pending(), 0);
+                    // A push answers no values: a buffer for them is refused, not left
+                    // waiting for an answer that cannot fill it.
+                    let pairs = KvPairs::from_slices(&[1u64], &[1f32], None);
+                    let out: Box<dyn PullBuffer> = Box::new(vec![0u8; 4]);
+                    match worker.request(Op::Push, pairs, 0, Some(out)).await {
+                        Err(PsError::InvalidArgument(why)) => assert!(why.contains("push")),
+                        other => panic!("a push with a buffer: {other:?}"),
                     }
                     assert_eq!(worker.pending(), 0);
                     po.finalize().await?;
