@@ -292,19 +292,6 @@ impl Default for AuthOptions {
     }
 }
 
-impl AuthOptions {
-    /// The secret, timeout and bound of `config`.
-    pub fn from_config(config: &crate::Config) -> AuthOptions {
-        AuthOptions {
-            secret: config.cluster_secret.clone(),
-            handshake_timeout: config.handshake_timeout,
-            max_pending_per_address: config.max_pending_per_address,
-            max_connections: config.max_connections,
-            max_connections_per_address: config.max_connections_per_address,
-        }
-    }
-}
-
 /// Where a van's new connections are admitted: its [`AuthOptions`] and the record of
 /// connections authenticating and refused. Clones share the record.
 #[derive(Debug, Clone)]

@@ -14,6 +14,7 @@ use crate::device::Device;
 use crate::protocol::QpAttributes;
 use crate::sizing::RingSizes;
 use crate::verbs::{Cq, Mr, Qp, Remote};
+use crate::wr_id::RECV;
 
 /// A counter `send` rings to wake the engine (Linux eventfd).
 #[derive(Debug)]
@@ -174,5 +175,5 @@ pub(crate) fn post_receive(
     // SAFETY: the slot lies in `rx`, registered with the QP's PD; the engine (or setup)
     // owns `rx` for at least as long as the QP (the QP is dropped first) and reads the slot
     // only after its completion, reposting it only after it is done with the bytes.
-    unsafe { qp.post_recv(crate::engine::RECV | slot as u64, sge) }
+    unsafe { qp.post_recv(RECV | slot as u64, sge) }
 }

@@ -29,16 +29,10 @@ use crate::machine::{Action, Config, End, Event, Incoming, Machine};
 use crate::pool::{Lease, Pool};
 use crate::protocol::{Header, QpAttributes, BYE};
 use crate::verbs::{Completion, Cq, Mr, Qp, SendOp, Sge};
+use crate::wr_id::{RECV, SEND, TAG_MASK, WRITE, WRITE_PART};
 
 /// How long a sleeping engine waits before re-checking whether it was closed.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
-
-pub(crate) const TAG_MASK: u64 = 3 << 62;
-pub(crate) const RECV: u64 = 0;
-const SEND: u64 = 1 << 62;
-const WRITE: u64 = 2 << 62;
-/// A piece of a large frame written before its last piece (which carries the immediate).
-const WRITE_PART: u64 = 3 << 62;
 
 /// A large frame being written, and the registered memory its pieces are written from.
 struct Prepared {

@@ -99,6 +99,9 @@ mod sizing;
 // The bound on accepted handshakes holding a queue pair and rings at once.
 #[cfg(feature = "rdma")]
 mod handshakes;
+// What a work request's id encodes: the kind of request and its slot or frame.
+#[cfg(feature = "rdma")]
+mod wr_id;
 // One connection's resources (queue pair, rings) and the flags the van shares with it.
 #[cfg(feature = "rdma")]
 mod connection;

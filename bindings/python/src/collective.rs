@@ -4,53 +4,14 @@
 use std::time::Duration;
 
 use collective::embed::CommHandle;
-use collective::{CollectiveError, Element, Generation, ReduceOp};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use collective::{Element, Generation, ReduceOp};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use van_core::DataType;
 
 use crate::buffer::Pinned;
+use crate::errors::collective_to_py as to_py;
 use crate::node::{wait, Node};
-
-/// A collective error as `vans.errors.CollectiveError` (attributes `generation`, and `node`
-/// and `rank` when a member failed); call `settle()` and go on.
-pub(crate) fn to_py(err: CollectiveError) -> PyErr {
-    Python::attach(|py| {
-        convert(py, &err).unwrap_or_else(|_| PyRuntimeError::new_err(err.to_string()))
-    })
-}
-
-fn convert(py: Python<'_>, err: &CollectiveError) -> PyResult<PyErr> {
-    let message = err.to_string();
-    if let CollectiveError::InvalidArgument(_) = err {
-        return Ok(PyValueError::new_err(message));
-    }
-    let exception = py
-        .import("vans.errors")?
-        .getattr("CollectiveError")?
-        .call1((message,))?;
-    match err {
-        CollectiveError::RankFailed {
-            node,
-            rank,
-            generation,
-            ..
-        } => {
-            exception.setattr("node", *node)?;
-            exception.setattr("rank", *rank)?;
-            exception.setattr("generation", *generation)?;
-        }
-        CollectiveError::MembershipChanged { generation, .. } => {
-            exception.setattr("generation", *generation)?;
-        }
-        CollectiveError::Mismatch { node, rank, .. } => {
-            exception.setattr("node", *node)?;
-            exception.setattr("rank", *rank)?;
-        }
-        _ => {}
-    }
-    Ok(PyErr::from_value(exception))
-}
 
 fn generation_tuple(g: &Generation) -> (u64, Vec<i32>) {
     (g.number, g.members.clone())

@@ -1,5 +1,6 @@
 //! Parameter-server errors as the Python exceptions of `vans.errors`, each naming its cause.
 
+use collective::CollectiveError;
 use ps::PsError;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -46,6 +47,46 @@ fn convert(py: Python<'_>, err: &PsError) -> PyResult<PyErr> {
             exception.setattr("dead", dead.clone())?;
         }
         PsError::Protocol { from, .. } => exception.setattr("node", *from)?,
+        _ => {}
+    }
+    Ok(PyErr::from_value(exception))
+}
+
+/// A collective error as `vans.errors.CollectiveError` (attributes `generation`, and `node`
+/// and `rank` when a member failed); call `settle()` and go on.
+pub(crate) fn collective_to_py(err: CollectiveError) -> PyErr {
+    Python::attach(|py| {
+        convert_collective(py, &err).unwrap_or_else(|_| PyRuntimeError::new_err(err.to_string()))
+    })
+}
+
+fn convert_collective(py: Python<'_>, err: &CollectiveError) -> PyResult<PyErr> {
+    let message = err.to_string();
+    if let CollectiveError::InvalidArgument(_) = err {
+        return Ok(PyValueError::new_err(message));
+    }
+    let exception = py
+        .import("vans.errors")?
+        .getattr("CollectiveError")?
+        .call1((message,))?;
+    match err {
+        CollectiveError::RankFailed {
+            node,
+            rank,
+            generation,
+            ..
+        } => {
+            exception.setattr("node", *node)?;
+            exception.setattr("rank", *rank)?;
+            exception.setattr("generation", *generation)?;
+        }
+        CollectiveError::MembershipChanged { generation, .. } => {
+            exception.setattr("generation", *generation)?;
+        }
+        CollectiveError::Mismatch { node, rank, .. } => {
+            exception.setattr("node", *node)?;
+            exception.setattr("rank", *rank)?;
+        }
         _ => {}
     }
     Ok(PyErr::from_value(exception))

@@ -13,7 +13,7 @@ use collective::{bf16, f16, Element, ReduceOp};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::collective::to_py;
+use crate::errors::collective_to_py as to_py;
 
 /// `count` elements of `T` at an address the caller lends until the operation completes.
 pub(crate) struct Lent<T> {

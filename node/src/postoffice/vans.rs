@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use van_core::{Config, Role, Van, VanKind};
+use van_core::{Config, Van, VanKind};
 
 use crate::error::{PsError, Result};
 
@@ -32,7 +32,7 @@ pub(super) fn host_identity(config: &Config) -> String {
 /// its links stay on the stream van.
 pub(super) fn extra_vans(config: &Config) -> Vec<Arc<dyn Van>> {
     #[cfg(all(feature = "ipc", target_os = "linux"))]
-    if config.enable_ipc && config.role != Some(Role::Scheduler) {
+    if config.enable_ipc && config.role != Some(van_core::Role::Scheduler) {
         let ipc = van_ipc::IpcVan::new(van_ipc::IpcOptions::from_config(config));
         return vec![Arc::new(ipc)];
     }

@@ -73,6 +73,7 @@
 // `rdma` and `variables` import nothing from here; this file (`Config`) imports `error` and
 // `rdma`; `reader` imports `variables`; `rank` imports this file; `builder` and the parsers
 // (`env`, `tensorflow`, `van_knobs`) import this file and `reader` (and `rank`).
+mod auth; // `AuthOptions::from_config`
 mod builder; // `ConfigBuilder`: every field set in code
 mod engine; // roles from Slurm, Open MPI, PMI and PyTorch-style launchers
 mod env; // `Config::from_env` / `from_vars`: which variable sets which field

@@ -23,8 +23,14 @@
 //!   writer flushes and ends), waits for the writers up to the flush timeout, then ends every
 //!   connection and task. [`Links::abort`] (for `Drop`) ends them at once.
 //!
-//! [`FrameQueue`] is the bounded per-peer send queue with its byte budget, and
-//! [`stream`] holds what the two stream vans (TCP and io_uring) share.
+//! [`FrameQueue`] is the bounded per-peer send queue with its byte budget.
+//!
+//! The table does no I/O: it holds each connection's queue and tasks, and ends them through
+//! [`Connection`]. The I/O the vans share is in [`stream`]: dialing a peer and accepting
+//! connections over TCP (with the cluster-secret handshake), socket options, waiting for a
+//! socket's send queue to empty, and the reasons a stream connection ends. van-tcp and
+//! van-uring use it for their connections and van-rdma for its TCP side channel; the frames
+//! themselves are read and written by each van.
 
 pub mod stream;
 

@@ -1,5 +1,10 @@
-//! What the stream vans (TCP and io_uring) share beyond the table: socket set-up and the
-//! reasons a connection ends.
+//! The TCP I/O the vans share beyond the table: dialing a peer ([`dial`]) and accepting
+//! connections ([`serve`]), each with the cluster-secret handshake, socket options
+//! ([`tune`], [`keepalive`]), waiting until a socket's send queue is acknowledged
+//! ([`wait_sent`]), the reasons a stream connection ends ([`Closed`]), and free loopback
+//! ports ([`free_loopback_port`]). Used by van-tcp and van-uring for their connections and by
+//! van-rdma for its TCP side channel. Nothing here reads or writes a frame: each van moves
+//! its frames itself (tokio, io_uring, verbs).
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
