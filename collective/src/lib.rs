@@ -78,11 +78,11 @@ pub struct Communicator {
 }
 
 impl Communicator {
-    /// Joins the workers of `po`'s cluster with [`CommOptions::from_env`], and waits for the
-    /// first generation (every live worker that creates a communicator within the settle
-    /// window is in it).
+    /// Joins the workers of `po`'s cluster with the options of its configuration
+    /// ([`CommOptions::from_config`]), and waits for the first generation (every live worker
+    /// that creates a communicator within the settle window is in it).
     pub async fn new(po: &Postoffice) -> Result<Communicator> {
-        Communicator::with_options(po, CommOptions::from_env()?).await
+        Communicator::with_options(po, CommOptions::from_config(po.config())).await
     }
 
     /// As [`new`](Self::new), with explicit options.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::collective::CollectiveSettings;
 use super::error::ConfigError;
 use super::rank::apply_rank;
 use super::rdma::{RdmaMode, RdmaSettings};
@@ -219,6 +220,11 @@ impl ConfigBuilder {
     /// Sets the RDMA van's settings (`VANS_RDMA_*`).
     pub fn rdma(mut self, settings: RdmaSettings) -> Self {
         self.config.rdma = settings;
+        self
+    }
+    /// Sets the defaults of the collectives among the workers (`VANS_COLLECTIVE_*`).
+    pub fn collective(mut self, settings: CollectiveSettings) -> Self {
+        self.config.collective = settings;
         self
     }
     /// The configuration, or the first problem found (see [`Config::validate`]).

@@ -1,13 +1,14 @@
 //! Reading the environment: [`Config::from_env`], [`Config::from_vars`], and which
 //! variable sets which field of [`Config`] (ps-lite's `DMLC_*`/`PS_*`, wire limits and
 //! timeouts here; `TF_CONFIG` and the endpoint map in `tensorflow`, the vans' own knobs
-//! in `van_knobs`).
+//! in `van_knobs`, the collectives' `VANS_COLLECTIVE_*` in `collective`).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
+use super::collective::CollectiveSettings;
 use super::error::ConfigError;
 use super::rank::{apply_rank, RANK_EXPECTED};
 use super::rdma::RdmaMode;
@@ -179,6 +180,7 @@ impl Vars {
         }
         c.endpoint_map = self.endpoint_map()?;
         self.van_knobs(&mut c)?;
+        c.collective = CollectiveSettings::parse(|var| self.get(var))?;
         c.validate()?;
         Ok(c)
     }

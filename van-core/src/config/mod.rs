@@ -2,7 +2,8 @@
 //!
 //! Variable names follow ps-lite and BytePS (`DMLC_*`, `PS_*`) so existing launch scripts run
 //! unchanged; knobs of our own are `VANS_*`. [`VARIABLES`] lists every variable with its
-//! default and effect; the README table and diagnostics print that list.
+//! default and effect; the book's configuration chapter (`docs/src/operators/configuration.md`,
+//! generated from it by `van-core/tests/docs_variables.rs`) and diagnostics print that list.
 //!
 //! Rules, the same for the environment and the [`ConfigBuilder`]:
 //!
@@ -70,11 +71,13 @@
 //! ```
 
 // One file per part of the configuration, importing each other in one direction: `error`,
-// `rdma` and `variables` import nothing from here; this file (`Config`) imports `error` and
-// `rdma`; `reader` imports `variables`; `rank` imports this file; `builder` and the parsers
-// (`env`, `tensorflow`, `van_knobs`) import this file and `reader` (and `rank`).
+// `rdma` and `variables` import nothing from here, `collective` only `error`; this file
+// (`Config`) imports `error`, `rdma` and `collective`; `reader` imports `variables`; `rank`
+// imports this file; `builder` and the parsers (`env`, `tensorflow`, `van_knobs`) import this
+// file and `reader` (and `rank`, `collective`).
 mod auth; // `AuthOptions::from_config`
 mod builder; // `ConfigBuilder`: every field set in code
+mod collective; // `CollectiveSettings`: the `collective` crate's `VANS_COLLECTIVE_*`
 mod engine; // roles from Slurm, Open MPI, PMI and PyTorch-style launchers
 mod env; // `Config::from_env` / `from_vars`: which variable sets which field
 mod error; // `ConfigError`
@@ -86,6 +89,10 @@ mod van_knobs; // the variables that tune the vans: IPC, polling, io_uring, RDMA
 mod variables; // `VARIABLES`: every variable, its default and effect
 
 pub use builder::ConfigBuilder;
+pub use collective::{
+    CollectiveSettings, DEFAULT_COLLECTIVE_DIRECT_BYTES, DEFAULT_COLLECTIVE_SETTLE_WINDOW,
+    DEFAULT_COLLECTIVE_SLICE_BYTES, DEFAULT_COLLECTIVE_TIMEOUT,
+};
 pub use error::ConfigError;
 pub use rdma::{
     RdmaFallback, RdmaMode, RdmaSettings, DEFAULT_RDMA_MAX_HANDSHAKES, DEFAULT_RDMA_POOL_BYTES,
@@ -219,6 +226,9 @@ pub struct Config {
     /// delivery is exactly once across broken connections; `None`: off (a broken connection
     /// fails the peer at once).
     pub resend_timeout: Option<Duration>,
+    /// `VANS_COLLECTIVE_*`: the defaults of the collectives among the cluster's workers
+    /// (`collective::CommOptions`).
+    pub collective: CollectiveSettings,
 }
 
 impl Default for Config {
@@ -264,6 +274,7 @@ impl Default for Config {
             max_connections: crate::auth::DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: crate::auth::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             resend_timeout: None,
+            collective: CollectiveSettings::default(),
         }
     }
 }
@@ -400,7 +411,7 @@ impl Config {
                 );
             }
         }
-        Ok(())
+        self.collective.validate()
     }
 }
 

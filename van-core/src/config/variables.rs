@@ -1,7 +1,9 @@
 //! [`VARIABLES`]: every environment variable vans reads, with its default and effect (the
-//! rows of the README table), and [`EnvVar`], one row.
+//! rows of the table in the book's configuration chapter, `docs/src/operators/configuration.md`,
+//! which `VANS_BLESS=1 cargo test -p van-core --test docs_variables` generates from this list),
+//! and [`EnvVar`], one row.
 
-/// One environment variable vans reads: the rows of the README table.
+/// One environment variable vans reads: a row of the configuration chapter's table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EnvVar {
     /// The variable's name.
@@ -432,6 +434,32 @@ pub const VARIABLES: &[EnvVar] = &[
                  its queue-pair attributes, and more wait for a turn within the connect \
                  timeout (up to 64 per turn; more are closed at once), so a burst of \
                  connections cannot exhaust the memlock limit; at least 1",
+    },
+    EnvVar {
+        name: "VANS_COLLECTIVE_SLICE_BYTES",
+        default: "262144 (256 KiB)",
+        effect: "largest message a collective sends; buffers travel in slices of this size, so \
+                 a rank forwards one slice while the next is on its way; a whole number of \
+                 bytes from 4096 to 1 GiB",
+    },
+    EnvVar {
+        name: "VANS_COLLECTIVE_DIRECT_BYTES",
+        default: "65536 (64 KiB)",
+        effect: "all-reduces of buffers up to this many bytes go to every rank at once instead \
+                 of around the ring; up to 1 GiB; 0: always the ring",
+    },
+    EnvVar {
+        name: "VANS_COLLECTIVE_SETTLE_WINDOW",
+        default: "5",
+        effect: "seconds the coordinator of the collectives waits for every live worker to \
+                 join before it forms the next generation with those that did; in (0, 86400], \
+                 fractions allowed",
+    },
+    EnvVar {
+        name: "VANS_COLLECTIVE_TIMEOUT",
+        default: "300",
+        effect: "seconds a collective waits for one message before it fails naming the rank it \
+                 waited for; in (0, 86400], fractions allowed",
     },
 ];
 

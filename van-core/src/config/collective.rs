@@ -1,0 +1,242 @@
+//! [`CollectiveSettings`]: the variables of the `collective` crate (`VANS_COLLECTIVE_*`),
+//! parsed and checked with every other variable, so a communicator takes them from its node's
+//! [`Config`](super::Config) and a bad value stops the node at start-up with an error naming
+//! the variable, like any other.
+//!
+//! Sizes and durations are read as decimal numbers (`1e6` and `0.5` parse) and must be whole
+//! bytes, or seconds in (0, 86400], within the ranges below.
+
+use std::time::Duration;
+
+use super::error::ConfigError;
+
+/// Default largest message a collective sends (`VANS_COLLECTIVE_SLICE_BYTES`).
+pub const DEFAULT_COLLECTIVE_SLICE_BYTES: usize = 256 << 10;
+/// Default largest all-reduce sent to every rank at once (`VANS_COLLECTIVE_DIRECT_BYTES`).
+pub const DEFAULT_COLLECTIVE_DIRECT_BYTES: usize = 64 << 10;
+/// Default wait for every live worker to join a generation (`VANS_COLLECTIVE_SETTLE_WINDOW`).
+pub const DEFAULT_COLLECTIVE_SETTLE_WINDOW: Duration = Duration::from_secs(5);
+/// Default wait for one message of a collective (`VANS_COLLECTIVE_TIMEOUT`).
+pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
+
+const GIB: usize = 1 << 30;
+const LONGEST: Duration = Duration::from_secs(86_400);
+const SLICE_EXPECTED: &str = "a whole number of bytes from 4096 to 1073741824 (1 GiB)";
+const DIRECT_EXPECTED: &str =
+    "a whole number of bytes up to 1073741824 (1 GiB; 0: always the ring)";
+const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
+
+/// Settings of the collectives among a cluster's workers (`VANS_COLLECTIVE_*`), the defaults
+/// of a `collective::Communicator` on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollectiveSettings {
+    /// `VANS_COLLECTIVE_SLICE_BYTES`: largest message a collective sends (4096 to 1 GiB).
+    pub slice_bytes: usize,
+    /// `VANS_COLLECTIVE_DIRECT_BYTES`: all-reduces of buffers up to this many bytes go to every
+    /// rank at once instead of around the ring (up to 1 GiB; 0: always the ring).
+    pub direct_bytes: usize,
+    /// `VANS_COLLECTIVE_SETTLE_WINDOW`: how long the coordinator waits for every live worker
+    /// to join before it forms the next generation with those that did.
+    pub settle_window: Duration,
+    /// `VANS_COLLECTIVE_TIMEOUT`: longest wait for one message of a collective.
+    pub timeout: Duration,
+}
+
+impl Default for CollectiveSettings {
+    fn default() -> CollectiveSettings {
+        CollectiveSettings {
+            slice_bytes: DEFAULT_COLLECTIVE_SLICE_BYTES,
+            direct_bytes: DEFAULT_COLLECTIVE_DIRECT_BYTES,
+            settle_window: DEFAULT_COLLECTIVE_SETTLE_WINDOW,
+            timeout: DEFAULT_COLLECTIVE_TIMEOUT,
+        }
+    }
+}
+
+impl CollectiveSettings {
+    /// The settings from the variables `get` returns (trimmed, non-empty), the defaults for
+    /// those unset.
+    pub(super) fn parse<'a>(
+        get: impl Fn(&'static str) -> Option<&'a str>,
+    ) -> Result<CollectiveSettings, ConfigError> {
+        let number = |var: &'static str, expected: &'static str| -> Result<_, ConfigError> {
+            get(var)
+                .map(|value| {
+                    value.parse::<f64>().map_err(|_| ConfigError::Invalid {
+                        var,
+                        value: value.to_owned(),
+                        expected,
+                    })
+                })
+                .transpose()
+        };
+        let bytes = |var, low: usize, expected| -> Result<Option<usize>, ConfigError> {
+            let Some(n) = number(var, expected)? else {
+                return Ok(None);
+            };
+            if (low as f64..=GIB as f64).contains(&n) && n.fract() == 0.0 {
+                Ok(Some(n as usize))
+            } else {
+                Err(invalid(var, get(var).unwrap_or_default(), expected))
+            }
+        };
+        let seconds = |var| -> Result<Option<Duration>, ConfigError> {
+            let Some(s) = number(var, SECONDS_EXPECTED)? else {
+                return Ok(None);
+            };
+            if s.is_finite() && s > 0.0 && s <= LONGEST.as_secs_f64() {
+                Ok(Some(Duration::from_secs_f64(s)))
+            } else {
+                Err(invalid(var, get(var).unwrap_or_default(), SECONDS_EXPECTED))
+            }
+        };
+        let mut c = CollectiveSettings::default();
+        if let Some(n) = bytes("VANS_COLLECTIVE_SLICE_BYTES", 4096, SLICE_EXPECTED)? {
+            c.slice_bytes = n;
+        }
+        if let Some(n) = bytes("VANS_COLLECTIVE_DIRECT_BYTES", 0, DIRECT_EXPECTED)? {
+            c.direct_bytes = n;
+        }
+        if let Some(d) = seconds("VANS_COLLECTIVE_SETTLE_WINDOW")? {
+            c.settle_window = d;
+        }
+        if let Some(d) = seconds("VANS_COLLECTIVE_TIMEOUT")? {
+            c.timeout = d;
+        }
+        Ok(c)
+    }
+
+    /// Checks the ranges the variables accept (for settings made in code).
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if !(4096..=GIB).contains(&self.slice_bytes) {
+            let value = self.slice_bytes.to_string();
+            return Err(invalid(
+                "VANS_COLLECTIVE_SLICE_BYTES",
+                &value,
+                SLICE_EXPECTED,
+            ));
+        }
+        if self.direct_bytes > GIB {
+            let value = self.direct_bytes.to_string();
+            return Err(invalid(
+                "VANS_COLLECTIVE_DIRECT_BYTES",
+                &value,
+                DIRECT_EXPECTED,
+            ));
+        }
+        for (var, d) in [
+            ("VANS_COLLECTIVE_SETTLE_WINDOW", self.settle_window),
+            ("VANS_COLLECTIVE_TIMEOUT", self.timeout),
+        ] {
+            if d.is_zero() || d > LONGEST {
+                let value = d.as_secs_f64().to_string();
+                return Err(invalid(var, &value, SECONDS_EXPECTED));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn invalid(var: &'static str, value: &str, expected: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        var,
+        value: value.to_owned(),
+        expected,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::tests::err;
+    use crate::config::{CollectiveSettings, Config};
+
+    #[test]
+    fn collective_settings_from_the_variables() {
+        assert_eq!(Config::default().collective, CollectiveSettings::default());
+        let c = Config::from_vars([
+            ("VANS_COLLECTIVE_SLICE_BYTES", "4096"),
+            ("VANS_COLLECTIVE_DIRECT_BYTES", "0"),
+            ("VANS_COLLECTIVE_SETTLE_WINDOW", "0.5"),
+            ("VANS_COLLECTIVE_TIMEOUT", " 1e2 "),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.collective,
+            CollectiveSettings {
+                slice_bytes: 4096,
+                direct_bytes: 0,
+                settle_window: Duration::from_millis(500),
+                timeout: Duration::from_secs(100),
+            }
+        );
+        // The largest values are accepted.
+        let c = Config::from_vars([
+            ("VANS_COLLECTIVE_SLICE_BYTES", "1073741824"),
+            ("VANS_COLLECTIVE_TIMEOUT", "86400"),
+        ])
+        .unwrap();
+        assert_eq!(c.collective.slice_bytes, 1 << 30);
+        assert_eq!(c.collective.timeout, Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn bad_collective_values_name_the_variable_and_what_it_accepts() {
+        for (var, value, expected) in [
+            ("VANS_COLLECTIVE_SLICE_BYTES", "4095", "from 4096"),
+            ("VANS_COLLECTIVE_SLICE_BYTES", "4096.5", "whole number"),
+            ("VANS_COLLECTIVE_SLICE_BYTES", "1073741825", "1 GiB"),
+            ("VANS_COLLECTIVE_DIRECT_BYTES", "-1", "up to"),
+            ("VANS_COLLECTIVE_DIRECT_BYTES", "lots", "whole number"),
+            ("VANS_COLLECTIVE_SETTLE_WINDOW", "0", "(0, 86400]"),
+            ("VANS_COLLECTIVE_SETTLE_WINDOW", "inf", "(0, 86400]"),
+            ("VANS_COLLECTIVE_TIMEOUT", "86401", "(0, 86400]"),
+            ("VANS_COLLECTIVE_TIMEOUT", "NaN", "seconds"),
+        ] {
+            let message = err(&[(var, value)]);
+            for part in [var, value, expected] {
+                assert!(message.contains(part), "{message:?} lacks {part:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_builder_checks_the_same_ranges() {
+        let build = |settings| Config::builder().collective(settings).build();
+        build(CollectiveSettings::default()).unwrap();
+        for (settings, var) in [
+            (
+                CollectiveSettings {
+                    slice_bytes: 100,
+                    ..CollectiveSettings::default()
+                },
+                "VANS_COLLECTIVE_SLICE_BYTES",
+            ),
+            (
+                CollectiveSettings {
+                    direct_bytes: 2 << 30,
+                    ..CollectiveSettings::default()
+                },
+                "VANS_COLLECTIVE_DIRECT_BYTES",
+            ),
+            (
+                CollectiveSettings {
+                    settle_window: Duration::ZERO,
+                    ..CollectiveSettings::default()
+                },
+                "VANS_COLLECTIVE_SETTLE_WINDOW",
+            ),
+            (
+                CollectiveSettings {
+                    timeout: Duration::from_secs(100_000),
+                    ..CollectiveSettings::default()
+                },
+                "VANS_COLLECTIVE_TIMEOUT",
+            ),
+        ] {
+            let message = build(settings).unwrap_err().to_string();
+            assert!(message.contains(var), "{message:?} lacks {var}");
+        }
+    }
+}
