@@ -2,7 +2,7 @@
 # The Python stage of the test command: builds the `vans` wheel from bindings/python
 # (maturin, release profile), installs it into a virtual environment under target/ with torch,
 # and runs the pytest suite (real clusters of processes on 127.0.0.1, the training examples on
-# small configurations, the README's Python and PyTorch snippets, vans.torch against Gloo,
+# small configurations, the book's Python and PyTorch snippets, vans.torch against Gloo,
 # vans.tensorflow's ops and Keras layer; tensorflow-cpu is installed there too).
 #   VANS_PY_VENV=DIR   the virtual environment (default target/py-venv; made when missing)
 set -euo pipefail

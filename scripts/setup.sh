@@ -42,3 +42,19 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "setup: installing cargo-fuzz from crates.io"
     cargo install cargo-fuzz --locked --quiet
 fi
+
+# The book (docs/, `mdbook build docs` in scripts/test.sh) and its link checker, pinned:
+# mdbook-linkcheck 0.7 reads mdbook 0.4's renderer context (mdbook 0.5 changed it), so mdbook
+# stays on 0.4. mdbook is built without its `serve`/`watch` features (the test command only
+# builds). About 2 and 5 minutes of compiling on 2 cores, once per machine.
+MDBOOK_VERSION=0.4.52
+MDBOOK_LINKCHECK_VERSION=0.7.7
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+    echo "setup: installing mdbook $MDBOOK_VERSION from crates.io"
+    cargo install mdbook --version "$MDBOOK_VERSION" --locked --no-default-features \
+        --features search --quiet
+fi
+if [ "$(mdbook-linkcheck --version 2>/dev/null)" != "mdbook-linkcheck $MDBOOK_LINKCHECK_VERSION" ]; then
+    echo "setup: installing mdbook-linkcheck $MDBOOK_LINKCHECK_VERSION from crates.io"
+    cargo install mdbook-linkcheck --version "$MDBOOK_LINKCHECK_VERSION" --locked --quiet
+fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/soak.sh SECONDS [SEED]: the chaos soak (README "Chaos and soak"). A cluster of real
+# scripts/soak.sh SECONDS [SEED]: the chaos soak (docs/src/operators/faults.md). A cluster of real
 # processes, 2 servers x 4 workers, with a fault proxy in front of every node and a chaos
 # schedule (delay, throttle, blackhole, partition, cut, reset, garbage on every node's port,
 # and every 8 s a kill -9 of a worker or a server, started again in its place) while the

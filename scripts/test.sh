@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start"; CI runs exactly this):
-# formatting, the source tree's structure, lints, every test of every crate with every feature (the C and C++ programs of
-# bindings/c among them), a 60 s chaos soak, the Python package built as a wheel and its pytest suite, the RDMA
+# formatting, the source tree's structure, the book (docs/, with its links checked), lints,
+# every test of every crate with every feature (the C and C++ programs of bindings/c among
+# them), a 60 s chaos soak, the Python package built as a wheel and its pytest suite, the RDMA
 # tests again inside a Soft-RoCE guest, then a short fuzz run.
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 10; 0 skips fuzzing)
 set -euo pipefail
@@ -11,7 +12,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== source structure (no import cycle between files, no file over 800 lines of code)"
+python3 scripts/check-structure.py --self-test >/dev/null
 python3 scripts/check-structure.py
+echo "== the book: mdbook build docs (fails on a link to a chapter or file that does not exist)"
+# docs/book.toml's linkcheck backend checks every link between chapters and into the
+# repository, offline; the configuration chapter's table is checked by van-core's
+# tests/docs_variables.rs in the cargo test step below.
+mdbook build docs
 echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test (workspace, all features)"

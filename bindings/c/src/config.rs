@@ -1,6 +1,6 @@
 //! `vans_config`: a node's configuration given in code, as the same name–value pairs the
 //! environment would carry (`DMLC_ROLE`, `DMLC_NUM_SERVER`, `DMLC_PS_ROOT_URI`, `TF_CONFIG`,
-//! `PS_VERBOSE`, every variable of the README's table), parsed by the same code
+//! `PS_VERBOSE`, every variable of the book's Configuration chapter), parsed by the same code
 //! ([`van_core::Config::from_vars`]) when the node starts.
 
 use std::ffi::{c_char, c_int};
@@ -74,8 +74,9 @@ pub unsafe extern "C" fn vans_config_set(
         let value = unsafe { args::text(value, "value") }?;
         if !VARIABLES.iter().any(|known| known.name == name) {
             return Err(Failure::invalid(format!(
-                "{name:?} is not a variable vans reads (see the Configuration table of the \
-                 README, e.g. DMLC_ROLE, DMLC_NUM_SERVER, DMLC_PS_ROOT_URI)"
+                "{name:?} is not a variable vans reads (see the Configuration chapter of the \
+                 book, docs/src/operators/configuration.md, e.g. DMLC_ROLE, DMLC_NUM_SERVER, \
+                 DMLC_PS_ROOT_URI)"
             )));
         }
         if let Some(entry) = config.vars.iter_mut().find(|(known, _)| known == name) {

@@ -25,7 +25,7 @@ fn start(out: *mut *mut Node, node: ps::Result<NodeHandle>) -> Outcome {
 
 /// Joins the cluster described by the environment (`DMLC_ROLE`, `DMLC_NUM_SERVER`,
 /// `DMLC_NUM_WORKER`, `DMLC_PS_ROOT_URI`, `DMLC_PS_ROOT_PORT`, ... or `TF_CONFIG`; see the
-/// README's Configuration table), blocking until the node table has arrived or the bootstrap
+/// book's Configuration chapter), blocking until the node table has arrived or the bootstrap
 /// deadline (`VANS_BOOTSTRAP_TIMEOUT_SECS`, 120 s by default) passed. On success `*out` is the
 /// node.
 ///

@@ -1,6 +1,7 @@
-//! The README's "Use from C and C++" section cannot rot: its C snippet is extracted, compiled
-//! against `libvans.so` and against `libvans.a` with the commands the section gives, and run
-//! as a cluster of 1 scheduler, 1 server and 2 workers that must print the sums it promises.
+//! The book's "Use from C and C++" chapter (`docs/src/c.md`) cannot rot: its C snippet is
+//! extracted, compiled against `libvans.so` and against `libvans.a` with the commands the
+//! chapter gives, and run as a cluster of 1 scheduler, 1 server and 2 workers that must print
+//! the sums it promises.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,24 +9,36 @@ mod common;
 
 use common::{compile_linked, crate_dir, out_dir, run_cluster, Link};
 
-const HEADING: &str = "\n## Use from C and C++\n";
+/// The chapter, from the repository's root.
+const CHAPTER: &str = "docs/src/c.md";
 
-/// The first ```c block of the README's C section.
+/// The chapter's title, its first line.
+const HEADING: &str = "# Use from C and C++\n";
+
+/// The C chapter, checked to be the one this test is about.
+fn chapter() -> String {
+    let text = std::fs::read_to_string(crate_dir().join("../..").join(CHAPTER))
+        .unwrap_or_else(|e| panic!("cannot read {CHAPTER}: {e}"));
+    assert!(
+        text.starts_with(HEADING),
+        "{CHAPTER} no longer starts with {HEADING:?}"
+    );
+    text
+}
+
+/// The first ```c block of the book's C chapter.
 fn snippet() -> String {
-    let readme = std::fs::read_to_string(crate_dir().join("../../README.md")).unwrap();
-    let start = readme.find(HEADING).expect("the README has no C section") + HEADING.len();
-    let section = &readme[start..];
-    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    let section = chapter();
     let code = section
         .split_once("\n```c\n")
-        .expect("the C section has no ```c block")
+        .expect("the C chapter has no ```c block")
         .1;
     let end = code.find("\n```\n").expect("the ```c block does not end");
     code[..=end].to_owned()
 }
 
 #[test]
-fn the_readme_snippet_builds_and_runs_shared_and_static() {
+fn the_chapter_snippet_builds_and_runs_shared_and_static() {
     let source = out_dir().join(format!("readme-{}.c", std::process::id()));
     std::fs::write(&source, snippet()).unwrap();
     for link in [Link::Shared, Link::Static] {
@@ -45,10 +58,8 @@ fn the_readme_snippet_builds_and_runs_shared_and_static() {
 }
 
 #[test]
-fn the_readme_names_the_build_outputs() {
-    let readme = std::fs::read_to_string(crate_dir().join("../../README.md")).unwrap();
-    let start = readme.find(HEADING).unwrap();
-    let section = &readme[start..];
+fn the_chapter_names_the_build_outputs() {
+    let section = chapter();
     for promised in [
         "cargo build --release -p vans-c",
         "target/release/libvans.so and libvans.a",
@@ -57,7 +68,7 @@ fn the_readme_names_the_build_outputs() {
     ] {
         assert!(
             section.contains(promised),
-            "the C section lost {promised:?}"
+            "the C chapter ({CHAPTER}) lost {promised:?}"
         );
     }
 }

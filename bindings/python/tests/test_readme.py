@@ -1,5 +1,5 @@
-"""The README's "Use from Python" snippets run as they are written: each ```python block
-under that heading is a whole program (it launches its own local cluster)."""
+"""The book's "Use from Python" snippets (docs/src/python/python.md) run as they are written:
+each ```python block of that chapter is a whole program (it launches its own local cluster)."""
 
 import pathlib
 import re
@@ -8,15 +8,13 @@ import sys
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+CHAPTER = pathlib.Path(__file__).resolve().parents[3] / "docs" / "src" / "python" / "python.md"
 
 
 def snippets():
-    text = README.read_text()
-    start = text.index("\n## Use from Python\n")
-    end = text.find("\n## ", start + 1)
-    section = text[start:end if end != -1 else len(text)]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    text = CHAPTER.read_text()
+    assert text.startswith("# Use from Python\n"), f"{CHAPTER} is not the Python chapter"
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
 def test_the_section_has_snippets():

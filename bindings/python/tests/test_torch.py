@@ -1,7 +1,7 @@
 """``vans.torch`` on real processes: the ``"vans"`` process group against Gloo on the same
 inputs, DDP and the distributed optimizer against one process with the full batch, a rank
-killed with SIGKILL, an elastic restart, memory not copied, and the README's PyTorch
-snippets. Every job is started by torchrun (``python -m torch.distributed.run``) or by
+killed with SIGKILL, an elastic restart, memory not copied, and the PyTorch chapter's
+snippets (docs/src/python/pytorch.md). Every job is started by torchrun (``python -m torch.distributed.run``) or by
 ``vans.launch``, on 127.0.0.1."""
 
 import json
@@ -24,7 +24,7 @@ from conftest import free_port
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPTS = HERE / "torch_scripts"
 EXAMPLE = HERE.parent / "examples" / "torch_train.py"
-README = HERE.parents[2] / "README.md"
+TORCH_CHAPTER = HERE.parents[2] / "docs" / "src" / "python" / "pytorch.md"
 
 
 def torchrun(script, nproc, *args, env=None, timeout=300, check=True, extra=()):
@@ -298,10 +298,10 @@ def test_a_256_mib_all_reduce_is_not_copied(tmp_path, ipc):
 
 
 def readme_snippets():
-    text = README.read_text()
-    start = text.index("\n## Use from PyTorch\n")
-    end = text.find("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
+    """The ```python blocks of the book's PyTorch chapter."""
+    text = TORCH_CHAPTER.read_text()
+    assert text.startswith("# Use from PyTorch\n"), f"{TORCH_CHAPTER} is not the PyTorch chapter"
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
 def test_the_readme_section_has_snippets():

@@ -47,7 +47,7 @@ pub(crate) fn out_dir() -> PathBuf {
 pub(crate) enum Link {
     /// `-lvans` (`libvans.so`) with an rpath to it.
     Shared,
-    /// `libvans.a`, with the system libraries the README names.
+    /// `libvans.a`, with the system libraries the C chapter of the book names.
     Static,
 }
 

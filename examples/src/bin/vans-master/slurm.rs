@@ -1,9 +1,9 @@
 //! The Slurm backend: one batch job per vans job. The batch script exports the cluster's
 //! size and the scheduler's port and runs every task with `srun`; each task takes its role
 //! from its Slurm rank (rank 0 the scheduler, then the servers, then the workers, as the
-//! README's "Roles from Slurm, MPI and PyTorch launchers" says) and writes `<task>.log`; a
-//! small shell wrapper records each task's exit code in `rank-N.exit`. The master follows
-//! the job with `scontrol` and stops it with `scancel`.
+//! book's "Roles from Slurm, MPI and PyTorch launchers", `docs/src/operators/launch.md`,
+//! says) and writes `<task>.log`; a small shell wrapper records each task's exit code in
+//! `rank-N.exit`. The master follows the job with `scontrol` and stops it with `scancel`.
 
 use std::path::Path;
 use std::time::Duration;
