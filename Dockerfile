@@ -1,4 +1,4 @@
-# The vans image: the example programs (ps-bench, vans-launch, vans-master, …) built with
+# The vans image: the programs (ps-bench, vans-launch, vans-master, …) built with
 # shared memory, io_uring, RDMA and the Kubernetes backend, and the `vans` Python package,
 # on Debian bookworm.
 #
@@ -48,7 +48,7 @@ ARG BASE_IMAGE=debian:bookworm-slim
 # builder: the Rust toolchain, the system packages the build needs (cmake and libclang for
 # ibverbs-sys's bindgen, libibverbs-dev to link the RDMA van, python3 with its headers,
 # venv and pip for the wheel), the sources, and what they compile to: the release binaries
-# of the `examples` crate in /out/bin and the `vans` wheel in /wheels.
+# of the `examples` and `jobs` crates in /out/bin and the `vans` wheel in /wheels.
 # ---------------------------------------------------------------------------------------
 FROM ${RUST_IMAGE} AS builder
 ARG DEBIAN_FRONTEND=noninteractive
@@ -59,10 +59,12 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# Every program of examples/src/bin; ps-ipc-bench needs `ipc`, `ps-bench --van uring` needs
-# `uring`, DMLC_ENABLE_RDMA=1 and vans-doctor's device checks need `rdma`, vans-master's
-# Kubernetes backend and `vans-submit --dry-run` need `kubernetes`.
-RUN cargo build --release --locked -p examples --features ipc,uring,rdma,kubernetes
+# Every program of examples/src/bin and jobs/src/bin; ps-ipc-bench needs `ipc`, `ps-bench
+# --van uring` needs `uring`, DMLC_ENABLE_RDMA=1 and vans-doctor's device checks need `rdma`
+# (vans-doctor reports the vans of its own build), vans-master's Kubernetes backend and
+# `vans-submit --dry-run` need `kubernetes`.
+RUN cargo build --release --locked -p examples -p jobs \
+        --features examples/ipc,examples/uring,examples/rdma,jobs/ipc,jobs/uring,jobs/rdma,jobs/kubernetes
 # The Python package (bindings/python: PyO3, maturin, shared memory on as pyproject.toml
 # says), built for the system python3 that the runtime stage has too.
 RUN python3 -m venv /opt/maturin \

@@ -8,7 +8,7 @@ set -euo pipefail
 # guest that runs the RDMA tests installs its own packages (qemu, busybox, ibverbs-providers,
 # …) on first use; see scripts/rdma-vm/guest.sh.
 # examples/tests/engines.rs starts a cluster with Open MPI's mpirun, and
-# examples/tests/slurm.rs runs jobs under a single-node Slurm of its own (roles from the engine);
+# jobs/tests/slurm.rs runs jobs under a single-node Slurm of its own (roles from the engine);
 # examples/tests/netns.rs makes its hosts as network namespaces with iproute2's `ip`.
 APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin slurm-wlm munge iproute2)
 

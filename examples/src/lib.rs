@@ -6,7 +6,6 @@
 
 pub mod chaos; // the fault proxy, chaos schedule and garbage of vans-soak and the tests
 pub mod cli; // value parsers the binaries' command lines share
-pub mod master; // vans-master and vans-submit: job submissions, status, the HTTP client
 pub mod plot; // ps-bench's PNG: goodput and latency against value size
 pub mod raw; // the raw-socket reference every benchmark compares with
 pub mod report; // ps-bench's results: each worker's, the cluster's totals, tables, JSON
@@ -25,24 +24,6 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
         b
     };
     builder.enable_all().build()
-}
-
-/// Logs to stderr at the level `PS_VERBOSE` asks for (0 or unset: warn, 1: info, 2: debug),
-/// unless `RUST_LOG` says otherwise; colored when `ansi`.
-pub fn init_logging(ansi: bool) {
-    let filter = match std::env::var("PS_VERBOSE").as_deref() {
-        Ok("2") => "debug",
-        Ok("1") => "info",
-        _ => "warn",
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
 }
 
 /// SplitMix64 of `x`: a bijection of `u64` that spreads neighbouring values over the whole

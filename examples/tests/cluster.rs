@@ -13,7 +13,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
-const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
 /// Generous: these run on a loaded 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(120);
 
@@ -76,7 +75,7 @@ fn a_worker_without_scheduler_fails_at_the_bootstrap_deadline_with_a_clear_error
 }
 
 fn launch(servers: u32, workers: u32, env: &[&str], args: &[&str]) -> Command {
-    let mut cmd = Command::new(LAUNCH);
+    let mut cmd = Command::new(common::LAUNCH.as_str());
     cmd.args(["-s", &servers.to_string(), "-w", &workers.to_string()]);
     for e in env {
         cmd.args(["--env", e]);

@@ -13,8 +13,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
-const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
-const DOCTOR: &str = env!("CARGO_BIN_EXE_vans-doctor");
 /// Generous: the guest is emulated, the host is a loaded 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(240);
 
@@ -32,7 +30,7 @@ fn device_here() -> bool {
 /// `vans-launch` with 2 servers and 2 workers running the exact-sum check; returns the
 /// whole output after checking every worker verified its sums.
 fn check_cluster(env: &[&str], args: &[&str]) -> String {
-    let mut cmd = Command::new(LAUNCH);
+    let mut cmd = Command::new(common::LAUNCH.as_str());
     cmd.args(["-s", "2", "-w", "2", "-t", "200"]);
     for e in env {
         cmd.args(["--env", e]);
@@ -87,7 +85,7 @@ fn asking_for_rdma_without_a_device_is_an_error_at_start_naming_the_cause() {
         "expected the no-device error naming `{cause}`, got: {stderr}"
     );
     // The doctor says the same, and that such a node would fail.
-    let out = Command::new(DOCTOR)
+    let out = Command::new(common::DOCTOR.as_str())
         .env("DMLC_ENABLE_RDMA", "1")
         .output()
         .unwrap();
@@ -165,7 +163,7 @@ fn the_doctor_reports_the_device_its_gids_and_the_van_each_peer_gets() {
     if !device_here() {
         return;
     }
-    let out = Command::new(DOCTOR)
+    let out = Command::new(common::DOCTOR.as_str())
         .env("DMLC_ENABLE_RDMA", "1")
         .env("DMLC_ENABLE_IPC", "0")
         .output()

@@ -13,11 +13,10 @@ use common::{text, wait_output};
 use std::process::{Command, Output, Stdio};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
-const LAUNCH: &str = env!("CARGO_BIN_EXE_vans-launch");
 
 #[test]
 fn two_servers_two_workers_read_back_exact_sums_over_io_uring() {
-    let mut cmd = Command::new(LAUNCH);
+    let mut cmd = Command::new(common::LAUNCH.as_str());
     cmd.args(["-s", "2", "-w", "2"]);
     for env in [
         "VANS_STREAM_VAN=uring",

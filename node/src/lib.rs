@@ -8,8 +8,9 @@
 //!   heartbeats, failure notices, termination), with no I/O;
 //! - [`member`]: the node's side of membership as a state machine (the node table, who is
 //!   dead, barriers, failure and recovery notices, scheduler liveness, finalize), with no I/O;
-//! - [`postoffice`]: one per node, the driver of its [`Member`](member::Member); joins the cluster, runs barriers and heartbeats, dispatches
-//!   messages to applications (its [`Customer`](postoffice::Customer)s);
+//! - [`postoffice`]: one per node, the driver of its [`Member`](member::Member); joins the
+//!   cluster, runs barriers and heartbeats, dispatches messages to applications (its
+//!   [`Customer`](postoffice::Customer)s);
 //! - [`router`]: which van carries each peer's traffic (with feature `rdma`, remote peers use
 //!   the RDMA van when `DMLC_ENABLE_RDMA` asks for it);
 //! - [`local`]: a whole cluster inside one process, over the in-process van;
@@ -18,6 +19,7 @@
 //!   [`Call`](embed::Call), the answer to one of its operations;
 //! - [`netif`]: the address of a network interface (`DMLC_INTERFACE`);
 //! - [`hash`]: a fast hasher for integer keys;
+//! - [`logging`]: the stderr log every vans program installs (`PS_VERBOSE`);
 //! - [`error`]: the crate's error type, [`PsError`].
 
 pub mod control;
@@ -28,6 +30,7 @@ pub mod embed;
 pub mod error;
 pub mod hash;
 pub mod local;
+pub mod logging;
 pub mod member;
 pub mod netif;
 pub mod postoffice;

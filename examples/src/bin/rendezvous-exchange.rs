@@ -165,7 +165,7 @@ fn van(value: &str) -> Result<String, String> {
 
 fn main() -> ExitCode {
     let options = Options::parse();
-    examples::init_logging(false);
+    node::logging::init(false);
     let runtime = match examples::runtime(options.threads) {
         Ok(rt) => rt,
         Err(e) => {

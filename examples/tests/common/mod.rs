@@ -1,12 +1,11 @@
-//! Helpers shared by the cluster tests: a free loopback port, waiting for a child process
+//! Helpers shared by the cluster tests of `examples` and `jobs` (which includes this file by
+//! path): a free loopback port, the programs of the other crate, waiting for a child process
 //! with a deadline, and a child's whole output as text. (Each test binary uses a subset.)
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "master.rs"]
-pub(crate) mod master;
-
 use std::process::{Child, Output};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 /// How long a cluster test waits for a process: generous, these run on a loaded 2-core
@@ -95,3 +94,32 @@ pub(crate) fn exact_sums(text: &str, keys: usize, workers: usize) {
     let verified = text.lines().filter(|l| l.contains(&line)).count();
     assert_eq!(verified, workers, "{text}");
 }
+
+/// A program of the workspace built beside this test binary (`target/<profile>/NAME`): the
+/// way to a program of the other crate, since `env!("CARGO_BIN_EXE_…")` names only this
+/// crate's. `cargo test --workspace` builds every crate's programs; a test run with `-p`
+/// needs them built first (`cargo build -p examples -p jobs`).
+pub(crate) fn program(name: &str) -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary is in target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built: run the tests with `cargo test --workspace`, or build it first \
+         (`cargo build -p examples -p jobs`)",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
+
+/// `ps-bench` (crate `examples`).
+pub(crate) static PS_BENCH: LazyLock<String> = LazyLock::new(|| program("ps-bench"));
+/// `allreduce-bench` (crate `examples`).
+pub(crate) static ALLREDUCE_BENCH: LazyLock<String> = LazyLock::new(|| program("allreduce-bench"));
+/// `vans-launch` (crate `jobs`).
+pub(crate) static LAUNCH: LazyLock<String> = LazyLock::new(|| program("vans-launch"));
+/// `vans-doctor` (crate `jobs`).
+pub(crate) static DOCTOR: LazyLock<String> = LazyLock::new(|| program("vans-doctor"));

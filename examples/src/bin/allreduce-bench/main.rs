@@ -57,7 +57,7 @@ impl Row {
 }
 
 fn main() {
-    examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    ::node::logging::init(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::parse();
     let runtime = match examples::runtime(options.threads) {
         Ok(rt) => rt,

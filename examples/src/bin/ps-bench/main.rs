@@ -51,7 +51,7 @@ use van_core::VanKind;
 use crate::options::{Options, VanArg, RESULTS_DIR_ENV};
 
 fn main() {
-    examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    ::node::logging::init(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::from_command_line();
     let runtime = match examples::runtime(options.threads) {
         Ok(rt) => rt,

@@ -58,7 +58,7 @@ pub(crate) struct Options {
 
 fn main() {
     let options = Options::parse();
-    examples::init_logging(false);
+    ::node::logging::init(false);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

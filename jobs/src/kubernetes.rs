@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use super::{JobSpec, Strategy};
+use crate::spec::{JobSpec, Strategy};
 
 /// The port every task listens on (the scheduler's `DMLC_PS_ROOT_PORT`; each pod has its
 /// own IP, so one port serves all).

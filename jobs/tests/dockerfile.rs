@@ -1,7 +1,8 @@
 //! The Dockerfile, checked as far as it can be without building the image (about 15 minutes,
 //! too long for the test command; it is built by hand with `deploy/local-images.sh`'s base
 //! images): its stages and what each copies from another, that it builds every program of
-//! the `examples` crate with features that exist, that it installs each of those programs,
+//! the `examples` and `jobs` crates with features that exist, that it installs each of those
+//! programs,
 //! that the Python wheel it builds is the project's, and that the build context leaves out
 //! the build outputs.
 
@@ -37,10 +38,14 @@ fn instructions() -> Vec<String> {
     out
 }
 
-/// The programs of the `examples` crate: src/bin/NAME.rs and src/bin/NAME/main.rs.
+/// The crates whose programs the image holds.
+const CRATES: [&str; 2] = ["examples", "jobs"];
+
+/// The programs of `CRATES`: src/bin/NAME.rs and src/bin/NAME/main.rs.
 fn programs() -> BTreeSet<String> {
-    std::fs::read_dir(root().join("examples/src/bin"))
-        .unwrap()
+    CRATES
+        .iter()
+        .flat_map(|krate| std::fs::read_dir(root().join(krate).join("src/bin")).unwrap())
         .map(|e| e.unwrap().path())
         .filter_map(|p| {
             if p.is_dir() {
@@ -82,27 +87,42 @@ fn the_dockerfile_builds_and_installs_every_program_from_its_own_stages() {
         "a build stage and a runtime stage"
     );
 
-    // The cargo build: the examples crate, locked, with features the crate has.
+    // The cargo build: both crates, locked, with features (`crate/feature`) they have.
     let build = instructions
         .iter()
         .find(|i| i.contains("cargo build"))
         .expect("a cargo build");
-    assert!(
-        build.contains("--release") && build.contains("--locked") && build.contains("-p examples")
-    );
+    assert!(build.contains("--release") && build.contains("--locked"));
+    for krate in CRATES {
+        assert!(
+            build.contains(&format!("-p {krate}")),
+            "the build lacks -p {krate}"
+        );
+    }
     let features: Vec<&str> = build
         .split_once("--features")
         .map(|(_, f)| f.split_whitespace().next().unwrap().split(',').collect())
         .expect("--features");
-    let manifest: toml_features::Features =
-        toml_features::read(&root().join("examples/Cargo.toml"));
     for feature in &features {
+        let (krate, name) = feature
+            .split_once('/')
+            .expect("features named crate/feature (two crates are built)");
         assert!(
-            manifest.contains(feature),
-            "no feature {feature} in examples"
+            CRATES.contains(&krate),
+            "{feature}: not a crate of the image"
         );
+        let manifest = toml_features::read(&root().join(krate).join("Cargo.toml"));
+        assert!(manifest.contains(name), "no feature {name} in {krate}");
     }
-    for needed in ["ipc", "uring", "rdma", "kubernetes"] {
+    for needed in [
+        "examples/ipc",
+        "examples/uring",
+        "examples/rdma",
+        "jobs/ipc",
+        "jobs/uring",
+        "jobs/rdma",
+        "jobs/kubernetes",
+    ] {
         assert!(features.contains(&needed), "the image lacks {needed}");
     }
     // RDMA needs its system packages in the builder and libibverbs in the runtime.

@@ -22,7 +22,7 @@ use axum::extract::{Path as UrlPath, RawQuery, State};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use common::master::{Master, MASTER, SUBMIT};
-use examples::master::kubernetes::KubeflowJob;
+use jobs::kubernetes::KubeflowJob;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use serde::de::DeserializeOwned;

@@ -34,8 +34,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use clap::Parser;
-use examples::master::{JobSpec, JobStatus, State as JobState};
-use examples::raw::BoxError;
+use jobs::BoxError;
+use jobs::{JobSpec, JobStatus, State as JobState};
 
 /// The master's options.
 #[derive(Parser, Debug)]
@@ -180,7 +180,7 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
         tasks: spec
             .tasks()
             .into_iter()
-            .map(|(name, role, _)| examples::master::TaskStatus {
+            .map(|(name, role, _)| jobs::TaskStatus {
                 name,
                 role: role.into(),
                 state: JobState::Pending,
@@ -290,7 +290,7 @@ async fn log(State(app): State<Arc<App>>, Path((id, task)): Path<(u64, String)>)
 
 #[tokio::main]
 async fn main() {
-    examples::init_logging(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    node::logging::init(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::parse();
     if let Err(e) = serve(options).await {
         eprintln!("vans-master: {e}");
@@ -332,7 +332,7 @@ async fn serve(o: Options) -> Result<(), BoxError> {
         let _ = (&o.namespace, &o.layout, &o.kube_secret, &o.instance);
         return Err(
             "the kubernetes backend needs a build with the `kubernetes` feature \
-                    (cargo build --release -p examples --features kubernetes)"
+                    (cargo build --release -p jobs --features kubernetes)"
                 .into(),
         );
     }

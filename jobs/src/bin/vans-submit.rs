@@ -19,9 +19,9 @@
 use std::time::Duration;
 
 use clap::Parser;
-use examples::master::client::request;
-use examples::master::{JobSpec, JobStatus, State, Strategy};
-use examples::raw::BoxError;
+use jobs::client::request;
+use jobs::BoxError;
+use jobs::{JobSpec, JobStatus, State, Strategy};
 
 /// The submitter's options.
 #[derive(Parser, Debug)]
@@ -61,7 +61,7 @@ struct Options {
     #[arg(long)]
     elastic: bool,
     /// With --elastic: how often each worker may be started again.
-    #[arg(long, default_value_t = examples::master::DEFAULT_MAX_RESTARTS)]
+    #[arg(long, default_value_t = jobs::DEFAULT_MAX_RESTARTS)]
     max_restarts: u32,
     /// Extra environment for every task, `NAME=VALUE` (repeatable).
     #[arg(long = "env", value_name = "NAME=VALUE")]
@@ -184,7 +184,7 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
 /// Prints the job's Kubernetes objects as a `List`.
 #[cfg(feature = "kubernetes")]
 fn dry_run(o: &Options, spec: &JobSpec) -> Result<(), BoxError> {
-    use examples::master::kubernetes::KubeJob;
+    use jobs::kubernetes::KubeJob;
     let job = KubeJob {
         id: 0,
         spec,
@@ -207,7 +207,7 @@ fn dry_run(o: &Options, spec: &JobSpec) -> Result<(), BoxError> {
 fn dry_run(o: &Options, _: &JobSpec) -> Result<(), BoxError> {
     let _ = (&o.namespace, &o.layout, &o.kube_secret);
     Err("--dry-run needs a build with the `kubernetes` feature \
-         (cargo build --release -p examples --features kubernetes)"
+         (cargo build --release -p jobs --features kubernetes)"
         .into())
 }
 

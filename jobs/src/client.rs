@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::raw::BoxError;
+use crate::BoxError;
 
 /// Longest a request may take.
 const TIMEOUT: Duration = Duration::from_secs(30);

@@ -8,8 +8,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use examples::master::{JobSpec, State};
-use examples::raw::BoxError;
+use jobs::BoxError;
+use jobs::{JobSpec, State};
 use tokio::process::Command;
 
 use crate::Jobs;

@@ -1,5 +1,5 @@
 //! The Kubernetes backend (feature `kubernetes`): a job's objects
-//! ([`examples::master::kubernetes`]: a headless service and a pod per task, or a Kubeflow
+//! ([`jobs::kubernetes`]: a headless service and a pod per task, or a Kubeflow
 //! `TFJob`) created through the API with kube-rs, followed by listing the job's pods, and
 //! deleted when the job is stopped or a task fails. The client is configured as `kubectl`
 //! is: in a pod from its service account, else from `KUBECONFIG` / `~/.kube/config`.
@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use examples::master::kubernetes::{KubeJob, Layout, JOB_LABEL, KUBEFLOW_JOB_LABEL};
-use examples::master::{JobSpec, State};
-use examples::raw::BoxError;
+use jobs::kubernetes::{KubeJob, Layout, JOB_LABEL, KUBEFLOW_JOB_LABEL};
+use jobs::BoxError;
+use jobs::{JobSpec, State};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, LogParams, PostParams,
@@ -258,7 +258,7 @@ impl Kube {
                     .metadata
                     .labels
                     .as_ref()
-                    .and_then(examples::master::kubernetes::task_of_pod)
+                    .and_then(jobs::kubernetes::task_of_pod)
                 else {
                     continue;
                 };

@@ -1,6 +1,5 @@
-//! `vans-master` and `vans-submit` (the ElasticDL-style master and client): the job
-//! submission, the status the master reports as JSON, and the small HTTP/1.1 client the
-//! submitter (and the tests) use.
+//! What `vans-master` and `vans-submit` (the ElasticDL-style master and client) exchange: the
+//! job submission and the status the master reports as JSON.
 //!
 //! A job is a cluster of tasks started by a backend: the scheduler, `ps_num` servers (one
 //! idle server for an `AllReduce` job, whose workers all-reduce among themselves) and
@@ -10,10 +9,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-
-pub mod client;
-#[cfg(feature = "kubernetes")]
-pub mod kubernetes;
 
 /// The training strategy of a job (ElasticDL's `--distribution_strategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

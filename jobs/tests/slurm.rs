@@ -13,9 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
-const ALLREDUCE_BENCH: &str = env!("CARGO_BIN_EXE_allreduce-bench");
-
 /// A single-node Slurm of our own; stopped and removed when dropped.
 struct Slurm {
     dir: PathBuf,
@@ -180,7 +177,7 @@ fn srun_tasks_take_their_roles_from_their_slurm_ranks() {
         .arg(format!(
             "--export=ALL,DMLC_NUM_SERVER=1,DMLC_PS_ROOT_PORT={port},DMLC_ENABLE_RDMA=0"
         ))
-        .args([PS_BENCH, "--mode", "check", "--keys", "16"])
+        .args([common::PS_BENCH.as_str(), "--mode", "check", "--keys", "16"])
         .spawn()
         .unwrap();
     let out = common::wait_output(child, "srun");
@@ -222,7 +219,7 @@ fn the_batch_scripts_run_a_parameter_server_and_an_allreduce_job() {
     let ps = sbatch(
         &slurm,
         "ps-job.sbatch",
-        &format!("VANS_PROGRAM={PS_BENCH}"),
+        &format!("VANS_PROGRAM={}", *common::PS_BENCH),
         &["--mode", "check", "--keys", "16"],
     );
     assert!(ps.contains("vans-ps: 4 tasks, 1 server(s)"), "{ps}");
@@ -230,7 +227,7 @@ fn the_batch_scripts_run_a_parameter_server_and_an_allreduce_job() {
     let allreduce = sbatch(
         &slurm,
         "allreduce-job.sbatch",
-        &format!("VANS_PROGRAM={ALLREDUCE_BENCH}"),
+        &format!("VANS_PROGRAM={}", *common::ALLREDUCE_BENCH),
         &["node", "check"],
     );
     assert!(
@@ -267,7 +264,7 @@ fn vans_master_runs_submitted_jobs_on_slurm() {
         "--task",
         "ps",
         "--",
-        PS_BENCH,
+        common::PS_BENCH.as_str(),
         "--mode",
         "check",
         "--keys",
@@ -296,7 +293,7 @@ fn vans_master_runs_submitted_jobs_on_slurm() {
         "--task",
         "ar",
         "--",
-        ALLREDUCE_BENCH,
+        common::ALLREDUCE_BENCH.as_str(),
         "node",
         "check",
     ]);

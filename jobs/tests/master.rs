@@ -8,9 +8,6 @@ mod common;
 
 use common::master::Master;
 
-const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
-const ALLREDUCE_BENCH: &str = env!("CARGO_BIN_EXE_allreduce-bench");
-
 fn job(master: &Master, id: u64) -> serde_json::Value {
     let (code, body) = master.get("GET", &format!("/jobs/{id}"), None);
     assert_eq!(code, 200, "{body}");
@@ -30,7 +27,7 @@ fn a_parameter_server_and_an_allreduce_job_run_to_the_end() {
         "--task",
         "ps",
         "--",
-        PS_BENCH,
+        common::PS_BENCH.as_str(),
         "--mode",
         "check",
         "--keys",
@@ -73,7 +70,7 @@ fn a_parameter_server_and_an_allreduce_job_run_to_the_end() {
         "--task",
         "ar",
         "--",
-        ALLREDUCE_BENCH,
+        common::ALLREDUCE_BENCH.as_str(),
         "node",
         "check",
     ]);
@@ -219,7 +216,7 @@ fn an_elastic_job_starts_a_killed_worker_again_and_finishes() {
     let spec = serde_json::json!({
         "name": "elastic", "strategy": "AllReduce", "ps_num": 0, "worker_num": 3,
         "elastic": true, "max_restarts": 2,
-        "command": [ALLREDUCE_BENCH, "node", "elastic", "--steps", "300", "--len", "2000",
+        "command": [common::ALLREDUCE_BENCH.as_str(), "node", "elastic", "--steps", "300", "--len", "2000",
                     "--step-ms", "30"],
         "env": {"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "10"},
     });

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use examples::master::{JobSpec, State};
-use examples::raw::BoxError;
+use jobs::BoxError;
+use jobs::{JobSpec, State};
 use van_core::link::stream::free_loopback_port;
 
 use crate::Jobs;

@@ -81,9 +81,7 @@ impl Master {
             .build()
             .unwrap();
         runtime
-            .block_on(examples::master::client::request(
-                &self.addr, method, path, body,
-            ))
+            .block_on(jobs::client::request(&self.addr, method, path, body))
             .unwrap()
     }
 }
