@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use kube::api::{
 };
 use kube::{Api, Client};
 
+use crate::follow::{self, Look, Seen, Watch};
 use crate::Jobs;
 
 /// How often the job's pods are listed.
@@ -120,13 +121,14 @@ impl Kube {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// Creates job `id`'s objects and a task that follows its pods.
+    /// Creates job `id`'s objects and follows its pods ([`follow`](crate::follow)).
     pub(crate) async fn start(
         &self,
         jobs: Jobs,
         id: u64,
         spec: &JobSpec,
         dir: &Path,
+        stop: Arc<AtomicBool>,
     ) -> Result<(), BoxError> {
         let job = self.job(id, spec);
         job.check()?;
@@ -145,23 +147,26 @@ impl Kube {
                 })?;
             }
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopper = Arc::clone(&stop);
+        let mut tasks = Vec::new();
         jobs.update(id, |job| {
             if self.layout == Layout::TfJob {
                 // The chief hosts the scheduler: no pod of its own.
                 job.status.tasks.retain(|t| t.name != "scheduler");
             }
-            if job.status.state == State::Stopped {
-                stopper.store(true, Ordering::Release);
-                return;
-            }
-            job.status.state = State::Running;
-            job.stop = Some(Box::new(move || stopper.store(true, Ordering::Release)));
+            tasks = job.status.tasks.iter().map(|t| t.name.clone()).collect();
         });
-        let backend = self.clone();
-        let dir = dir.to_owned();
-        tokio::spawn(async move { backend.follow(jobs, id, name, dir, stop).await });
+        let watch = Pods {
+            backend: self.clone(),
+            name,
+            tasks,
+            dir: dir.to_owned(),
+            started: tokio::time::Instant::now(),
+            failing_since: None,
+            seen: BTreeMap::new(),
+            saved: BTreeSet::new(),
+            cleaned: false,
+        };
+        follow::spawn(jobs, id, spec, stop, watch);
         Ok(())
     }
 
@@ -216,135 +221,6 @@ impl Kube {
         }
     }
 
-    /// Lists the job's pods until every task ended (or the job is stopped): records each
-    /// task's state, exit code and, when it ends, its log. A task fails when its pod fails,
-    /// cannot start (a stuck container: image not pulled, bad secret, …), disappears after it
-    /// was seen, or is still pending after [`START_DEADLINE`]. When a task fails or the job
-    /// is stopped, the logs of the tasks not ended yet are saved and the job's objects
-    /// deleted.
-    async fn follow(&self, jobs: Jobs, id: u64, name: String, dir: PathBuf, stop: Arc<AtomicBool>) {
-        let label = match self.layout {
-            Layout::Pods => JOB_LABEL,
-            Layout::TfJob => KUBEFLOW_JOB_LABEL,
-        };
-        let params = ListParams::default().labels(&selector(label, &name));
-        let started = tokio::time::Instant::now();
-        let mut failing_since: Option<tokio::time::Instant> = None;
-        // Task → its pod, once seen; tasks whose log was saved.
-        let mut seen: BTreeMap<String, String> = BTreeMap::new();
-        let mut saved: BTreeSet<String> = BTreeSet::new();
-        let outcome = loop {
-            if stop.load(Ordering::Acquire) {
-                break Outcome::Stopped;
-            }
-            let pods = match self.pods().list(&params).await {
-                Ok(list) => {
-                    failing_since = None;
-                    list.items
-                }
-                Err(e) => {
-                    let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
-                    if since.elapsed() > LIST_RETRY_BUDGET {
-                        break Outcome::Failed(format!("cannot list the pods of {name}: {e}"));
-                    }
-                    tokio::time::sleep(POLL).await;
-                    continue;
-                }
-            };
-            let mut states: BTreeMap<String, (State, Option<i32>, Option<String>)> =
-                BTreeMap::new();
-            for pod in &pods {
-                let Some(task) = pod
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(jobs::kubernetes::task_of_pod)
-                else {
-                    continue;
-                };
-                seen.insert(task.clone(), pod.metadata.name.clone().unwrap_or_default());
-                states.insert(task, pod_state(pod));
-            }
-            for task in seen.keys() {
-                states.entry(task.clone()).or_insert_with(|| {
-                    (State::Failed, None, Some("its pod disappeared".to_owned()))
-                });
-            }
-            let late = started.elapsed() > START_DEADLINE;
-            let mut ended = Vec::new();
-            let mut failure = None;
-            jobs.update(id, |job| {
-                for t in &mut job.status.tasks {
-                    if t.state.is_final() {
-                        continue;
-                    }
-                    let (state, code, why) = match states.get(&t.name) {
-                        Some(found) => found.clone(),
-                        None => (State::Pending, None, None),
-                    };
-                    let (state, why) = match (state, why) {
-                        (State::Pending, None) if late => (
-                            State::Failed,
-                            Some(format!(
-                                "still pending after {} s",
-                                START_DEADLINE.as_secs()
-                            )),
-                        ),
-                        other => other,
-                    };
-                    (t.state, t.exit_code) = (state, code);
-                    if state.is_final() {
-                        ended.push(t.name.clone());
-                    }
-                    if state == State::Failed && failure.is_none() {
-                        let code = code.map_or("unknown".to_owned(), |c| c.to_string());
-                        failure = Some(match why {
-                            Some(why) => format!("task {} failed: {why}", t.name),
-                            None => format!("task {} failed (exit code {code})", t.name),
-                        });
-                    }
-                }
-            });
-            for task in ended {
-                if let Some(pod) = seen.get(&task) {
-                    self.save_log(&dir, &task, pod).await;
-                    saved.insert(task);
-                }
-            }
-            if let Some(failure) = failure {
-                break Outcome::Failed(failure);
-            }
-            let mut tasks = Vec::new();
-            jobs.update(id, |job| tasks = job.status.tasks.clone());
-            if !tasks.is_empty() && tasks.iter().all(|t| t.state == State::Succeeded) {
-                break Outcome::Succeeded;
-            }
-            tokio::time::sleep(POLL).await;
-        };
-        if !matches!(outcome, Outcome::Succeeded) {
-            // What the tasks still running said, before their pods go.
-            for (task, pod) in &seen {
-                if !saved.contains(task) {
-                    self.save_log(&dir, task, pod).await;
-                }
-            }
-            self.delete(&name).await;
-        }
-        jobs.update(id, |job| {
-            job.stop = None;
-            for task in &mut job.status.tasks {
-                if !task.state.is_final() {
-                    task.state = State::Stopped;
-                }
-            }
-            (job.status.state, job.status.error) = match outcome {
-                Outcome::Succeeded => (State::Succeeded, None),
-                Outcome::Stopped => (State::Stopped, None),
-                Outcome::Failed(e) => (State::Failed, Some(e)),
-            };
-        });
-    }
-
     /// Writes a pod's log to `<task>.log` in the job's folder (a note when it cannot).
     async fn save_log(&self, dir: &Path, task: &str, pod: &str) {
         let text = match self.pods().logs(pod, &LogParams::default()).await {
@@ -357,20 +233,129 @@ impl Kube {
     }
 }
 
-/// How following a job ended.
-enum Outcome {
-    Succeeded,
-    Stopped,
-    Failed(String),
+/// A job's pods, as [`follow`](crate::follow) sees them: listed by the job's label. A task
+/// fails when its pod fails, cannot start (a stuck container: image not pulled, bad secret,
+/// …), disappears after it was seen, or is still pending after [`START_DEADLINE`]; its log
+/// is fetched when it ends. Stopping saves the logs of the tasks not ended yet and deletes
+/// the job's objects.
+struct Pods {
+    backend: Kube,
+    /// The job's objects' name.
+    name: String,
+    /// The tasks that have pods.
+    tasks: Vec<String>,
+    dir: PathBuf,
+    started: tokio::time::Instant,
+    /// Since when listing the pods fails, while it does.
+    failing_since: Option<tokio::time::Instant>,
+    /// Task → its pod, once seen.
+    seen: BTreeMap<String, String>,
+    /// Tasks whose log was saved.
+    saved: BTreeSet<String>,
+    /// The job's objects were deleted.
+    cleaned: bool,
+}
+
+impl Watch for Pods {
+    const EVERY: Duration = POLL;
+
+    async fn look(&mut self) -> Look {
+        let label = match self.backend.layout {
+            Layout::Pods => JOB_LABEL,
+            Layout::TfJob => KUBEFLOW_JOB_LABEL,
+        };
+        let params = ListParams::default().labels(&selector(label, &self.name));
+        let pods = match self.backend.pods().list(&params).await {
+            Ok(list) => {
+                self.failing_since = None;
+                list.items
+            }
+            Err(e) => {
+                let since = *self
+                    .failing_since
+                    .get_or_insert_with(tokio::time::Instant::now);
+                return Look {
+                    failed: (since.elapsed() > LIST_RETRY_BUDGET)
+                        .then(|| format!("cannot list the pods of {}: {e}", self.name)),
+                    ..Look::default()
+                };
+            }
+        };
+        let mut states: BTreeMap<String, Seen> = BTreeMap::new();
+        for pod in &pods {
+            let Some(task) = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(jobs::kubernetes::task_of_pod)
+            else {
+                continue;
+            };
+            self.seen
+                .insert(task.clone(), pod.metadata.name.clone().unwrap_or_default());
+            states.insert(task, pod_state(pod));
+        }
+        let late = self.started.elapsed() > START_DEADLINE;
+        let mut look = Look::default();
+        for task in &self.tasks {
+            let seen = match states.remove(task) {
+                Some(seen) => seen,
+                None if self.seen.contains_key(task) => Seen {
+                    state: State::Failed,
+                    exit_code: None,
+                    why: "failed: its pod disappeared".to_owned(),
+                },
+                None => Seen::now(State::Pending),
+            };
+            let seen = match seen {
+                Seen {
+                    state: State::Pending,
+                    ..
+                } if late => Seen {
+                    state: State::Failed,
+                    exit_code: None,
+                    why: format!("failed: still pending after {} s", START_DEADLINE.as_secs()),
+                },
+                seen => seen,
+            };
+            if seen.state.is_final() && !self.saved.contains(task) {
+                if let Some(pod) = self.seen.get(task) {
+                    self.backend.save_log(&self.dir, task, pod).await;
+                    self.saved.insert(task.clone());
+                }
+            }
+            look.tasks.push((task.clone(), seen));
+        }
+        look
+    }
+
+    async fn stop(&mut self) -> bool {
+        self.clean_up().await;
+        true
+    }
+
+    async fn clean_up(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        self.cleaned = true;
+        // What the tasks still running said, before their pods go.
+        for (task, pod) in &self.seen {
+            if !self.saved.contains(task) {
+                self.backend.save_log(&self.dir, task, pod).await;
+            }
+        }
+        self.backend.delete(&self.name).await;
+    }
 }
 
 fn selector(label: &str, value: &str) -> String {
     format!("{label}={value}")
 }
 
-/// A pod's task state, its container's exit code once it ended, and why it failed when the
-/// phase does not say (a container stuck waiting for what will not come).
-fn pod_state(pod: &Pod) -> (State, Option<i32>, Option<String>) {
+/// A pod's task state, its container's exit code once it ended, and why it failed (a
+/// container stuck waiting for what will not come, when the phase does not say).
+fn pod_state(pod: &Pod) -> Seen {
     let status = pod.status.as_ref();
     let statuses = status
         .and_then(|s| s.container_statuses.as_deref())
@@ -388,11 +373,11 @@ fn pod_state(pod: &Pod) -> (State, Option<i32>, Option<String>) {
         .and_then(|w| w.reason.as_deref())
         .filter(|r| STUCK_REASONS.contains(r));
     if let Some(reason) = stuck {
-        return (
-            State::Failed,
-            None,
-            Some(format!("its container is stuck: {reason}")),
-        );
+        return Seen {
+            state: State::Failed,
+            exit_code: None,
+            why: format!("failed: its container is stuck: {reason}"),
+        };
     }
     let state = match status.and_then(|s| s.phase.as_deref()) {
         Some("Running") => State::Running,
@@ -400,5 +385,15 @@ fn pod_state(pod: &Pod) -> (State, Option<i32>, Option<String>) {
         Some("Failed") => State::Failed,
         _ => State::Pending,
     };
-    (state, code, None)
+    let why = match (state, code) {
+        (State::Failed, Some(c)) => format!("failed (exit code {c})"),
+        (State::Failed, None) => "failed (exit code unknown)".to_owned(),
+        (_, Some(c)) => format!("exited with code {c}"),
+        (_, None) => String::new(),
+    };
+    Seen {
+        state,
+        exit_code: code,
+        why,
+    }
 }

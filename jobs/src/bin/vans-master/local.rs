@@ -7,9 +7,9 @@
 //! times; the new process rejoins by the parameter server's recovery).
 
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use jobs::BoxError;
 use jobs::{JobSpec, State};
 use van_core::link::stream::free_loopback_port;
 
+use crate::follow::{self, Look, Seen, Watch};
 use crate::Jobs;
 
 /// The environment of every task of `spec`: (task name, variables), on loopback ports.
@@ -31,14 +32,11 @@ fn environments(spec: &JobSpec) -> Vec<(String, Vec<(String, String)>)> {
     all
 }
 
-/// A running task: its name and role, how to start it again, and its process.
+/// A running task: its name, how to start it again, and its process.
 struct Task {
     name: String,
-    role: &'static str,
     env: Vec<(String, String)>,
     child: Child,
-    /// How often it was started again (elastic jobs).
-    restarts: u32,
 }
 
 /// Starts `spec`'s command as task `name` with `env`, its output to `<name>.log` in `dir`
@@ -72,19 +70,18 @@ fn spawn(
         .map_err(|e| format!("cannot start {program:?} for {name}: {e}"))
 }
 
-/// Starts job `id`'s tasks and a thread that follows them.
-pub(crate) fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Result<(), BoxError> {
-    let roles: Vec<&'static str> = spec.tasks().into_iter().map(|(_, role, _)| role).collect();
+/// Starts job `id`'s tasks and follows them ([`follow`](crate::follow)).
+pub(crate) fn start(
+    jobs: Jobs,
+    id: u64,
+    spec: &JobSpec,
+    dir: &Path,
+    stop: Arc<AtomicBool>,
+) -> Result<(), BoxError> {
     let mut tasks: Vec<Task> = Vec::new();
-    for ((name, env), role) in environments(spec).into_iter().zip(roles) {
+    for (name, env) in environments(spec) {
         match spawn(spec, dir, &name, &env, false) {
-            Ok(child) => tasks.push(Task {
-                name,
-                role,
-                env,
-                child,
-                restarts: 0,
-            }),
+            Ok(child) => tasks.push(Task { name, env, child }),
             Err(e) => {
                 for task in &mut tasks {
                     kill_group(&mut task.child);
@@ -94,134 +91,87 @@ pub(crate) fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Result<(
             }
         }
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopper = Arc::clone(&stop);
     jobs.update(id, |job| {
-        if job.status.state == State::Stopped {
-            // Asked to stop while its tasks were starting.
-            stopper.store(true, Ordering::Release);
-            return;
-        }
-        job.status.state = State::Running;
         for (status, task) in job.status.tasks.iter_mut().zip(&tasks) {
             status.state = State::Running;
             status.pid = Some(task.child.id());
         }
-        job.stop = Some(Box::new(move || stopper.store(true, Ordering::Release)));
     });
-    let spec = spec.clone();
-    let dir = dir.to_owned();
-    std::thread::spawn(move || follow(jobs, id, &spec, &dir, tasks, stop));
+    let watch = Processes {
+        spec: spec.clone(),
+        dir: dir.to_owned(),
+        tasks,
+    };
+    follow::spawn(jobs, id, spec, stop, watch);
     Ok(())
 }
 
-/// Waits for the tasks, recording each exit; in an elastic job, starts a failed worker again
-/// (up to `max_restarts` times each: the new process takes the dead one's place by
-/// recovery); stops the rest on any other failure or a stop request.
-fn follow(
-    jobs: Jobs,
-    id: u64,
-    spec: &JobSpec,
-    dir: &Path,
-    mut tasks: Vec<Task>,
-    stop: Arc<AtomicBool>,
-) {
-    let mut running = tasks.len();
-    let mut failed: Option<String> = None;
-    let mut killed = false;
-    // The scheduler or a server has ended: a worker started again could not rejoin. The
-    // tasks are in role order, so within a turn these are seen before the workers.
-    let mut support_gone = false;
-    while running > 0 {
-        let stopping = stop.load(Ordering::Acquire);
-        if (stopping || failed.is_some()) && !killed {
-            for task in &mut tasks {
-                kill_group(&mut task.child);
-            }
-            killed = true;
-        }
-        for task in &mut tasks {
-            let status = match task.child.try_wait() {
-                Ok(Some(status)) => Some(status),
-                Ok(None) => continue,
+/// A local job's processes, as [`follow`](crate::follow) sees them.
+struct Processes {
+    spec: JobSpec,
+    dir: PathBuf,
+    tasks: Vec<Task>,
+}
+
+impl Watch for Processes {
+    const EVERY: Duration = Duration::from_millis(50);
+
+    async fn look(&mut self) -> Look {
+        let mut look = Look::default();
+        for task in &mut self.tasks {
+            let seen = match task.child.try_wait() {
+                Ok(None) => Seen::now(State::Running),
+                Ok(Some(status)) => Seen {
+                    state: if status.success() {
+                        State::Succeeded
+                    } else {
+                        State::Failed
+                    },
+                    exit_code: status.code(),
+                    why: format!("exited with {status}"),
+                },
                 // Cannot be waited for (already reaped elsewhere): counted as failed.
-                Err(_) => None,
+                Err(e) => Seen {
+                    state: State::Failed,
+                    exit_code: None,
+                    why: format!("cannot be waited for: {e}"),
+                },
             };
-            let success = status.is_some_and(|s| s.success());
-            let described = status.map_or("an unknown status".to_owned(), |s| s.to_string());
-            let name = task.name.clone();
-            let restart = !success
-                && !killed
-                && !stopping
-                && !support_gone
-                && failed.is_none()
-                && spec.elastic
-                && task.role == "worker"
-                && task.restarts < spec.max_restarts;
-            if restart {
-                // Whatever the dead worker started goes with it (it may hold its port).
-                kill_group(&mut task.child);
-                task.restarts += 1;
-                let note = format!(
-                    "vans-master: {name} exited with {described}; starting it again (restart {} \
-                     of {})\n",
-                    task.restarts, spec.max_restarts
-                );
-                let _ = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(dir.join(format!("{name}.log")))
-                    .and_then(|mut log| std::io::Write::write_all(&mut log, note.as_bytes()));
-                match spawn(spec, dir, &name, &task.env, true) {
-                    Ok(child) => {
-                        task.child = child;
-                        let (pid, restarts) = (task.child.id(), task.restarts);
-                        jobs.update(id, |job| {
-                            if let Some(t) = job.status.tasks.iter_mut().find(|t| t.name == name) {
-                                (t.pid, t.restarts) = (Some(pid), restarts);
-                            }
-                        });
-                        continue;
-                    }
-                    Err(e) => failed = Some(format!("task {name} could not be restarted: {e}")),
-                }
-            }
-            // Reported once: a reaped child's try_wait keeps returning its status.
-            let mut first = false;
-            jobs.update(id, |job| {
-                if let Some(t) = job.status.tasks.iter_mut().find(|t| t.name == name) {
-                    if t.state.is_final() {
-                        return;
-                    }
-                    first = true;
-                    t.exit_code = status.and_then(|s| s.code());
-                    t.state = match (success, killed) {
-                        (true, _) => State::Succeeded,
-                        (false, true) => State::Stopped,
-                        (false, false) => State::Failed,
-                    };
-                }
-            });
-            if first {
-                running -= 1;
-                support_gone |= task.role != "worker";
-                if !success && !killed && failed.is_none() {
-                    failed = Some(format!("task {name} exited with {described}"));
-                }
-            }
+            look.tasks.push((task.name.clone(), seen));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        look
     }
-    jobs.update(id, |job| {
-        job.stop = None;
-        job.status.state = if stop.load(Ordering::Acquire) {
-            State::Stopped
-        } else if failed.is_some() {
-            State::Failed
-        } else {
-            State::Succeeded
-        };
-        job.status.error = failed;
-    });
+
+    async fn stop(&mut self) -> bool {
+        for task in &mut self.tasks {
+            kill_group(&mut task.child);
+        }
+        false
+    }
+
+    async fn restart(
+        &mut self,
+        name: &str,
+        why: &str,
+        attempt: u32,
+        max: u32,
+    ) -> Option<Result<u32, String>> {
+        let task = self.tasks.iter_mut().find(|t| t.name == name)?;
+        // Whatever the dead worker started goes with it (it may hold its port).
+        kill_group(&mut task.child);
+        let note =
+            format!("vans-master: {name} {why}; starting it again (restart {attempt} of {max})\n");
+        let _ = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .and_then(|mut log| std::io::Write::write_all(&mut log, note.as_bytes()));
+        Some(
+            spawn(&self.spec, &self.dir, name, &task.env, true).map(|child| {
+                task.child = child;
+                task.child.id()
+            }),
+        )
+    }
 }
 
 /// Kills `child`'s process group (the task and whatever it started).

@@ -19,6 +19,7 @@
 //! by default when the cluster serves the `tfjobs` resource), through the API, for jobs that
 //! name an `--image`.
 
+mod follow; // the one loop that follows a job through its backend
 #[cfg(feature = "kubernetes")]
 mod kube;
 mod local;
@@ -26,6 +27,7 @@ mod slurm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, State};
@@ -100,7 +102,8 @@ fn instance(given: Option<&str>) -> Result<String, String> {
 pub(crate) struct Job {
     pub(crate) status: JobStatus,
     pub(crate) dir: PathBuf,
-    pub(crate) stop: Option<Box<dyn FnOnce() + Send>>,
+    /// Set when the job is asked to stop; its follow loop stops the tasks.
+    pub(crate) stop: Arc<AtomicBool>,
 }
 
 /// Every job, by id.
@@ -192,6 +195,7 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
         error: None,
         spec,
     };
+    let stop = Arc::new(AtomicBool::new(false));
     app.jobs
         .inner
         .lock()
@@ -201,17 +205,20 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
             Job {
                 status: status.clone(),
                 dir: dir.clone(),
-                stop: None,
+                stop: Arc::clone(&stop),
             },
         );
     let started = match app.backend.as_str() {
-        "slurm" => slurm::start(app.jobs.clone(), id, &status.spec, &dir).await,
+        "slurm" => slurm::start(app.jobs.clone(), id, &status.spec, &dir, stop).await,
         #[cfg(feature = "kubernetes")]
         "kubernetes" => match &app.kube {
-            Some(kube) => kube.start(app.jobs.clone(), id, &status.spec, &dir).await,
+            Some(kube) => {
+                kube.start(app.jobs.clone(), id, &status.spec, &dir, stop)
+                    .await
+            }
             None => Err("the kubernetes backend is not connected".into()),
         },
-        _ => local::start(app.jobs.clone(), id, &status.spec, &dir),
+        _ => local::start(app.jobs.clone(), id, &status.spec, &dir, stop),
     };
     if let Err(e) = started {
         app.jobs.update(id, |job| {
@@ -252,18 +259,17 @@ async fn show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
 }
 
 async fn stop(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
-    let stopper = {
+    {
         let mut jobs = app.jobs.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Some(job) = jobs.get_mut(&id) else {
             return error(StatusCode::NOT_FOUND, format!("no job {id}"));
         };
         if !job.status.state.is_final() {
             job.status.state = JobState::Stopped;
+            // The job's follow loop stops its tasks at its next turn.
+            job.stop.store(true, Ordering::Release);
+            eprintln!("vans-master: job {id}: asked to stop");
         }
-        job.stop.take()
-    };
-    if let Some(stop) = stopper {
-        stop();
     }
     show(State(app), Path(id)).await
 }

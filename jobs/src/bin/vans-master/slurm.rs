@@ -5,13 +5,16 @@
 //! says) and writes `<task>.log`; a small shell wrapper records each task's exit code in
 //! `rank-N.exit`. The master follows the job with `scontrol` and stops it with `scancel`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use jobs::BoxError;
 use jobs::{JobSpec, State};
 use tokio::process::Command;
 
+use crate::follow::{self, Look, Seen, Watch};
 use crate::Jobs;
 
 /// Quotes `word` for a POSIX shell.
@@ -82,8 +85,14 @@ async fn run(program: &str, args: &[&str]) -> Result<String, BoxError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Submits job `id` and starts following it.
-pub(crate) async fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Result<(), BoxError> {
+/// Submits job `id` and follows it ([`follow`](crate::follow)).
+pub(crate) async fn start(
+    jobs: Jobs,
+    id: u64,
+    spec: &JobSpec,
+    dir: &Path,
+    stop: Arc<AtomicBool>,
+) -> Result<(), BoxError> {
     let tasks = spec.tasks();
     let path = dir.join("job.sbatch");
     std::fs::write(&path, script(spec, dir, tasks.len()))
@@ -94,69 +103,68 @@ pub(crate) async fn start(jobs: Jobs, id: u64, spec: &JobSpec, dir: &Path) -> Re
     if slurm_id.is_empty() {
         return Err("sbatch printed no job id".into());
     }
-    let cancel_id = slurm_id.clone();
-    let cancel = move || {
-        let _ = std::process::Command::new("scancel")
-            .arg(&cancel_id)
-            .status();
+    let watch = SlurmJob {
+        id,
+        slurm_id,
+        names: tasks.into_iter().map(|(name, _, _)| name).collect(),
+        dir: dir.to_owned(),
+        misses: 0,
+        cancelled: false,
     };
-    let mut stop_now = None;
-    jobs.update(id, |job| {
-        if job.status.state == State::Stopped {
-            // Asked to stop while sbatch ran.
-            stop_now = Some(cancel);
-        } else {
-            job.stop = Some(Box::new(cancel));
-        }
-    });
-    if let Some(cancel) = stop_now {
-        cancel();
-    }
-    let names: Vec<String> = tasks.into_iter().map(|(name, _, _)| name).collect();
-    let dir = dir.to_owned();
-    tokio::spawn(follow(jobs, id, slurm_id, names, dir));
+    follow::spawn(jobs, id, spec, stop, watch);
     Ok(())
 }
 
-/// Polls the Slurm job until it ends; renames the rank logs to task names.
-async fn follow(
-    jobs: Jobs,
+/// A vans job's Slurm job, as [`follow`](crate::follow) sees it: `scontrol` for its state,
+/// the wrapper's `rank-N.exit` files for each task's code.
+struct SlurmJob {
     id: u64,
     slurm_id: String,
+    /// Task names in Slurm rank order.
     names: Vec<String>,
-    dir: std::path::PathBuf,
-) {
-    let link_logs = || {
-        for (rank, name) in names.iter().enumerate() {
-            let from = dir.join(format!("rank-{rank}.log"));
-            let to = dir.join(format!("{name}.log"));
+    dir: PathBuf,
+    /// `scontrol` failures in a row.
+    misses: u32,
+    /// `scancel` was sent.
+    cancelled: bool,
+}
+
+impl SlurmJob {
+    /// Links each rank's log to its task's name, once the rank wrote it.
+    fn link_logs(&self) {
+        for (rank, name) in self.names.iter().enumerate() {
+            let from = self.dir.join(format!("rank-{rank}.log"));
+            let to = self.dir.join(format!("{name}.log"));
             if from.exists() && !to.exists() {
                 let _ = std::fs::hard_link(&from, &to);
             }
         }
-    };
-    let mut misses = 0;
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let info = match run("scontrol", &["show", "job", "-o", &slurm_id]).await {
+    }
+}
+
+impl Watch for SlurmJob {
+    const EVERY: Duration = Duration::from_millis(500);
+
+    async fn look(&mut self) -> Look {
+        let (id, slurm_id) = (self.id, &self.slurm_id);
+        let info = match run("scontrol", &["show", "job", "-o", slurm_id]).await {
             Ok(info) => {
-                misses = 0;
+                self.misses = 0;
                 info
             }
             // A busy controller: ask again, for a minute, before giving up on the job.
-            Err(e) if misses < 120 => {
-                misses += 1;
-                if misses == 1 {
+            Err(e) if self.misses < 120 => {
+                self.misses += 1;
+                if self.misses == 1 {
                     eprintln!("vans-master: job {id}: scontrol failed, trying again: {e}");
                 }
-                continue;
+                return Look::default();
             }
             Err(e) => {
-                jobs.update(id, |job| {
-                    job.status.state = State::Failed;
-                    job.status.error = Some(format!("Slurm job {slurm_id} lost: {e}"));
-                });
-                return;
+                return Look {
+                    failed: Some(format!("Slurm job {slurm_id} lost: {e}")),
+                    ..Look::default()
+                }
             }
         };
         let field = |key: &str| {
@@ -178,11 +186,11 @@ async fn follow(
             // RUNNING, COMPLETING, SUSPENDED, STAGE_OUT, SIGNALING, RESIZING, ...: not over.
             _ => State::Running,
         };
-        link_logs();
+        self.link_logs();
         // Each task's own exit code, once it wrote one.
-        let codes: Vec<Option<i32>> = (0..names.len())
+        let codes: Vec<Option<i32>> = (0..self.names.len())
             .map(|rank| {
-                std::fs::read_to_string(dir.join(format!("rank-{rank}.exit")))
+                std::fs::read_to_string(self.dir.join(format!("rank-{rank}.exit")))
                     .ok()
                     .and_then(|c| c.trim().parse().ok())
             })
@@ -192,50 +200,47 @@ async fn follow(
         let failed_alone = codes
             .iter()
             .any(|c| c.is_some_and(|c| c != 0 && c != STOPPED_BY_TERM && c != STOPPED_BY_KILL));
-        let mut done = false;
-        jobs.update(id, |job| {
-            if job.status.state == State::Stopped && !state.is_final() {
-                return; // asked to stop; scancel is on its way
-            }
-            // Signalled tasks were stopped when another failed or the job was cancelled;
-            // otherwise the signal is their own failure (the OOM killer's SIGKILL, say).
-            let stopped = failed_alone || job.status.state == State::Stopped || state == State::Stopped;
-            job.status.state = state;
-            for (task, code) in job.status.tasks.iter_mut().zip(&codes) {
-                (task.state, task.exit_code) = match code {
-                    Some(0) => (State::Succeeded, Some(0)),
-                    Some(c @ (STOPPED_BY_TERM | STOPPED_BY_KILL)) if stopped => {
-                        (State::Stopped, Some(*c))
-                    }
-                    Some(c) => (State::Failed, Some(*c)),
-                    // Not ended, or killed before it could tell (by srun when another
-                    // task failed, or by scancel).
-                    None if state.is_final() && state != State::Succeeded => (State::Stopped, None),
-                    None => (state, None),
-                };
-            }
-            if state == State::Failed {
-                let first = job
-                    .status
-                    .tasks
-                    .iter()
-                    .find(|t| t.state == State::Failed)
-                    .map(|t| {
-                        let code = t.exit_code.map_or("?".to_owned(), |c| c.to_string());
-                        format!("task {} exited with {code}; ", t.name)
-                    })
-                    .unwrap_or_default();
-                job.status.error = Some(format!(
-                    "{first}Slurm job {slurm_id} ended {slurm_state} (exit {exit}); see slurm.out and the task logs"
-                ));
-            }
-            if state.is_final() {
-                job.stop = None;
-                done = true;
-            }
-        });
-        if done {
-            return;
+        // Signalled tasks were stopped when another failed or the job was cancelled;
+        // otherwise the signal is their own failure (the OOM killer's SIGKILL, say).
+        let stopped = failed_alone || self.cancelled || state == State::Stopped;
+        let mut look = Look::default();
+        for (name, code) in self.names.iter().zip(&codes) {
+            let seen = match code {
+                Some(0) => State::Succeeded,
+                Some(STOPPED_BY_TERM | STOPPED_BY_KILL) if stopped => State::Stopped,
+                Some(_) => State::Failed,
+                // Not ended, or killed before it could tell (by srun when another task
+                // failed, or by scancel).
+                None if state.is_final() && state != State::Succeeded => State::Stopped,
+                None => state,
+            };
+            let why = match code {
+                Some(c) => format!("exited with {c}"),
+                None => format!("ended with its Slurm job, {slurm_state}"),
+            };
+            look.tasks.push((
+                name.clone(),
+                Seen {
+                    state: seen,
+                    exit_code: *code,
+                    why,
+                },
+            ));
         }
+        if state == State::Failed && !failed_alone {
+            look.failed = Some(format!(
+                "Slurm job {slurm_id} ended {slurm_state} (exit {exit}); see slurm.out and the \
+                 task logs"
+            ));
+        }
+        look
+    }
+
+    async fn stop(&mut self) -> bool {
+        self.cancelled = true;
+        if let Err(e) = run("scancel", &[&self.slurm_id]).await {
+            eprintln!("vans-master: job {}: {e}", self.id);
+        }
+        false
     }
 }
