@@ -62,24 +62,9 @@ fn make_tiny() -> RdmaVan {
     RdmaVan::new(options).unwrap_or_else(|e| panic!("RDMA van: {e}"))
 }
 
-macro_rules! checks {
-    ($make:ident: $($check:ident),*) => {
-        $(
-            #[test]
-            fn $check() {
-                if device_here() {
-                    testkit::run(testkit::$check(&$make));
-                }
-            }
-        )*
-    };
-}
-
 mod conformance {
     use super::*;
-    checks!(make: ordering_per_peer, many_peers, message_sizes, zero_length_segments,
-        meta_round_trip, concurrent_senders, ping_pong, stop_flushes_and_ends, unknown_peer,
-        vanished_peer);
+    van_core::van_conformance_tests!(make, requires: device_here);
 }
 
 /// The same checks with 4 receive buffers of 512 bytes and 2 large messages in flight: the
@@ -89,14 +74,14 @@ mod tiny_rings {
     // (Not `message_sizes`: its 64 MiB messages take ~40 s in the emulated guest and are
     // covered above; `large_and_small_messages_interleaved_keep_their_order` runs large
     // frames through these rings.)
-    checks!(make_tiny: ordering_per_peer, concurrent_senders, ping_pong, stop_flushes_and_ends);
+    van_core::van_conformance_tests!(make_tiny, requires: device_here,
+        checks: [ordering_per_peer, concurrent_senders, ping_pong, stop_flushes_and_ends]);
 }
 
 /// The cluster secret on the side channel: checked before any queue pair is created.
 mod auth {
     use super::*;
     use van_core::auth::AuthOptions;
-    use van_core::testkit::auth;
 
     fn make_with(auth: AuthOptions) -> RdmaVan {
         RdmaVan::new(RdmaOptions {
@@ -106,72 +91,16 @@ mod auth {
         .unwrap_or_else(|e| panic!("RDMA van: {e}"))
     }
 
-    fn refused(van: &RdmaVan) -> u64 {
-        van.refused_connections()
-    }
-
-    #[test]
-    fn the_same_secret_connects_both_ways() {
-        if device_here() {
-            testkit::run(auth::the_same_secret_connects(&make_with));
-        }
-    }
-
-    #[test]
-    fn a_wrong_or_missing_secret_is_refused_on_both_sides() {
-        if device_here() {
-            testkit::run(auth::wrong_or_missing_secret_is_refused(
-                &make_with, refused,
-            ));
-        }
-    }
-
-    #[test]
-    fn a_frame_from_an_unauthenticated_socket_is_never_delivered() {
-        if device_here() {
-            testkit::run(auth::raw_frames_are_not_delivered(&make_with, refused));
-        }
-    }
-
-    #[test]
-    fn a_flood_of_idle_connections_does_not_keep_a_peer_out() {
-        if device_here() {
-            testkit::run(auth::idle_flood_does_not_keep_a_peer_out(
-                &make_with, refused,
-            ));
-        }
+    van_core::van_auth_tests! {
+        make: make_with,
+        refused: |van: &RdmaVan| van.refused_connections(),
+        tcp_listener: true,
+        requires: device_here,
     }
 }
 
-#[test]
-fn cross_process_conformance_peer() {
-    van_core::testkit::remote::peer_main(&make);
-}
-
-macro_rules! remote_checks {
-    ($($check:ident),*) => {
-        $(
-            #[test]
-            fn $check() {
-                if device_here() {
-                    testkit::run(testkit::remote::$check(&make, "cross_process_conformance_peer"));
-                }
-            }
-        )*
-    };
-}
-
-mod cross_process {
-    use super::*;
-    remote_checks!(
-        remote_ordering,
-        remote_message_sizes,
-        remote_meta_and_zero_length_segments,
-        remote_concurrent_senders,
-        remote_stop_flushes_then_reports_the_peer,
-        remote_killed_peer_is_reported
-    );
-}
+// The peer entry (`cross_process_conformance_peer`) and the checks against it.
+van_core::van_cross_process_conformance_tests!(make, requires: device_here);
 
 #[test]
 fn the_van_starts_or_names_why_not() {

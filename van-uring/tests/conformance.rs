@@ -50,5 +50,5 @@ mod busy_polling {
         .unwrap_or_else(|e| panic!("io_uring van: {e}"))
     }
 
-    van_core::van_conformance_tests!(@tests || van(); meta_round_trip, stop_flushes_and_ends);
+    van_core::van_conformance_tests!(|| van(), checks: [meta_round_trip, stop_flushes_and_ends]);
 }

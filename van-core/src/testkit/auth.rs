@@ -27,27 +27,52 @@ use crate::auth::{AuthError, AuthOptions, ClusterSecret};
 use crate::van::{Van, VanError};
 
 /// Generates the authentication checks: `make` builds a van from [`AuthOptions`],
-/// `refused` reads its count of refused connections.
+/// `refused` reads its count of refused connections; optionally behind a guard
+/// (`requires: fn() -> bool`, as for [`van_conformance_tests!`](crate::van_conformance_tests)).
 #[macro_export]
 macro_rules! van_auth_tests {
-    (make: $make:expr, refused: $refused:expr, tcp_listener: false $(,)?) => {
+    (make: $make:expr, refused: $refused:expr, tcp_listener: $tcp:ident $(,)?) => {
+        $crate::van_auth_tests!(
+            make: $make,
+            refused: $refused,
+            tcp_listener: $tcp,
+            requires: $crate::testkit::always,
+        );
+    };
+    (make: $make:expr, refused: $refused:expr, tcp_listener: false,
+     requires: $requires:expr $(,)?) => {
         #[test]
         fn auth_the_same_secret_connects_both_ways() {
+            if !($requires)() {
+                return;
+            }
             $crate::testkit::run($crate::testkit::auth::the_same_secret_connects(&$make));
         }
 
         #[test]
         fn auth_a_wrong_or_missing_secret_is_refused_on_both_sides() {
+            if !($requires)() {
+                return;
+            }
             $crate::testkit::run($crate::testkit::auth::wrong_or_missing_secret_is_refused(
                 &$make, $refused,
             ));
         }
     };
-    (make: $make:expr, refused: $refused:expr, tcp_listener: true $(,)?) => {
-        $crate::van_auth_tests!(make: $make, refused: $refused, tcp_listener: false);
+    (make: $make:expr, refused: $refused:expr, tcp_listener: true,
+     requires: $requires:expr $(,)?) => {
+        $crate::van_auth_tests!(
+            make: $make,
+            refused: $refused,
+            tcp_listener: false,
+            requires: $requires,
+        );
 
         #[test]
         fn auth_a_frame_from_an_unauthenticated_socket_is_never_delivered() {
+            if !($requires)() {
+                return;
+            }
             $crate::testkit::run($crate::testkit::auth::raw_frames_are_not_delivered(
                 &$make, $refused,
             ));
@@ -55,6 +80,9 @@ macro_rules! van_auth_tests {
 
         #[test]
         fn auth_a_flood_of_idle_connections_does_not_keep_a_peer_out() {
+            if !($requires)() {
+                return;
+            }
             $crate::testkit::run($crate::testkit::auth::idle_flood_does_not_keep_a_peer_out(
                 &$make, $refused,
             ));

@@ -11,6 +11,19 @@
 //! connects them and exchanges real traffic. Every wait has a deadline, so a broken van fails
 //! a check instead of hanging it. The checks are also public functions, for vans that need
 //! to run them differently (for example between processes).
+//!
+//! A van that needs what a host may lack (an RDMA device) names a guard, a `fn() -> bool`
+//! that checks and says why when it is missing; each generated test runs its check only when
+//! the guard passes. A subset of the checks can be named:
+//!
+//! ```ignore
+//! van_core::van_conformance_tests!(make, requires: device_here);
+//! van_core::van_conformance_tests!(make_tiny, requires: device_here,
+//!     checks: [ordering_per_peer, ping_pong]);
+//! ```
+//!
+//! [`van_cross_process_conformance_tests!`](crate::van_cross_process_conformance_tests) and
+//! [`van_auth_tests!`](crate::van_auth_tests) take the same `requires:`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -50,20 +63,38 @@ pub fn run<F: Future<Output = ()>>(check: F) {
     runtime.block_on(check);
 }
 
-/// Generates one `#[test]` per conformance check for a van factory; see the [module
-/// docs](crate::testkit).
+/// The guard of tests that need nothing a host may lack: always passes.
+pub fn always() -> bool {
+    true
+}
+
+/// Generates one `#[test]` per conformance check for a van factory, optionally behind a
+/// guard (`requires: fn() -> bool`) and for a subset of the checks (`checks: [...]`); see
+/// the [module docs](crate::testkit).
 #[macro_export]
 macro_rules! van_conformance_tests {
-    ($make:expr) => {
-        $crate::van_conformance_tests!(@tests $make;
+    ($make:expr $(,)?) => {
+        $crate::van_conformance_tests!($make, requires: $crate::testkit::always);
+    };
+    ($make:expr, checks: [$($check:ident),* $(,)?] $(,)?) => {
+        $crate::van_conformance_tests!(@tests $make, $crate::testkit::always; $($check),*);
+    };
+    ($make:expr, requires: $requires:expr $(,)?) => {
+        $crate::van_conformance_tests!(@tests $make, $requires;
             ordering_per_peer, many_peers, message_sizes, zero_length_segments,
             meta_round_trip, concurrent_senders, ping_pong, stop_flushes_and_ends,
             unknown_peer, vanished_peer);
     };
-    (@tests $make:expr; $($check:ident),*) => {
+    ($make:expr, requires: $requires:expr, checks: [$($check:ident),* $(,)?] $(,)?) => {
+        $crate::van_conformance_tests!(@tests $make, $requires; $($check),*);
+    };
+    (@tests $make:expr, $requires:expr; $($check:ident),*) => {
         $(
             #[test]
             fn $check() {
+                if !($requires)() {
+                    return;
+                }
                 let make = $make;
                 $crate::testkit::run($crate::testkit::$check(&make));
             }

@@ -39,25 +39,34 @@ pub const PEER: NodeId = 8;
 /// The local node id.
 pub const LOCAL: NodeId = 9;
 
-/// Generates the peer entry and one `#[test]` per cross-process check for a van factory.
-/// Invoke it at the top level of an integration-test file.
+/// Generates the peer entry and one `#[test]` per cross-process check for a van factory,
+/// optionally behind a guard (`requires: fn() -> bool`, as for
+/// [`van_conformance_tests!`](crate::van_conformance_tests); the peer entry itself runs
+/// unguarded: it does nothing unless it is the peer). Invoke it at the top level of an
+/// integration-test file.
 #[macro_export]
 macro_rules! van_cross_process_conformance_tests {
-    ($make:expr) => {
+    ($make:expr $(,)?) => {
+        $crate::van_cross_process_conformance_tests!($make, requires: $crate::testkit::always);
+    };
+    ($make:expr, requires: $requires:expr $(,)?) => {
         #[test]
         fn cross_process_conformance_peer() {
             let make = $make;
             $crate::testkit::remote::peer_main(&make);
         }
-        $crate::van_cross_process_conformance_tests!(@tests $make;
+        $crate::van_cross_process_conformance_tests!(@tests $make, $requires;
             remote_ordering, remote_message_sizes, remote_meta_and_zero_length_segments,
             remote_concurrent_senders, remote_stop_flushes_then_reports_the_peer,
             remote_killed_peer_is_reported);
     };
-    (@tests $make:expr; $($check:ident),*) => {
+    (@tests $make:expr, $requires:expr; $($check:ident),*) => {
         $(
             #[test]
             fn $check() {
+                if !($requires)() {
+                    return;
+                }
                 let make = $make;
                 $crate::testkit::run($crate::testkit::remote::$check(
                     &make,
