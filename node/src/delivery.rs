@@ -8,7 +8,7 @@
 //! failure notices) are handled at once, while the data messages read meanwhile queue there,
 //! in order, behind the waiting delivery. What queues is bounded ([`MAX_BACKLOG_EVENTS`],
 //! [`MAX_BACKLOG_BYTES`]): beyond it the loop stops reading, which pushes back on the senders
-//! through the vans as before.
+//! through the vans.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;

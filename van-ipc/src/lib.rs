@@ -26,9 +26,8 @@
 //!   across pid namespaces), removed by every live named-mode van when it binds and every
 //!   second while it listens, and listed and removed by
 //!   [`named::list_segments`]/[`named::clean_stale`] and the `vans-shm list|clean` command.
-//!   `shm_open`, the reservation, the owner checks, the
-//!   mapping and the timely unlinking are the module's own, on rustix (it once used the
-//!   unmaintained `shared_memory` crate): see the module docs. memfd stays the default
+//!   `shm_open`, the reservation, the owner checks, the mapping and the timely unlinking
+//!   are the module's own, on rustix: see the module docs. memfd stays the default
 //!   because it needs none of this. `IpcOptions::named`
 //!   (`VANS_IPC_NAMED=1`) makes a van listen this way; dialers follow the address.
 //! - **Frames:** van-core's wire format, copied once into the ring straight from the encoded

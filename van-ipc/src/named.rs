@@ -48,27 +48,24 @@
 //! `ptrace` us; named segments only ever connect processes of one uid, and every value read
 //! from a shared segment is validated, so a buggy peer produces typed errors, not panics.
 //!
-//! # One descriptor, mapped: no `shared_memory` crate
+//! # One descriptor, checked and mapped
 //!
-//! `shm_open`/`ftruncate`/`mmap`/`munmap` used to go through the `shared_memory` crate
-//! (0.12.4, unmaintained since 2022). It created with `O_CREAT | O_EXCL` and mode 0600 under
-//! a name we chose, and everything else this mode needs had to be added around it.
-//! [`NamedSegment`] now does the whole job itself with rustix, through one descriptor, and
-//! keeps every one of those additions:
+//! [`NamedSegment`] opens, sizes, reserves, checks and maps a segment itself with rustix,
+//! through one descriptor, because each step is part of this mode's safety:
 //!
-//! - **Send + Sync:** the crate's `Shmem` held a raw pointer and was not `Send`; the
-//!   mapping is now a small owned type (unmapped in its `Drop`, exactly once) whose
-//!   `Send + Sync` proof is its own, not a reading of another crate's private fields.
-//! - **Reservation:** the crate only `ftruncate`d (a sparse file: pages are allocated on
-//!   first touch, and a full `/dev/shm` then kills us with `SIGBUS`). The file is reserved
-//!   as `posix_fallocate` does (`fallocate(2)`, else a byte written into every page) before
-//!   it is mapped; `ENOSPC` is an [`IpcError::ShmTooSmall`](crate::IpcError::ShmTooSmall).
-//! - **Owner checks:** the crate opened any file of the name and mapped its whole size. The
-//!   opener opens with `O_NOFOLLOW | O_NONBLOCK`, validates owner, mode, type and size with
-//!   `fstat` and maps *that* descriptor, so the file checked is the file mapped; a size that
-//!   changes while it is being mapped is refused.
-//! - **Timely unlinking:** the crate unlinked on drop only, as a flag it could not time. The
-//!   creator removes the name itself as soon as both peers have mapped a connection segment
+//! - **Send + Sync:** the mapping is a small owned type (unmapped in its `Drop`, exactly
+//!   once) whose `Send + Sync` proof is its own, so a segment can move between threads and be
+//!   shared by the van's tasks.
+//! - **Reservation:** `ftruncate` alone makes a sparse file whose pages are allocated on first
+//!   touch, so a full `/dev/shm` would kill us with `SIGBUS` mid-run. The file is reserved as
+//!   `posix_fallocate` does (`fallocate(2)`, else a byte written into every page) before it is
+//!   mapped; `ENOSPC` is an [`IpcError::ShmTooSmall`](crate::IpcError::ShmTooSmall).
+//! - **Owner checks:** a name in `/dev/shm` can be planted by anyone. The opener opens with
+//!   `O_NOFOLLOW | O_NONBLOCK` (no symlink followed, no FIFO to hang on), validates owner,
+//!   mode, type and size with `fstat` and maps *that* descriptor, so the file checked is the
+//!   file mapped; a size that changes while it is being mapped is refused.
+//! - **Timely unlinking:** a name left in `/dev/shm` is memory nobody frees. The creator
+//!   removes the name itself as soon as both peers have mapped a connection segment
 //!   ([`NamedSegment::unlink`]), on any error during creation, and otherwise when its
 //!   handle drops.
 
@@ -111,8 +108,8 @@ pub mod layout {
     /// ([`NamedSegment::create`](super::NamedSegment::create)), and the kernel releases it
     /// however the creator dies.
     /// So a file with its magic and such a version whose lock another process can take
-    /// belongs to a dead creator, in whatever pid namespace it ran. Earlier versions did not
-    /// lock: their owners are judged by pid, as before.
+    /// belongs to a dead creator, in whatever pid namespace it ran. Files of version 1 hold
+    /// no lock: their owners are judged by pid.
     pub const OWNER_LOCK_VERSION: u32 = 2;
 
     /// The listener's accept queue: a header page, then
@@ -135,8 +132,8 @@ pub mod layout {
     /// in the rest, bumped by every claim so that a stale compare-and-swap cannot hit a
     /// reused slot.
     pub mod accept_queue {
-        /// `b"VANSMBOX"` read as a little-endian u64 (unchanged since the format was called a
-        /// mailbox, so files of earlier builds still validate).
+        /// `b"VANSMBOX"` read as a little-endian u64: every version of the format carries it,
+        /// so files of any build validate.
         pub const MAGIC: u64 = u64::from_le_bytes(*b"VANSMBOX");
         /// The accept-queue format this build speaks (2: the creator holds the owner lock,
         /// [`OWNER_LOCK_VERSION`](super::OWNER_LOCK_VERSION); the bytes are those of 1).

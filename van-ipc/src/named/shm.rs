@@ -1,7 +1,6 @@
 //! [`NamedSegment`]: a file in `/dev/shm`, created exclusively and owner-only with its memory
 //! reserved, or opened after checking its owner, mode and size; mapped shared through one
-//! descriptor (see the [module docs](crate::named) for what the `shared_memory` crate used to
-//! do here and what this file always added).
+//! descriptor (see the [module docs](crate::named) for what it checks and why).
 
 use std::fmt;
 use std::io;
