@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start"; CI runs exactly this):
 # formatting, the source tree's structure, the book (docs/, with its links checked), lints,
+# the API docs (rustdoc, warnings denied),
 # every test of every crate with every feature (the C and C++ programs of bindings/c among
 # them), a 60 s chaos soak, the Python package built as a wheel and its pytest suite, the RDMA
 # tests again inside a Soft-RoCE guest, then a short fuzz run.
@@ -21,6 +22,8 @@ echo "== the book: mdbook build docs (fails on a link to a chapter or file that 
 mdbook build docs
 echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+echo "== cargo doc (workspace, all features, warnings denied: no broken intra-doc link)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features
 echo "== chaos soak, 60 s (scripts/soak.sh: exact sums under faults, PS_RESEND on)"

@@ -1,6 +1,6 @@
 //! # collective: all-reduce and friends among a ps cluster's workers
 //!
-//! A [`Communicator`] joins the workers of a running [`ps`] cluster (the postoffice's node
+//! A [`Communicator`] joins the workers of a running vans cluster (the postoffice's node
 //! table, its failure detection and its vans: each pair of workers talks over the van the
 //! selection policy picks for it — shared memory between co-located workers, RDMA when
 //! enabled, TCP otherwise) and runs collectives on caller buffers, in place:

@@ -32,7 +32,7 @@ pub enum PsError {
         reason: String,
     },
     /// A server's request handler refused or failed a request (its
-    /// [`RequestHandler`](crate::RequestHandler) returned an error or panicked, or the server
+    /// `ps::RequestHandler` returned an error or panicked, or the server
     /// could not route the request to it). The server is alive and goes on serving other
     /// requests; only this request failed. `reason` is the handler's own text.
     #[error("server {server} could not handle the request: {reason}")]

@@ -1,6 +1,6 @@
 //! A whole cluster inside one process, over the in-process van: for tests, demos and
 //! simulations. Each node is a task with its own [`Postoffice`]; nodes share a
-//! [`Hub`](van_core::inproc::Hub) instead of a network.
+//! [`van_core::inproc::Hub`] instead of a network.
 //!
 //! ```
 //! use node::local::LocalCluster;

@@ -395,7 +395,7 @@ impl Gate {
 
     /// Takes a place for a connection from `address` that is about to authenticate, or
     /// refuses it when that address already has its bound authenticating, or all addresses
-    /// together have [`PENDING_TOTAL_FACTOR`] times that (a flood of idle connections, from
+    /// together have `PENDING_TOTAL_FACTOR` (16) times that (a flood of idle connections, from
     /// one address or many, then cannot hold a node's listener or its descriptors).
     pub fn admit(&self, address: IpAddr) -> Result<Pending, AuthError> {
         let per_address = self.options.max_pending_per_address.max(1);

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 
-/// A node's identifier, in ps-lite numbering (see [`node_ids`](crate::node_ids)).
+/// A node's identifier, in ps-lite numbering (see [`crate::node_ids`]).
 pub type NodeId = i32;
 
 /// The three roles of a ps-lite cluster.
@@ -411,7 +411,7 @@ pub struct Control {
     pub cmd: Command,
     /// Nodes concerned (registration, node table, failures).
     pub nodes: Vec<Node>,
-    /// Barrier group, a bitmask of [`node_ids`](crate::node_ids) groups.
+    /// Barrier group, a bitmask of [`crate::node_ids`] groups.
     pub barrier_group: i32,
     /// Signature of the message being acknowledged (ps-lite's `msg_sig`).
     pub msg_sig: u64,

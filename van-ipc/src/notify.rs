@@ -44,7 +44,7 @@ const FUTEX: u32 = 1;
 pub(crate) const DOORBELL: u32 = 2;
 
 /// An eventfd one process rings and another awaits on its async runtime; see the
-/// [module docs](self).
+/// module docs.
 #[derive(Debug)]
 pub struct Doorbell {
     fd: OwnedFd,

@@ -32,7 +32,7 @@ pub struct TcpOptions {
     /// How long `stop` waits for queued frames to be written.
     pub flush_timeout: Duration,
     /// Bytes of large frames (64 KiB and up) one peer's queue may hold before `send` waits
-    /// (0: no limit); small frames never wait for it. See [`ByteBudget`].
+    /// (0: no limit); small frames never wait for it. See [`ByteBudget`](van_core::budget::ByteBudget).
     pub peer_budget_bytes: usize,
     /// Idle bytes of received-frame buffers kept for reuse (0: every large frame gets a
     /// fresh buffer); see [`FramePool`].

@@ -1,6 +1,6 @@
 //! # vans-c: the C ABI of vans (`libvans.so`, `libvans.a`, `include/vans.h`)
 //!
-//! A thin layer over [`ps::embed`] and [`rendezvous::embed`]: opaque handles that own the
+//! A thin layer over [`ps::embed`] and `rendezvous::embed`: opaque handles that own the
 //! Rust handles, `int` status codes with a thread-local message, and C callbacks. No logic
 //! lives here that Rust callers do not also get; what this crate adds is checking what C
 //! passes and keeping panics out of C.

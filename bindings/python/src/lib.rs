@@ -1,17 +1,17 @@
 //! `vans._native`: the extension module behind the `vans` Python package.
 //!
-//! - [`node`]: `Node`, and the wait every blocking call goes through (without the GIL);
-//! - [`worker`]: `Worker` and `Request` (push, pull, push-pull; requests in flight);
-//! - [`server`]: `Server` (ps-lite's sum, an embedding table with an optimizer, or a handler
+//! - `node`: `Node`, and the wait every blocking call goes through (without the GIL);
+//! - `worker`: `Worker` and `Request` (push, pull, push-pull; requests in flight);
+//! - `server`: `Server` (ps-lite's sum, an embedding table with an optimizer, or a handler
 //!   in Python), `table_spec`, `table_initial_rows`;
-//! - [`rendezvous`]: `Rendezvous`, `create_key`, `cpu_device`;
-//! - [`collective`]: `Collective` (all-reduce, broadcast, barrier; elastic generations);
-//! - [`lent`]: collectives on memory lent by address (the PyTorch backend);
-//! - [`launch`]: `launch`, a local cluster of processes;
-//! - [`bench`]: `RustBench`, the Rust reference loop of `vans.bench`;
-//! - [`tf_api`]: the functions the TensorFlow ops of `vans.tensorflow` call;
-//! - [`buffer`]: Python memory borrowed without copies (buffer protocol, DLPack);
-//! - [`errors`]: errors as `vans.errors` exceptions.
+//! - `rendezvous`: `Rendezvous`, `create_key`, `cpu_device`;
+//! - `collective`: `Collective` (all-reduce, broadcast, barrier; elastic generations);
+//! - `lent`: collectives on memory lent by address (the PyTorch backend);
+//! - `launch`: `launch`, a local cluster of processes;
+//! - `bench`: `RustBench`, the Rust reference loop of `vans.bench`;
+//! - `tf_api`: the functions the TensorFlow ops of `vans.tensorflow` call;
+//! - `buffer`: Python memory borrowed without copies (buffer protocol, DLPack);
+//! - `errors`: errors as `vans.errors` exceptions.
 
 use pyo3::prelude::*;
 

@@ -23,7 +23,7 @@ use launcher::{launch, LaunchSpec, DEFAULT_GRACE, DEFAULT_ROOT_URI};
 /// Starts 1 scheduler, N servers and N workers running PROGRAM ARGS on this machine, with the
 /// ps-lite environment (DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_PS_ROOT_URI,
 /// DMLC_PS_ROOT_PORT, DMLC_NODE_HOST) set for each, and prints their output line by line
-/// behind [scheduler], [server I] or [worker I]. If a node fails, the timeout passes or the
+/// behind `[scheduler]`, `[server I]` or `[worker I]`. If a node fails, the timeout passes or the
 /// launcher gets SIGINT/SIGTERM, every node is stopped (SIGTERM, then SIGKILL after the grace
 /// period).
 #[derive(Debug, Parser)]

@@ -1,7 +1,7 @@
 //! [`Postoffice`]: one per node. It joins the cluster, runs barriers, sends heartbeats,
 //! learns of failures and dispatches data messages to the node's applications (customers).
 //!
-//! On the scheduler it also drives the [`Scheduler`](crate::control::Scheduler) state
+//! On the scheduler it also drives the [`crate::control::Scheduler`] state
 //! machine: every control message the scheduler receives goes through
 //! `Scheduler::handle`, and the postoffice carries out what it returns.
 
@@ -640,7 +640,7 @@ impl Postoffice {
     /// compiled in and has room (then a push to a co-located server moves no payload bytes:
     /// the server reads them where the worker wrote them), otherwise ordinary memory. Fill
     /// it, [`freeze`](SharedBuf::freeze) it and pass the `Bytes` as the values of
-    /// [`KvWorker::zpush`](crate::KvWorker::zpush). [`SharedBuf::van`] tells which memory
+    /// `ps::KvWorker::zpush`. [`SharedBuf::van`] tells which memory
     /// it got; an arena that is full (peers still hold earlier buffers) is logged once and
     /// falls back to ordinary memory.
     pub fn alloc(&self, len: usize) -> SharedBuf {

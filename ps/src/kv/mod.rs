@@ -2,7 +2,7 @@
 //!
 //! A KV message is ps-lite's: the meta carries `head` (the caller's `cmd`), `push`/`pull`,
 //! `request`, the request id, and the data segments are keys (`u64`), values (any
-//! [`Value`](crate::values::Value) type) and optionally per-key lengths (`i32`, in values).
+//! [`crate::values::Value`] type) and optionally per-key lengths (`i32`, in values).
 //! A response with a non-empty `meta.body` is an error reported by the server's handler.
 
 // How a handler holds a request and answers it later: `Handled`, `HeldRequest`, `Released`.
@@ -118,9 +118,9 @@ impl KvPairs {
     }
 
     /// The pairs of the keys at indexes `keys`, without copying: `offsets` are the byte
-    /// offsets of each key's values ([`value_offsets`](Self::value_offsets)), or `None` to
+    /// offsets of each key's values (`value_offsets`), or `None` to
     /// leave the values out (a pull). Lengths, when present, cover every key (as
-    /// [`kv_pairs`] checks of a received message).
+    /// the decoding of a received message checks).
     pub fn slice(&self, keys: std::ops::Range<usize>, offsets: Option<&[usize]>) -> KvPairs {
         KvPairs {
             keys: self.keys.slice(keys.start * 8..keys.end * 8),

@@ -20,7 +20,7 @@ const LARGE: usize = 4 << 20;
 const DEPTH: usize = 32;
 
 /// Starts a van from `make(budget)`, connects it to a plain TCP listener that reads nothing,
-/// queues [`DEPTH`] frames of 4 MiB from a task, and checks that at most the budget (plus
+/// queues `DEPTH` frames of 4 MiB from a task, and checks that at most the budget (plus
 /// what the sockets' buffers hold) got queued, that an 8-byte frame sent then is queued at
 /// once, and that it reaches the peer behind no more large frames than that.
 pub async fn check_peer_budget<V: Van + 'static>(make: impl Fn(usize) -> V, budget: usize) {

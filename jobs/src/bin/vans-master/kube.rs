@@ -121,7 +121,7 @@ impl Kube {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// Creates job `id`'s objects and follows its pods ([`follow`](crate::follow)).
+    /// Creates job `id`'s objects and follows its pods ([`follow`]).
     pub(crate) async fn start(
         &self,
         jobs: Jobs,
@@ -233,7 +233,7 @@ impl Kube {
     }
 }
 
-/// A job's pods, as [`follow`](crate::follow) sees them: listed by the job's label. A task
+/// A job's pods, as [`follow`] sees them: listed by the job's label. A task
 /// fails when its pod fails, cannot start (a stuck container: image not pulled, bad secret,
 /// …), disappears after it was seen, or is still pending after [`START_DEADLINE`]; its log
 /// is fetched when it ends. Stopping saves the logs of the tasks not ended yet and deletes

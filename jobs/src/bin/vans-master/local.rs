@@ -70,7 +70,7 @@ fn spawn(
         .map_err(|e| format!("cannot start {program:?} for {name}: {e}"))
 }
 
-/// Starts job `id`'s tasks and follows them ([`follow`](crate::follow)).
+/// Starts job `id`'s tasks and follows them ([`follow`]).
 pub(crate) fn start(
     jobs: Jobs,
     id: u64,
@@ -106,7 +106,7 @@ pub(crate) fn start(
     Ok(())
 }
 
-/// A local job's processes, as [`follow`](crate::follow) sees them.
+/// A local job's processes, as [`follow`] sees them.
 struct Processes {
     spec: JobSpec,
     dir: PathBuf,

@@ -85,7 +85,7 @@ async fn run(program: &str, args: &[&str]) -> Result<String, BoxError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Submits job `id` and follows it ([`follow`](crate::follow)).
+/// Submits job `id` and follows it ([`follow`]).
 pub(crate) async fn start(
     jobs: Jobs,
     id: u64,
@@ -115,7 +115,7 @@ pub(crate) async fn start(
     Ok(())
 }
 
-/// A vans job's Slurm job, as [`follow`](crate::follow) sees it: `scontrol` for its state,
+/// A vans job's Slurm job, as [`follow`] sees it: `scontrol` for its state,
 /// the wrapper's `rank-N.exit` files for each task's code.
 struct SlurmJob {
     id: u64,
