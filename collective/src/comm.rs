@@ -291,10 +291,10 @@ impl Shared {
 }
 
 /// The postoffice delivers the communicator's messages here.
-pub(crate) struct Inbox(pub(crate) Arc<Shared>);
+pub(crate) struct CommCustomer(pub(crate) Arc<Shared>);
 
 #[async_trait::async_trait]
-impl Customer for Inbox {
+impl Customer for CommCustomer {
     fn try_deliver(&self, msg: Message) -> Option<Message> {
         self.0.accept(msg);
         None

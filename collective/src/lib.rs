@@ -68,7 +68,7 @@ pub use element::{Element, ReduceOp};
 pub use error::{CollectiveError, Result};
 pub use half::{bf16, f16};
 
-use comm::{Inbox, OpKind, Shared};
+use comm::{CommCustomer, OpKind, Shared};
 
 /// A node's handle on the collectives of its cluster's workers (see the [crate docs](crate)).
 /// Collectives take `&mut self`: one runs at a time, in the same order on every rank.
@@ -96,8 +96,12 @@ impl Communicator {
         let customer_id = options.customer_id;
         let startup = options.settle_window + options.settle_window;
         let (shared, queue) = Shared::new(po.clone(), options);
-        po.register_customer(APP_ID, customer_id, Arc::new(Inbox(Arc::clone(&shared))))
-            .await?;
+        po.register_customer(
+            APP_ID,
+            customer_id,
+            Arc::new(CommCustomer(Arc::clone(&shared))),
+        )
+        .await?;
         let task = tokio::spawn(comm::run(Arc::clone(&shared), queue));
         // Dropped on failure: unregisters, so a retry can register again.
         let comm = Communicator { shared, task };

@@ -17,10 +17,10 @@
 //! [`PsError`], [`Config`], …), so `ps` alone is enough for it.
 
 pub mod embed;
+// Requests in flight and their waiters, shared by `KvWorker` and `SimpleApp`.
+mod in_flight;
 pub mod kv;
 pub mod optim;
-// Requests in flight and their waiters, shared by `KvWorker` and `SimpleApp`.
-mod pending;
 pub mod range;
 pub mod simple_app;
 pub mod values;

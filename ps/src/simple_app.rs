@@ -48,8 +48,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 use van_core::{node_ids, Message, Meta, NodeId};
 
+use crate::in_flight::{insert_new, Completion};
 use crate::kv::RequestId;
-use crate::pending::{insert_new, Completion};
 use node::error::role_name;
 use node::error::{PsError, Result};
 use node::hash::IntMap;
@@ -93,7 +93,7 @@ struct AppInner {
     app_id: i32,
     customer_id: i32,
     next_id: AtomicI32,
-    pending: Mutex<IntMap<RequestId, Pending>>,
+    pending: Mutex<IntMap<RequestId, InFlightRequest>>,
     /// Feeds the handler task; taken (closing the queue, ending the task) when the local
     /// postoffice stops.
     requests: Mutex<Option<mpsc::Sender<Job>>>,
@@ -108,7 +108,7 @@ struct Job {
 }
 
 #[derive(Default)]
-struct Pending {
+struct InFlightRequest {
     /// Nodes that have not answered yet.
     outstanding: Vec<NodeId>,
     /// Answers so far.
@@ -118,7 +118,7 @@ struct Pending {
     completion: Completion<Vec<Response>>,
 }
 
-impl Pending {
+impl InFlightRequest {
     /// Completes the request: hands the result to the waiter, or keeps it for `wait`.
     fn complete(&mut self, result: Result<Vec<Response>>) {
         self.done = true;
@@ -127,7 +127,7 @@ impl Pending {
     }
 }
 
-impl crate::pending::Pending<Vec<Response>> for Pending {
+impl crate::in_flight::InFlight<Vec<Response>> for InFlightRequest {
     fn completion(&mut self) -> &mut Completion<Vec<Response>> {
         &mut self.completion
     }
@@ -190,7 +190,7 @@ impl SimpleApp {
         if let Some(e) = targets.iter().find_map(|node| po.dead_error(*node)) {
             return Err(e);
         }
-        let mut entry = Pending::default();
+        let mut entry = InFlightRequest::default();
         if targets.is_empty() {
             entry.complete(Ok(Vec::new()));
         } else {
@@ -230,7 +230,7 @@ impl SimpleApp {
     /// with [`PsError::NodeFailed`] if a recipient died first, and with
     /// [`PsError::UnknownRequest`] if `id` was never issued or was already waited for.
     pub async fn wait(&self, id: RequestId) -> Result<Vec<(NodeId, i32, Bytes)>> {
-        crate::pending::wait(&self.inner.pending, id).await
+        crate::in_flight::wait(&self.inner.pending, id).await
     }
 
     /// Number of requests issued and not yet waited for.

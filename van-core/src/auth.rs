@@ -326,12 +326,12 @@ const PENDING_TOTAL_FACTOR: usize = 16;
 
 /// One connection authenticating; releases its place when dropped.
 #[derive(Debug)]
-pub struct Pending {
+pub struct Authenticating {
     record: Arc<Record>,
     address: IpAddr,
 }
 
-impl Drop for Pending {
+impl Drop for Authenticating {
     fn drop(&mut self) {
         let mut places = lock(&self.record.pending);
         places.total = places.total.saturating_sub(1);
@@ -397,7 +397,7 @@ impl Gate {
     /// refuses it when that address already has its bound authenticating, or all addresses
     /// together have `PENDING_TOTAL_FACTOR` (16) times that (a flood of idle connections, from
     /// one address or many, then cannot hold a node's listener or its descriptors).
-    pub fn admit(&self, address: IpAddr) -> Result<Pending, AuthError> {
+    pub fn admit(&self, address: IpAddr) -> Result<Authenticating, AuthError> {
         let per_address = self.options.max_pending_per_address.max(1);
         let total = per_address.saturating_mul(PENDING_TOTAL_FACTOR);
         let mut places = lock(&self.record.pending);
@@ -422,7 +422,7 @@ impl Gate {
         }
         *places.by_address.entry(address).or_insert(0) += 1;
         places.total += 1;
-        Ok(Pending {
+        Ok(Authenticating {
             record: Arc::clone(&self.record),
             address,
         })

@@ -27,7 +27,7 @@ mod handshake;
 mod options;
 mod pipe;
 
-use conn::{io_error, unique_name, Connection, Established};
+use conn::{io_error, unique_name, ConnectionIo, Established};
 pub use options::IpcOptions;
 use pipe::{read_async, read_blocking, write_loop, Direct, Outgoing, Reader, PEER_CLOSED};
 
@@ -65,7 +65,7 @@ struct Shared {
 /// The sending side of one connection.
 #[derive(Debug, Clone)]
 struct Link {
-    connection: Arc<Connection>,
+    connection: Arc<ConnectionIo>,
     queue: mpsc::Sender<Outgoing>,
     /// The ring, shared by the writer thread and senders taking the direct path.
     direct: Arc<Direct>,
@@ -189,7 +189,7 @@ impl Shared {
         } = established;
         let id = self.links.next_id();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let connection = Connection::new();
+        let connection = ConnectionIo::new();
         let (queue, frames) = mpsc::channel(SEND_QUEUE);
         let table = arenas.ours;
         let direct = Arc::new(Direct {
@@ -298,7 +298,7 @@ impl Shared {
     fn connection_closed(
         &self,
         id: ConnectionId,
-        connection: &Connection,
+        connection: &ConnectionIo,
         peer: Option<NodeId>,
         reason: &str,
     ) -> Option<PeerLost> {

@@ -1,6 +1,6 @@
 //! One RDMA connection's resources and what the van shares with its engine: [`Setup`]
 //! creates the completion queue, the queue pair (in INIT) and both rings and posts every
-//! receive before the handshake; [`ConnShared`] holds the flag and the eventfd `send` rings,
+//! receive before the handshake; [`ConnectionIo`] holds the flag and the eventfd `send` rings,
 //! and is what the van's link table ends the connection through.
 //! The thread that drives a connected setup is [`crate::engine::Engine`].
 
@@ -54,24 +54,24 @@ impl EventFd {
 
 /// What the van and the engine share about one connection.
 #[derive(Debug)]
-pub(crate) struct ConnShared {
+pub(crate) struct ConnectionIo {
     /// Set when the connection ends for any reason (or must end: stop, drop).
     pub(crate) closed: AtomicBool,
     /// Rung by `send` after queueing, and by the link table when the queue closes.
     pub(crate) wake: EventFd,
 }
 
-impl ConnShared {
+impl ConnectionIo {
     /// Flags of an open connection.
-    pub(crate) fn new() -> std::io::Result<ConnShared> {
-        Ok(ConnShared {
+    pub(crate) fn new() -> std::io::Result<ConnectionIo> {
+        Ok(ConnectionIo {
             closed: AtomicBool::new(false),
             wake: EventFd::new()?,
         })
     }
 }
 
-impl Connection for ConnShared {
+impl Connection for ConnectionIo {
     /// The queue was closed by a stop: the engine, woken, sees it, flushes and tells the peer.
     fn finish(&self) {
         self.wake.notify();

@@ -23,7 +23,7 @@ use van_core::link::{Connection, Frame};
 use van_core::wire::{self, Limits};
 use van_core::{InboxSender, Message, NodeId};
 
-use crate::connection::{post_receive, ConnShared, Setup};
+use crate::connection::{post_receive, ConnectionIo, Setup};
 use crate::device::Device;
 use crate::machine::{Action, Config, End, Event, Incoming, Machine};
 use crate::pool::{Lease, Pool};
@@ -82,7 +82,7 @@ pub(crate) struct EngineContext {
     /// The shared registered pool.
     pub(crate) pool: Arc<Pool>,
     /// The shared flags.
-    pub(crate) shared: Arc<ConnShared>,
+    pub(crate) shared: Arc<ConnectionIo>,
     /// The peer, when we dialed it.
     pub(crate) peer: Option<NodeId>,
     /// Called once with the peer's id when an accepted connection learns it.

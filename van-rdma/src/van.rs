@@ -17,7 +17,7 @@ use van_core::{
     Config, Endpoint, Event, InboxSender, Message, Node, NodeId, SharedBuf, Van, VanError, VanKind,
 };
 
-use crate::connection::{ConnShared, Setup};
+use crate::connection::{ConnectionIo, Setup};
 use crate::device::{self, Device};
 use crate::engine::{Engine, EngineContext};
 use crate::handshakes::{Handshakes, Turn};
@@ -129,7 +129,7 @@ struct Shared {
 #[derive(Clone)]
 struct Link {
     queue: FrameQueue,
-    connection: Arc<ConnShared>,
+    connection: Arc<ConnectionIo>,
 }
 
 fn io_error(context: &str, error: impl std::fmt::Display) -> VanError {
@@ -400,7 +400,7 @@ impl Shared {
         inbox: InboxSender,
     ) -> Result<(), VanError> {
         let id = self.links.next_id();
-        let connection = Arc::new(ConnShared::new().map_err(|e| io_error("eventfd", e))?);
+        let connection = Arc::new(ConnectionIo::new().map_err(|e| io_error("eventfd", e))?);
         let (queue, frames) = FrameQueue::new(SEND_QUEUE, self.options.peer_budget_bytes);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let link = Link {

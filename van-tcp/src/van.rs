@@ -90,12 +90,12 @@ struct Shared {
 
 /// A connection's reader and writer tasks, as the link table ends them.
 #[derive(Debug, Default)]
-struct Tasks {
+struct ConnectionIo {
     /// `None` once aborted: a task started later is aborted at once.
     handles: Mutex<Option<Vec<AbortHandle>>>,
 }
 
-impl Tasks {
+impl ConnectionIo {
     fn lock(&self) -> MutexGuard<'_, Option<Vec<AbortHandle>>> {
         self.handles.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -108,7 +108,7 @@ impl Tasks {
     }
 }
 
-impl Connection for Tasks {
+impl Connection for ConnectionIo {
     fn abort(&self) {
         for task in self.lock().take().into_iter().flatten() {
             task.abort();
@@ -139,7 +139,7 @@ impl Shared {
             self.options.peer_budget_bytes,
         );
         let (flushed_tx, flushed) = oneshot::channel();
-        let tasks = Arc::new(Tasks {
+        let tasks = Arc::new(ConnectionIo {
             handles: Mutex::new(Some(Vec::with_capacity(2))),
         });
         let linger = self.options.flush_timeout;

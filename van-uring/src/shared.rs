@@ -16,9 +16,9 @@ use crate::options::UringOptions;
 
 /// A connection as the link table sees it: its I/O thread ends it when the van stops the
 /// threads, so there is nothing to do per connection.
-struct OnRing;
+struct ConnectionIo;
 
-impl Connection for OnRing {
+impl Connection for ConnectionIo {
     fn abort(&self) {}
 }
 
@@ -111,7 +111,7 @@ impl Shared {
             self.options.peer_budget_bytes,
         );
         self.links
-            .add(id, peer, link, Arc::new(OnRing), None)
+            .add(id, peer, link, Arc::new(ConnectionIo), None)
             .ok()?;
         Some(NewConnection {
             id,

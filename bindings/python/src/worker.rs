@@ -36,30 +36,32 @@ enum Want {
 }
 
 /// The call of a request: a push answers nothing, the others answer pairs.
-enum Pending {
+enum RequestCall {
     Push(Call<()>),
     Pairs(Call<KvPairs>),
 }
 
-impl Pending {
+impl RequestCall {
     fn wait_timeout(&mut self, timeout: Duration) -> ps::Result<KvPairs> {
         match self {
-            Pending::Push(call) => call.wait_timeout(timeout).map(|()| KvPairs::default()),
-            Pending::Pairs(call) => call.wait_timeout(timeout),
+            RequestCall::Push(call) => call.wait_timeout(timeout).map(|()| KvPairs::default()),
+            RequestCall::Pairs(call) => call.wait_timeout(timeout),
         }
     }
 
     fn is_ready(&mut self) -> bool {
         match self {
-            Pending::Push(call) => call.is_ready(),
-            Pending::Pairs(call) => call.is_ready(),
+            RequestCall::Push(call) => call.is_ready(),
+            RequestCall::Pairs(call) => call.is_ready(),
         }
     }
 
     fn on_complete(self, done: impl FnOnce(ps::Result<KvPairs>) + Send + 'static) {
         match self {
-            Pending::Push(call) => call.on_complete(move |r| done(r.map(|()| KvPairs::default()))),
-            Pending::Pairs(call) => call.on_complete(done),
+            RequestCall::Push(call) => {
+                call.on_complete(move |r| done(r.map(|()| KvPairs::default())))
+            }
+            RequestCall::Pairs(call) => call.on_complete(done),
         }
     }
 }
@@ -68,12 +70,12 @@ impl Pending {
 /// (`add_done_callback`), or `await` it from asyncio.
 #[pyclass(module = "vans._native")]
 pub(crate) struct Request {
-    call: Option<Pending>,
+    call: Option<RequestCall>,
     want: Option<Want>,
 }
 
 impl Request {
-    fn new(call: Pending, want: Want) -> Request {
+    fn new(call: RequestCall, want: Want) -> Request {
         Request {
             call: Some(call),
             want: Some(want),
@@ -287,7 +289,7 @@ impl Worker {
         cmd: i32,
     ) -> PyResult<Request> {
         let pairs = self.pairs(keys, vals, lens)?;
-        let call = Pending::Push(self.inner.push(pairs, cmd));
+        let call = RequestCall::Push(self.inner.push(pairs, cmd));
         Ok(Request::new(call, Want::Nothing))
     }
 
@@ -307,11 +309,11 @@ impl Worker {
         let keys = buffer::keys(keys)?;
         if let (Some(array), false) = (out, return_lens) {
             let lent = buffer::Output::new(array, self.inner.dtype())?;
-            let call = Pending::Pairs(self.inner.pull_into(keys, lent, cmd));
+            let call = RequestCall::Pairs(self.inner.pull_into(keys, lent, cmd));
             return Ok(Request::new(call, Want::Filled(array.clone().unbind())));
         }
         let want = self.want_values(out, return_lens)?;
-        let call = Pending::Pairs(self.inner.pull(keys, cmd));
+        let call = RequestCall::Pairs(self.inner.pull(keys, cmd));
         Ok(Request::new(call, want))
     }
 
@@ -330,12 +332,12 @@ impl Worker {
         let pairs = self.pairs(keys, vals, lens)?;
         if let (Some(array), false) = (out, return_lens) {
             let lent = buffer::Output::new(array, self.inner.dtype())?;
-            let call = Pending::Pairs(self.inner.push_pull_into(pairs, lent, cmd));
+            let call = RequestCall::Pairs(self.inner.push_pull_into(pairs, lent, cmd));
             return Ok(Request::new(call, Want::Filled(array.clone().unbind())));
         }
         let want = self.want_values(out, return_lens)?;
         Ok(Request::new(
-            Pending::Pairs(self.inner.push_pull(pairs, cmd)),
+            RequestCall::Pairs(self.inner.push_pull(pairs, cmd)),
             want,
         ))
     }

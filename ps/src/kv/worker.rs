@@ -12,7 +12,7 @@ use van_core::smallvec::SmallVec;
 use van_core::{node_ids, Message, Meta, NodeId};
 
 use super::{kv_message, kv_pairs, KvPairs, Op};
-use crate::pending::{insert_new, lock, Completion};
+use crate::in_flight::{insert_new, lock, Completion};
 use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
 use node::error::{PsError, Result};
@@ -63,7 +63,7 @@ struct WorkerInner {
     next_id: AtomicI32,
     /// Value bytes copied from received frames into callers' buffers ([`Dest::place`]).
     copied: AtomicU64,
-    pending: Mutex<IntMap<RequestId, Pending>>,
+    pending: Mutex<IntMap<RequestId, InFlightRequest>>,
     /// Servers a new process took the place of, not yet taken by the application.
     restarted: Mutex<Vec<NodeId>>,
 }
@@ -72,7 +72,7 @@ struct WorkerInner {
 type Servers = SmallVec<[NodeId; 4]>;
 
 #[derive(Default)]
-struct Pending {
+struct InFlightRequest {
     /// Servers that have not answered yet.
     outstanding: Servers,
     /// Answers so far, by server id (server ids sort in key-range order).
@@ -160,7 +160,7 @@ impl Dest {
     }
 }
 
-impl Pending {
+impl InFlightRequest {
     /// Completes the request; later answers are ignored.
     fn complete(&mut self, result: Result<KvPairs>) {
         self.outstanding.clear();
@@ -168,7 +168,7 @@ impl Pending {
     }
 }
 
-impl crate::pending::Pending<KvPairs> for Pending {
+impl crate::in_flight::InFlight<KvPairs> for InFlightRequest {
     fn completion(&mut self) -> &mut Completion<KvPairs> {
         &mut self.completion
     }
@@ -291,7 +291,7 @@ impl<T: Value> KvWorker<T> {
 
     /// Waits for a request: nothing for a push, the pulled pairs for a pull or push-pull.
     pub async fn wait(&self, id: RequestId) -> Result<KvPairs> {
-        crate::pending::wait(&self.inner.pending, id).await
+        crate::in_flight::wait(&self.inner.pending, id).await
     }
 
     /// [`wait`](Self::wait) for at most `limit`: [`PsError::Timeout`] if the request is not
@@ -369,7 +369,7 @@ impl<T: Value> KvWorker<T> {
             .filter(|(_, slice)| !slice.is_empty())
             .map(|(rank, _)| node_ids::server_rank_to_id(rank))
             .collect();
-        let mut entry = Pending::default();
+        let mut entry = InFlightRequest::default();
         if let Some(mut buf) = out {
             let n = slices.iter().map(|s| s.len()).sum::<usize>();
             let bytes = (*buf).as_mut().len();

@@ -20,7 +20,7 @@ pub(super) const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// One connection's shared flags.
 #[derive(Debug)]
-pub(super) struct Connection {
+pub(super) struct ConnectionIo {
     /// Set when the connection ends for any reason; threads exit when they see it.
     pub(super) closed: AtomicBool,
     /// Why the liveness watcher ended the connection, when it did (named mode: "no
@@ -28,9 +28,9 @@ pub(super) struct Connection {
     pub(super) lost_reason: Mutex<Option<String>>,
 }
 
-impl Connection {
-    pub(super) fn new() -> Arc<Connection> {
-        Arc::new(Connection {
+impl ConnectionIo {
+    pub(super) fn new() -> Arc<ConnectionIo> {
+        Arc::new(ConnectionIo {
             closed: AtomicBool::new(false),
             lost_reason: Mutex::new(None),
         })
@@ -54,14 +54,14 @@ impl Connection {
     }
 }
 
-impl link::Connection for Connection {
+impl link::Connection for ConnectionIo {
     /// The writer thread flushes and ends once its queue closes; nothing more to do.
     fn abort(&self) {
         self.close();
     }
 
     fn is_closed(&self) -> bool {
-        Connection::is_closed(self)
+        ConnectionIo::is_closed(self)
     }
 }
 

@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use van_core::auth::{Gate, Side};
 use van_core::{NodeId, VanError, VanKind};
 
-use super::conn::{io_error, unique_name, Arenas, Connection, Established, Watch, WAIT_SLICE};
+use super::conn::{io_error, unique_name, Arenas, ConnectionIo, Established, Watch, WAIT_SLICE};
 use super::options::IpcOptions;
 use crate::arena::{Arena, PeerArena, RefTable};
 use crate::fdpass;
@@ -339,7 +339,7 @@ pub(super) async fn dial_named(
 
 /// Marks `connection` closed when its peer is gone: the handshake socket's end of file, or
 /// (named mode) a peer whose heartbeat stopped.
-pub(super) async fn watch_connection(watch: Watch, connection: Arc<Connection>) {
+pub(super) async fn watch_connection(watch: Watch, connection: Arc<ConnectionIo>) {
     match watch {
         Watch::Socket(socket) => {
             // The socket carries nothing after the handshake: its end is the peer's end.

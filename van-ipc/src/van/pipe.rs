@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use van_core::wire::{self, Limits};
 use van_core::{Event, InboxSender, Message, NodeId};
 
-use super::conn::{Connection, WAIT_SLICE};
+use super::conn::{ConnectionIo, WAIT_SLICE};
 use crate::arena::{self, PeerArena, Ref};
 use crate::ring::{Consumer, Producer, FIRST, LAST};
 use crate::{Doorbell, WaitResult};
@@ -40,7 +40,7 @@ pub(super) struct Direct {
 impl Direct {
     /// Writes a small frame into the ring from the calling task when nothing is queued and
     /// the ring has room now; `false` when the caller must queue it instead.
-    pub(super) fn try_write(&self, frame: &[Bytes], connection: &Connection) -> bool {
+    pub(super) fn try_write(&self, frame: &[Bytes], connection: &ConnectionIo) -> bool {
         let total: usize = frame.iter().map(Bytes::len).sum();
         if total > DIRECT_MAX || total == 0 || connection.is_closed() {
             return false;
@@ -82,7 +82,7 @@ pub(super) struct Outgoing {
 pub(super) fn write_loop(
     mut frames: mpsc::Receiver<Outgoing>,
     direct: &Direct,
-    connection: &Connection,
+    connection: &ConnectionIo,
     spins: u32,
 ) {
     let lock = || direct.producer.lock().unwrap_or_else(|e| e.into_inner());
@@ -106,7 +106,7 @@ pub(super) fn write_loop(
 fn write_message(
     producer: &mut Producer,
     parts: &[Bytes],
-    connection: &Connection,
+    connection: &ConnectionIo,
     spins: u32,
 ) -> bool {
     {
@@ -243,7 +243,7 @@ impl Reader {
 /// for (the van stopped).
 pub(super) fn read_blocking(
     mut reader: Reader,
-    connection: &Connection,
+    connection: &ConnectionIo,
     spins: u32,
     inbox: &InboxSender,
     abandon: impl Fn() -> bool,
@@ -291,7 +291,7 @@ pub(super) fn read_blocking(
 pub(super) async fn read_async(
     mut reader: Reader,
     doorbell: Doorbell,
-    connection: &Connection,
+    connection: &ConnectionIo,
     spins: u32,
     busy: bool,
     inbox: &InboxSender,

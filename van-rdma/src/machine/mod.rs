@@ -326,7 +326,7 @@ enum Inbound {
 
 /// A place in the delivery order.
 #[derive(Debug)]
-enum Pending<M> {
+enum DeliverySlot<M> {
     Ready(M),
     /// A large frame announced and not yet written and decoded.
     Awaiting(u32),
@@ -374,7 +374,7 @@ pub struct Machine<F, M> {
     /// Owed credits that warrant a credit-only message.
     threshold: u32,
     incoming: HashMap<u32, Inbound>,
-    order: VecDeque<Pending<M>>,
+    order: VecDeque<DeliverySlot<M>>,
 }
 
 impl<F, M> Machine<F, M> {

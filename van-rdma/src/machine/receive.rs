@@ -4,7 +4,7 @@
 
 use van_core::wire::HEADER_LEN;
 
-use super::{Action, Inbound, Incoming, Machine, Pending, Phase, ReplyOut};
+use super::{Action, DeliverySlot, Inbound, Incoming, Machine, Phase, ReplyOut};
 
 impl<F, M> Machine<F, M> {
     /// A SEND from the peer arrived in receive buffer `slot`.
@@ -80,13 +80,13 @@ impl<F, M> Machine<F, M> {
         match self
             .order
             .iter_mut()
-            .find(|p| matches!(p, Pending::Awaiting(a) if *a == id))
+            .find(|p| matches!(p, DeliverySlot::Awaiting(a) if *a == id))
         {
-            Some(entry) => *entry = Pending::Ready(message),
+            Some(entry) => *entry = DeliverySlot::Ready(message),
             None => return Err("a written message has no place in the order".into()),
         }
-        while let Some(Pending::Ready(_)) = self.order.front() {
-            if let Some(Pending::Ready(message)) = self.order.pop_front() {
+        while let Some(DeliverySlot::Ready(_)) = self.order.front() {
+            if let Some(DeliverySlot::Ready(message)) = self.order.pop_front() {
                 self.out.push_back(Action::Deliver(message));
             }
         }
@@ -115,7 +115,7 @@ impl<F, M> Machine<F, M> {
         }
         let len = usize::try_from(len).map_err(|_| "frame too large".to_owned())?;
         self.incoming.insert(id, Inbound::Announced(len));
-        self.order.push_back(Pending::Awaiting(id));
+        self.order.push_back(DeliverySlot::Awaiting(id));
         self.out.push_back(Action::Reserve { id, len });
         Ok(())
     }
@@ -125,7 +125,7 @@ impl<F, M> Machine<F, M> {
         if self.order.is_empty() {
             self.out.push_back(Action::Deliver(message));
         } else {
-            self.order.push_back(Pending::Ready(message));
+            self.order.push_back(DeliverySlot::Ready(message));
         }
     }
 

@@ -40,7 +40,7 @@ impl<T> Completion<T> {
 }
 
 /// An entry of a table of requests in flight.
-pub(crate) trait Pending<T> {
+pub(crate) trait InFlight<T> {
     /// The entry's completion.
     fn completion(&mut self) -> &mut Completion<T>;
 }
@@ -84,7 +84,7 @@ fn next_free_id<E>(next: &AtomicI32, table: &IntMap<RequestId, E>) -> RequestId 
 
 /// Waits for request `id` of `table` and removes it. A waiter whose future was dropped (a
 /// timeout, a cancelled task) does not block a new `wait`.
-pub(crate) async fn wait<T, E: Pending<T>>(
+pub(crate) async fn wait<T, E: InFlight<T>>(
     table: &Mutex<IntMap<RequestId, E>>,
     id: RequestId,
 ) -> Result<T> {
