@@ -185,10 +185,8 @@ def plot(results, path):
 
 
 def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    import vans
+    return vans.free_port()
 
 
 def main(argv=None):

@@ -80,3 +80,12 @@ pub(crate) fn launch(
         })
         .collect()
 }
+
+/// A free port on 127.0.0.1 for a node that others must be told about before it binds (a
+/// scheduler's `DMLC_PS_ROOT_PORT`), picked below Linux's ephemeral range: a port the kernel
+/// handed out and took back (`bind(("127.0.0.1", 0))`) can go to any process's outgoing
+/// connection before the node binds it; one picked down here only meets another such pick.
+#[pyfunction]
+pub(crate) fn free_port() -> u16 {
+    van_core::link::stream::free_loopback_port()
+}

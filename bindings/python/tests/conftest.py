@@ -4,7 +4,6 @@ as the worker (or the test launches workers too)."""
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,9 +15,11 @@ PROCESS_DEADLINE = 60
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a scheduler, below the ephemeral range (vans.free_port): a port from
+    ``bind(("127.0.0.1", 0))`` can go to another process's outgoing connection (Open MPI's
+    under mpirun, say) before the scheduler binds it."""
+    import vans
+    return vans.free_port()
 
 
 SCHEDULER = "import vans; vans.Node().finalize()"

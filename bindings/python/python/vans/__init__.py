@@ -43,6 +43,7 @@ from ._native import (
     __version__,
     cpu_device,
     create_key,
+    free_port,
     table_initial_rows,
     table_spec,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "cpu_device",
     "create_key",
     "errors",
+    "free_port",
     "launch",
     "run_node",
     "table_initial_rows",

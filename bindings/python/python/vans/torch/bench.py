@@ -19,7 +19,6 @@ measured in the same run.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -175,9 +174,8 @@ def run_worker(o):
 # -- the driver -----------------------------------------------------------------------------
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    import vans
+    return vans.free_port()
 
 
 def run_job(o, backend, ranks, out):
