@@ -10,9 +10,9 @@ pub enum PsError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A van failed.
+    /// A van failed. (A van that is stopped is [`PsError::Stopped`]: the node stopped.)
     #[error(transparent)]
-    Van(#[from] VanError),
+    Van(VanError),
     /// The cluster did not form before the deadline.
     #[error("cluster did not form within {waited:?}: {summary}")]
     Bootstrap {
@@ -77,6 +77,18 @@ pub enum PsError {
         /// How long the caller waited.
         waited: Duration,
     },
+}
+
+impl From<VanError> for PsError {
+    /// A van's error as the node's: a stopped van means the node has stopped (finalized,
+    /// stopped, or its scheduler gone), which callers see as [`PsError::Stopped`] whatever
+    /// van carried the call.
+    fn from(e: VanError) -> PsError {
+        match e {
+            VanError::Stopped(_) => PsError::Stopped,
+            e => PsError::Van(e),
+        }
+    }
 }
 
 impl PsError {

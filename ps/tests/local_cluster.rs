@@ -122,6 +122,42 @@ async fn a_barrier_releases_only_when_every_member_arrived() {
     assert_eq!(seen, vec![4, 4, 4, 4], "a worker left the barrier early");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_finalize_every_call_is_stopped_and_finalize_again_succeeds() {
+    LocalCluster::new(1, 1)
+        .run(|po| async move {
+            let worker = match po.role() {
+                Role::Worker => Some(KvWorker::<f32>::new(&po, 0, 0).await?),
+                Role::Server => {
+                    let _server = KvServer::<f32>::with_sum(&po, 0, 0, 1).await?;
+                    po.finalize().await?;
+                    return Ok(());
+                }
+                Role::Scheduler => None,
+            };
+            if let Some(worker) = &worker {
+                worker
+                    .wait(worker.push(&[1], &[2.0], None, 0).await?)
+                    .await?;
+            }
+            po.finalize().await?;
+            // ps-lite programs finalize by habit under runners that finalize too.
+            po.finalize().await?;
+            // Whatever van carried it, a call on a finalized node is `Stopped`.
+            let barrier = po
+                .barrier(node_ids::WORKER_GROUP | node_ids::SERVER_GROUP)
+                .await;
+            assert!(matches!(barrier, Err(PsError::Stopped)), "{barrier:?}");
+            if let Some(worker) = &worker {
+                let push = worker.push(&[1], &[2.0], None, 0).await;
+                assert!(matches!(push, Err(PsError::Stopped)), "{push:?}");
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+}
+
 /// Delays its answer to `cmd` 7 and tells the node to die meanwhile.
 struct DyingHandler(Arc<Notify>);
 

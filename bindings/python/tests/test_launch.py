@@ -51,3 +51,35 @@ def test_a_failing_node_is_a_launch_error(tmp_path):
         vans.launch(1, 1, script=script, timeout=120)
     with pytest.raises(ValueError, match="exactly one"):
         vans.launch(1, 1)
+
+
+FINALIZE_BY_HABIT = """
+import numpy as np, vans
+from vans import errors
+
+def main(worker):
+    keys = np.array([1, 2], dtype=np.uint64)
+    worker.push(keys, np.ones(2, dtype=np.float32))
+    worker.node.finalize()          # as ps-lite programs do, although run_node finalizes too
+    worker.node.finalize()          # and again: idempotent
+    for call in (lambda: worker.push(keys, np.ones(2, dtype=np.float32)),
+                 lambda: worker.pull(keys),
+                 lambda: worker.node.barrier()):
+        try:
+            call()
+        except errors.StoppedError as e:
+            print(f"stopped as documented: {e}", flush=True)
+        else:
+            raise AssertionError("a call on a finalized node did not raise StoppedError")
+
+vans.run_node(main)
+"""
+
+
+def test_after_finalize_calls_raise_stopped_error_and_finalize_is_idempotent(tmp_path, capfd):
+    script = tmp_path / "finalize_by_habit.py"
+    script.write_text(textwrap.dedent(FINALIZE_BY_HABIT))
+    nodes = vans.launch(1, 1, script=script, timeout=120)
+    assert all(n["code"] == 0 for n in nodes), nodes
+    out = capfd.readouterr().out
+    assert out.count("stopped as documented") == 3, out

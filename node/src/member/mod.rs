@@ -404,6 +404,11 @@ impl Member {
     }
 
     fn on_barrier(&self, group: i32) -> Action {
+        // A stopped node waits for nothing (its scheduler's loss, when that stopped it, is
+        // said below, naming the scheduler).
+        if self.stopped && self.failure(node_ids::SCHEDULER).is_none() {
+            return Action::RefuseBarrier(PsError::Stopped);
+        }
         if group <= 0 || group & !ALL_GROUPS != 0 {
             return Action::RefuseBarrier(PsError::InvalidArgument(format!(
                 "barrier group {group} is not a combination of 1 (scheduler), 2 (servers), 4 (workers)"

@@ -367,6 +367,19 @@ fn a_barrier_this_node_cannot_pass_is_refused() {
 }
 
 #[test]
+fn a_barrier_on_a_stopped_node_is_refused_as_stopped() {
+    let mut h = Harness::joined();
+    assert!(matches!(&h.input(Input::Stop)[..], [Action::Stop]));
+    for group in [ALL_GROUPS, node_ids::SERVER_GROUP] {
+        let actions = h.input(Input::Barrier(group));
+        assert!(
+            matches!(&actions[..], [Action::RefuseBarrier(PsError::Stopped)]),
+            "group {group}: {actions:?}"
+        );
+    }
+}
+
+#[test]
 fn a_scheduler_silent_for_a_whole_heartbeat_timeout_is_lost() {
     let timeout = Duration::from_secs(3);
     let mut h = Harness::new(Some(timeout), false);

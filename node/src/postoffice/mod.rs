@@ -80,6 +80,8 @@ struct Inner {
     barriers: Mutex<HashMap<i32, oneshot::Sender<Result<()>>>>,
     /// Set once `alloc` has warned about falling back to ordinary memory.
     alloc_warned: AtomicBool,
+    /// Set once a `finalize` has left the cluster in order: a later one succeeds at once.
+    finalized: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The scheduler this process hosts besides its own role (`TF_CONFIG` chief or worker 0).
     hosted_scheduler: Mutex<Option<JoinHandle<Result<()>>>>,
@@ -185,6 +187,7 @@ impl Postoffice {
                 customers: Mutex::new(Customers::default()),
                 barriers: Mutex::new(HashMap::new()),
                 alloc_warned: AtomicBool::new(false),
+                finalized: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
                 hosted_scheduler: Mutex::new(hosted_scheduler),
             }),
@@ -531,7 +534,17 @@ impl Postoffice {
 
     /// Leaves the cluster in order: a barrier of every node, a goodbye to the scheduler, then
     /// stop. The scheduler waits (bounded) for everyone's goodbye before it stops.
+    ///
+    /// Idempotent: after a finalize that left in order, another returns `Ok` at once (ps-lite
+    /// programs call `Finalize` by habit, under a runner that finalizes too). On a node
+    /// stopped otherwise ([`stop`](Self::stop), a failure) it is [`PsError::Stopped`].
     pub async fn finalize(&self) -> Result<()> {
+        if self.is_stopped() {
+            return match self.inner.finalized.load(Ordering::Acquire) {
+                true => Ok(()),
+                false => Err(PsError::Stopped),
+            };
+        }
         self.feed(Input::Finalize).await;
         let barrier = self.barrier(ALL_GROUPS).await;
         // The goodbye to the scheduler.
@@ -541,6 +554,9 @@ impl Postoffice {
             while !self.with_scheduler(|s| s.is_finished()) && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+        }
+        if barrier.is_ok() {
+            self.inner.finalized.store(true, Ordering::Release);
         }
         self.stop().await;
         let hosted = lock(&self.inner.hosted_scheduler).take();
