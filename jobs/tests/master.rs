@@ -8,6 +8,14 @@ mod common;
 
 use common::master::Master;
 
+/// One master at a time: each picks its tasks' ports in its own process, so two running at
+/// once could hand the same free port to two tasks, and the second bind fails.
+static ONE_MASTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_master() -> std::sync::MutexGuard<'static, ()> {
+    ONE_MASTER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn job(master: &Master, id: u64) -> serde_json::Value {
     let (code, body) = master.get("GET", &format!("/jobs/{id}"), None);
     assert_eq!(code, 200, "{body}");
@@ -16,6 +24,7 @@ fn job(master: &Master, id: u64) -> serde_json::Value {
 
 #[test]
 fn a_parameter_server_and_an_allreduce_job_run_to_the_end() {
+    let _one = one_master();
     let master = Master::start("local", &[]);
     let ps = master.submit(&[
         "--strategy",
@@ -96,6 +105,7 @@ fn a_parameter_server_and_an_allreduce_job_run_to_the_end() {
 
 #[test]
 fn failures_stops_and_refusals() {
+    let _one = one_master();
     let master = Master::start("local", &[]);
     // Every task fails: the job fails, and vans-submit shows a failed task's log.
     let failing = master.submit(&[
@@ -212,6 +222,7 @@ fn until(
 
 #[test]
 fn an_elastic_job_starts_a_killed_worker_again_and_finishes() {
+    let _one = one_master();
     let master = Master::start("local", &[]);
     let spec = serde_json::json!({
         "name": "elastic", "strategy": "AllReduce", "ps_num": 0, "worker_num": 3,
