@@ -146,7 +146,10 @@ def test_wait_releases_the_gil_and_times_out(cluster):
 
 
 INTERRUPTED_WORKER = """
-import sys, vans
+import signal, sys, vans
+# A shell that starts a job in the background ignores SIGINT for it, children included, and
+# Python then keeps SIGINT ignored: restore Python's own handler, as an interactive run has.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 node = vans.Node()
 print("waiting", flush=True)
 try:
