@@ -366,6 +366,13 @@ impl Worker {
         self.call(Op::Pull, pairs, cmd, Some(Box::new(out)))
     }
 
+    /// Any request, `op` with `pairs` ([`KvWorker::request`]): a pull's `pairs.lens`, when
+    /// given, say how many values it expects of each key (a summing server answers a key no
+    /// one pushed with that many zeros).
+    pub fn request(&self, op: Op, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
+        self.call(op, pairs, cmd, None)
+    }
+
     /// Pushes `pairs`, then pulls the updated values, in one request per server.
     pub fn push_pull(&self, pairs: KvPairs, cmd: i32) -> Call<KvPairs> {
         self.call(Op::PushPull, pairs, cmd, None)

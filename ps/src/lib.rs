@@ -27,7 +27,7 @@ pub mod values;
 
 pub use kv::{
     Handled, HeldRequest, KvMeta, KvPairs, KvServer, KvWorker, Op, PullBuffer, Released,
-    RequestHandler, ShardContext, Snapshot, SumHandler, ROUND_CMD,
+    RequestHandler, ShardContext, Snapshot, SumHandler, UnpushedKeys, ROUND_CMD,
 };
 pub use node::{
     node_ids, Config, Message, Meta, Node, Postoffice, PsError, RequestId, Result, Role, ALL_GROUPS,

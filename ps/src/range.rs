@@ -2,9 +2,9 @@
 //!
 //! The whole `u64` key space is cut into `n` contiguous ranges of (almost) equal size, as in
 //! ps-lite, but with inclusive ends so that key `u64::MAX` belongs to the last range and no
-//! arithmetic overflows. Requests carry sorted keys; [`slice_sorted_keys`] finds each
-//! range's part of a request with binary searches, so the parts are contiguous and can be
-//! sliced out of the request's buffers without copying.
+//! arithmetic overflows. Requests carry keys sorted ascending, each once; [`slice_sorted_keys`]
+//! checks that and finds each range's part of a request with binary searches, so the parts
+//! are contiguous and can be sliced out of the request's buffers without copying.
 
 use std::ops::Range;
 
@@ -61,24 +61,63 @@ pub fn server_key_ranges(num_servers: usize) -> Vec<KeyRange> {
 /// clusters of up to four servers or shards).
 pub type Slices = van_core::smallvec::SmallVec<[Range<usize>; 4]>;
 
-/// For keys sorted ascending, the index range of the keys that fall in each of `ranges`
-/// (which must be sorted and disjoint). Keys in no range are in no slice.
+/// For keys sorted ascending, each once, the index range of the keys that fall in each of
+/// `ranges` (which must be sorted and disjoint). Keys in no range are in no slice.
 ///
-/// Returns `None` if `keys` is not sorted ascending.
-pub fn slice_sorted_keys(keys: &[u64], ranges: &[KeyRange]) -> Option<Slices> {
-    if keys.windows(2).any(|w| w[0] > w[1]) {
-        return None;
+/// Fails naming the first key out of order, or the first key given twice: a request with a
+/// duplicate key would sum its values twice on a push and answer them twice on a pull.
+///
+/// ```
+/// use ps::range::{server_key_ranges, slice_sorted_keys};
+/// let ranges = server_key_ranges(2);
+/// assert!(slice_sorted_keys(&[1, 2, u64::MAX], &ranges).is_ok());
+/// let twice = slice_sorted_keys(&[1, 7, 7], &ranges).unwrap_err();
+/// assert_eq!(twice.to_string(), "key 7 is given twice (at positions 1 and 2); each key once");
+/// ```
+pub fn slice_sorted_keys(keys: &[u64], ranges: &[KeyRange]) -> Result<Slices, KeyOrderError> {
+    if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
+        let (before, key) = (keys[i], keys[i + 1]);
+        return Err(if before == key {
+            KeyOrderError::Duplicate { key, at: i }
+        } else {
+            KeyOrderError::Unsorted {
+                key,
+                before,
+                at: i + 1,
+            }
+        });
     }
-    Some(
-        ranges
-            .iter()
-            .map(|r| {
-                let begin = keys.partition_point(|k| *k < r.first);
-                let end = keys.partition_point(|k| *k <= r.last);
-                begin..end.max(begin)
-            })
-            .collect(),
-    )
+    Ok(ranges
+        .iter()
+        .map(|r| {
+            let begin = keys.partition_point(|k| *k < r.first);
+            let end = keys.partition_point(|k| *k <= r.last);
+            begin..end.max(begin)
+        })
+        .collect())
+}
+
+/// Why the keys of a request are refused: they must be sorted ascending, each once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyOrderError {
+    /// A key smaller than the one before it.
+    #[error("keys must be sorted in ascending order: key {key} at position {at} follows {before}")]
+    Unsorted {
+        /// The key out of order.
+        key: u64,
+        /// The key before it.
+        before: u64,
+        /// Its position in the request.
+        at: usize,
+    },
+    /// A key given twice in a row.
+    #[error("key {key} is given twice (at positions {at} and {}); each key once", at + 1)]
+    Duplicate {
+        /// The key.
+        key: u64,
+        /// The position of its first occurrence.
+        at: usize,
+    },
 }
 
 /// The index of the range in `ranges` (sorted, covering the keys) holding `key`.
@@ -118,6 +157,7 @@ mod tests {
         ) {
             keys.extend(extremes);
             keys.sort_unstable();
+            keys.dedup();
             let ranges = server_key_ranges(servers);
             let slices = slice_sorted_keys(&keys, &ranges).unwrap();
             let mut union = Vec::new();
@@ -132,9 +172,23 @@ mod tests {
         }
 
         #[test]
-        fn unsorted_keys_are_refused(keys in proptest::collection::vec(any::<u64>(), 2..50)) {
-            let sorted = keys.windows(2).all(|w| w[0] <= w[1]);
-            prop_assert_eq!(slice_sorted_keys(&keys, &server_key_ranges(3)).is_some(), sorted);
+        fn unsorted_or_repeated_keys_are_refused(
+            keys in proptest::collection::vec(0u64..64, 2..50),
+        ) {
+            let ascending = keys.windows(2).all(|w| w[0] < w[1]);
+            let result = slice_sorted_keys(&keys, &server_key_ranges(3));
+            prop_assert_eq!(result.is_ok(), ascending);
+            match result {
+                Ok(_) => {}
+                Err(KeyOrderError::Duplicate { key, at }) => {
+                    prop_assert!(keys[at] == key && keys[at + 1] == key);
+                    prop_assert!(keys[..=at].windows(2).all(|w| w[0] < w[1]));
+                }
+                Err(KeyOrderError::Unsorted { key, before, at }) => {
+                    prop_assert!(keys[at] == key && keys[at - 1] == before && before > key);
+                    prop_assert!(keys[..at].windows(2).all(|w| w[0] < w[1]));
+                }
+            }
         }
     }
 }

@@ -570,3 +570,68 @@ async fn workers_started_with_vans_rank_get_the_rank_they_asked_for() {
         assert_eq!(got, asked);
     }
 }
+
+/// A pull never answers with fewer values than keys: a key no one pushed pulls as zeros of
+/// the length a pull into a buffer expects, each in its place (ps-lite's behaviour), or fails
+/// naming the key when the pull cannot say; a repeated key fails the request by name. Two
+/// servers, so the missing key's server differs from the others'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_never_pushed_pull_as_zeros_or_fail_by_name_and_repeated_keys_are_refused() {
+    let missing = u64::MAX - 5;
+    LocalCluster::new(2, 1)
+        .run(move |po| async move {
+            match po.role() {
+                Role::Server => {
+                    let _server = KvServer::<f32>::with_sum(&po, 0, 0, 1).await?;
+                    po.finalize().await?;
+                }
+                Role::Worker => {
+                    let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
+                    let id = worker.push(&[1, 5], &[1.0, 2.0, 3.0, 4.0], None, 0).await?;
+                    worker.wait(id).await?;
+                    // Into a buffer: zeros of the expected length, in the missing key's place.
+                    let keys = ps::values::to_bytes(&[1u64, 5, missing]);
+                    let id = worker.zpull_into(keys.clone(), vec![0xffu8; 24], 0).await?;
+                    let pulled = worker.wait(id).await?;
+                    assert_eq!(&*pulled.vals::<f32>()?, &[1.0, 2.0, 3.0, 4.0, 0.0, 0.0]);
+                    // Without a buffer the length is unknown: an error naming the key.
+                    let id = worker.pull(&[1, 5, missing], 0).await?;
+                    match worker.wait(id).await {
+                        Err(PsError::HandlerFailed { reason, .. }) => {
+                            assert!(reason.contains(&format!("key {missing} was never pushed")))
+                        }
+                        other => panic!("a pull of a key never pushed answered {other:?}"),
+                    }
+                    // A buffer expecting another length than a key holds: named too.
+                    let id = worker.zpull_into(keys, vec![0u8; 36], 0).await?;
+                    match worker.wait(id).await {
+                        Err(PsError::HandlerFailed { reason, .. }) => {
+                            assert!(reason.contains("key 1 holds 2 values; the pull expects 3"))
+                        }
+                        other => panic!("a pull of the wrong length answered {other:?}"),
+                    }
+                    // A repeated key, on a push and a pull: refused by name, nothing summed.
+                    for result in [
+                        worker.push(&[7, 7], &[1.0, 1.0], None, 0).await,
+                        worker.pull(&[1, 5, 5], 0).await,
+                    ] {
+                        match result {
+                            Err(PsError::InvalidArgument(e)) => {
+                                assert!(e.contains("is given twice"), "{e}")
+                            }
+                            other => panic!("repeated keys answered {other:?}"),
+                        }
+                    }
+                    let id = worker.push(&[7], &[1.0], None, 0).await?;
+                    worker.wait(id).await?;
+                    let id = worker.pull(&[7], 0).await?;
+                    assert_eq!(&*worker.wait(id).await?.vals::<f32>()?, &[1.0]);
+                    po.finalize().await?;
+                }
+                Role::Scheduler => po.finalize().await?,
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+}

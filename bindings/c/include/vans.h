@@ -464,7 +464,10 @@ int vans_push(const struct vans_worker *worker,
 // `vals` must hold exactly the pulled values, `vals_bytes` bytes (a request whose answer has
 // another size fails with `VANS_ERR_INVALID_ARGUMENT` naming both sizes, leaving `vals`
 // untouched). `lens`, if not NULL, receives each key's number of values (`num_keys`
-// entries). Keys never pushed have no values. Completion as for `vans_push`.
+// entries). With `lens` NULL, `vals` holds the same number of values for every key and the
+// pull says so: a summing server answers a key no one pushed with that many zeros
+// (`VANS_UNPUSHED_KEYS`); with `lens`, such a key fails the pull with
+// `VANS_ERR_HANDLER_FAILED` naming it. Completion as for `vans_push`.
 //
 // Ownership and lifetime: `keys` is copied before this returns. `vals` and `lens` are
 // written by an I/O thread before the request completes: they must stay valid, and the
@@ -533,7 +536,8 @@ int vans_wait_timeout(const struct vans_worker *worker, int64_t request_id, uint
 
 // Starts a server application of type `dtype` for `app_id` / `customer_id` that sums pushed
 // values into its store and answers pulls from it (ps-lite's `KVServerDefaultHandle`: the
-// first push of a key sets it; a key never pushed pulls as no values). Its key range is cut
+// first push of a key sets it; a key never pushed pulls as zeros when the pull says how many
+// values it expects, and fails naming the key otherwise, `VANS_UNPUSHED_KEYS`). Its key range is cut
 // into `shards` shards (0 means 1), each owned by one task. Blocks until registered.
 //
 // Ownership: the caller owns `*out` and releases it with `vans_server_free`; the server

@@ -129,6 +129,18 @@ impl Output {
         })
     }
 
+    /// What a pull into this output expects of each key, when it can say: without `lens`
+    /// to receive lengths, the buffer holds the same number of values for every key. The
+    /// pull sends it, so that a server answers a key no one pushed with that many zeros.
+    pub(crate) fn expected_lens(&self, value_size: usize) -> Option<Bytes> {
+        let values = self.vals_len / value_size;
+        if !self.lens.is_null() || self.num_keys == 0 || values % self.num_keys != 0 {
+            return None;
+        }
+        let per_key = i32::try_from(values / self.num_keys).ok()?;
+        Some(ps::values::to_bytes(&vec![per_key; self.num_keys]))
+    }
+
     /// Copies the pulled values (and lengths) into the caller's buffers: the pull's one copy.
     pub(crate) fn fill(self, pulled: &KvPairs, value_size: usize) -> Outcome {
         let vals: &mut [u8] = if self.vals_len == 0 {

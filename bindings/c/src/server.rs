@@ -277,7 +277,8 @@ fn store(out: *mut *mut Server, server: ps::embed::Server) -> crate::error::Outc
 
 /// Starts a server application of type `dtype` for `app_id` / `customer_id` that sums pushed
 /// values into its store and answers pulls from it (ps-lite's `KVServerDefaultHandle`: the
-/// first push of a key sets it; a key never pushed pulls as no values). Its key range is cut
+/// first push of a key sets it; a key never pushed pulls as zeros when the pull says how many
+/// values it expects, and fails naming the key otherwise, `VANS_UNPUSHED_KEYS`). Its key range is cut
 /// into `shards` shards (0 means 1), each owned by one task. Blocks until registered.
 ///
 /// Ownership: the caller owns `*out` and releases it with `vans_server_free`; the server

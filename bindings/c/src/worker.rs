@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use node::embed::Call;
-use ps::{KvPairs, PsError};
+use ps::{KvPairs, Op, PsError};
 use tokio::sync::oneshot;
 
 use crate::args;
@@ -278,7 +278,10 @@ pub unsafe extern "C" fn vans_push(
 /// `vals` must hold exactly the pulled values, `vals_bytes` bytes (a request whose answer has
 /// another size fails with `VANS_ERR_INVALID_ARGUMENT` naming both sizes, leaving `vals`
 /// untouched). `lens`, if not NULL, receives each key's number of values (`num_keys`
-/// entries). Keys never pushed have no values. Completion as for `vans_push`.
+/// entries). With `lens` NULL, `vals` holds the same number of values for every key and the
+/// pull says so: a summing server answers a key no one pushed with that many zeros
+/// (`VANS_UNPUSHED_KEYS`); with `lens`, such a key fails the pull with
+/// `VANS_ERR_HANDLER_FAILED` naming it. Completion as for `vans_push`.
 ///
 /// Ownership and lifetime: `keys` is copied before this returns. `vals` and `lens` are
 /// written by an I/O thread before the request completes: they must stay valid, and the
@@ -308,11 +311,12 @@ pub unsafe extern "C" fn vans_pull(
         let value_size = worker.kv.dtype().size();
         let output = Output::new(vals, vals_bytes, lens, num_keys, value_size)?;
         // SAFETY: readable for `num_keys` elements by the caller's contract.
-        let pairs = unsafe { pairs_in(keys, num_keys, std::ptr::null()) }?;
+        let mut pairs = unsafe { pairs_in(keys, num_keys, std::ptr::null()) }?;
+        pairs.lens = output.expected_lens(value_size);
         worker.issue(
             |kv| {
                 let (_, nothing_lent) = lend(std::ptr::null(), 0, "vals")?;
-                Ok((kv.pull(pairs.keys, cmd), nothing_lent))
+                Ok((kv.request(Op::Pull, pairs, cmd), nothing_lent))
             },
             move |result| output.fill(&result?, value_size),
             done,

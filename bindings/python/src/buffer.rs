@@ -199,11 +199,32 @@ pub(crate) fn dtype_arg(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DataType> 
     parse_dtype(&name)
 }
 
-/// Sorted `u64` keys from a buffer of `uint64` (or non-negative `int64`) values, pinned.
+/// Sorted `u64` keys from a buffer of `uint64` or `int64` values, pinned. `int64` keys are
+/// read as their bits (hashed ids may be negative), so they must be sorted as `uint64`: keys
+/// that are not, and hold a negative one, are refused naming it, instead of as "not sorted".
 pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     let pinned = Pinned::new(obj, "keys", false)?;
     match pinned.data_type() {
-        Some(DataType::U64 | DataType::I64) => Ok(pinned.into_bytes()),
+        Some(DataType::U64) => Ok(pinned.into_bytes()),
+        Some(DataType::I64) => {
+            let bytes = pinned.into_bytes();
+            let key = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            let keys = bytes.chunks_exact(8).map(key);
+            let as_unsigned = |k: i64| u64::from_le_bytes(k.to_le_bytes());
+            let in_order = keys
+                .clone()
+                .zip(keys.clone().skip(1))
+                .all(|(a, b)| as_unsigned(a) < as_unsigned(b));
+            match keys.enumerate().find(|(_, k)| *k < 0) {
+                Some((at, negative)) if !in_order => Err(PyValueError::new_err(format!(
+                    "key {negative} at position {at} is negative: int64 keys are read as \
+                     uint64 ({negative} is {}), so they must be sorted as uint64 \
+                     (keys.view(numpy.uint64).sort())",
+                    as_unsigned(negative)
+                ))),
+                _ => Ok(bytes),
+            }
+        }
         _ => Err(PyTypeError::new_err(format!(
             "keys must be uint64 (or int64), not {}; use numpy.asarray(keys, dtype=numpy.uint64)",
             pinned.format()

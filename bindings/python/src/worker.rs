@@ -296,7 +296,10 @@ impl Worker {
     /// Starts a pull of the values of sorted `keys`, into `out` when given: each server's
     /// answer is then written straight to its keys' place in `out` (every key the same number
     /// of values: `out`'s length divided by the key count), from an I/O thread while the
-    /// request is in flight, so do not read or reuse `out` until it completes.
+    /// request is in flight, so do not read or reuse `out` until it completes. Keys are
+    /// uint64 (or int64, read as uint64), sorted ascending, each once. A key no one pushed
+    /// pulls as zeros into `out`; without `out` its length is unknown, and the pull raises
+    /// `HandlerFailedError` naming it (`VANS_UNPUSHED_KEYS=error` on the servers: always).
     #[pyo3(signature = (keys, out=None, cmd=0, return_lens=false))]
     fn pull_async(
         &self,

@@ -111,6 +111,48 @@ def test_bad_input_raises_an_error_naming_it(cluster):
     c.join()
 
 
+def test_a_pull_never_returns_fewer_values_than_keys_and_bad_keys_are_named(cluster):
+    # ps-lite's behaviour by default: a key no one pushed pulls as zeros in its place. Two
+    # servers: key 999 and key 2**64 - 2 live on different ones.
+    c = cluster(num_servers=2)
+    w = vans.Worker(**c.config())
+    w.push(np.array([1, 5], dtype=np.uint64), np.array([1, 2], dtype=np.float32))
+    keys = np.array([1, 5, 999, 2**64 - 2], dtype=np.uint64)
+    out = np.full(4, -1, dtype=np.float32)
+    np.testing.assert_array_equal(w.pull(keys, out=out), [1, 2, 0, 0])
+    # Without out= the length of a key no one pushed is unknown: an error naming the key,
+    # not a shorter array (whichever server answers first names its key).
+    with pytest.raises(errors.HandlerFailedError,
+                       match=f"key (999|{2**64 - 2}) was never pushed"):
+        w.pull(keys)
+    # A repeated key would be summed twice: refused by name, nothing pushed.
+    with pytest.raises(ValueError, match="key 7 is given twice"):
+        w.push(np.array([7, 7], dtype=np.uint64), np.ones(2, dtype=np.float32))
+    with pytest.raises(ValueError, match="key 5 is given twice"):
+        w.pull(np.array([1, 5, 5], dtype=np.uint64))
+    # int64 keys are read as uint64 (hashed ids may be negative): a negative key out of that
+    # order is named as negative, not as "not sorted".
+    with pytest.raises(ValueError, match="key -1 at position 0 is negative: int64 keys are read as uint64"):
+        w.pull(np.array([-1, 3], dtype=np.int64))
+    with pytest.raises(ValueError, match="keys must be sorted in ascending order: key 1"):
+        w.pull(np.array([5, 1], dtype=np.uint64))
+    np.testing.assert_array_equal(w.pull(np.array([1, 5], dtype=np.int64)), [1, 2])
+    w.node.finalize()
+    c.join()
+
+
+def test_servers_can_refuse_pulls_of_keys_no_one_pushed(cluster):
+    c = cluster(env={"VANS_UNPUSHED_KEYS": "error"})
+    w = vans.Worker(**c.config())
+    w.push(np.array([1], dtype=np.uint64), np.array([3], dtype=np.float32))
+    keys = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(errors.HandlerFailedError, match="key 2 was never pushed"):
+        w.pull(keys, out=np.zeros(2, dtype=np.float32))
+    np.testing.assert_array_equal(w.pull(keys[:1]), [3])
+    w.node.finalize()
+    c.join()
+
+
 def test_bad_configuration_is_a_config_error():
     with pytest.raises(errors.ConfigError, match="DMLC_NUM_WORKER"):
         vans.Node(role="worker", num_servers=1, root_uri="127.0.0.1", root_port=9,

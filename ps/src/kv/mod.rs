@@ -11,6 +11,7 @@ mod hold;
 mod round;
 mod server;
 mod snapshot;
+mod sum;
 mod worker;
 
 use std::borrow::Cow;
@@ -23,8 +24,10 @@ use node::error::PsError;
 
 pub use hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
 pub use round::ROUND_CMD;
-pub use server::{KvServer, RequestHandler, SumHandler};
+pub use server::{KvServer, RequestHandler};
 pub use snapshot::Snapshot;
+pub use sum::SumHandler;
+pub use van_core::config::UnpushedKeys;
 pub use worker::{KvWorker, PullBuffer, RequestId};
 
 /// Which kind of key-value request.

@@ -1,8 +1,8 @@
 //! [`KvServer`]: ps-lite's `KVServer`, with shared-nothing shards.
 //!
 //! The server's key range is cut into `shards` contiguous sub-ranges; each is owned by one
-//! task running its own [`RequestHandler`] (for [`SumHandler`], its own store), fed by a
-//! bounded queue. A request whose keys all fall in one shard (the common case, and always
+//! task running its own [`RequestHandler`] (for [`SumHandler`](super::SumHandler), its own
+//! store), fed by a bounded queue. A request whose keys all fall in one shard (the common case, and always
 //! with one key per request) goes to that shard whole; a request spanning shards is split
 //! into zero-copy slices and the answers are joined before the response goes out. No lock is
 //! taken on the aggregation path.
@@ -13,17 +13,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use van_core::{Message, Meta};
 
 use super::hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
-use super::round::{Rounds, ROUND_CMD};
-use super::snapshot::{decode_store, encode_store, Snapshot};
+use super::round::ROUND_CMD;
+use super::snapshot::Snapshot;
 use super::{kv_message, kv_pairs, KvMeta, KvPairs};
 use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
-use crate::values::{self, Value};
+use crate::values::Value;
 use node::error::{PsError, Result};
 use node::hash::IntMap;
 use node::postoffice::{Customer, Postoffice};
@@ -48,7 +48,7 @@ pub trait RequestHandler: Send + 'static {
 
     /// Handles one request, or holds it to answer later: what the server calls. A handler
     /// that holds requests (a synchronous round waiting for every worker, as
-    /// [`SumHandler`] does for [`ROUND_CMD`]) answers them through
+    /// [`SumHandler`](super::SumHandler) does for [`ROUND_CMD`]) answers them through
     /// [`take_released`](Self::take_released); `context` says how many workers there are
     /// and how many more requests the shard can hold. The default answers at once with
     /// [`handle`](Self::handle).
@@ -80,143 +80,6 @@ pub trait RequestHandler: Send + 'static {
     fn restore(&mut self, state: &[u8]) -> std::result::Result<(), String> {
         let _ = state;
         Err("this request handler does not restore snapshots".to_owned())
-    }
-}
-
-/// ps-lite's default handler: a push adds the values into the store (the first push of a key
-/// sets it); a pull returns the stored values with per-key lengths (empty for keys never
-/// pushed); a push-pull does both.
-///
-/// A push-pull whose `cmd` is [`ROUND_CMD`] is a synchronous round instead (BytePS's
-/// server): it is summed into the key's round accumulator, apart from the store, and
-/// answered with the round's sum once every worker has pushed the key.
-#[derive(Debug)]
-pub struct SumHandler<T: Value> {
-    /// Each key's sum. Shared with the responses of pulls still being sent (a single-key pull
-    /// answers with the stored values themselves, no copy); a push then copies first.
-    store: IntMap<u64, Arc<Vec<T>>>,
-    /// The [`ROUND_CMD`] rounds in progress.
-    rounds: Rounds<T>,
-}
-
-/// Stored values lent to a response as bytes.
-struct Lent<T: Value>(Arc<Vec<T>>);
-
-impl<T: Value> AsRef<[u8]> for Lent<T> {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(self.0.as_slice())
-    }
-}
-
-impl<T: Value> Default for SumHandler<T> {
-    fn default() -> Self {
-        SumHandler {
-            store: IntMap::default(),
-            rounds: Rounds::default(),
-        }
-    }
-}
-
-impl<T: Value> RequestHandler for SumHandler<T> {
-    /// The store only: rounds in progress are not part of a snapshot (take one between
-    /// rounds, after a barrier of the workers).
-    fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {
-        Ok(encode_store(&self.store))
-    }
-
-    /// Replaces the store only: rounds in progress go on, so the requests they hold are
-    /// still answered.
-    fn restore(&mut self, state: &[u8]) -> std::result::Result<(), String> {
-        self.store = decode_store(state)?;
-        Ok(())
-    }
-
-    fn handle_or_hold(
-        &mut self,
-        meta: &KvMeta,
-        request: KvPairs,
-        context: &ShardContext,
-    ) -> Handled {
-        if meta.cmd == ROUND_CMD {
-            return self.rounds.push_pull(meta, &request, context);
-        }
-        Handled::Answer(self.handle(meta, request))
-    }
-
-    fn take_released(&mut self, released: &mut Vec<Released>) {
-        self.rounds.take_released(released);
-    }
-
-    fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String> {
-        if meta.cmd == ROUND_CMD {
-            return Err("a round (ROUND_CMD) waits for every worker, which only \
-                        handle_or_hold can do; KvServer calls that"
-                .to_owned());
-        }
-        // A pure pull carries no values, so its declared type does not matter.
-        let carries_values = meta.push || !meta.pull;
-        if carries_values && meta.val_type != T::DATA_TYPE {
-            return Err(format!(
-                "values of type {:?} sent to a server summing {:?}",
-                meta.val_type,
-                T::DATA_TYPE
-            ));
-        }
-        let keys = request.keys().map_err(|e| e.to_string())?;
-        if meta.push {
-            let offsets = request
-                .value_offsets(std::mem::size_of::<T>())
-                .map_err(|e| e.to_string())?;
-            let vals = request.vals::<T>().map_err(|e| e.to_string())?;
-            let elem = std::mem::size_of::<T>();
-            for (i, key) in keys.iter().enumerate() {
-                let value = &vals[offsets[i] / elem..offsets[i + 1] / elem];
-                match self.store.get_mut(key) {
-                    Some(acc) if acc.len() == value.len() => {
-                        T::add_assign(Arc::make_mut(acc).as_mut_slice(), value)
-                    }
-                    Some(acc) => {
-                        return Err(format!(
-                            "key {key}: pushed {} values onto {} stored",
-                            value.len(),
-                            acc.len()
-                        ))
-                    }
-                    None => {
-                        self.store.insert(*key, Arc::new(value.to_vec()));
-                    }
-                }
-            }
-        }
-        if !meta.pull {
-            return Ok(KvPairs::default());
-        }
-        let len_of = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-        // One key (a tensor, a large value): its stored values go out as they are.
-        if let [key] = &keys[..] {
-            let (vals, n) = match self.store.get(key) {
-                Some(stored) => (Bytes::from_owner(Lent(Arc::clone(stored))), stored.len()),
-                None => (Bytes::new(), 0),
-            };
-            return Ok(KvPairs {
-                keys: request.keys.clone(),
-                vals,
-                // Owned inline: one allocation, none more when the frame clones it.
-                lens: Some(Bytes::from_owner(len_of(n).to_le_bytes())),
-            });
-        }
-        let mut vals = BytesMut::new();
-        let mut lens = Vec::with_capacity(keys.len());
-        for key in keys.iter() {
-            let value = self.store.get(key).map_or(&[][..], |v| v.as_slice());
-            vals.extend_from_slice(bytemuck::cast_slice(value));
-            lens.push(len_of(value.len()));
-        }
-        Ok(KvPairs {
-            keys: request.keys.clone(),
-            vals: vals.freeze(),
-            lens: Some(values::to_bytes(&lens)),
-        })
     }
 }
 
@@ -389,19 +252,6 @@ impl<T: Value> KvServer<T> {
             _inner: inner,
             _values: PhantomData,
         })
-    }
-
-    /// A server running ps-lite's default sum aggregation ([`SumHandler`]).
-    pub async fn with_sum(
-        po: &Postoffice,
-        app_id: i32,
-        customer_id: i32,
-        shards: usize,
-    ) -> Result<KvServer<T>> {
-        KvServer::new(po, app_id, customer_id, shards, |_| {
-            SumHandler::<T>::default()
-        })
-        .await
     }
 
     /// Bytes of large requests (64 KiB and up) this server has received and not yet
@@ -701,7 +551,7 @@ impl Customer for ServerInner {
         // Keys borrowed in place (aligned), so checking their order allocates nothing.
         let sorted = pairs
             .keys()
-            .is_ok_and(|keys| keys.windows(2).all(|w| w[0] <= w[1]));
+            .is_ok_and(|keys| keys.windows(2).all(|w| w[0] < w[1]));
         if !sorted {
             return Some(msg);
         }
@@ -792,8 +642,7 @@ impl ServerInner {
     ) -> std::result::Result<(), String> {
         let pairs = kv_pairs(msg).map_err(|e| e.to_string())?;
         let keys = pairs.keys().map_err(|e| e.to_string())?;
-        let slices = slice_sorted_keys(&keys, &self.ranges)
-            .ok_or_else(|| "keys are not sorted in ascending order".to_owned())?;
+        let slices = slice_sorted_keys(&keys, &self.ranges).map_err(|e| e.to_string())?;
         drop(keys);
         let touched: Vec<usize> = (0..slices.len())
             .filter(|i| !slices[*i].is_empty())
@@ -863,20 +712,6 @@ impl ServerInner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use van_core::DataType;
-
-    fn meta(push: bool, pull: bool) -> KvMeta {
-        KvMeta {
-            cmd: 0,
-            push,
-            pull,
-            sender: 9,
-            request_id: 0,
-            app_id: 0,
-            customer_id: 0,
-            val_type: DataType::F32,
-        }
-    }
 
     #[tokio::test]
     async fn a_request_waiting_for_a_closed_budget_fails_and_is_no_longer_counted() {
@@ -901,29 +736,5 @@ mod tests {
         assert_eq!(held.load(Ordering::Relaxed), 1 << 20);
         drop(big);
         assert_eq!(held.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn a_single_key_pull_lends_the_stored_values_and_a_later_push_does_not_change_them() {
-        let mut sum = SumHandler::<f32>::default();
-        let push = |vals: &[f32]| KvPairs::from_slices(&[7u64], vals, None);
-        sum.handle(&meta(true, false), push(&[1.0, 2.0])).unwrap();
-        let pull = KvPairs::from_slices::<f32>(&[7u64], &[], None);
-        let answer = sum.handle(&meta(false, true), pull.clone()).unwrap();
-        // The response's bytes are the store's own (no copy).
-        let stored = sum.store.get(&7).unwrap();
-        assert_eq!(answer.vals.as_ptr(), stored.as_ptr().cast::<u8>());
-        // A push while the response is still held copies first: the response keeps the sum it
-        // answered with, the store gets the new one.
-        sum.handle(&meta(true, false), push(&[10.0, 20.0])).unwrap();
-        assert_eq!(&*answer.vals::<f32>().unwrap(), &[1.0, 2.0]);
-        let again = sum.handle(&meta(false, true), pull).unwrap();
-        assert_eq!(&*again.vals::<f32>().unwrap(), &[11.0, 22.0]);
-        assert_eq!(&*again.lens().unwrap().unwrap(), &[2]);
-        // Several keys (and a key never pushed) are answered as before.
-        let both = KvPairs::from_slices::<f32>(&[7u64, 8], &[], None);
-        let answer = sum.handle(&meta(false, true), both).unwrap();
-        assert_eq!(&*answer.vals::<f32>().unwrap(), &[11.0, 22.0]);
-        assert_eq!(&*answer.lens().unwrap().unwrap(), &[2, 0]);
     }
 }

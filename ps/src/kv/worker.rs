@@ -341,10 +341,16 @@ impl<T: Value> KvWorker<T> {
     /// the servers by key range: the door every push, pull and push-pull goes through. With
     /// `out`, the pulled values are written there ([`zpull_into`](Self::zpull_into)); a push
     /// with `out` is refused ([`PsError::InvalidArgument`]).
+    ///
+    /// Keys must be sorted ascending, each once ([`slice_sorted_keys`]). A pull's per-key
+    /// lengths, when given (a pull with `out` gives them), say how many values it expects of
+    /// each key: a [`SumHandler`](super::SumHandler) answers a key no one pushed with that
+    /// many zeros and fails a key that holds another number; without them such a key fails
+    /// the pull ([`UnpushedKeys`](super::UnpushedKeys)).
     pub async fn request(
         &self,
         op: Op,
-        pairs: KvPairs,
+        mut pairs: KvPairs,
         cmd: i32,
         out: Option<Box<dyn PullBuffer>>,
     ) -> Result<RequestId> {
@@ -356,9 +362,8 @@ impl<T: Value> KvWorker<T> {
         let inner = &self.inner;
         let po = &inner.po;
         let keys = pairs.keys()?;
-        let slices = slice_sorted_keys(&keys, &inner.ranges).ok_or_else(|| {
-            PsError::InvalidArgument("keys must be sorted in ascending order".into())
-        })?;
+        let slices = slice_sorted_keys(&keys, &inner.ranges)
+            .map_err(|e| PsError::InvalidArgument(e.to_string()))?;
         let offsets = match op {
             Op::Pull => None,
             Op::Push | Op::PushPull => Some(pairs.value_offsets(std::mem::size_of::<T>())?),
@@ -380,6 +385,18 @@ impl<T: Value> KvWorker<T> {
                     "a buffer of {bytes} bytes does not hold the same whole number of \
                      {elem}-byte values for each of {n} keys"
                 )));
+            }
+            // A pull says how many values it expects of each key, so that a server can
+            // answer a key no one pushed with that many zeros, or fail naming a key that
+            // holds another number (`SumHandler`).
+            if op == Op::Pull && pairs.lens.is_none() {
+                let count = i32::try_from(per_key / elem).map_err(|_| {
+                    PsError::InvalidArgument(format!(
+                        "{} values per key is more than a pull can ask for",
+                        per_key / elem
+                    ))
+                })?;
+                pairs.lens = Some(values::to_bytes(&vec![count; n]));
             }
             let parts = (0u32..)
                 .zip(&slices)

@@ -168,6 +168,12 @@ impl ConfigBuilder {
         self.config.stream_van = kind;
         self
     }
+    /// Sets how a summing server answers a pull of a key no one pushed
+    /// (`VANS_UNPUSHED_KEYS`).
+    pub fn unpushed_keys(mut self, unpushed: super::UnpushedKeys) -> Self {
+        self.config.unpushed_keys = unpushed;
+        self
+    }
     /// Sets the wire limits (`VANS_MAX_*`); each must be at least 1.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.config.limits = limits;

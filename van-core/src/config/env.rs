@@ -178,6 +178,11 @@ impl Vars {
         if let Some(s) = self.positive("VANS_BOOTSTRAP_TIMEOUT_SECS")? {
             c.bootstrap_timeout = Duration::from_secs(s);
         }
+        if let Some(value) = self.get("VANS_UNPUSHED_KEYS") {
+            c.unpushed_keys = value
+                .parse()
+                .map_err(|_| self.invalid("VANS_UNPUSHED_KEYS", "`zeros` or `error`"))?;
+        }
         c.endpoint_map = self.endpoint_map()?;
         self.van_knobs(&mut c)?;
         c.collective = CollectiveSettings::parse(|var| self.get(var))?;
@@ -409,6 +414,25 @@ mod tests {
                 assert!(message.contains(part), "{message:?} lacks {part:?}");
             }
         }
+    }
+
+    #[test]
+    fn unpushed_keys_are_zeros_or_an_error() {
+        use crate::config::UnpushedKeys;
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(
+            Config::from_vars(none).unwrap().unpushed_keys,
+            UnpushedKeys::Zeros
+        );
+        for (value, want) in [
+            ("error", UnpushedKeys::Error),
+            ("ZEROS", UnpushedKeys::Zeros),
+        ] {
+            let c = Config::from_vars([("VANS_UNPUSHED_KEYS", value)]).unwrap();
+            assert_eq!(c.unpushed_keys, want);
+        }
+        let message = err(&[("VANS_UNPUSHED_KEYS", "empty")]);
+        assert!(message.contains("VANS_UNPUSHED_KEYS") && message.contains("`zeros` or `error`"));
     }
 
     #[test]

@@ -229,6 +229,35 @@ pub struct Config {
     /// `VANS_COLLECTIVE_*`: the defaults of the collectives among the cluster's workers
     /// (`collective::CommOptions`).
     pub collective: CollectiveSettings,
+    /// `VANS_UNPUSHED_KEYS`: how a summing server (ps-lite's default handler) answers a pull
+    /// of a key no one has pushed.
+    pub unpushed_keys: UnpushedKeys,
+}
+
+/// How a summing server answers a pull of a key no one has pushed (`VANS_UNPUSHED_KEYS`).
+/// Never with fewer values than asked for: a caller that indexes the answer by position
+/// would put values on the wrong keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UnpushedKeys {
+    /// Zeros, as many as the pull expects of the key (ps-lite's behaviour); a pull that does
+    /// not say how many (no output buffer) fails naming the key.
+    #[default]
+    Zeros,
+    /// The pull fails naming the key.
+    Error,
+}
+
+impl std::str::FromStr for UnpushedKeys {
+    type Err = ();
+
+    /// `zeros` or `error`, in any case.
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s.to_ascii_lowercase().as_str() {
+            "zeros" => Ok(UnpushedKeys::Zeros),
+            "error" => Ok(UnpushedKeys::Error),
+            _ => Err(()),
+        }
+    }
 }
 
 impl Default for Config {
@@ -275,6 +304,7 @@ impl Default for Config {
             max_connections_per_address: crate::auth::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             resend_timeout: None,
             collective: CollectiveSettings::default(),
+            unpushed_keys: UnpushedKeys::Zeros,
         }
     }
 }

@@ -216,6 +216,14 @@ pub const VARIABLES: &[EnvVar] = &[
                  at least 1",
     },
     EnvVar {
+        name: "VANS_UNPUSHED_KEYS",
+        default: "zeros",
+        effect: "how a summing server (ps-lite's default handler) answers a pull of a key no \
+                 one has pushed: `zeros`, as many as the pull expects (a pull into a buffer \
+                 says how many; one without a buffer fails naming the key), or `error` (the \
+                 pull fails naming the key); never fewer values than keys",
+    },
+    EnvVar {
         name: "DMLC_ENABLE_IPC",
         default: "1",
         effect: "`0` or `false`: never use shared memory, even for peers on this host; `1` or \

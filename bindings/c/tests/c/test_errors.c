@@ -1,7 +1,7 @@
 /*
  * The error paths of the C ABI: NULL handles and pointers, bad lengths, unknown settings,
- * wrong output sizes, unsorted keys, unknown request ids and a blocking wait inside a
- * callback are all status codes with messages, never crashes. The node starts from an
+ * wrong output sizes, unsorted and repeated keys, keys no one pushed, unknown request ids
+ * and a blocking wait inside a callback are all status codes with messages, never crashes. The node starts from an
  * explicit vans_config (copied from the DMLC_* variables the launcher set), not from the
  * environment.
  *
@@ -106,6 +106,29 @@ static void run_worker(vans_node *node) {
     }
     EXPECT(status == VANS_ERR_INVALID_ARGUMENT);
     EXPECT(strstr(vans_last_error(), "sorted") != NULL);
+
+    /* A repeated key is refused by name: it would be summed twice. */
+    uint64_t twice[2] = {7, 7};
+    status = vans_push(worker, twice, 2, vals, 8, NULL, 0, NULL, NULL, &id);
+    if (status == VANS_OK) {
+        status = vans_wait(worker, id);
+    }
+    EXPECT(status == VANS_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(vans_last_error(), "key 7 is given twice") != NULL);
+
+    /* A key no one pushed: zeros in its place when the buffer says how many values each
+     * key has (no lens), an error naming it when it cannot (lens wanted back). Never fewer
+     * values than keys. */
+    uint64_t some_unpushed[3] = {1, 5000, UINT64_MAX - 1};
+    float zeros_in_place[3] = {-1, -1, -1};
+    CHECK(vans_pull(worker, some_unpushed, 3, zeros_in_place, sizeof zeros_in_place, NULL, 0,
+                    NULL, NULL, &id));
+    CHECK(vans_wait(worker, id));
+    EXPECT(zeros_in_place[0] == 1 && zeros_in_place[1] == 0 && zeros_in_place[2] == 4);
+    int32_t got_lens[3];
+    CHECK(vans_pull(worker, some_unpushed, 3, zeros_in_place, sizeof zeros_in_place, got_lens,
+                    0, NULL, NULL, &id));
+    EXPECT_ERROR(vans_wait(worker, id), VANS_ERR_HANDLER_FAILED, "key 5000 was never pushed");
 
     /* Lengths that do not cover the values. */
     int32_t lens[4] = {1, 1, 1, 2};

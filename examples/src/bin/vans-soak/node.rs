@@ -181,7 +181,7 @@ impl<'a> Worker<'a> {
         let mut sorted = keys.to_vec();
         sorted.sort_unstable();
         let pulled = loop {
-            let answer = match self.kv.pull(&sorted, 0).await {
+            let answer = match self.pull_sorted(&sorted).await {
                 Ok(id) => self.answer(id, "a pull").await,
                 Err(e) => Err(e),
             };
@@ -191,22 +191,16 @@ impl<'a> Worker<'a> {
             }
         };
         let vals = pulled.vals::<i64>()?;
-        let lens = pulled.lens()?;
-        let mut by_key = std::collections::HashMap::new();
-        let mut at = 0usize;
-        for (i, key) in sorted.iter().enumerate() {
-            let n = lens
-                .as_ref()
-                .map_or(Some(1), |l| l.get(i).and_then(|&n| usize::try_from(n).ok()))
-                .ok_or("a pull answered without a length per key")?;
-            let value = if n == 0 {
-                0
-            } else {
-                vals.get(at).copied().ok_or("a short pull")?
-            };
-            by_key.insert(*key, value);
-            at += n;
+        if vals.len() != sorted.len() {
+            return Err(format!(
+                "a pull of {} keys answered {} values",
+                sorted.len(),
+                vals.len()
+            )
+            .into());
         }
+        let by_key: std::collections::HashMap<u64, i64> =
+            sorted.iter().copied().zip(vals.iter().copied()).collect();
         Ok(keys
             .iter()
             .map(|k| by_key.get(k).copied().unwrap_or(0))
@@ -272,9 +266,16 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
+    /// Starts a pull of sorted `keys`, one value each, into a buffer: the servers answer a
+    /// key never pushed (or lost with a server) with a zero.
+    async fn pull_sorted(&self, keys: &[u64]) -> Result<ps::RequestId, PsError> {
+        let out = vec![0u8; keys.len() * std::mem::size_of::<i64>()];
+        self.kv.zpull_into(ps::values::to_bytes(keys), out, 0).await
+    }
+
     /// The value of one key (0 if never pushed).
     async fn pull_one(&self, key: u64) -> Result<i64, PsError> {
-        let id = self.kv.pull(&[key], 0).await?;
+        let id = self.pull_sorted(&[key]).await?;
         let pulled = self.answer(id, "a pull of one key").await?;
         Ok(pulled.vals::<i64>()?.first().copied().unwrap_or(0))
     }
@@ -330,7 +331,7 @@ impl<'a> Worker<'a> {
                 Err(e) => Err(e),
             }
         } else {
-            match self.kv.pull(&[own], 0).await {
+            match self.pull_sorted(&[own]).await {
                 Ok(id) => self.answer(id, "a pull of the own key").await,
                 Err(e) => Err(e),
             }
