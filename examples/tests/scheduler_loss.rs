@@ -1,6 +1,7 @@
 //! Nodes lost by silence: a process stopped with SIGSTOP keeps its connections open and
 //! nothing breaks; only the missing heartbeats tell the others. A stopped scheduler: every
-//! node must fail with an error naming it within the heartbeat timeout. A stopped server
+//! node must fail within the heartbeat timeout, with an error naming it (or, on a worker,
+//! naming the server that stopped for that reason a moment earlier). A stopped server
 //! under a flood of large pushes: the worker's sends wait for room the server never makes,
 //! and must end with an error naming the server once the scheduler declares it dead.
 
@@ -58,17 +59,23 @@ fn a_stopped_scheduler_fails_every_node_by_name_within_the_heartbeat_timeout() {
     signal(scheduler.id(), "CONT");
     let _ = scheduler.wait();
     for (name, out) in [("server", &server_out), ("worker", &worker_out)] {
-        let all = text(out);
-        assert!(!out.status.success(), "the {name} exited 0: {all}");
-        assert!(
-            all.contains("no answer from the scheduler"),
-            "the {name} did not name the silent scheduler: {all}"
-        );
+        assert!(!out.status.success(), "the {name} exited 0: {}", text(out));
     }
+    let server_says = text(&server_out);
     assert!(
-        text(&worker_out).contains("node 1 (scheduler) failed"),
-        "the worker's requests did not fail naming the scheduler: {}",
-        text(&worker_out)
+        server_says.contains("no answer from the scheduler"),
+        "the server did not name the silent scheduler: {server_says}"
+    );
+    // Both notice the silence within the same second or so; the first to stop ends its
+    // connections at once, so the worker may see the server leave (which named the
+    // scheduler) just before it notices the silence itself.
+    let worker_says = text(&worker_out);
+    assert!(
+        (worker_says.contains("no answer from the scheduler")
+            && worker_says.contains("node 1 (scheduler) failed"))
+            || worker_says.contains("node 8 (server) failed: connection lost"),
+        "the worker's requests did not fail naming the scheduler or the server that left: \
+         {worker_says}"
     );
     // Timeout 4 s, checked every 1 s; generous slack for a loaded machine, but far below
     // the 120 s the worker would otherwise run.
@@ -151,8 +158,9 @@ fn stopped_server(ipc: &str) {
         all.contains("node 8 (server) failed: declared dead by the scheduler"),
         "ipc {ipc}: the worker did not fail naming the stopped server: {all}"
     );
-    // Heartbeat timeout 8 s, then the worker's own stop (its flush gives up after 10 s on
-    // the frames queued for the stopped server); over TCP it waited 60 s and more before.
+    // Heartbeat timeout 8 s; the frames queued for the stopped server are dropped with the
+    // scheduler's verdict, so the worker's stop does not wait for them (over TCP it waited
+    // 60 s and more before heartbeats, 10 s more before the verdict dropped them).
     assert!(
         elapsed < Duration::from_secs(50),
         "ipc {ipc}: the worker took {elapsed:?} to fail"

@@ -304,12 +304,19 @@ impl Router {
     /// (the connection ended, perhaps before this router even recorded it as connected),
     /// the router forgets the route too, so the next send dials again instead of failing
     /// the same way forever.
+    /// A peer declared dead is reported with the scheduler's verdict, not as the van saw it
+    /// (its connections end with the verdict: [`Van::drop_peer`]).
     fn checked(&self, kind: VanKind, sent: Result<(), VanError>) -> Result<(), PsError> {
         if let Err(VanError::PeerGone { peer, .. } | VanError::UnknownPeer { peer }) = &sent {
-            let mut state = self.lock();
-            if state.connected.get(peer) == Some(&kind) {
-                state.connected.remove(peer);
-                debug!(peer, van = %kind, "the van has no route: dialing again next time");
+            {
+                let mut state = self.lock();
+                if state.connected.get(peer) == Some(&kind) {
+                    state.connected.remove(peer);
+                    debug!(peer, van = %kind, "the van has no route: dialing again next time");
+                }
+            }
+            if let Some(reason) = self.failed.failure(*peer) {
+                return Err(PsError::node_failed(*peer, reason));
             }
         }
         sent.map_err(peer_error)
@@ -418,10 +425,15 @@ impl Router {
     }
 
     /// `peer` was declared failed (its [`Failures`] now says so): its route is dropped as by
-    /// [`peer_lost`](Self::peer_lost), and sends to it that wait, or come to wait, for room in
-    /// its queue end with [`PsError::NodeFailed`], for as long as it counts as failed.
+    /// [`peer_lost`](Self::peer_lost), every van ends its connections and drops what is
+    /// queued to it ([`Van::drop_peer`]: a stop does not wait for a process that will never
+    /// read), and sends to it that wait, or come to wait, for room in its queue end with
+    /// [`PsError::NodeFailed`], for as long as it counts as failed.
     pub fn node_failed(&self, peer: NodeId) {
         self.peer_lost(peer);
+        for van in &self.vans {
+            van.drop_peer(peer, "the scheduler declared it dead");
+        }
         self.failures.notify_waiters();
     }
 

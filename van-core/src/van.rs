@@ -361,6 +361,16 @@ pub trait Van: Send + Sync {
         let _ = peer;
     }
 
+    /// `peer` was declared dead: end its connections now and drop what is queued to them,
+    /// so that neither a send nor [`stop`](Self::stop) waits for a process that will never
+    /// read (without it, a stop waits out its flush timeout). Sends to it then fail with
+    /// [`VanError::PeerGone`] giving `reason` until [`connect`](Self::connect) reaches a
+    /// process that took its id. The default does nothing (a van without connections of its
+    /// own).
+    fn drop_peer(&self, peer: NodeId, reason: &str) {
+        let _ = (peer, reason);
+    }
+
     /// A buffer of `len` bytes this van can send without copying the payload (see
     /// [`SharedBuf`](crate::SharedBuf)), or `Ok(None)` when the van has no such memory (the
     /// default) or `len` is too small to be worth it. Fill it, freeze it, and send the
@@ -414,6 +424,9 @@ impl<V: Van + ?Sized> Van for Arc<V> {
     }
     fn forget(&self, peer: NodeId) {
         (**self).forget(peer);
+    }
+    fn drop_peer(&self, peer: NodeId, reason: &str) {
+        (**self).drop_peer(peer, reason);
     }
     fn alloc(&self, len: usize) -> Result<Option<crate::SharedBuf>, VanError> {
         (**self).alloc(len)

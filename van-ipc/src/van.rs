@@ -536,6 +536,10 @@ impl Van for IpcVan {
         self.shared.links.forget(peer);
     }
 
+    fn drop_peer(&self, peer: van_core::NodeId, reason: &str) {
+        self.shared.links.drop_peer(peer, reason);
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
         // Closing the queues lets each writer flush and exit (closing its ring, which tells
         // the peer's reader that nothing more comes); then the connections close.

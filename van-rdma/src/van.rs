@@ -581,6 +581,10 @@ impl Van for RdmaVan {
         self.shared.links.forget(peer);
     }
 
+    fn drop_peer(&self, peer: van_core::NodeId, reason: &str) {
+        self.shared.links.drop_peer(peer, reason);
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
         let flush = self.shared.options.flush_timeout;
         if !self.shared.links.stop(flush).await {

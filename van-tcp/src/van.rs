@@ -149,6 +149,7 @@ impl Shared {
             }
             let _ = flushed_tx.send(());
         });
+        let writer_abort = writer.abort_handle();
         tasks.keep(writer.abort_handle());
         // Registered before the reader starts, so that what it learns finds the connection.
         self.links
@@ -174,6 +175,11 @@ impl Shared {
             let reason = closed.to_string();
             if closed.is_failure() {
                 warn!(%remote, ?peer, "dropping connection: {reason}");
+                // A reset (or garbage) ends the connection both ways: what is queued for it
+                // cannot arrive, and a writer left waiting would hold up a stop's flush. (After
+                // a clean end of stream the peer may still be reading: it flushed its side and
+                // lingers for ours.)
+                writer_abort.abort();
             } else {
                 debug!(%remote, ?peer, "connection closed: {reason}");
             }
@@ -314,6 +320,10 @@ impl Van for TcpVan {
 
     fn forget(&self, peer: van_core::NodeId) {
         self.shared.links.forget(peer);
+    }
+
+    fn drop_peer(&self, peer: van_core::NodeId, reason: &str) {
+        self.shared.links.drop_peer(peer, reason);
     }
 
     async fn stop(&self) -> Result<(), VanError> {

@@ -311,6 +311,10 @@ impl Van for IoUringVan {
         self.shared.links.forget(peer);
     }
 
+    fn drop_peer(&self, peer: NodeId, reason: &str) {
+        self.shared.links.drop_peer(peer, reason);
+    }
+
     async fn stop(&self) -> Result<(), VanError> {
         // Closing the routes lets each connection's queue end once drained; the threads
         // flush them.

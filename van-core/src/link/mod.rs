@@ -34,7 +34,7 @@
 
 pub mod stream;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -92,6 +92,10 @@ struct State<L> {
     routes: HashMap<NodeId, ConnectionId>,
     /// Why the route to a peer went away, so later sends can say so.
     lost: HashMap<NodeId, String>,
+    /// Peers declared dead ([`Links::drop_peer`]) and not replaced since
+    /// ([`Links::forget`]): a stop does not wait to flush what is queued to them, even on a
+    /// connection opened after the verdict (a last notice dialed to a dying process).
+    dead: HashSet<NodeId>,
     /// One gate per peer, so concurrent connects to it dial once. Bounded by the peers.
     dialing: HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>,
     /// Accept loops, handshakes and watchers: aborted on stop.
@@ -132,6 +136,7 @@ impl<L: Clone + Send + 'static> Links<L> {
                 connections: HashMap::new(),
                 routes: HashMap::new(),
                 lost: HashMap::new(),
+                dead: HashSet::new(),
                 dialing: HashMap::new(),
                 tasks: Vec::new(),
                 accepted: HashMap::new(),
@@ -342,14 +347,7 @@ impl<L: Clone + Send + 'static> Links<L> {
     /// to report, if it is one (see the [module docs](self)).
     pub fn closed(&self, id: ConnectionId, reason: &str) -> Option<PeerLost> {
         let mut state = self.lock();
-        if let Some(address) = state.accepted.remove(&id) {
-            if let Some(open) = state.open_by_address.get_mut(&address) {
-                *open -= 1;
-                if *open == 0 {
-                    state.open_by_address.remove(&address);
-                }
-            }
-        }
+        forget_address(&mut state, id);
         let entry = state.connections.remove(&id)?;
         if entry.retired {
             return None;
@@ -381,6 +379,7 @@ impl<L: Clone + Send + 'static> Links<L> {
         let mut state = self.lock();
         state.routes.remove(&peer);
         state.lost.remove(&peer);
+        state.dead.remove(&peer);
         let mut retired = 0;
         for entry in state.connections.values_mut() {
             if entry.peer == Some(peer) && !entry.retired {
@@ -390,6 +389,41 @@ impl<L: Clone + Send + 'static> Links<L> {
         }
         if retired > 0 {
             debug!(peer, retired, kind = %self.kind, "connections to a replaced process retired");
+        }
+    }
+
+    /// `peer` was declared dead: its connections end now, and what is queued to them is
+    /// dropped, so that neither a send nor a [`stop`](Self::stop)'s flush waits for a process
+    /// that will never read. Sends to it fail with [`VanError::PeerGone`] giving `reason`
+    /// until a [`connect`](Self::connect) (to a process that took its id) opens a new route.
+    /// Their end is no loss to report: the caller already knows.
+    pub fn drop_peer(&self, peer: NodeId, reason: &str) {
+        let ios: Vec<Arc<dyn Connection>> = {
+            let mut state = self.lock();
+            if state.stopped {
+                return;
+            }
+            state.routes.remove(&peer);
+            state.lost.insert(peer, reason.to_owned());
+            state.dead.insert(peer);
+            let ids: Vec<ConnectionId> = state
+                .connections
+                .iter()
+                .filter(|(_, entry)| entry.peer == Some(peer))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| {
+                    forget_address(&mut state, id);
+                    state.connections.remove(&id).map(|entry| entry.io)
+                })
+                .collect()
+        };
+        if !ios.is_empty() {
+            debug!(peer, connections = ios.len(), kind = %self.kind, "a dead peer's connections ended, their queues dropped");
+        }
+        for io in ios {
+            io.abort();
         }
     }
 
@@ -447,11 +481,17 @@ impl<L: Clone + Send + 'static> Links<L> {
                 std::mem::take(&mut state.tasks),
             )
         };
+        let dead = std::mem::take(&mut self.lock().dead);
         let mut ios = Vec::with_capacity(connections.len());
         let mut flushed = Vec::with_capacity(connections.len());
         for (_, entry) in connections {
             // Dropping the link closes the queue (the writer's copy is the last reader).
             drop(entry.link);
+            if entry.peer.is_some_and(|peer| dead.contains(&peer)) {
+                // Nobody will read it: not worth a wait.
+                entry.io.abort();
+                continue;
+            }
             entry.io.finish();
             flushed.extend(entry.flushed);
             ios.push(entry.io);
@@ -491,6 +531,18 @@ impl<L: Clone + Send + 'static> Links<L> {
         }
         for task in tasks {
             task.abort();
+        }
+    }
+}
+
+/// Connection `id` no longer counts against its address's limit, if it was accepted.
+fn forget_address<L>(state: &mut State<L>, id: ConnectionId) {
+    if let Some(address) = state.accepted.remove(&id) {
+        if let Some(open) = state.open_by_address.get_mut(&address) {
+            *open -= 1;
+            if *open == 0 {
+                state.open_by_address.remove(&address);
+            }
         }
     }
 }

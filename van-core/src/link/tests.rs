@@ -207,6 +207,75 @@ fn stop_waits_for_writers_up_to_the_flush_timeout() {
 }
 
 #[test]
+fn a_dead_peer_s_connections_end_at_once_and_a_stop_does_not_wait_for_them() {
+    let links = bound();
+    // A writer to the dead peer that would never finish flushing, and one to a live peer.
+    let (_never, dead_rx) = oneshot::channel::<()>();
+    let dead = Arc::new(Probe::default());
+    links
+        .add(
+            links.next_id(),
+            Some(8),
+            "to 8",
+            dead.clone(),
+            Some(dead_rx),
+        )
+        .unwrap();
+    let (accepted, from_dead) = add(&links, None, "from 8");
+    links.learn(accepted, 8);
+    let (_, live) = add(&links, Some(10), "to 10");
+    links.drop_peer(8, "declared dead");
+    assert_eq!(dead.aborted.load(Ordering::SeqCst), 1);
+    assert_eq!(from_dead.aborted.load(Ordering::SeqCst), 1);
+    assert_eq!(live.aborted.load(Ordering::SeqCst), 0);
+    assert_eq!(links.connections(), 1);
+    match links.link(8) {
+        Err(VanError::PeerGone { peer: 8, reason }) => assert_eq!(reason, "declared dead"),
+        other => panic!("expected PeerGone, got {other:?}"),
+    }
+    // Their ends, reported late by their readers, are no loss.
+    assert!(links.closed(accepted, "reset").is_none());
+    // A connection opened to the dead peer after the verdict (a last notice dialed to a
+    // dying process) is not flushed at stop either: the stop is not held up by it.
+    let (_never_either, late_rx) = oneshot::channel::<()>();
+    let late = Arc::new(Probe::default());
+    links
+        .add(
+            links.next_id(),
+            Some(8),
+            "to 8 again",
+            late.clone(),
+            Some(late_rx),
+        )
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(runtime.block_on(links.stop(Duration::from_secs(30))));
+    assert_eq!(late.aborted.load(Ordering::SeqCst), 1);
+    assert_eq!(late.finished.load(Ordering::SeqCst), 0);
+
+    // A process that took the dead peer's id (forget) is flushed as any other.
+    let links = bound();
+    links.drop_peer(8, "declared dead");
+    links.forget(8);
+    let (_never, rx) = oneshot::channel::<()>();
+    let successor = Arc::new(Probe::default());
+    links
+        .add(
+            links.next_id(),
+            Some(8),
+            "new 8",
+            successor.clone(),
+            Some(rx),
+        )
+        .unwrap();
+    assert!(!runtime.block_on(links.stop(Duration::from_millis(50))));
+    assert_eq!(successor.finished.load(Ordering::SeqCst), 1);
+}
+
+#[test]
 fn one_dial_per_peer() {
     let links = Arc::new(bound());
     let dials = Arc::new(AtomicUsize::new(0));

@@ -1,0 +1,203 @@
+//! Fast failure: after a kill -9 of any one node, every surviving node exits within the
+//! heartbeat timeout plus 1 s; so it does after a server hangs (SIGSTOP) under a flood of
+//! 4 MiB pushes, counted from the hang, plus the heartbeat period it takes to notice. Requests and barriers fail naming the dead node, and
+//! no van waits out its flush timeout (10 s) for frames queued to a process that will never
+//! read them: the scheduler's verdict drops them at once (`Van::drop_peer`). Without that,
+//! the workers of the hung server's cluster exited 14 s after the hang instead of 4.3 s.
+//!
+//! One cluster per case (1 scheduler, 1 server, 2 workers of `ps-bench` pushing in cases of
+//! 0.3 s with a barrier of the workers before each), run one after another so that the times
+//! measured are not those of a machine running several clusters.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{free_port, loopback_node, signal, DEADLINE, PS_BENCH};
+
+use std::io::Read;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// `PS_HEARTBEAT_TIMEOUT`, in seconds (heartbeats every second).
+const HEARTBEAT_TIMEOUT: u64 = 4;
+
+/// The roles of the cluster, in start order.
+const ROLES: [&str; 4] = ["scheduler", "server", "worker", "worker"];
+
+/// The clusters of this file run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// One node of the cluster, its stderr read on a thread (so that a full pipe never stalls
+/// it).
+struct Running {
+    role: &'static str,
+    child: Child,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+/// What the workers push: value bytes, the requests in flight of each case and its length,
+/// and the case at which the victim gets its signal (a second after both workers start it).
+struct Load {
+    size: &'static str,
+    windows: fn() -> Vec<u32>,
+    seconds: &'static str,
+    signal_at: &'static str,
+}
+
+/// 1 KiB values, windows 1 to 60 in cases of 0.3 s (18 s in all, far longer than the test):
+/// a barrier of the workers every 0.3 s.
+const LIGHT: Load = Load {
+    size: "1024",
+    windows: || (1..=60).collect(),
+    seconds: "0.3",
+    signal_at: "x3 in flight",
+};
+
+/// 4 MiB values, 64 in flight, for 60 s: the queues to the server hold hundreds of MiB.
+const FLOOD: Load = Load {
+    size: "4194304",
+    windows: || vec![64],
+    seconds: "60",
+    signal_at: "x64 in flight",
+};
+
+fn start(port: u16, load: &Load) -> (Vec<Running>, std::sync::mpsc::Receiver<()>) {
+    let (pushing, started) = std::sync::mpsc::sync_channel(ROLES.len());
+    let nodes = ROLES
+        .iter()
+        .map(|&role| {
+            let mut cmd = loopback_node(&PS_BENCH, role, port);
+            let windows: Vec<String> = (load.windows)().iter().map(u32::to_string).collect();
+            cmd.args([
+                "--mode",
+                "push",
+                "--sizes",
+                load.size,
+                "--seconds",
+                load.seconds,
+            ])
+            .args(["--windows", &windows.join(","), "--no-raw"])
+            .env("DMLC_NUM_WORKER", "2")
+            .env("PS_HEARTBEAT_INTERVAL", "1")
+            .env("PS_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT.to_string());
+            let mut child = cmd.spawn().unwrap();
+            let mut stderr = child.stderr.take().unwrap();
+            let pushing = pushing.clone();
+            let signal_at = load.signal_at;
+            let stderr = std::thread::spawn(move || {
+                let mut all = Vec::new();
+                let mut buf = [0u8; 4096];
+                let mut told = false;
+                while let Ok(n) = stderr.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    all.extend_from_slice(&buf[..n]);
+                    if !told && String::from_utf8_lossy(&all).contains(signal_at) {
+                        told = true;
+                        let _ = pushing.send(());
+                    }
+                }
+                String::from_utf8_lossy(&all).into_owned()
+            });
+            Running {
+                role,
+                child,
+                stderr,
+            }
+        })
+        .collect();
+    (nodes, started)
+}
+
+/// Sends `sig` (`KILL` or `STOP`) to node `victim` (an index of [`ROLES`]) a second after
+/// both workers started the load's case; returns how long each survivor took to exit after the signal,
+/// and its output.
+fn signal_and_time(victim: usize, sig: &str, load: &Load) -> Vec<(&'static str, Duration, String)> {
+    let (mut nodes, pushing) = start(free_port(), load);
+    for _ in 0..2 {
+        if pushing.recv_timeout(DEADLINE).is_err() {
+            for node in &mut nodes {
+                let _ = node.child.kill();
+            }
+            panic!("the workers did not start pushing");
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    signal(nodes[victim].child.id(), sig);
+    let killed = Instant::now();
+    let mut exited: Vec<Option<Duration>> = vec![None; nodes.len()];
+    exited[victim] = Some(Duration::ZERO);
+    while exited.iter().any(Option::is_none) && killed.elapsed() < DEADLINE {
+        for (i, node) in nodes.iter_mut().enumerate() {
+            if exited[i].is_none() && node.child.try_wait().unwrap().is_some() {
+                exited[i] = Some(killed.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if sig == "STOP" {
+        signal(nodes[victim].child.id(), "KILL");
+        signal(nodes[victim].child.id(), "CONT");
+    }
+    let mut survivors = Vec::new();
+    for (i, mut node) in nodes.into_iter().enumerate() {
+        if exited[i].is_none() {
+            let _ = node.child.kill();
+        }
+        let _ = node.child.wait();
+        let output = node.stderr.join().unwrap_or_default();
+        if i != victim {
+            survivors.push((node.role, exited[i].unwrap_or(DEADLINE), output));
+        }
+    }
+    survivors
+}
+
+fn every_survivor_exits_within_the_heartbeat_timeout_after(victim: usize, sig: &str, load: &Load) {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // A kill closes the victim's connections, so the others know at once; a hang shows only
+    // as silence, which the scheduler notices between the timeout and one heartbeat period
+    // (1 s) after it.
+    let notice = if sig == "KILL" { 0 } else { 1 };
+    let bound = Duration::from_secs(HEARTBEAT_TIMEOUT + notice + 1);
+    let survivors = signal_and_time(victim, sig, load);
+    let times: Vec<String> = survivors
+        .iter()
+        .map(|(role, took, _)| format!("{role} {:.2} s", took.as_secs_f64()))
+        .collect();
+    eprintln!("SIG{sig} to the {}: {}", ROLES[victim], times.join(", "));
+    for (role, took, output) in &survivors {
+        assert!(
+            *took <= bound,
+            "after SIG{sig} to the {}, the {role} took {took:?} to exit (bound {bound:?}): \
+             {output}",
+            ROLES[victim]
+        );
+        assert!(
+            !output.contains("not written within"),
+            "the {role} waited to flush frames to a dead peer: {output}"
+        );
+    }
+}
+
+#[test]
+fn every_survivor_of_a_killed_scheduler_exits_within_the_heartbeat_timeout() {
+    every_survivor_exits_within_the_heartbeat_timeout_after(0, "KILL", &LIGHT);
+}
+
+#[test]
+fn every_survivor_of_a_killed_server_exits_within_the_heartbeat_timeout() {
+    every_survivor_exits_within_the_heartbeat_timeout_after(1, "KILL", &LIGHT);
+}
+
+#[test]
+fn every_survivor_of_a_killed_worker_exits_within_the_heartbeat_timeout() {
+    every_survivor_exits_within_the_heartbeat_timeout_after(2, "KILL", &LIGHT);
+}
+
+#[test]
+fn every_survivor_of_a_hung_flooded_server_exits_within_the_heartbeat_timeout() {
+    every_survivor_exits_within_the_heartbeat_timeout_after(1, "STOP", &FLOOD);
+}
