@@ -12,7 +12,8 @@
 //! | `DMLC_PS_ROOT_URI` | [`LaunchSpec::root_uri`] |
 //! | `DMLC_PS_ROOT_PORT` | [`LaunchSpec::root_port`], or a free port when that is 0 |
 //! | `DMLC_NODE_HOST` | `127.0.0.1`, only when the root URI is a loopback address or `localhost` |
-//! | `VANS_LAUNCH_RANK` | the node's rank within its role, from 0 (informational only) |
+//! | `VANS_LAUNCH_RANK` | the node's rank within its role, from 0 |
+//! | `VANS_RANK` | the same, for servers and workers: the node asks the scheduler for that rank, so the `[worker 2]` in front of its lines is its `rank` |
 //!
 //! then [`LaunchSpec::env`] (which may override `DMLC_NODE_HOST` or add `PS_VERBOSE`,
 //! `DMLC_ENABLE_RDMA`, ...). The scheduler starts first, then the servers, then the workers.

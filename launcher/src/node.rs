@@ -48,7 +48,13 @@ pub(crate) fn node_command(spec: &LaunchSpec, role: Role, rank: u32, port: u16) 
     command
         .envs(spec.env.iter().map(|(key, value)| (key, value)))
         .env("DMLC_ROLE", role.as_str())
-        .env("VANS_LAUNCH_RANK", rank.to_string())
+        .env("VANS_LAUNCH_RANK", rank.to_string());
+    // The node asks the scheduler for the rank its label shows (`[worker 2]` is rank 2);
+    // the scheduler has none.
+    if role != Role::Scheduler {
+        command.env("VANS_RANK", rank.to_string());
+    }
+    command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

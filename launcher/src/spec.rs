@@ -21,8 +21,9 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(3);
 pub const MAX_NODES: u32 = 1024;
 
 /// Variables the launcher sets itself; [`LaunchSpec::env`] may not name them.
-const RESERVED_ENV: [(&str, &str); 6] = [
+const RESERVED_ENV: [(&str, &str); 7] = [
     ("DMLC_ROLE", "the launcher sets it per node"),
+    ("VANS_RANK", "the launcher sets it per server and worker"),
     ("DMLC_NUM_SERVER", "set num_servers (--servers) instead"),
     ("DMLC_NUM_WORKER", "set num_workers (--workers) instead"),
     ("DMLC_PS_ROOT_URI", "set root_uri (--uri) instead"),

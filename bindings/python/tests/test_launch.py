@@ -35,10 +35,23 @@ def test_launch_runs_a_local_cluster(tmp_path, capfd):
         ("scheduler", 0), ("server", 0), ("server", 1), ("worker", 0), ("worker", 1)]
     assert all(n["code"] == 0 for n in nodes), nodes
     out = capfd.readouterr().out
-    # Each line carries the launcher's prefix; the node's rank comes from the scheduler,
-    # which ranks workers in the order they register.
+    # Each line carries the launcher's prefix, which names the node's rank.
     for rank in (0, 1):
-        assert re.search(rf"^\[worker [01]\] worker {rank}: 30 sums exact$", out, re.M), out
+        assert re.search(rf"^\[worker {rank}\] worker {rank}: 30 sums exact$", out, re.M), out
+
+
+def test_the_launchers_label_is_the_rank_the_node_gets(tmp_path, capfd):
+    # Four workers, so that an order of registration (by address) other than the start
+    # order shows almost always: the label follows the start order.
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent("""
+        import vans
+        vans.run_node(lambda worker: print(f"rank {worker.node.rank}", flush=True))
+    """))
+    vans.launch(1, 4, script=script, timeout=120)
+    out = capfd.readouterr().out
+    labels = re.findall(r"^\[worker (\d)\] rank (\d)$", out, re.M)
+    assert sorted(labels) == [(str(r), str(r)) for r in range(4)], out
 
 
 def test_a_failing_node_is_a_launch_error(tmp_path):
