@@ -207,7 +207,15 @@ def baseline(o, data=None):
 
 def run_cluster(o, mode, metrics_path):
     """Launches 2 servers x 2 workers of this script in ``mode``; worker 0's metrics."""
-    args = [a for a in sys.argv[1:] if not a.startswith("--modes")]
+    # The nodes get this run's arguments without --modes (in either spelling, with its value).
+    args, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--modes":
+            skip = True
+        elif not a.startswith("--modes="):
+            args.append(a)
     args += ["--mode", mode, "--metrics", metrics_path]
     vans.launch(2, 2, script=os.path.abspath(__file__), args=args, timeout=3600)
     with open(metrics_path) as f:
@@ -255,6 +263,13 @@ def main():
     for m in modes:
         if m not in ("sync", "async"):
             sys.exit(f"sparse_lr: unknown mode {m!r}; use sync, async or both")
+    # The optional dependency is checked before a minute of training, not after it.
+    if o.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit("sparse_lr: the plot needs matplotlib: pip install './bindings/python[plot]' "
+                     "(or pass --plot '' to skip it)")
     data = make_data(o)
     distinct = len(np.unique(data[0]))
     print(f"data: {o.examples} training and {o.held_out} held-out examples, {o.nnz} features "
