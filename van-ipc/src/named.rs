@@ -24,7 +24,8 @@
 //! - What a crash can leave — an accept queue whose listener died, a connection segment whose
 //!   dialer died before the handshake — is found by [`list_segments`] and removed by
 //!   [`clean_stale`] (and the `vans-shm list|clean` command), which every named-mode
-//!   [`IpcVan`](crate::IpcVan) runs when it binds and every second while it listens. The
+//!   [`IpcVan`](crate::IpcVan) runs when it binds, when it learns of a peer's death and
+//!   when it stops (a dialer checks the listener's lock instead of waiting it out). The
 //!   creator of a segment holds an exclusive `flock` on it until it dies (the kernel drops
 //!   it however the process ends), so a free lock on an initialized segment means a dead
 //!   creator, in any pid namespace ([`layout::OWNER_LOCK_VERSION`]).

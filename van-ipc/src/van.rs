@@ -538,6 +538,10 @@ impl Van for IpcVan {
 
     fn drop_peer(&self, peer: van_core::NodeId, reason: &str) {
         self.shared.links.drop_peer(peer, reason);
+        if self.shared.options.named {
+            // A dead peer's accept queue (its owner lock now free) goes with the verdict.
+            handshake::sweep_in_background();
+        }
     }
 
     async fn stop(&self) -> Result<(), VanError> {
@@ -554,6 +558,14 @@ impl Van for IpcVan {
         if let Some(accept) = self.shared.take_accept_thread() {
             // It sees the stop within one wait slice and removes the accept queue.
             let _ = tokio::task::spawn_blocking(move || accept.join()).await;
+        }
+        if self.shared.options.named {
+            // The last survivors of a crash leave nothing behind: what dead peers left in
+            // /dev/shm goes before this process exits (their owner locks tell).
+            let swept = tokio::task::spawn_blocking(handshake::sweep_stale).await;
+            if let Ok(Err(e)) = swept {
+                debug!("could not clean stale vans segments: {e}");
+            }
         }
         Ok(())
     }

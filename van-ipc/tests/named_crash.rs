@@ -1,7 +1,9 @@
 //! A named-mode node killed with SIGKILL leaves nothing in `/dev/shm` for long: its accept
-//! queue (which lives as long as the node listens) is removed by the live named-mode nodes
-//! of the same user within a bounded time, judged by the owner lock the kernel released
-//! when the node died (no cleanup at exit, no restart of anyone needed).
+//! queue (which lives as long as the node listens) is removed by a live named-mode peer as
+//! soon as that peer learns of the death (its heartbeat watcher, here; the scheduler's
+//! verdict or its own stop, in a cluster), judged by the owner lock the kernel released
+//! when the node died (no cleanup at exit, no restart of anyone needed). A dialer of the
+//! dead node's address hears at once that its process is gone, by the same lock.
 
 #![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,8 +22,8 @@ const CHILD_DIALS: &str = "VANS_NAMED_CRASH_CHILD_DIALS";
 const READY: &str = "VANS-CHILD-READY";
 /// Longest any wait of the test may take.
 const WAIT: Duration = Duration::from_secs(30);
-/// How long the killed node's accept queue may outlive it: a few sweeps of the live van
-/// (one per second) and scheduling slack on a busy machine.
+/// How long the killed node's accept queue may outlive it: the heartbeat timeout (3 s) that
+/// tells the live van, and scheduling slack on a busy machine.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(10);
 /// How long the child lives at most if nobody kills it.
 const CHILD_LIFETIME: Duration = Duration::from_secs(120);
@@ -169,6 +171,29 @@ async fn a_killed_named_node_leaves_nothing_in_dev_shm() {
     child.0.kill().unwrap();
     let killed = Instant::now();
     child.0.wait().unwrap();
+    // A dialer does not wait out its 10 s timeout on the dead node's queue: the free owner
+    // lock says the process is gone (or the queue is gone already).
+    let dial = address.clone();
+    let dialed = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        (
+            named::connect(&dial, 64 << 10, Duration::from_secs(10)),
+            started.elapsed(),
+        )
+    })
+    .await
+    .unwrap();
+    match dialed {
+        (Err(e), took) => {
+            assert!(took < Duration::from_secs(1), "the dial took {took:?}: {e}");
+            let said = e.to_string();
+            assert!(
+                said.contains("process is gone") || !queue.path().exists(),
+                "{said}"
+            );
+        }
+        (Ok(_), _) => panic!("dialed a killed node"),
+    }
     wait_until_gone(killed, || segments_of(pid)).await;
     assert!(!queue.path().exists());
     van.stop().await.unwrap();

@@ -20,7 +20,7 @@ def reset_peak():
 w = vans.Worker()
 keys = np.array([12345], dtype=np.uint64)
 w.push(keys, np.ones(16, dtype=np.float32), cmd=1)          # warm up: connection, buffers
-w.pull(np.array([7], dtype=np.uint64))
+w.pull(np.array([7], dtype=np.uint64), out=np.zeros(1, dtype=np.float32))  # zeros: never pushed
 vals = np.ones((256 << 20) // 4, dtype=np.float32)           # 256 MiB, touched
 reset_peak()
 before = peak_kib()

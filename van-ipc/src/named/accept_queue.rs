@@ -160,6 +160,23 @@ impl AcceptQueue {
         self.u32_at(CLOSED_OFFSET).load(Ordering::Acquire) != 0
     }
 
+    /// Whether the listener's process is gone. Its creator holds the owner lock (an
+    /// exclusive `flock`) for as long as it lives, taken before it wrote the magic that
+    /// [`open`](Self::open) checked; the kernel drops it with the process, even on kill -9.
+    /// Tried without blocking through this process's own descriptor, and released at once.
+    /// A cleaner probing the lock at the same moment makes the listener look alive, never
+    /// dead.
+    pub(super) fn owner_gone(&self) -> bool {
+        let fd = self.segment.fd();
+        match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                let _ = rustix::fs::flock(fd, rustix::fs::FlockOperation::Unlock);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// The accept queue's name.
     pub(super) fn name(&self) -> &SegmentName {
         self.segment.name()

@@ -301,6 +301,15 @@ pub fn connect(
 ) -> Result<NamedConnection, IpcError> {
     let deadline = Instant::now().checked_add(timeout);
     let queue = AcceptQueue::open(&SegmentName::from_address(address)?)?;
+    // A crashed listener's queue outlives it until someone sweeps: say so now instead of
+    // waiting out the timeout.
+    let gone = || IpcError::Rendezvous {
+        address: queue.name().address(),
+        reason: "the listener's process is gone (nobody holds its owner lock)".to_owned(),
+    };
+    if queue.owner_gone() {
+        return Err(gone());
+    }
     let capacity = ring_capacity(ring_bytes)?;
     let len = total_len(capacity).ok_or(IpcError::TooLarge {
         len: capacity,
@@ -352,9 +361,10 @@ pub fn connect(
             }
         }
         let closed = queue.is_closed();
+        let owner_gone = !closed && queue.owner_gone();
         let now = Instant::now();
         let expired = deadline.is_some_and(|d| now >= d);
-        if closed || expired {
+        if closed || owner_gone || expired {
             // Whoever moves the state first decides: if the listener accepted meanwhile,
             // the connection stands.
             if header
@@ -362,6 +372,9 @@ pub fn connect(
                 .compare_exchange(POSTED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
+                if owner_gone {
+                    return Err(gone());
+                }
                 return Err(refused(if closed {
                     "the listener closed before accepting".to_owned()
                 } else {

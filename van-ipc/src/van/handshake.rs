@@ -10,7 +10,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::os::linux::net::SocketAddrExt;
 
@@ -34,9 +34,6 @@ const HANDSHAKE_MAGIC: u64 = u64::from_le_bytes(*b"VANSIPC2");
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connecting peer may take to hand over its rings.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often a named-mode listener removes what dead processes left in `/dev/shm` (a
-/// listing of the directory and an `flock` probe per `vans-*` file).
-const STALE_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 fn max_frame(options: &IpcOptions) -> usize {
     usize::try_from(options.limits.max_frame).unwrap_or(usize::MAX)
@@ -248,9 +245,12 @@ pub(super) fn named_listener(options: &IpcOptions) -> Result<NamedListener, VanE
     Ok(listener)
 }
 
-/// Removes what dead processes of ours left in `/dev/shm` (`named::clean_stale`), logging
-/// what it removed.
-fn sweep_stale() -> Result<(), crate::IpcError> {
+/// Removes what dead processes of ours left in `/dev/shm` (`named::clean_stale`: a listing
+/// of the directory and an owner-lock probe per `vans-*` file), logging what it removed.
+/// Named mode runs it when a van binds, when it learns of a peer's death (a heartbeat that
+/// stopped, the scheduler's verdict) and when it stops, so that a crashed process's accept
+/// queue goes with the survivors instead of outliving the job.
+pub(super) fn sweep_stale() -> Result<(), crate::IpcError> {
     let report = named::clean_stale()?;
     for entry in &report.removed {
         info!(
@@ -267,9 +267,7 @@ fn sweep_stale() -> Result<(), crate::IpcError> {
 }
 
 /// Accepts named-mode dialers on a thread of its own until `stopped` says so, handing each
-/// connection to `start`; every [`STALE_SWEEP_INTERVAL`] it also removes what dead processes
-/// left in `/dev/shm`, so that a crashed node's accept queue does not outlive it by more
-/// than that while this van lives. Dropping the listener at the end removes its file.
+/// connection to `start`. Dropping the listener at the end removes its file.
 pub(super) fn accept_named(
     mut listener: NamedListener,
     options: &IpcOptions,
@@ -282,14 +280,7 @@ pub(super) fn accept_named(
         .name("vans-ipc-accept".into())
         .spawn(move || {
             let _runtime = runtime.enter();
-            let mut next_sweep = Instant::now() + STALE_SWEEP_INTERVAL;
             while !stopped() {
-                if Instant::now() >= next_sweep {
-                    if let Err(e) = sweep_stale() {
-                        debug!("could not clean stale vans segments: {e}");
-                    }
-                    next_sweep = Instant::now() + STALE_SWEEP_INTERVAL;
-                }
                 match listener.accept(WAIT_SLICE) {
                     Ok(Some(mut connection)) => {
                         connection.consumer.set_max_message(max_frame);
@@ -371,6 +362,9 @@ pub(super) async fn watch_connection(watch: Watch, connection: Arc<ConnectionIo>
                             .lock()
                             .unwrap_or_else(|e| e.into_inner()) =
                             Some(format!("no heartbeat from the peer for {since:?}"));
+                        // What the dead peer left in /dev/shm goes now, not when someone
+                        // next binds.
+                        sweep_in_background();
                         break;
                     }
                 }
@@ -378,6 +372,20 @@ pub(super) async fn watch_connection(watch: Watch, connection: Arc<ConnectionIo>
         }
     }
     connection.close();
+}
+
+/// [`sweep_stale`] on a blocking thread of the runtime (a directory listing is no work for
+/// an I/O thread), errors at debug level: a sweep that fails is retried by the next one.
+pub(super) fn sweep_in_background() {
+    let sweep = || {
+        if let Err(e) = sweep_stale() {
+            debug!("could not clean stale vans segments: {e}");
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(sweep)),
+        Err(_) => sweep(),
+    }
 }
 
 /// A reference table for a new connection, when we have an arena.
