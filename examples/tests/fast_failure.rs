@@ -1,6 +1,6 @@
 //! Fast failure: after a kill -9 of any one node, every surviving node exits within the
 //! heartbeat timeout plus 1 s; so it does after a server hangs (SIGSTOP) under a flood of
-//! 4 MiB pushes, counted from the hang, plus the heartbeat period it takes to notice. Requests and barriers fail naming the dead node, and
+//! 4 MiB pushes, counted from the hang, with 3 s of slack for noticing the silence. Requests and barriers fail naming the dead node, and
 //! no van waits out its flush timeout (10 s) for frames queued to a process that will never
 //! read them: the scheduler's verdict drops them at once (`Van::drop_peer`). Without that,
 //! the workers of the hung server's cluster exited 14 s after the hang instead of 4.3 s.
@@ -196,11 +196,13 @@ fn shm_files_of(pids: &[u32]) -> Vec<String> {
 
 fn every_survivor_exits_within_the_heartbeat_timeout_after(victim: usize, sig: &str, load: &Load) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    // A kill closes the victim's connections, so the others know at once; a hang shows only
-    // as silence, which the scheduler notices between the timeout and one heartbeat period
-    // (1 s) after it.
-    let notice = if sig == "KILL" { 0 } else { 1 };
-    let bound = Duration::from_secs(HEARTBEAT_TIMEOUT + notice + 1);
+    // A kill closes the victim's connections, so the others know at once (the bound:
+    // the heartbeat timeout plus 1 s). A hang shows only as silence, which the scheduler
+    // notices up to a heartbeat period (1 s) after the timeout, on a loaded machine later:
+    // its bound has 3 s of slack, still far below the 14 s a stop took when it flushed to
+    // the hung server.
+    let slack = if sig == "KILL" { 1 } else { 3 };
+    let bound = Duration::from_secs(HEARTBEAT_TIMEOUT + slack);
     let survivors = signal_and_time(victim, sig, load, &[]).survivors;
     let times: Vec<String> = survivors
         .iter()
@@ -240,6 +242,7 @@ fn every_survivor_of_a_killed_worker_exits_within_the_heartbeat_timeout() {
 /// in `/dev/shm` in 3 of 3 runs: the survivors exited before the once-a-second sweep. Now
 /// the survivors remove a dead peer's segments when they learn of its death and when they
 /// stop (judged by its owner lock): nothing of the run is left, in 10 of 10 runs.
+#[cfg(feature = "ipc")]
 #[test]
 fn a_killed_server_in_named_mode_leaves_nothing_in_dev_shm() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

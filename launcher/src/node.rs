@@ -51,7 +51,10 @@ pub(crate) fn node_command(spec: &LaunchSpec, role: Role, rank: u32, port: u16) 
         .env("VANS_LAUNCH_RANK", rank.to_string());
     // The node asks the scheduler for the rank its label shows (`[worker 2]` is rank 2);
     // the scheduler has none.
-    if role != Role::Scheduler {
+    if role == Role::Scheduler {
+        // One inherited from the launcher's environment would be a configuration error there.
+        command.env_remove("VANS_RANK");
+    } else {
         command.env("VANS_RANK", rank.to_string());
     }
     command

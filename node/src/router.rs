@@ -226,6 +226,11 @@ impl Router {
         self.lock().nodes.get(&peer).map_or(0, |n| n.incarnation)
     }
 
+    /// Whether `peer` counts as failed ([`Failures`]).
+    pub(crate) fn is_failed(&self, peer: NodeId) -> bool {
+        self.failed.failure(peer).is_some()
+    }
+
     /// The resender, when `PS_RESEND` is on.
     pub(crate) fn resender(&self) -> Option<&Resender> {
         self.resend.as_ref()
@@ -424,15 +429,15 @@ impl Router {
         }
     }
 
-    /// `peer` was declared failed (its [`Failures`] now says so): its route is dropped as by
-    /// [`peer_lost`](Self::peer_lost), every van ends its connections and drops what is
-    /// queued to it ([`Van::drop_peer`]: a stop does not wait for a process that will never
-    /// read), and sends to it that wait, or come to wait, for room in its queue end with
-    /// [`PsError::NodeFailed`], for as long as it counts as failed.
-    pub fn node_failed(&self, peer: NodeId) {
+    /// `peer` was declared failed for `reason` (its [`Failures`] now says so): its route is
+    /// dropped as by [`peer_lost`](Self::peer_lost), every van ends its connections and
+    /// drops what is queued to it ([`Van::drop_peer`]: a stop does not wait for a process
+    /// that will never read), and sends to it that wait, or come to wait, for room in its
+    /// queue end with [`PsError::NodeFailed`], for as long as it counts as failed.
+    pub fn node_failed(&self, peer: NodeId, reason: &str) {
         self.peer_lost(peer);
         for van in &self.vans {
-            van.drop_peer(peer, "the scheduler declared it dead");
+            van.drop_peer(peer, reason);
         }
         self.failures.notify_waiters();
     }
@@ -628,7 +633,7 @@ mod tests {
         );
         let reason = "declared dead by the scheduler".to_owned();
         dead.0.lock().unwrap().insert(8, reason);
-        router.node_failed(8);
+        router.node_failed(8, "declared dead");
         match tokio::time::timeout(Duration::from_secs(5), to_8).await {
             Ok(Ok(Err(PsError::NodeFailed {
                 node: 8, reason, ..

@@ -311,6 +311,9 @@ impl Van for IoUringVan {
         self.shared.links.forget(peer);
     }
 
+    /// Only the table's side: sends to the peer fail at once with `reason`. The ring threads
+    /// still hold its sockets and what is queued to them, and a stop still flushes those up
+    /// to its flush timeout (the TCP van drops them at once).
     fn drop_peer(&self, peer: NodeId, reason: &str) {
         self.shared.links.drop_peer(peer, reason);
     }

@@ -208,7 +208,9 @@ typedef struct vans_request {
   // Size of `vals` in bytes.
   size_t vals_bytes;
   // Each key's number of values (`num_keys` entries), or NULL when every key has the same
-  // number (`vals_bytes / value size / num_keys`).
+  // number (`vals_bytes / value size / num_keys`). On a pull (no values), the number of
+  // values the worker expects of each key, when it says (a pull into a buffer of as many
+  // values per key does), or NULL.
   const int32_t *lens;
 } vans_request;
 

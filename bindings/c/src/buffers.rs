@@ -134,7 +134,8 @@ impl Output {
     /// pull sends it, so that a server answers a key no one pushed with that many zeros.
     pub(crate) fn expected_lens(&self, value_size: usize) -> Option<Bytes> {
         let values = self.vals_len / value_size;
-        if !self.lens.is_null() || self.num_keys == 0 || values % self.num_keys != 0 {
+        if !self.lens.is_null() || self.num_keys == 0 || values == 0 || values % self.num_keys != 0
+        {
             return None;
         }
         let per_key = i32::try_from(values / self.num_keys).ok()?;

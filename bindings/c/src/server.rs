@@ -49,7 +49,9 @@ pub struct Request {
     /// Size of `vals` in bytes.
     pub vals_bytes: usize,
     /// Each key's number of values (`num_keys` entries), or NULL when every key has the same
-    /// number (`vals_bytes / value size / num_keys`).
+    /// number (`vals_bytes / value size / num_keys`). On a pull (no values), the number of
+    /// values the worker expects of each key, when it says (a pull into a buffer of as many
+    /// values per key does), or NULL.
     pub lens: *const i32,
 }
 

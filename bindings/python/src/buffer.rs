@@ -211,12 +211,13 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
             let key = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
             let keys = bytes.chunks_exact(8).map(key);
             let as_unsigned = |k: i64| u64::from_le_bytes(k.to_le_bytes());
-            let in_order = keys
-                .clone()
-                .zip(keys.clone().skip(1))
-                .all(|(a, b)| as_unsigned(a) < as_unsigned(b));
+            let pairs = || keys.clone().zip(keys.clone().skip(1));
+            // Ascending as int64 but not as uint64: the negative keys are the cause. Any
+            // other disorder is named by the request's own check.
+            let signed_only = pairs().all(|(a, b)| a < b)
+                && !pairs().all(|(a, b)| as_unsigned(a) < as_unsigned(b));
             match keys.enumerate().find(|(_, k)| *k < 0) {
-                Some((at, negative)) if !in_order => Err(PyValueError::new_err(format!(
+                Some((at, negative)) if signed_only => Err(PyValueError::new_err(format!(
                     "key {negative} at position {at} is negative: int64 keys are read as \
                      uint64 ({negative} is {}), so they must be sorted as uint64 \
                      (keys.view(numpy.uint64).sort())",

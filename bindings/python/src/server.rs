@@ -84,7 +84,9 @@ pub(crate) struct Server {
 impl Server {
     /// A server application on `node`: ps-lite's sum with `shards` shards when `handler` is
     /// None, else `handler(request)` (one shard: it runs with the GIL). `request` is a dict
-    /// with `cmd`, `push`, `pull`, `sender`, `keys`, `vals` (None for a pull) and `lens`; the
+    /// with `cmd`, `push`, `pull`, `sender`, `keys`, `vals` (None for a pull) and `lens`
+    /// (per-key value counts, or None; on a pull, what the worker expects of each key when
+    /// it pulls into a buffer); the
     /// handler returns the values for a pull (optionally `(vals, lens)`), anything for a push.
     /// An exception fails the worker's request with its text.
     /// Without `node`, starts one from the environment and `config` (role `server` unless

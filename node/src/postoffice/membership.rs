@@ -71,7 +71,7 @@ impl Postoffice {
                 Action::DropRoute(peer) => self.inner.router.peer_lost(peer),
                 Action::NodeFailed { node, reason } => {
                     self.inner.membership.send_modify(|n| *n += 1);
-                    self.inner.router.node_failed(node);
+                    self.inner.router.node_failed(node, &reason);
                     if let Some(resend) = self.inner.router.resender() {
                         resend.forget(node, 0);
                     }

@@ -480,6 +480,23 @@ impl Postoffice {
                     // Replies to the scheduler's own requests: handled here, not sent.
                     Box::pin(self.handle_control(msg)).await
                 }
+                Output::Send(msg)
+                    if msg
+                        .meta
+                        .recipient
+                        .is_some_and(|to| self.inner.router.is_failed(to)) =>
+                {
+                    // A notice to a node declared dead is best effort (one declared wrongly
+                    // learns it): its route is gone with the verdict, and dialing a hung
+                    // process again must not hold up what live nodes are told next.
+                    let po = self.clone();
+                    tokio::spawn(async move {
+                        let to = msg.meta.recipient;
+                        if let Err(e) = po.inner.router.send(msg).await {
+                            debug!("scheduler cannot tell dead node {to:?}: {e}");
+                        }
+                    });
+                }
                 Output::Send(msg) => {
                     let to = msg.meta.recipient;
                     if let Err(e) = self.inner.router.send(msg).await {

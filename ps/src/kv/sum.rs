@@ -198,6 +198,20 @@ impl<T: Value> RequestHandler for SumHandler<T> {
             ),
             _ => None,
         };
+        // The answer is built from what the pull declares: bound it before allocating zeros
+        // for it (a response larger than a frame could not be sent anyway).
+        if let Some(expected) = &expected {
+            let bytes = expected.iter().try_fold(0usize, |sum, n| {
+                sum.checked_add(n.checked_mul(size_of::<T>())?)
+            });
+            let limit = van_core::wire::DEFAULT_MAX_FRAME;
+            if bytes.is_none_or(|b| b as u64 > limit) {
+                return Err(format!(
+                    "the pull expects more than {limit} bytes of values, more than one \
+                     response carries"
+                ));
+            }
+        }
         let expects = |i: usize| expected.as_ref().and_then(|e| e.get(i).copied());
         // One key (a tensor, a large value): its stored values go out as they are.
         if let [key] = &keys[..] {
@@ -330,5 +344,13 @@ mod tests {
             .handle(&meta(false, true), pull(&[1], Some(&[1])))
             .unwrap();
         assert_eq!(&*one.vals::<f32>().unwrap(), &[1.0]);
+        // What a pull declares is bounded before zeros are allocated for it.
+        let huge = sum
+            .handle(
+                &meta(false, true),
+                pull(&[998, 999], Some(&[i32::MAX, i32::MAX])),
+            )
+            .unwrap_err();
+        assert!(huge.contains("more than one response carries"), "{huge}");
     }
 }

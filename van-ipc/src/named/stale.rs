@@ -13,9 +13,9 @@
 //! namespace, which the name also records; such a file from another pid namespace is
 //! reported as unknown and never removed. Only segments of our own uid are ever removed.
 //!
-//! Every named-mode [`IpcVan`](crate::IpcVan) runs [`clean_stale`] when it binds and then
-//! every second while it listens, so that a crashed node's accept queue does not outlive it
-//! by more than that while any named-mode node of the same user runs.
+//! Every named-mode [`IpcVan`](crate::IpcVan) runs [`clean_stale`] when it binds, when it
+//! learns of a peer's death and when it stops, so that a crashed node's accept queue goes
+//! with the survivors of its job.
 
 use std::fmt;
 use std::io;
