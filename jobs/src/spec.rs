@@ -114,10 +114,10 @@ impl JobSpec {
 
     /// The variables of each task (in [`tasks`](Self::tasks) order) when the master starts
     /// the tasks itself (local and Kubernetes backends): the cluster's size, the scheduler at
-    /// `root`, `NUM_WORKERS`, `VANS_TASK`; the scheduler its `DMLC_ROLE`; servers and workers
-    /// their `DMLC_PORT` and a `TF_CONFIG` naming their task in the cluster of `address`es,
-    /// from which they take their role (so each announces its task and a worker's rank is
-    /// its index); `VANS_STRATEGY` for `AllReduce`. `address(task name, index)` is where that
+    /// `root`, `NUM_WORKERS`, `VANS_TASK`, its `DMLC_ROLE`; servers and workers their
+    /// `DMLC_PORT`, their index as `VANS_RANK` (so a worker's rank is its index) and a
+    /// `TF_CONFIG` naming their task in the cluster of `address`es (for TensorFlow code);
+    /// `VANS_STRATEGY` for `AllReduce`. `address(task name, index)` is where that
     /// task listens. The job's own `env` is not included.
     pub fn task_environments(
         &self,
@@ -150,10 +150,13 @@ impl JobSpec {
                     var("NUM_WORKERS", self.worker_num.to_string()),
                     var("VANS_TASK", format!("{}/{name}", self.name)),
                 ];
-                if *role == "scheduler" {
-                    env.push(var("DMLC_ROLE", (*role).to_owned()));
-                } else {
+                // Every task can read its role, as under any launcher (a script's
+                // `if os.environ.get("DMLC_ROLE")` guard holds in every task).
+                env.push(var("DMLC_ROLE", (*role).to_owned()));
+                if *role != "scheduler" {
                     env.push(var("DMLC_PORT", address(name, i).1.to_string()));
+                    // The rank is the task's index, as TF_CONFIG's task says.
+                    env.push(var("VANS_RANK", rank.to_string()));
                     let task_type = if *role == "server" { "ps" } else { "worker" };
                     let tf = serde_json::json!({
                         "cluster": cluster,

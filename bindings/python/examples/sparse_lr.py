@@ -254,7 +254,7 @@ def plot(results, path):
 
 def main():
     o = options()
-    if os.environ.get("DMLC_ROLE"):
+    if vans.node_role():
         worker_main(o)
         return
     import tempfile

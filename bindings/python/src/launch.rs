@@ -81,6 +81,17 @@ pub(crate) fn launch(
         .collect()
 }
 
+/// The role this process's environment gives it as a node (`"scheduler"`, `"server"` or
+/// `"worker"`), read as a node reads it: `DMLC_ROLE`, else `TF_CONFIG`'s task, else the rank
+/// a launcher gave (Slurm, MPI, PMI, torchrun); `None` when it is no node (a plain `python
+/// script.py`, which may then `launch` a local cluster of itself). Raises
+/// `vans.errors.ConfigError` when the environment contradicts itself.
+#[pyfunction]
+pub(crate) fn node_role() -> PyResult<Option<&'static str>> {
+    let config = van_core::Config::from_env().map_err(|e| crate::errors::to_py(e.into()))?;
+    Ok(config.role.map(|role| role.as_str()))
+}
+
 /// A free port on 127.0.0.1 for a node that others must be told about before it binds (a
 /// scheduler's `DMLC_PS_ROOT_PORT`), picked below Linux's ephemeral range: a port the kernel
 /// handed out and took back (`bind(("127.0.0.1", 0))`) can go to any process's outgoing

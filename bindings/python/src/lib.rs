@@ -7,7 +7,7 @@
 //! - `rendezvous`: `Rendezvous`, `create_key`, `cpu_device`;
 //! - `collective`: `Collective` (all-reduce, broadcast, barrier; elastic generations);
 //! - `lent`: collectives on memory lent by address (the PyTorch backend);
-//! - `launch`: `launch`, a local cluster of processes, and `free_port`;
+//! - `launch`: `launch`, a local cluster of processes, `node_role` and `free_port`;
 //! - `bench`: `RustBench`, the Rust reference loop of `vans.bench`;
 //! - `tf_api`: the functions the TensorFlow ops of `vans.tensorflow` call;
 //! - `buffer`: Python memory borrowed without copies (buffer protocol, DLPack);
@@ -41,6 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rendezvous::cpu_device, m)?)?;
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
     m.add_function(wrap_pyfunction!(launch::free_port, m)?)?;
+    m.add_function(wrap_pyfunction!(launch::node_role, m)?)?;
     m.add_function(wrap_pyfunction!(server::table_spec, m)?)?;
     m.add_function(wrap_pyfunction!(server::table_initial_rows, m)?)?;
     m.add_function(wrap_pyfunction!(tf_api::_tf_api, m)?)?;

@@ -44,6 +44,7 @@ from ._native import (
     cpu_device,
     create_key,
     free_port,
+    node_role,
     table_initial_rows,
     table_spec,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "errors",
     "free_port",
     "launch",
+    "node_role",
     "run_node",
     "table_initial_rows",
     "table_spec",

@@ -26,7 +26,6 @@ copied once, into the ``out`` array)::
 import argparse
 import collections
 import json
-import os
 import sys
 import time
 
@@ -260,7 +259,7 @@ def node_main(o):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     o = options(argv)
-    if os.environ.get("DMLC_ROLE"):
+    if vans.node_role():
         node_main(o)
         return 0
     vans.launch(o.servers, 1, program=sys.executable, args=["-m", "vans.bench", *argv],

@@ -1,7 +1,7 @@
 //! The local backend: a job's tasks as processes on this machine, on loopback. Each task
-//! gets `DMLC_*` (the cluster's size, the scheduler's address and its own port; the
-//! scheduler its role), `NUM_WORKERS`, and, servers and workers, a `TF_CONFIG` naming its
-//! task, from which they take their role; its output goes to
+//! gets `DMLC_*` (the cluster's size, the scheduler's address, its role and its own port),
+//! `NUM_WORKERS`, and, servers and workers, `VANS_RANK` (its index) and a `TF_CONFIG`
+//! naming its task; its output goes to
 //! `<task>.log` in the job's folder. The first task to fail stops the others, except a
 //! worker of an elastic job, which is started again in its place (up to `max_restarts`
 //! times; the new process rejoins by the parameter server's recovery).

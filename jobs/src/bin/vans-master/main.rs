@@ -11,8 +11,9 @@
 //! DELETE /jobs/{id}                  stops the job
 //! ```
 //!
-//! Backends: `local` starts the tasks as processes on this machine (each with `DMLC_*`,
-//! `NUM_WORKERS` and a `TF_CONFIG` naming its task); `slurm` submits one batch job whose
+//! Backends: `local` starts the tasks as processes on this machine (each with `DMLC_*`
+//! including its role, `NUM_WORKERS`, its index as `VANS_RANK` and a `TF_CONFIG` naming its
+//! task); `slurm` submits one batch job whose
 //! `srun` tasks take their roles from their Slurm ranks (`sbatch`, `scontrol`, `scancel` on
 //! the PATH, `SLURM_CONF` as for any Slurm client); `kubernetes` (feature `kubernetes`)
 //! creates a headless service and a pod per task, or a Kubeflow `TFJob` (`--layout tfjob`, or
