@@ -5,7 +5,8 @@
 #   docker build -t vans:latest .
 #   docker run --rm vans:latest ps-bench --mode check     # a local cluster inside the container
 #   docker run --rm vans:latest vans-doctor               # what this host offers (RDMA, io_uring, …)
-#   docker run --rm -p 8470:8470 vans:latest vans-master --host 0.0.0.0
+#   docker run --rm -p 8470:8470 -e VANS_MASTER_TOKEN=$(openssl rand -hex 32) \
+#       vans:latest vans-master --host 0.0.0.0        # beyond loopback only with a token
 #
 # Any program of the image runs as the command (there is no ENTRYPOINT); the default one
 # prints ps-bench's help. deploy/kubernetes/ runs it as TFJob, MXJob and plain Job pods
@@ -25,7 +26,8 @@
 # The builder still fetches crates (crates.io) and maturin (PyPI); without them, point
 # cargo and pip at a local mirror.
 #
-# Ports: vans-master listens on 8470 (pass `--host 0.0.0.0` in a container). A cluster's
+# Ports: vans-master listens on 8470 (pass `--host 0.0.0.0` and a VANS_MASTER_TOKEN in a
+# container). A cluster's
 # scheduler listens on DMLC_PS_ROOT_PORT and its other nodes on DMLC_PORT (0: ephemeral):
 # deploy/kubernetes/jobs.yaml uses 9000 for both (the scheduler port of its headless
 # Service); the TFJob's scheduler listens on the operator's 2222, the MXJob's on 9091.

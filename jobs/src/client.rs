@@ -11,22 +11,26 @@ use crate::BoxError;
 /// Longest a request may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Sends `method path` with an optional JSON body to the master at `addr` (`host:port`) and
-/// returns the status code and body.
+/// Sends `method path` with an optional JSON body to the master at `addr` (`host:port`),
+/// presenting `token` when given, and returns the status code and body.
 pub async fn request(
     addr: &str,
     method: &str,
     path: &str,
     body: Option<&str>,
+    token: Option<&crate::token::Token>,
 ) -> Result<(u16, String), BoxError> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("cannot reach the master at {addr}: {e}"))?;
         let body = body.unwrap_or("");
+        let authorization = token
+            .map(|t| format!("Authorization: Bearer {}\r\n", t.expose()))
+            .unwrap_or_default();
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+             {authorization}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
         stream.write_all(head.as_bytes()).await?;

@@ -12,13 +12,14 @@
 //!   memlock limit, io_uring, shared memory) and which van it would use for a peer.
 //!
 //! The library holds the job submission and status ([`spec`]), the HTTP client
-//! ([`client`]) and, with feature `kubernetes`, a job's Kubernetes objects
+//! ([`client`]), the master's access token ([`token`]) and, with feature `kubernetes`, a job's Kubernetes objects
 //! ([`kubernetes`]).
 
 pub mod client; // the small HTTP/1.1 client of vans-submit and the tests
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes; // a job as a headless service and pods, or as a Kubeflow TFJob
 pub mod spec; // JobSpec, JobStatus, task names and states
+pub mod token; // the master's access token: from the environment or a file, compared in constant time
 
 pub use spec::*;
 

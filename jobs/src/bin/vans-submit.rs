@@ -30,6 +30,9 @@ struct Options {
     /// The master: `http://host:port` or `host:port`.
     #[arg(long, required_unless_present = "dry_run")]
     master: Option<String>,
+    /// A file holding the master's token (instead of VANS_MASTER_TOKEN).
+    #[arg(long)]
+    token_file: Option<std::path::PathBuf>,
     /// ParameterServer or AllReduce.
     #[arg(long, value_parser = ["ParameterServer", "AllReduce"])]
     strategy: String,
@@ -123,8 +126,16 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
         return Ok(true);
     }
     let addr = address(o.master.as_deref().unwrap_or_default());
-    let (code, body) =
-        request(&addr, "POST", "/jobs", Some(&serde_json::to_string(&spec)?)).await?;
+    let token = jobs::token::Token::from_env_or_file(o.token_file.as_deref())?;
+    let token = token.as_ref();
+    let (code, body) = request(
+        &addr,
+        "POST",
+        "/jobs",
+        Some(&serde_json::to_string(&spec)?),
+        token,
+    )
+    .await?;
     if code != 201 {
         return Err(format!("the master refused the job ({code}): {body}").into());
     }
@@ -153,7 +164,7 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
             .into());
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let (code, body) = request(&addr, "GET", &format!("/jobs/{id}"), None).await?;
+        let (code, body) = request(&addr, "GET", &format!("/jobs/{id}"), None, token).await?;
         if code != 200 {
             return Err(format!("job {id}: the master answered {code}: {body}").into());
         }
@@ -169,6 +180,7 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
                 "GET",
                 &format!("/jobs/{id}/logs/{}", task.name),
                 None,
+                token,
             )
             .await?;
             let tail: Vec<&str> = log.lines().rev().take(20).collect();

@@ -11,6 +11,9 @@ pub(crate) struct Master {
     child: Child,
     pub(crate) addr: String,
     jobs: std::path::PathBuf,
+    /// The token it was started with (`VANS_MASTER_TOKEN` among its variables), which
+    /// [`get`](Self::get) and [`submit`](Self::submit) present.
+    pub(crate) token: Option<jobs::token::Token>,
 }
 
 impl Master {
@@ -42,10 +45,15 @@ impl Master {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        let token = env
+            .iter()
+            .find(|(k, _)| *k == jobs::token::TOKEN_ENV)
+            .map(|(_, v)| jobs::token::Token::new(v).unwrap());
         let mut master = Master {
             child: cmd.spawn().unwrap(),
             addr: format!("127.0.0.1:{port}"),
             jobs,
+            token,
         };
         let started = Instant::now();
         while std::net::TcpStream::connect(&master.addr).is_err() {
@@ -64,7 +72,12 @@ impl Master {
 
     /// `vans-submit` against this master with `args`; its output.
     pub(crate) fn submit(&self, args: &[&str]) -> Output {
-        let child = Command::new(SUBMIT)
+        let mut submit = Command::new(SUBMIT);
+        submit.env_remove(jobs::token::TOKEN_ENV);
+        if let Some(token) = &self.token {
+            submit.env(jobs::token::TOKEN_ENV, token.expose());
+        }
+        let child = submit
             .args(["--master", &format!("http://{}", self.addr)])
             .args(args)
             .stdout(Stdio::piped())
@@ -81,7 +94,13 @@ impl Master {
             .build()
             .unwrap();
         runtime
-            .block_on(jobs::client::request(&self.addr, method, path, body))
+            .block_on(jobs::client::request(
+                &self.addr,
+                method,
+                path,
+                body,
+                self.token.as_ref(),
+            ))
             .unwrap()
     }
 }

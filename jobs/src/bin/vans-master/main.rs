@@ -11,6 +11,11 @@
 //! DELETE /jobs/{id}                  stops the job
 //! ```
 //!
+//! Every call presents the master's token (`Authorization: Bearer <token>`) when it has one:
+//! `VANS_MASTER_TOKEN` or `--token-file` (`vans-submit` reads the same). Without a token
+//! the master listens on loopback only: anyone who can reach it can run commands. A
+//! request body is at most 1 MiB.
+//!
 //! Backends: `local` starts the tasks as processes on this machine (each with `DMLC_*`
 //! including its role, `NUM_WORKERS`, its index as `VANS_RANK` and a `TF_CONFIG` naming its
 //! task); `slurm` submits one batch job whose
@@ -31,12 +36,14 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use clap::Parser;
+use jobs::token::{Token, TOKEN_ENV};
 use jobs::BoxError;
 use jobs::{JobSpec, JobStatus, State as JobState};
 
@@ -47,9 +54,12 @@ struct Options {
     /// Port to listen on, on 127.0.0.1 unless --host says otherwise.
     #[arg(long, default_value = "8470")]
     port: u16,
-    /// Address to listen on.
+    /// Address to listen on; beyond loopback only with a token.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// A file holding the token every call must present (instead of VANS_MASTER_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     /// How jobs are started: local (processes on this machine), slurm, or kubernetes (a
     /// build with the `kubernetes` feature).
     #[arg(long, default_value = "local", value_parser = ["local", "slurm", "kubernetes"])]
@@ -295,6 +305,42 @@ async fn log(State(app): State<Arc<App>>, Path((id, task)): Path<(u64, String)>)
     }
 }
 
+/// The largest request body the master reads (a job's JSON is a few KiB).
+const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Lets a request through when the master has no token or the request presents it.
+async fn authorize(
+    State(token): State<Arc<Option<Token>>>,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    if let Some(token) = token.as_ref() {
+        let presented = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !presented.is_some_and(|p| token.matches(p)) {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                format!(
+                    "this master needs its token: Authorization: Bearer <token> \
+                     ({TOKEN_ENV} or --token-file for vans-submit)"
+                ),
+            );
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether `host` is a loopback address (or `localhost`).
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[tokio::main]
 async fn main() {
     node::logging::init(std::io::IsTerminal::is_terminal(&std::io::stderr()));
@@ -306,6 +352,16 @@ async fn main() {
 }
 
 async fn serve(o: Options) -> Result<(), BoxError> {
+    let token = Token::from_env_or_file(o.token_file.as_deref())?;
+    if token.is_none() && !is_loopback(&o.host) {
+        return Err(format!(
+            "--host {} reaches beyond this machine, and without a token anyone who reaches the \
+             master runs commands through it: set {TOKEN_ENV} or --token-file, or listen on \
+             127.0.0.1",
+            o.host
+        )
+        .into());
+    }
     let jobs_dir = match o.jobs_dir {
         Some(dir) => dir,
         None => std::env::temp_dir().join(format!("vans-master-{}", std::process::id())),
@@ -353,19 +409,27 @@ async fn serve(o: Options) -> Result<(), BoxError> {
         jobs_dir: jobs_dir.clone(),
         next: Mutex::new(0),
     });
+    let authenticated = token.is_some();
     let router = Router::new()
         .route("/jobs", get(list).post(submit))
         .route("/jobs/{id}", get(show).delete(stop))
         .route("/jobs/{id}/logs/{task}", get(log))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(Arc::new(token), authorize))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind((o.host.as_str(), o.port))
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", o.host, o.port))?;
     eprintln!(
-        "vans-master: listening on {} ({} backend, jobs in {})",
+        "vans-master: listening on {} ({} backend, jobs in {}, {})",
         listener.local_addr()?,
         o.backend,
-        jobs_dir.display()
+        jobs_dir.display(),
+        if authenticated {
+            "every call needs the token"
+        } else {
+            "no token: loopback only"
+        }
     );
     axum::serve(listener, router).await?;
     Ok(())
