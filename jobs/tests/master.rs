@@ -280,12 +280,18 @@ fn an_elastic_job_starts_a_killed_worker_again_and_finishes() {
     }
     let survivor = log("worker-0");
     assert!(survivor.contains("elastic ok: 300 steps"), "{survivor}");
+    // A survivor names the failure. Which one does depends on timing: the coordinator
+    // (worker-0, rank 0 since the master gives each task its index as VANS_RANK) may learn
+    // of the death through a member asking to form the next generation before its own
+    // exchange fails; the member then saw the failure itself.
+    let other = log("worker-2");
     assert!(
-        survivor
-            .lines()
-            .any(|l| l.contains("of generation 1 failed")),
-        "the survivor saw the failure named:\n{survivor}"
+        [&survivor, &other]
+            .iter()
+            .any(|log| log.lines().any(|l| l.contains("of generation 1 failed"))),
+        "no survivor saw the failure named:\n{survivor}\n---\n{other}"
     );
+    assert!(other.contains("elastic ok: 300 steps"), "{other}");
     let replaced = log("worker-1");
     assert!(
         replaced.contains("vans-master: worker-1 exited with signal: 9")
