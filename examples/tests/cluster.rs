@@ -74,6 +74,40 @@ fn a_worker_without_scheduler_fails_at_the_bootstrap_deadline_with_a_clear_error
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
 }
 
+/// A bootstrap that goes on says what it waits for: a worker with no scheduler warns (at the
+/// default level, where it used to be silent for the whole deadline) that it still waits for
+/// the scheduler at its address; a scheduler short of nodes says at info level who has
+/// joined. Both after 10 s, side by side.
+#[test]
+fn a_long_bootstrap_says_what_it_waits_for() {
+    let (lonely_port, scheduler_port) = (free_port(), free_port());
+    let worker = node("worker", lonely_port, &[])
+        .env("VANS_BOOTSTRAP_TIMEOUT_SECS", "12")
+        .env_remove("PS_VERBOSE")
+        .env_remove("RUST_LOG")
+        .spawn()
+        .unwrap();
+    let scheduler = node("scheduler", scheduler_port, &[])
+        .env("VANS_BOOTSTRAP_TIMEOUT_SECS", "12")
+        .env("PS_VERBOSE", "1")
+        .env_remove("RUST_LOG")
+        .spawn()
+        .unwrap();
+    let worker_says = text(&wait_output(worker, "lonely worker"));
+    assert!(
+        worker_says.contains(&format!(
+            "still waiting for the scheduler at 127.0.0.1:{lonely_port} after 1"
+        )) && worker_says.contains("of the 12s bootstrap deadline"),
+        "{worker_says}"
+    );
+    assert!(worker_says.contains("WARN"), "{worker_says}");
+    let scheduler_says = text(&wait_output(scheduler, "lonely scheduler"));
+    assert!(
+        scheduler_says.contains("of the 12s bootstrap deadline: 0/1 servers, 0/1 workers joined"),
+        "{scheduler_says}"
+    );
+}
+
 fn launch(servers: u32, workers: u32, env: &[&str], args: &[&str]) -> Command {
     let mut cmd = Command::new(common::LAUNCH.as_str());
     cmd.args(["-s", &servers.to_string(), "-w", &workers.to_string()]);

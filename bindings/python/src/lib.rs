@@ -11,7 +11,8 @@
 //! - `bench`: `RustBench`, the Rust reference loop of `vans.bench`;
 //! - `tf_api`: the functions the TensorFlow ops of `vans.tensorflow` call;
 //! - `buffer`: Python memory borrowed without copies (buffer protocol, DLPack);
-//! - `errors`: errors as `vans.errors` exceptions.
+//! - `errors`: errors as `vans.errors` exceptions;
+//! - `logging`: the Rust code's log records, queued for Python's `logging` (`vans._logging`).
 
 use pyo3::prelude::*;
 
@@ -21,6 +22,7 @@ mod collective;
 mod errors;
 mod launch;
 mod lent;
+mod logging;
 mod node;
 mod rendezvous;
 mod server;
@@ -30,6 +32,10 @@ mod worker;
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logging::install();
+    m.add_function(wrap_pyfunction!(logging::_next_log_records, m)?)?;
+    m.add_function(wrap_pyfunction!(logging::_set_log_level, m)?)?;
+    m.add_function(wrap_pyfunction!(logging::_verbose_level, m)?)?;
     m.add_class::<node::Node>()?;
     m.add_class::<worker::Worker>()?;
     m.add_class::<server::Server>()?;

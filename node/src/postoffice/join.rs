@@ -2,10 +2,10 @@
 //! for a refusal no retry can change), registering (re-sent until the node table arrives),
 //! and what the bootstrap deadline's error says.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use van_core::{node_ids, Command, Node, Role};
 
 use super::{lock, Postoffice};
@@ -15,6 +15,10 @@ use crate::error::{PsError, Result};
 const CONNECT_RETRY: Duration = Duration::from_millis(200);
 /// How often a node re-sends its registration until the node table arrives.
 const REGISTER_RETRY: Duration = Duration::from_secs(2);
+/// How often a bootstrap that goes on says what it is waiting for: the scheduler's address
+/// (a warning from the second time on, so that a node with no scheduler is not silent at the
+/// default level), or, on the scheduler, who has joined.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 impl Postoffice {
     /// Connects to every other node of the table now (`VANS_EAGER_CONNECT`), so a peer that
@@ -41,12 +45,27 @@ impl Postoffice {
     /// Registers with the scheduler and waits for the node table.
     pub(super) async fn bootstrap(&self) -> Result<()> {
         let mut ready = self.inner.ready.subscribe();
+        let started = Instant::now();
+        let deadline = self.inner.config.bootstrap_timeout;
         if self.inner.role == Role::Scheduler {
             // An empty cluster is ready at once.
             self.scheduler_check_ready().await;
+            loop {
+                match tokio::time::timeout(PROGRESS_EVERY, wait_ready(&mut ready)).await {
+                    Ok(result) => return result,
+                    Err(_) => {
+                        let joined = self.bootstrap_summary();
+                        info!(
+                            "after {}s of the {}s bootstrap deadline: {joined}",
+                            started.elapsed().as_secs(),
+                            deadline.as_secs()
+                        );
+                    }
+                }
+            }
         } else {
             let scheduler = self.scheduler_node();
-            let mut attempts = 0u32;
+            let mut told: Option<Instant> = None;
             while let Err(e) = self.inner.router.connect(&scheduler).await {
                 // A scheduler that refuses our secret will not accept it on a retry: say why
                 // now instead of at the bootstrap deadline. A handshake that merely did not
@@ -54,12 +73,20 @@ impl Postoffice {
                 if is_final_refusal(&e) {
                     return Err(e);
                 }
-                attempts += 1;
-                if attempts == 1 || attempts % 25 == 0 {
-                    info!(
-                        "waiting for the scheduler at {}:{}: {e}",
-                        scheduler.host, scheduler.port
-                    );
+                let (host, port) = (&scheduler.host, scheduler.port);
+                match told {
+                    None => info!("waiting for the scheduler at {host}:{port}: {e}"),
+                    Some(at) if at.elapsed() >= PROGRESS_EVERY => warn!(
+                        "still waiting for the scheduler at {host}:{port} after {}s of the {}s \
+                         bootstrap deadline (is it running, and is DMLC_PS_ROOT_URI/PORT \
+                         right?): {e}",
+                        started.elapsed().as_secs(),
+                        deadline.as_secs()
+                    ),
+                    Some(_) => {}
+                }
+                if told.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+                    told = Some(Instant::now());
                 }
                 tokio::time::sleep(CONNECT_RETRY).await;
             }
@@ -81,9 +108,20 @@ impl Postoffice {
                     Ok(result) => return result,
                     Err(_) => debug!("no node table yet; registering again"),
                 }
+                if told.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+                    told = Some(Instant::now());
+                    info!(
+                        "registered with the scheduler at {}:{} after {}s; it waits for all {} \
+                         servers and {} workers to join (its log says who has)",
+                        scheduler.host,
+                        scheduler.port,
+                        started.elapsed().as_secs(),
+                        self.inner.config.num_servers,
+                        self.inner.config.num_workers
+                    );
+                }
             }
         }
-        wait_ready(&mut ready).await
     }
 
     /// What the bootstrap deadline error says.

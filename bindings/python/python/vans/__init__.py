@@ -24,7 +24,9 @@ environment that ps-lite, BytePS and the Kubeflow operators use (``DMLC_ROLE``,
 Arrays are borrowed, not copied: anything exporting the buffer protocol (numpy, bytes,
 memoryview) or ``__dlpack__`` (torch and JAX CPU tensors). Waits release the GIL; the
 ``*_async`` methods return a :class:`Request` that can be waited for, polled, given a
-callback, or awaited from asyncio. Errors are the exceptions of :mod:`vans.errors`.
+callback, or awaited from asyncio. Errors are the exceptions of :mod:`vans.errors`. Log
+records of the Rust code go to Python's :mod:`logging` under the logger ``vans``, at the level
+``PS_VERBOSE`` asks for or the ``vans`` logger's, whichever is more verbose.
 """
 
 import sys as _sys
@@ -49,6 +51,9 @@ from ._native import (
     table_spec,
 )
 from ._native import launch as _launch
+from . import _logging
+
+_logging.start()
 
 __all__ = [
     "ACCUMULATE_CMD",
