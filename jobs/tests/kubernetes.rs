@@ -23,8 +23,10 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use common::master::{Master, MASTER, SUBMIT};
 use jobs::kubernetes::KubeflowJob;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -50,6 +52,10 @@ fn check_object(object: &Value) -> Result<String, String> {
         "Pod" => typed::<Pod>(object).map(drop),
         "Job" => typed::<Job>(object).map(drop),
         "Secret" => typed::<Secret>(object).map(drop),
+        "ServiceAccount" => typed::<ServiceAccount>(object).map(drop),
+        "Role" => typed::<Role>(object).map(drop),
+        "RoleBinding" => typed::<RoleBinding>(object).map(drop),
+        "Deployment" => typed::<Deployment>(object).map(drop),
         "TFJob" | "MXJob" => typed::<KubeflowJob>(object).map(drop),
         other => Err(format!("no check for kind {other:?}")),
     }
@@ -69,6 +75,89 @@ fn env_of(container: &Value) -> BTreeMap<String, String> {
             ))
         })
         .collect()
+}
+
+/// The master's own manifest: its token comes from a Secret, it listens beyond loopback only
+/// with it, and its Role stays in its namespace with the verbs its backend uses.
+#[test]
+fn the_master_runs_in_the_cluster_with_a_token_and_a_namespaced_role() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/master.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let objects: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let of = |kind: &str| objects.iter().find(|o| o["kind"] == kind).unwrap().clone();
+    let deployment: Deployment = typed(&of("Deployment")).unwrap();
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("vans-master"));
+    let container = &pod.containers[0];
+    let command = container.command.clone().unwrap();
+    assert_eq!(
+        &command[..5],
+        ["vans-master", "--host", "0.0.0.0", "--port", "8470"]
+    );
+    assert!(command.windows(2).any(|w| w == ["--backend", "kubernetes"]));
+    let token = container
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|e| e.name == jobs::token::TOKEN_ENV)
+        .expect("the token variable");
+    assert!(
+        token.value.is_none(),
+        "the token is not written in the manifest"
+    );
+    let from = token
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (from.name.as_str(), from.key.as_str()),
+        ("vans-master-token", "token")
+    );
+    let role: Role = typed(&of("Role")).unwrap();
+    let rules = role.rules.unwrap();
+    let verbs = |resource: &str| -> Vec<String> {
+        rules
+            .iter()
+            .filter(|r| {
+                r.resources
+                    .as_ref()
+                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
+            })
+            .flat_map(|r| r.verbs.clone())
+            .collect()
+    };
+    for resource in ["pods", "services", "tfjobs"] {
+        for verb in ["create", "get", "list", "delete"] {
+            assert!(
+                verbs(resource).iter().any(|v| v == verb),
+                "{verb} {resource}"
+            );
+        }
+    }
+    assert_eq!(verbs("pods/log"), ["get"]);
+    assert!(
+        rules.iter().all(|r| !r.verbs.iter().any(|v| v == "*")),
+        "no wildcard verbs"
+    );
+    assert!(
+        rules.iter().all(|r| !r
+            .resources
+            .iter()
+            .flatten()
+            .any(|x| x == "secrets" || x == "*")),
+        "no access to secrets"
+    );
+    let binding: RoleBinding = typed(&of("RoleBinding")).unwrap();
+    assert_eq!(
+        binding.role_ref.kind, "Role",
+        "namespaced, not a ClusterRole"
+    );
 }
 
 #[test]
@@ -118,6 +207,16 @@ fn the_deploy_manifests_are_valid_kubernetes_objects() {
         ("mxjob.yaml", vec!["MXJob"]),
         ("jobs.yaml", vec!["Service", "Job", "Job", "Job"]),
         ("secret.example.yaml", vec!["Secret"]),
+        (
+            "master.yaml",
+            vec![
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "Deployment",
+                "Service",
+            ],
+        ),
     ] {
         assert_eq!(
             kinds
