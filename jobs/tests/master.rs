@@ -48,6 +48,19 @@ fn a_parameter_server_and_an_allreduce_job_run_to_the_end() {
         text.contains("job 1: succeeded (tasks: 5 succeeded)"),
         "{text}"
     );
+    // The master's log has the job's transitions and each task's end.
+    let said = master.log();
+    for line in [
+        "job 1 (ps): submitted, 5 tasks on the local backend",
+        "job 1: running",
+        "job 1: task worker-0 succeeded",
+        "job 1 succeeded",
+    ] {
+        assert!(
+            said.contains(line),
+            "{line:?} not in the master's log:\n{said}"
+        );
+    }
     // The client showed the job's progress on the way: submitted, then every task running.
     let submitted = text.find("job 1 (ps) submitted to ").expect(&text);
     let running = text.find("job 1: running (tasks: 5 running)").expect(&text);
@@ -134,8 +147,17 @@ fn failures_stops_and_refusals() {
     });
     let (code, body) = master.get("POST", "/jobs", Some(&spec.to_string()));
     assert_eq!(code, 201, "{body}");
-    let (code, _) = master.get("DELETE", "/jobs/2", None);
+    let (code, body) = master.get("DELETE", "/jobs/2", None);
     assert_eq!(code, 200);
+    // The answer comes once the tasks are stopped: its job and task states agree.
+    let answered: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answered["state"], "stopped", "{answered}");
+    assert!(
+        common::master::task_states(&answered)
+            .iter()
+            .all(|(_, state, _)| state == "stopped"),
+        "{answered}"
+    );
     let started = std::time::Instant::now();
     while job(&master, 2)["tasks"]
         .as_array()

@@ -70,6 +70,12 @@ impl Master {
         master
     }
 
+    /// What the master has written to its log (stderr) so far.
+    #[allow(dead_code)] // not every test binary reads it
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.jobs.join("vans-master.log")).unwrap_or_default()
+    }
+
     /// `vans-submit` against this master with `args`; its output.
     pub(crate) fn submit(&self, args: &[&str]) -> Output {
         let mut submit = Command::new(SUBMIT);

@@ -245,11 +245,16 @@ fn settle_job_state(jobs: &Jobs, id: u64) -> bool {
         ended = open.peek().is_none();
         let waiting = open.all(|t| t.state == State::Pending);
         if !job.status.state.is_final() && !ended {
-            job.status.state = if waiting {
+            let state = if waiting {
                 State::Pending
             } else {
                 State::Running
             };
+            if job.status.state != state {
+                let name = format!("{state:?}").to_lowercase();
+                eprintln!("vans-master: job {id}: {name}");
+            }
+            job.status.state = state;
         }
     });
     ended

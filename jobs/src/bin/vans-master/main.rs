@@ -187,6 +187,12 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
             format!("cannot create {}: {e}", dir.display()),
         );
     }
+    eprintln!(
+        "vans-master: job {id} ({}): submitted, {} tasks on the {} backend",
+        spec.name,
+        spec.tasks().len(),
+        app.backend
+    );
     let status = JobStatus {
         id,
         backend: app.backend.clone(),
@@ -269,6 +275,9 @@ async fn show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
     }
 }
 
+/// Stops a job and answers once its follow loop has stopped every task (or after
+/// [`STOP_WAIT`], with the tasks as they are then), so that the answer's job and task states
+/// agree: no `stopped` job with `running` tasks.
 async fn stop(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
     {
         let mut jobs = app.jobs.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -282,8 +291,24 @@ async fn stop(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
             eprintln!("vans-master: job {id}: asked to stop");
         }
     }
+    let deadline = tokio::time::Instant::now() + STOP_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        let open = {
+            let jobs = app.jobs.inner.lock().unwrap_or_else(|e| e.into_inner());
+            jobs.get(&id)
+                .is_some_and(|job| job.status.tasks.iter().any(|t| !t.state.is_final()))
+        };
+        if !open {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     show(State(app), Path(id)).await
 }
+
+/// How long a stop waits for the job's tasks to be stopped before it answers: the local
+/// backend's grace between SIGTERM and SIGKILL, with room to spare.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 async fn log(State(app): State<Arc<App>>, Path((id, task)): Path<(u64, String)>) -> Response {
     let dir = {
