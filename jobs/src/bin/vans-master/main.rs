@@ -8,7 +8,7 @@
 //! GET    /jobs                       every JobStatus
 //! GET    /jobs/{id}                  one JobStatus
 //! GET    /jobs/{id}/logs/{task}      the task's output (scheduler, server-0, worker-1, ...)
-//! DELETE /jobs/{id}                  stops the job
+//! DELETE /jobs/{id}                  stops the job (answers once its tasks are stopped)
 //! ```
 //!
 //! Every call presents the master's token (`Authorization: Bearer <token>`) when it has one:
