@@ -40,12 +40,14 @@ struct Running {
 }
 
 /// What the workers push: value bytes, the requests in flight of each case and its length,
-/// and the case at which the victim gets its signal (a second after both workers start it).
+/// and the case at which the victim gets its signal (`settle` after both workers start it).
 struct Load {
     size: &'static str,
     windows: fn() -> Vec<u32>,
     seconds: &'static str,
     signal_at: &'static str,
+    /// How long after both workers start that case the victim gets its signal.
+    settle: Duration,
 }
 
 /// 1 KiB values, windows 1 to 60 in cases of 0.3 s (18 s in all, far longer than the test):
@@ -55,6 +57,7 @@ const LIGHT: Load = Load {
     windows: || (1..=60).collect(),
     seconds: "0.3",
     signal_at: "x3 in flight",
+    settle: Duration::from_secs(1),
 };
 
 /// 4 MiB values, 64 in flight, for 60 s: the queues to the server hold hundreds of MiB.
@@ -63,6 +66,8 @@ const FLOOD: Load = Load {
     windows: || vec![64],
     seconds: "60",
     signal_at: "x64 in flight",
+    // Long enough for the flood to fill every socket buffer and queue to the server.
+    settle: Duration::from_secs(3),
 };
 
 fn start(
@@ -133,7 +138,7 @@ fn signal_and_time(victim: usize, sig: &str, load: &Load, env: &[(&str, &str)]) 
             panic!("the workers did not start pushing");
         }
     }
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(load.settle);
     let shm_before = shm_files_of(&pids);
     signal(nodes[victim].child.id(), sig);
     let killed = Instant::now();
@@ -194,7 +199,12 @@ fn shm_files_of(pids: &[u32]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn every_survivor_exits_within_the_heartbeat_timeout_after(victim: usize, sig: &str, load: &Load) {
+fn every_survivor_exits_within_the_heartbeat_timeout_after(
+    victim: usize,
+    sig: &str,
+    load: &Load,
+    env: &[(&str, &str)],
+) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // A kill closes the victim's connections, so the others know at once (the bound:
     // the heartbeat timeout plus 1 s). A hang shows only as silence, which the scheduler
@@ -203,7 +213,7 @@ fn every_survivor_exits_within_the_heartbeat_timeout_after(victim: usize, sig: &
     // the hung server.
     let slack = if sig == "KILL" { 1 } else { 3 };
     let bound = Duration::from_secs(HEARTBEAT_TIMEOUT + slack);
-    let survivors = signal_and_time(victim, sig, load, &[]).survivors;
+    let survivors = signal_and_time(victim, sig, load, env).survivors;
     let times: Vec<String> = survivors
         .iter()
         .map(|(role, took, _)| format!("{role} {:.2} s", took.as_secs_f64()))
@@ -225,17 +235,17 @@ fn every_survivor_exits_within_the_heartbeat_timeout_after(victim: usize, sig: &
 
 #[test]
 fn every_survivor_of_a_killed_scheduler_exits_within_the_heartbeat_timeout() {
-    every_survivor_exits_within_the_heartbeat_timeout_after(0, "KILL", &LIGHT);
+    every_survivor_exits_within_the_heartbeat_timeout_after(0, "KILL", &LIGHT, &[]);
 }
 
 #[test]
 fn every_survivor_of_a_killed_server_exits_within_the_heartbeat_timeout() {
-    every_survivor_exits_within_the_heartbeat_timeout_after(1, "KILL", &LIGHT);
+    every_survivor_exits_within_the_heartbeat_timeout_after(1, "KILL", &LIGHT, &[]);
 }
 
 #[test]
 fn every_survivor_of_a_killed_worker_exits_within_the_heartbeat_timeout() {
-    every_survivor_exits_within_the_heartbeat_timeout_after(2, "KILL", &LIGHT);
+    every_survivor_exits_within_the_heartbeat_timeout_after(2, "KILL", &LIGHT, &[]);
 }
 
 /// In named shared-memory mode, a kill -9 used to leave the server's accept queue (12 KiB)
@@ -272,5 +282,21 @@ fn a_killed_server_in_named_mode_leaves_nothing_in_dev_shm() {
 
 #[test]
 fn every_survivor_of_a_hung_flooded_server_exits_within_the_heartbeat_timeout() {
-    every_survivor_exits_within_the_heartbeat_timeout_after(1, "STOP", &FLOOD);
+    every_survivor_exits_within_the_heartbeat_timeout_after(1, "STOP", &FLOOD, &[]);
+}
+
+/// The hung server again, its peers on the stream van alone (no shared memory): TCP.
+#[test]
+fn a_hung_flooded_server_over_tcp_holds_up_no_survivor() {
+    let tcp = [("DMLC_ENABLE_IPC", "0"), ("VANS_STREAM_VAN", "tcp")];
+    every_survivor_exits_within_the_heartbeat_timeout_after(1, "STOP", &FLOOD, &tcp);
+}
+
+/// The hung server again over the io_uring van: its threads close the dead peer's
+/// connections abortively instead of flushing to it at stop.
+#[cfg(feature = "uring")]
+#[test]
+fn a_hung_flooded_server_over_io_uring_holds_up_no_survivor() {
+    let uring = [("DMLC_ENABLE_IPC", "0"), ("VANS_STREAM_VAN", "uring")];
+    every_survivor_exits_within_the_heartbeat_timeout_after(1, "STOP", &FLOOD, &uring);
 }

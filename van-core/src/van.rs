@@ -366,7 +366,7 @@ pub trait Van: Send + Sync {
     /// read (without it, a stop waits out its flush timeout). Sends to it then fail with
     /// [`VanError::PeerGone`] giving `reason` until [`connect`](Self::connect) reaches a
     /// process that took its id. The default does nothing (a van without connections of its
-    /// own); a van may do less than drop the queued frames (the io_uring van says so).
+    /// own).
     fn drop_peer(&self, peer: NodeId, reason: &str) {
         let _ = (peer, reason);
     }

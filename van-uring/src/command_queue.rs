@@ -36,6 +36,9 @@ pub(crate) enum Command {
     Inbox(van_core::InboxSender),
     /// Serve this connection.
     Adopt(NewConnection),
+    /// End this connection now, abortively, dropping what is queued: its peer was declared
+    /// dead.
+    Abort(u64),
     /// Stop: stop reading, write what is queued until `deadline` (nothing when
     /// `flush` is false), close every connection, wait for the kernel to give every buffer
     /// back, and exit.

@@ -15,11 +15,24 @@ use crate::command_queue::{Command, CommandQueue, NewConnection};
 use crate::options::UringOptions;
 
 /// A connection as the link table sees it: its I/O thread ends it when the van stops the
-/// threads, so there is nothing to do per connection.
-struct ConnectionIo;
+/// threads (so `abort` has nothing to do), or when its peer is declared dead.
+struct ConnectionIo {
+    id: u64,
+    /// The command queue of the thread that serves it.
+    thread: std::sync::Weak<CommandQueue>,
+}
 
 impl Connection for ConnectionIo {
     fn abort(&self) {}
+
+    /// Asks the connection's thread to close it abortively (the kernel drops what is unsent)
+    /// and drop its queue, so that the stop's flush does not wait for a dead peer.
+    fn drop_dead(&self) {
+        if let Some(queue) = self.thread.upgrade() {
+            // A loop that has ended has closed it already.
+            let _ = queue.post(Command::Abort(self.id));
+        }
+    }
 }
 
 /// Counters the I/O threads keep, for diagnostics and the buffer-ownership tests.
@@ -99,6 +112,7 @@ impl Shared {
         stream: std::net::TcpStream,
         remote: SocketAddr,
         peer: Option<NodeId>,
+        thread: usize,
     ) -> Option<NewConnection> {
         stream::tune(&stream, &remote);
         let id = self.links.next_id();
@@ -110,9 +124,14 @@ impl Shared {
             self.options.send_queue_depth,
             self.options.peer_budget_bytes,
         );
-        self.links
-            .add(id, peer, link, Arc::new(ConnectionIo), None)
-            .ok()?;
+        let io = ConnectionIo {
+            id,
+            thread: self
+                .command_queues
+                .get(thread)
+                .map_or_else(std::sync::Weak::new, Arc::downgrade),
+        };
+        self.links.add(id, peer, link, Arc::new(io), None).ok()?;
         Some(NewConnection {
             id,
             stream,
@@ -130,9 +149,9 @@ impl Shared {
         remote: SocketAddr,
         peer: Option<NodeId>,
     ) -> Option<usize> {
-        let new = self.new_connection(stream, remote, peer)?;
-        let id = new.id;
         let thread = self.pick_thread();
+        let new = self.new_connection(stream, remote, peer, thread)?;
+        let id = new.id;
         let posted = match self.command_queues.get(thread) {
             Some(queue) => queue.post(Command::Adopt(new)).is_ok(),
             None => false,

@@ -311,9 +311,8 @@ impl Van for IoUringVan {
         self.shared.links.forget(peer);
     }
 
-    /// Only the table's side: sends to the peer fail at once with `reason`. The ring threads
-    /// still hold its sockets and what is queued to them, and a stop still flushes those up
-    /// to its flush timeout (the TCP van drops them at once).
+    /// Sends to the peer fail at once with `reason`, and each of its connections' threads
+    /// closes it abortively, dropping what is queued, so a stop does not flush to it.
     fn drop_peer(&self, peer: NodeId, reason: &str) {
         self.shared.links.drop_peer(peer, reason);
     }

@@ -500,6 +500,7 @@ impl Worker {
                     }
                 }
                 Command::Adopt(new) => self.adopt(new),
+                Command::Abort(id) => self.close(id, Closed::Stopped, false),
                 Command::Stop { flush, deadline } => self.begin_stop(flush, deadline),
             }
         }

@@ -63,6 +63,13 @@ pub trait Connection: Send + Sync + 'static {
     /// End now, without flushing (after a stop's flush timeout, or when the van is dropped).
     fn abort(&self);
 
+    /// The peer was declared dead ([`Links::drop_peer`]): end now, dropping what is queued.
+    /// The default is [`abort`](Self::abort); a van whose `abort` leaves the ending to its
+    /// stop (the io_uring van's threads) does it here.
+    fn drop_dead(&self) {
+        self.abort();
+    }
+
     /// Whether the connection has ended (its route is no longer used for sending).
     fn is_closed(&self) -> bool {
         false
@@ -423,7 +430,7 @@ impl<L: Clone + Send + 'static> Links<L> {
             debug!(peer, connections = ios.len(), kind = %self.kind, "a dead peer's connections ended, their queues dropped");
         }
         for io in ios {
-            io.abort();
+            io.drop_dead();
         }
     }
 
