@@ -129,7 +129,8 @@ pub(crate) fn free_port(uri: &str) -> Result<u16, LaunchError> {
     Ok(listener.local_addr().map_err(io_error)?.port())
 }
 
-pub(crate) fn is_loopback(uri: &str) -> bool {
+/// Whether `uri` names this machine's loopback (`localhost`, 127.0.0.0/8, `::1`).
+pub fn is_loopback(uri: &str) -> bool {
     uri.eq_ignore_ascii_case("localhost") || uri.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 

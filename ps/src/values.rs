@@ -55,6 +55,12 @@ pub fn to_bytes<T: Value>(values: &[T]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(values))
 }
 
+/// `value` `n` times, as bytes (one allocation): the per-key lengths of a request whose
+/// keys all have the same number of values.
+pub fn repeated<T: Value>(value: T, n: usize) -> Bytes {
+    Bytes::from(bytemuck::bytes_of(&value).repeat(n))
+}
+
 /// `bytes` viewed as `[T]`: borrowed when aligned, copied otherwise. Fails when the length
 /// is not a multiple of the element size.
 pub fn view<T: Value>(bytes: &[u8]) -> Result<Cow<'_, [T]>, PsError> {

@@ -562,10 +562,7 @@ impl Van for IpcVan {
         if self.shared.options.named {
             // The last survivors of a crash leave nothing behind: what dead peers left in
             // /dev/shm goes before this process exits (their owner locks tell).
-            let swept = tokio::task::spawn_blocking(handshake::sweep_stale).await;
-            if let Ok(Err(e)) = swept {
-                debug!("could not clean stale vans segments: {e}");
-            }
+            let _ = tokio::task::spawn_blocking(handshake::sweep_logged).await;
         }
         Ok(())
     }

@@ -139,7 +139,7 @@ impl Output {
             return None;
         }
         let per_key = i32::try_from(values / self.num_keys).ok()?;
-        Some(ps::values::to_bytes(&vec![per_key; self.num_keys]))
+        Some(ps::values::repeated(per_key, self.num_keys))
     }
 
     /// Copies the pulled values (and lengths) into the caller's buffers: the pull's one copy.

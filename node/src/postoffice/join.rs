@@ -73,19 +73,19 @@ impl Postoffice {
                 if is_final_refusal(&e) {
                     return Err(e);
                 }
-                let (host, port) = (&scheduler.host, scheduler.port);
-                match told {
-                    None => info!("waiting for the scheduler at {host}:{port}: {e}"),
-                    Some(at) if at.elapsed() >= PROGRESS_EVERY => warn!(
-                        "still waiting for the scheduler at {host}:{port} after {}s of the {}s \
-                         bootstrap deadline (is it running, and is DMLC_PS_ROOT_URI/PORT \
-                         right?): {e}",
-                        started.elapsed().as_secs(),
-                        deadline.as_secs()
-                    ),
-                    Some(_) => {}
-                }
                 if told.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+                    let (host, port) = (&scheduler.host, scheduler.port);
+                    if told.is_none() {
+                        info!("waiting for the scheduler at {host}:{port}: {e}");
+                    } else {
+                        warn!(
+                            "still waiting for the scheduler at {host}:{port} after {}s of the \
+                             {}s bootstrap deadline (is it running, and is \
+                             DMLC_PS_ROOT_URI/PORT right?): {e}",
+                            started.elapsed().as_secs(),
+                            deadline.as_secs()
+                        );
+                    }
                     told = Some(Instant::now());
                 }
                 tokio::time::sleep(CONNECT_RETRY).await;

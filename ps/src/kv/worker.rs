@@ -396,7 +396,7 @@ impl<T: Value> KvWorker<T> {
                         per_key / elem
                     ))
                 })?;
-                pairs.lens = Some(values::to_bytes(&vec![count; n]));
+                pairs.lens = Some(values::repeated(count, n));
             }
             let parts = (0u32..)
                 .zip(&slices)

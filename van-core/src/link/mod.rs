@@ -478,7 +478,7 @@ impl<L: Clone + Send + 'static> Links<L> {
     /// and ends, waits up to `flush` for them, then ends every connection and task. Returns
     /// whether everything was flushed in time. Idempotent.
     pub async fn stop(&self, flush: Duration) -> bool {
-        let (connections, tasks) = {
+        let (connections, tasks, dead) = {
             let mut state = self.lock();
             state.stopped = true;
             state.inbox = None;
@@ -486,9 +486,9 @@ impl<L: Clone + Send + 'static> Links<L> {
             (
                 std::mem::take(&mut state.connections),
                 std::mem::take(&mut state.tasks),
+                std::mem::take(&mut state.dead),
             )
         };
-        let dead = std::mem::take(&mut self.lock().dead);
         let mut ios = Vec::with_capacity(connections.len());
         let mut flushed = Vec::with_capacity(connections.len());
         for (_, entry) in connections {
@@ -496,7 +496,7 @@ impl<L: Clone + Send + 'static> Links<L> {
             drop(entry.link);
             if entry.peer.is_some_and(|peer| dead.contains(&peer)) {
                 // Nobody will read it: not worth a wait.
-                entry.io.abort();
+                entry.io.drop_dead();
                 continue;
             }
             entry.io.finish();

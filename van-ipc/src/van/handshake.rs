@@ -250,7 +250,7 @@ pub(super) fn named_listener(options: &IpcOptions) -> Result<NamedListener, VanE
 /// Named mode runs it when a van binds, when it learns of a peer's death (a heartbeat that
 /// stopped, the scheduler's verdict) and when it stops, so that a crashed process's accept
 /// queue goes with the survivors instead of outliving the job.
-pub(super) fn sweep_stale() -> Result<(), crate::IpcError> {
+fn sweep_stale() -> Result<(), crate::IpcError> {
     let report = named::clean_stale()?;
     for entry in &report.removed {
         info!(
@@ -374,13 +374,26 @@ pub(super) async fn watch_connection(watch: Watch, connection: Arc<ConnectionIo>
     connection.close();
 }
 
-/// [`sweep_stale`] on a blocking thread of the runtime (a directory listing is no work for
-/// an I/O thread), errors at debug level: a sweep that fails is retried by the next one.
+/// [`sweep_stale`], its failure at debug level (the next sweep tries again).
+pub(super) fn sweep_logged() {
+    if let Err(e) = sweep_stale() {
+        debug!("could not clean stale vans segments: {e}");
+    }
+}
+
+/// [`sweep_logged`] on a blocking thread of the runtime (a directory listing is no work for
+/// an I/O thread). Requests made while one waits to start are one sweep: a death seen by
+/// several connections and by the scheduler's verdict lists `/dev/shm` once.
 pub(super) fn sweep_in_background() {
+    static QUEUED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    use std::sync::atomic::Ordering;
+    if QUEUED.swap(true, Ordering::AcqRel) {
+        return;
+    }
     let sweep = || {
-        if let Err(e) = sweep_stale() {
-            debug!("could not clean stale vans segments: {e}");
-        }
+        // Cleared before the listing: a death noticed from now on gets a sweep of its own.
+        QUEUED.store(false, Ordering::Release);
+        sweep_logged();
     };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn_blocking(sweep)),

@@ -358,14 +358,6 @@ async fn authorize(
     next.run(request).await
 }
 
-/// Whether `host` is a loopback address (or `localhost`).
-fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 #[tokio::main]
 async fn main() {
     node::logging::init(std::io::IsTerminal::is_terminal(&std::io::stderr()));
@@ -378,7 +370,7 @@ async fn main() {
 
 async fn serve(o: Options) -> Result<(), BoxError> {
     let token = Token::from_env_or_file(o.token_file.as_deref())?;
-    if token.is_none() && !is_loopback(&o.host) {
+    if token.is_none() && !launcher::is_loopback(&o.host) {
         return Err(format!(
             "--host {} reaches beyond this machine, and without a token anyone who reaches the \
              master runs commands through it: set {TOKEN_ENV} or --token-file, or listen on \
