@@ -7,7 +7,8 @@
 //! hands them to `logging`. An I/O thread that logs while a Python thread holds the GIL and
 //! waits on it can therefore not deadlock. Which records are kept follows the more verbose
 //! of `PS_VERBOSE` (unset: warnings; 1: info; 2: debug) and the `vans` logger's level,
-//! which that thread passes down (`_set_log_level`) each time it wakes.
+//! which that thread passes down (`_set_log_level`) each time it wakes; each call site's
+//! decision is cached, and taken again only when that level changes.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -62,6 +63,11 @@ fn bridge() -> &'static Bridge {
     })
 }
 
+/// Whether records of `level` are kept at the current threshold.
+fn kept(level: &Level) -> bool {
+    python_level(level) >= bridge().threshold.load(Ordering::Relaxed)
+}
+
 /// The message and fields of an event, as one line.
 #[derive(Default)]
 struct Line(String);
@@ -88,17 +94,33 @@ impl Visit for Line {
 struct ToPython;
 
 impl<S: Subscriber> Layer<S> for ToPython {
-    /// Asked at every event, not cached per call site: the threshold changes with the
-    /// `vans` logger's level.
+    /// Decided once per call site, so a disabled event on a hot path costs what it costs
+    /// without the bridge; [`_set_log_level`] has the decisions taken again when the level
+    /// changes.
     fn register_callsite(
         &self,
-        _: &'static tracing::Metadata<'static>,
+        metadata: &'static tracing::Metadata<'static>,
     ) -> tracing::subscriber::Interest {
-        tracing::subscriber::Interest::sometimes()
+        if kept(metadata.level()) {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        use tracing::level_filters::LevelFilter;
+        Some(match bridge().threshold.load(Ordering::Relaxed) {
+            0..=5 => LevelFilter::TRACE,
+            6..=10 => LevelFilter::DEBUG,
+            11..=20 => LevelFilter::INFO,
+            21..=30 => LevelFilter::WARN,
+            _ => LevelFilter::ERROR,
+        })
     }
 
     fn enabled(&self, metadata: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
-        python_level(metadata.level()) >= bridge().threshold.load(Ordering::Relaxed)
+        kept(metadata.level())
     }
 
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
@@ -149,9 +171,11 @@ pub(crate) fn _next_log_records(py: Python<'_>, timeout: f64) -> (Vec<(u8, Strin
 #[pyfunction]
 pub(crate) fn _set_log_level(level: u8) {
     let bridge = bridge();
-    bridge
-        .threshold
-        .store(level.min(bridge.verbose).max(1), Ordering::Relaxed);
+    let threshold = level.min(bridge.verbose).max(1);
+    if bridge.threshold.swap(threshold, Ordering::Relaxed) != threshold {
+        // Call sites decided under the old level decide again.
+        tracing::callsite::rebuild_interest_cache();
+    }
 }
 
 /// The level `PS_VERBOSE` asks for, as Python's (30, 20 or 10).

@@ -189,30 +189,34 @@ impl<T: Value> RequestHandler for SumHandler<T> {
             return Ok(KvPairs::default());
         }
         let len_of = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-        // What the pull expects of each key, when it says (a pull into a buffer does).
+        // What the pull expects of each key, when it says (a pull into a buffer does),
+        // viewed in place.
         let expected = match request.lens().map_err(|e| e.to_string())? {
-            Some(lens) if !meta.push => Some(
-                lens.iter()
-                    .map(|&n| usize::try_from(n).map_err(|_| format!("negative length {n}")))
-                    .collect::<std::result::Result<Vec<usize>, String>>()?,
-            ),
+            Some(lens) if !meta.push => Some(lens),
             _ => None,
         };
-        // The answer is built from what the pull declares: bound it before allocating zeros
-        // for it (a response larger than a frame could not be sent anyway).
+        // The answer is built from what the pull declares: check it (no negative length)
+        // and bound it before allocating zeros for it (a response larger than a frame could
+        // not be sent anyway).
         if let Some(expected) = &expected {
-            let bytes = expected.iter().try_fold(0usize, |sum, n| {
-                sum.checked_add(n.checked_mul(size_of::<T>())?)
-            });
+            let mut bytes = 0u64;
+            for &n in expected.iter() {
+                let n = u64::try_from(n).map_err(|_| format!("negative length {n}"))?;
+                bytes = bytes.saturating_add(n.saturating_mul(size_of::<T>() as u64));
+            }
             let limit = van_core::wire::DEFAULT_MAX_FRAME;
-            if bytes.is_none_or(|b| b as u64 > limit) {
+            if bytes > limit {
                 return Err(format!(
                     "the pull expects more than {limit} bytes of values, more than one \
                      response carries"
                 ));
             }
         }
-        let expects = |i: usize| expected.as_ref().and_then(|e| e.get(i).copied());
+        // Checked above: every length is non-negative.
+        let expects = |i: usize| {
+            let n = expected.as_ref()?.get(i)?;
+            usize::try_from(*n).ok()
+        };
         // One key (a tensor, a large value): its stored values go out as they are.
         if let [key] = &keys[..] {
             let (vals, n) = match self.pulled(*key, expects(0))? {
