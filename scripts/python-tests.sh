@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 venv=${VANS_PY_VENV:-target/py-venv}
+# No wheel cache: torch's wheels would take as much disk again in ~/.cache/pip.
+export PIP_NO_CACHE_DIR=1
 if [ ! -x "$venv/bin/python" ]; then
     echo "== python: creating the virtual environment $venv"
     python3 -m venv "$venv"
