@@ -4,6 +4,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::Read;
 use std::process::{Child, Output};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -35,20 +36,41 @@ pub(crate) fn all_succeeded<const N: usize>(nodes: [(&str, Child); N]) -> [Outpu
 }
 
 /// Waits for `child` with a deadline; kills it and fails the test, showing its output, when
-/// the deadline passes.
+/// the deadline passes. Its piped output is read all along (a chatty child, such as a
+/// 2,000-node in-process cluster, would otherwise block on a full pipe and never exit).
 pub(crate) fn wait_output_within(mut child: Child, what: &str, deadline: Duration) -> Output {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let started = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
+    let (status, late) = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break (status, false);
         }
         if started.elapsed() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("{what} still running after {deadline:?}\n{}", text(&out));
+            break (child.wait().unwrap(), true);
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
+    };
+    let out = Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    assert!(
+        !late,
+        "{what} still running after {deadline:?}\n{}",
+        text(&out)
+    );
+    out
 }
 
 /// A finished child's stdout then stderr, as text.
