@@ -106,10 +106,10 @@ pub struct Figures {
     pub p50_us: u64,
     /// 99th percentile latency in µs (a total: the worst worker's).
     pub p99_us: u64,
-    /// CPU seconds of every node process of the cluster during the case, read from /proc;
-    /// `None` when the nodes were not started by a launcher (in-process or by hand). A total
-    /// takes the largest worker's reading: each reads the whole cluster over the same
-    /// barrier-aligned case.
+    /// CPU seconds of every node process of the cluster during the case, read from /proc
+    /// by worker 0 alone over its barrier-aligned case; `None` on other workers and when
+    /// the nodes were not started by a launcher (in-process or by hand). A total takes the
+    /// largest reading.
     pub cluster_cpu_s: Option<f64>,
     /// `cluster_cpu_s` per GB of values moved; only in a total (every worker reads the
     /// same cluster, whose CPU serves them all).
@@ -292,6 +292,10 @@ pub struct WorkerReport {
     /// Sparse mode: user-space copies of pulled value bytes on the worker, per byte pulled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copies_per_pulled_byte: Option<f64>,
+    /// Seconds from the cluster's launch until this worker had joined (held the node
+    /// table); `None` when the launch time is unknown (a hand-started node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_s: Option<f64>,
 }
 
 /// One worker's figures of a case, in a [`CaseReport`].
@@ -323,8 +327,15 @@ pub struct RunReport {
     pub van: String,
     /// Seconds from launch until every node exited.
     pub elapsed_s: Option<f64>,
+    /// Seconds from launch until the cluster was formed: the last worker to join held the
+    /// node table (which the scheduler sends once every node has registered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub formed_s: Option<f64>,
     /// CPU seconds of every node process over the whole run; `None` in one process.
     pub cpu_s: Option<f64>,
+    /// In one process (`--van inproc`): the process's peak resident memory, MB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_mb: Option<f64>,
     /// Every case, in the order run.
     pub cases: Vec<CaseReport>,
     /// The raw-socket reference worker 0 measured in this run.
@@ -379,7 +390,9 @@ impl RunReport {
         RunReport {
             van: van.to_owned(),
             elapsed_s,
+            formed_s: reports.iter().filter_map(|r| r.joined_s).reduce(f64::max),
             cpu_s,
+            peak_rss_mb: None,
             cases,
             raw: reports.iter().flat_map(|r| r.raw.clone()).collect(),
             checks: reports.iter().filter_map(|r| r.check.clone()).collect(),
@@ -564,6 +577,21 @@ impl fmt::Display for BenchReport {
                 write!(f, "{}", run.table())?;
                 if run.several_workers() {
                     writeln!(f, "({TOTAL_MEANS})")?;
+                }
+                if let Some(formed) = run.formed_s {
+                    writeln!(
+                        f,
+                        "cluster formed in {formed:.3} s (launch until the last worker \
+                         joined)"
+                    )?;
+                }
+                if let (Some(elapsed), Some(rss)) = (run.elapsed_s, run.peak_rss_mb) {
+                    writeln!(
+                        f,
+                        "{} nodes in one process: {elapsed:.2} s from start to stop, peak \
+                         resident memory {rss:.0} MB",
+                        1 + self.servers + self.workers
+                    )?;
                 }
                 if let Some(copies) = run.copies_per_pulled_byte {
                     writeln!(

@@ -48,7 +48,7 @@ use launcher::{launch, LaunchSpec};
 use ps::{Config, Postoffice};
 use van_core::VanKind;
 
-use crate::options::{Options, VanArg, RESULTS_DIR_ENV};
+use crate::options::{Options, VanArg, LAUNCHED_AT_ENV, RESULTS_DIR_ENV};
 
 fn main() {
     ::node::logging::init(std::io::IsTerminal::is_terminal(&std::io::stderr()));
@@ -81,7 +81,12 @@ async fn run(options: Options) -> Result<(), BoxError> {
         return show(&report, &options);
     }
     let po = Postoffice::start(config).await?;
-    match node::node(po, &options).await? {
+    // Wall clocks of one host: the launching ps-bench and this node share it.
+    let joined_s = options
+        .launched_at
+        .and_then(|at| at.elapsed().ok())
+        .map(|d| d.as_secs_f64());
+    match node::node(po, &options, joined_s).await? {
         Some(report) => deliver(report, &options),
         None => Ok(()),
     }
@@ -163,8 +168,10 @@ async fn run_in_process(o: &Options) -> Result<BenchReport, BoxError> {
     let results = LocalCluster::new(o.servers, o.workers)
         .run(move |po| {
             let options = Arc::clone(&options);
+            // Every node's task starts once its postoffice has joined.
+            let joined_s = Some(started.elapsed().as_secs_f64());
             async move {
-                node::node(po, &options)
+                node::node(po, &options, joined_s)
                     .await
                     .map_err(|e| ps::PsError::InvalidArgument(e.to_string()))
             }
@@ -175,7 +182,10 @@ async fn run_in_process(o: &Options) -> Result<BenchReport, BoxError> {
     Ok(BenchReport {
         servers: o.servers,
         workers: o.workers,
-        runs: vec![RunReport::gather("inproc", reports, Some(elapsed), None)],
+        runs: vec![RunReport {
+            peak_rss_mb: peak_rss_mb(),
+            ..RunReport::gather("inproc", reports, Some(elapsed), None)
+        }],
     })
 }
 
@@ -219,6 +229,9 @@ async fn launch_run(
         RESULTS_DIR_ENV.into(),
         results.path.to_string_lossy().into_owned(),
     ));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    spec.env
+        .push((LAUNCHED_AT_ENV.into(), now.as_micros().to_string()));
     if let Some(van) = van {
         spec.env.push(("VANS_STREAM_VAN".into(), van.to_string()));
         spec.env.push(("DMLC_ENABLE_IPC".into(), "0".into()));
@@ -290,15 +303,23 @@ impl Drop for ResultsDir {
 /// CPU seconds (user + system) of this process's children that have exited and been
 /// waited for.
 fn children_cpu_seconds() -> f64 {
-    // libc, not rustix: rustix has no getrusage.
-    // SAFETY: `rusage` is plain data (all-zero is valid) and getrusage only writes it.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) != 0 {
-            return 0.0;
-        }
-        usage
+    let Some(usage) = rusage(libc::RUSAGE_CHILDREN) else {
+        return 0.0;
     };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// Peak resident memory of this process so far, in MB (`ru_maxrss`, KiB on Linux).
+fn peak_rss_mb() -> Option<f64> {
+    rusage(libc::RUSAGE_SELF).map(|u| u.ru_maxrss as f64 * 1024.0 / 1e6)
+}
+
+fn rusage(who: libc::c_int) -> Option<libc::rusage> {
+    // libc, not rustix: rustix has no getrusage.
+    // SAFETY: `rusage` is plain data (all-zero is valid) and getrusage only writes it.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(who, &mut usage) == 0).then_some(usage)
+    }
 }

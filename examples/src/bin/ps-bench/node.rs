@@ -17,7 +17,13 @@ use ps::{node_ids, KvPairs, KvServer, KvWorker, Postoffice, RequestId, Role};
 use crate::options::{ModeArg, Options};
 
 /// Runs this node's role until the cluster finalizes; a worker's report comes back.
-pub(crate) async fn node(po: Postoffice, o: &Options) -> Result<Option<WorkerReport>, BoxError> {
+/// This node's part of the benchmark; a worker's report. `joined_s`: seconds from the
+/// cluster's launch until this node joined, when known.
+pub(crate) async fn node(
+    po: Postoffice,
+    o: &Options,
+    joined_s: Option<f64>,
+) -> Result<Option<WorkerReport>, BoxError> {
     let report = match po.role() {
         Role::Scheduler => None,
         Role::Server => {
@@ -34,6 +40,7 @@ pub(crate) async fn node(po: Postoffice, o: &Options) -> Result<Option<WorkerRep
             let worker = KvWorker::<f32>::new(&po, 0, 0).await?;
             let mut report = WorkerReport {
                 worker: po.my_rank(),
+                joined_s,
                 ..WorkerReport::default()
             };
             let result = match o.mode {
@@ -211,7 +218,7 @@ async fn benchmark(
                 if together {
                     po.barrier(node_ids::WORKER_GROUP).await?;
                 }
-                let cpu_before = cluster_cpu_seconds();
+                let cpu_before = cluster_cpu_seconds(rank);
                 let mut r = run_case(
                     worker,
                     *window,
@@ -235,7 +242,7 @@ async fn benchmark(
                     |_| Ok(()),
                 )
                 .await?;
-                let cpu = cluster_cpu_seconds()
+                let cpu = cluster_cpu_seconds(rank)
                     .zip(cpu_before)
                     .map(|(after, before)| after - before);
                 let case = Case {
@@ -256,9 +263,14 @@ async fn benchmark(
 }
 
 /// CPU ticks (user + system) of this node and its sibling nodes — every child of the
-/// launcher that started this one — from `/proc/<pid>/stat`. `None` when not started by a
-/// launcher (the siblings would be unrelated processes).
-pub(crate) fn cluster_cpu_seconds() -> Option<f64> {
+/// launcher that started this one — from `/proc/<pid>/stat`, read by worker `rank` 0 only
+/// (`None` elsewhere): with every worker reading it at each case's edges, 496 workers made
+/// a quarter of a million `/proc` reads per case and counted them as the case's CPU. `None`
+/// too when not started by a launcher (the siblings would be unrelated processes).
+pub(crate) fn cluster_cpu_seconds(rank: u32) -> Option<f64> {
+    if rank != 0 {
+        return None;
+    }
     std::env::var_os("VANS_LAUNCH_RANK")?;
     let parent = std::os::unix::process::parent_id();
     let ticks = rustix::param::clock_ticks_per_second();

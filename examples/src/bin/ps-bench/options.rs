@@ -1,7 +1,8 @@
-//! ps-bench's command line (clap) and the one setting a launching ps-bench passes its nodes
+//! ps-bench's command line (clap) and the two settings a launching ps-bench passes its nodes
 //! through the environment.
 
 use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
@@ -13,6 +14,10 @@ use van_core::VanKind;
 /// its results as `worker-RANK.json`, for the launching process to gather (nodes then print
 /// no table of their own).
 pub(crate) const RESULTS_DIR_ENV: &str = "PS_BENCH_RESULTS_DIR";
+
+/// Set by a ps-bench that launches its own cluster: when it launched, in microseconds since
+/// the Unix epoch, so each worker can report how long the cluster took to form.
+pub(crate) const LAUNCHED_AT_ENV: &str = "PS_BENCH_LAUNCHED_AT";
 
 /// `--mode`: what the workers do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -143,6 +148,9 @@ pub(crate) struct Options {
     /// From `PS_BENCH_RESULTS_DIR` (see [`RESULTS_DIR_ENV`]).
     #[arg(skip)]
     pub results_dir: Option<PathBuf>,
+    /// From `PS_BENCH_LAUNCHED_AT` (see [`LAUNCHED_AT_ENV`]).
+    #[arg(skip)]
+    pub launched_at: Option<SystemTime>,
     /// The arguments as given, passed on to the nodes a launching ps-bench starts.
     #[arg(skip)]
     pub args: Vec<String>,
@@ -199,6 +207,19 @@ impl Options {
             }
         }
         options.results_dir = std::env::var_os(RESULTS_DIR_ENV).map(PathBuf::from);
+        if let Some(at) = std::env::var_os(LAUNCHED_AT_ENV) {
+            match at.to_str().and_then(|v| v.parse::<u64>().ok()) {
+                Some(micros) => {
+                    options.launched_at = UNIX_EPOCH.checked_add(Duration::from_micros(micros))
+                }
+                None => Options::command()
+                    .error(
+                        ErrorKind::ValueValidation,
+                        format!("{LAUNCHED_AT_ENV}={at:?}: not a count of microseconds"),
+                    )
+                    .exit(),
+            }
+        }
         options.args = std::env::args().skip(1).collect();
         options
     }

@@ -76,7 +76,7 @@ pub(crate) async fn benchmark(
             if together {
                 po.barrier(node_ids::WORKER_GROUP).await?;
             }
-            let cpu_before = crate::node::cluster_cpu_seconds();
+            let cpu_before = crate::node::cluster_cpu_seconds(rank);
             let mut r = run_case(
                 worker,
                 *window,
@@ -115,7 +115,7 @@ pub(crate) async fn benchmark(
                 },
             )
             .await?;
-            let cpu = crate::node::cluster_cpu_seconds()
+            let cpu = crate::node::cluster_cpu_seconds(rank)
                 .zip(cpu_before)
                 .map(|(after, before)| after - before);
             let case = Case {
