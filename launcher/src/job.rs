@@ -57,6 +57,7 @@ pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
         spec.root_uri,
         command_line(spec)
     ));
+    raise_fd_limit(spec);
     let (mut job, mut exits) = Job::start(spec, port);
     let deadline = spec.timeout.map(|timeout| (job.start + timeout, timeout));
     while job.remaining > 0 {
@@ -292,6 +293,25 @@ impl Job {
             Cause::Timeout(timeout) => LaunchError::Timeout(timeout),
             Cause::Signal(name) => LaunchError::Interrupted(name),
         })
+    }
+}
+
+/// Raises this process's soft limit on open files to the hard limit when the cluster needs
+/// more than the soft one allows (the nodes inherit it): the launcher holds two pipes per
+/// node and the scheduler two connections per node, so 513 nodes need over 1,024, a
+/// common soft limit. As Go's runtime does at start; a failure only leaves the limit as it
+/// was.
+fn raise_fd_limit(spec: &LaunchSpec) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let needed = 2 * (1 + u64::from(spec.num_servers) + u64::from(spec.num_workers)) + 64;
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some_and(|soft| soft < needed) && limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            say(format_args!(
+                "cannot raise the open-file limit ({e}); {needed} may be needed"
+            ));
+        }
     }
 }
 
