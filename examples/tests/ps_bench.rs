@@ -89,6 +89,17 @@ fn json_of_a_launched_two_worker_cluster_is_one_document_whose_totals_add_up() {
     assert_totals_add_up(&value, 2);
     // Worker 0's raw reference came along.
     assert_eq!(value["runs"][0]["raw"][0]["name"], "ping-pong", "{value}");
+    // The time to form the cluster: after the launch, before every node exited.
+    let formed = value["runs"][0]["formed_s"].as_f64().expect("formed_s");
+    let elapsed = value["runs"][0]["elapsed_s"].as_f64().expect("elapsed_s");
+    assert!(formed > 0.0 && formed < elapsed, "{formed} {elapsed}");
+    // The cluster's CPU is read by worker 0 alone (every worker scanning /proc made its
+    // own reads the largest cost of a 500-worker case); the total carries its reading.
+    for case in value["runs"][0]["cases"].as_array().unwrap() {
+        let cpu = |w: usize| case["workers"][w]["cluster_cpu_s"].as_f64();
+        assert!(cpu(0).is_some() && cpu(1).is_none(), "{case}");
+        assert_eq!(case["total"]["cluster_cpu_s"].as_f64(), cpu(0), "{case}");
+    }
     // The library's types read it back.
     let report: BenchReport = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report.runs[0].cases[0].workers.len(), 2);
@@ -126,6 +137,44 @@ fn the_in_process_cluster_gathers_its_workers_the_same_way() {
     let value: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(value["runs"][0]["van"], "inproc", "{value}");
     assert_totals_add_up(&value, 3);
+}
+
+/// Thousands of nodes in one process: each node holds the scheduler's one node table (not a
+/// copy each), a barrier costs constant work per arrival, and a connect to an address with
+/// thousands of connected vans costs the same as to one with a few. (The 10,000-node run,
+/// release build, is in the book's performance chapter.)
+#[test]
+fn an_in_process_cluster_of_two_thousand_nodes_forms_push_pulls_and_stops() {
+    let out = ps_bench(&[
+        "--van",
+        "inproc",
+        "--json",
+        "--servers",
+        "20",
+        "--workers",
+        "1980",
+        "--mode",
+        "pushpull",
+        "--sizes",
+        "8",
+        "--windows",
+        "1",
+        "--seconds",
+        "0.05",
+        "--no-raw",
+    ]);
+    let value: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_totals_add_up(&value, 1980);
+    let formed = value["runs"][0]["formed_s"].as_f64().expect("formed_s");
+    let elapsed = value["runs"][0]["elapsed_s"].as_f64().expect("elapsed_s");
+    assert!(formed > 0.0 && formed < elapsed, "{formed} {elapsed}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("worker 1979: pushpull"), "{stderr}");
+    // One table for all: 2,001 nodes each holding a copy of it took about 4 GB.
+    let rss = value["runs"][0]["peak_rss_mb"]
+        .as_f64()
+        .expect("peak_rss_mb");
+    assert!(rss > 1.0 && rss < 1000.0, "peak RSS {rss} MB");
 }
 
 #[test]

@@ -39,10 +39,12 @@ mod resend;
 // The RDMA van of a node, when `DMLC_ENABLE_RDMA` asks for it (feature `rdma`).
 mod rdma;
 pub mod router;
+pub mod table;
 
 pub use error::{PsError, Result};
 pub use postoffice::{Postoffice, ALL_GROUPS};
 pub use resend::ResendStats;
+pub use table::NodeTable;
 pub use van_core::{node_ids, Config, Message, Meta, Node, Role};
 
 /// Identifies a request until it is waited for (ps-lite's timestamp): the `request_id` of a

@@ -28,6 +28,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -51,10 +52,34 @@ struct HubInner {
     last_port: HashMap<String, u16>,
     /// Bound addresses and how to reach them.
     bound: HashMap<String, WeakInboxSender>,
-    /// Per bound address, who connected to it: the id they know it by and their inbox, so
-    /// they hear of it when it stops (as a socket's peer sees the connection close).
-    watchers: HashMap<String, Vec<(NodeId, WeakInboxSender)>>,
+    /// Per bound address, who connected to it, so they hear of it when it stops (as a
+    /// socket's peer sees the connection close).
+    watchers: HashMap<String, Watchers>,
 }
+
+/// The vans connected to one address: keyed by the connecting van and the id it knows the
+/// address by, so that a connect costs the same with 10 or 10,000 watchers and reconnects
+/// neither pile up entries nor duplicate lost-peer events.
+#[derive(Debug, Default)]
+struct Watchers {
+    by_van: HashMap<(u64, NodeId), WeakInboxSender>,
+    /// Entries of stopped vans are swept when the map reaches this size (then twice the
+    /// live size): amortised constant work per connect.
+    sweep_at: usize,
+}
+
+impl Watchers {
+    fn insert(&mut self, van: u64, peer: NodeId, inbox: WeakInboxSender) {
+        self.by_van.insert((van, peer), inbox);
+        if self.by_van.len() >= self.sweep_at {
+            self.by_van.retain(|_, w| w.upgrade().is_some());
+            self.sweep_at = (2 * self.by_van.len()).max(64);
+        }
+    }
+}
+
+/// Tells vans apart in [`Watchers`].
+static NEXT_VAN: AtomicU64 = AtomicU64::new(0);
 
 impl Hub {
     /// An empty network.
@@ -73,6 +98,7 @@ impl Hub {
 #[derive(Debug)]
 pub struct InProcessVan {
     hub: Hub,
+    id: u64,
     state: Mutex<State>,
 }
 
@@ -89,6 +115,7 @@ impl InProcessVan {
     pub fn new(hub: &Hub) -> InProcessVan {
         InProcessVan {
             hub: hub.clone(),
+            id: NEXT_VAN.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::default()),
         }
     }
@@ -190,12 +217,10 @@ impl Van for InProcessVan {
         state.routes.insert(peer, target);
         if let Some((_, my_inbox)) = &state.bound {
             let mut hub = self.hub.lock();
-            let watchers = hub.watchers.entry(address).or_default();
-            // Reconnects must not pile up entries (nor duplicate lost-peer events); stopped
-            // watchers are dropped on the way.
-            watchers.retain(|(p, w)| *p != peer || !w.same_inbox(my_inbox));
-            watchers.retain(|(_, w)| w.upgrade().is_some());
-            watchers.push((peer, my_inbox.downgrade()));
+            hub.watchers
+                .entry(address)
+                .or_default()
+                .insert(self.id, peer, my_inbox.downgrade());
         }
         Ok(())
     }
@@ -240,7 +265,7 @@ impl Van for InProcessVan {
             hub.bound.remove(&address);
             hub.watchers.remove(&address).unwrap_or_default()
         };
-        for (peer, watcher) in watchers {
+        for ((_, peer), watcher) in watchers.by_van {
             if let Some(inbox) = watcher.upgrade() {
                 let lost = PeerLost {
                     peer: Some(peer),

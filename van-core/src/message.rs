@@ -4,6 +4,8 @@
 //! that people who know ps-lite can read our logs and port their code. [`VanKind`] names the
 //! transport each of a node's [`Endpoint`]s is for.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 /// A node's identifier, in ps-lite numbering (see [`crate::node_ids`]).
@@ -409,8 +411,10 @@ impl std::fmt::Display for Node {
 pub struct Control {
     /// What to do.
     pub cmd: Command,
-    /// Nodes concerned (registration, node table, failures).
-    pub nodes: Vec<Node>,
+    /// Nodes concerned (registration, node table, failures). Shared, not copied, between
+    /// the messages that carry the same table: the scheduler sends one table to every node,
+    /// and in one process (the in-process van) they all keep that one copy.
+    pub nodes: Arc<[Node]>,
     /// Barrier group, a bitmask of [`crate::node_ids`] groups.
     pub barrier_group: i32,
     /// Signature of the message being acknowledged (ps-lite's `msg_sig`).

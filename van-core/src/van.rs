@@ -233,13 +233,6 @@ impl WeakInboxSender {
     pub fn upgrade(&self) -> Option<InboxSender> {
         self.tx.upgrade().map(|tx| InboxSender { tx })
     }
-
-    /// Whether this handle and `other` deliver into the same inbox.
-    pub fn same_inbox(&self, other: &InboxSender) -> bool {
-        self.tx
-            .upgrade()
-            .is_some_and(|tx| tx.same_channel(&other.tx))
-    }
 }
 
 /// The inbox was dropped: its node is shutting down.

@@ -246,7 +246,7 @@ fn control() -> impl Strategy<Value = Control> {
     )
         .prop_map(|(cmd, nodes, barrier_group, msg_sig)| Control {
             cmd,
-            nodes,
+            nodes: nodes.into(),
             barrier_group,
             msg_sig,
         })
@@ -504,7 +504,7 @@ fn meta_exactly_at_max_meta_accepted_one_over_rejected() {
             body: Bytes::from_static(b"a body of some length"),
             control: Some(Control {
                 cmd: Command::AddNode,
-                nodes: vec![Node::new(Role::Worker, "wörker-0", 9000).with_id(9)],
+                nodes: vec![Node::new(Role::Worker, "wörker-0", 9000).with_id(9)].into(),
                 ..Control::default()
             }),
             ..Meta::default()
@@ -604,7 +604,7 @@ fn sample_message() -> Message {
             data_types: van_core::smallvec::smallvec![DataType::U64, DataType::F32],
             control: Some(Control {
                 cmd: Command::AddNode,
-                nodes: vec![node],
+                nodes: vec![node].into(),
                 barrier_group: 7,
                 msg_sig: 42,
             }),
@@ -909,7 +909,7 @@ fn unrepresentable_fields_are_encode_errors_not_silent_changes() {
     let msg = Message {
         meta: Meta {
             control: Some(Control {
-                nodes: vec![node],
+                nodes: vec![node].into(),
                 ..Control::default()
             }),
             ..Meta::default()

@@ -24,6 +24,7 @@ impl Scheduler {
             if peer.leaving {
                 info!(id, "leaving node stopped its heartbeat");
                 peer.gone = true;
+                self.membership_epoch += 1;
             } else {
                 newly_dead.push(id);
             }
@@ -46,6 +47,7 @@ impl Scheduler {
             Some(state) if state.leaving => {
                 info!(peer, reason, "leaving node disconnected");
                 state.gone = true;
+                self.membership_epoch += 1;
                 self.bury(Vec::new(), reason)
             }
             Some(_) => {
@@ -91,6 +93,7 @@ impl Scheduler {
                     peer.dead = true;
                 }
             }
+            self.membership_epoch += 1;
             let control = Control {
                 cmd: Command::NodeFailure,
                 nodes: self.nodes(&ids),
@@ -98,7 +101,7 @@ impl Scheduler {
             };
             // Live nodes, and (best effort) the dead themselves: one declared dead wrongly
             // learns it and stops waiting.
-            for node in &self.table {
+            for node in self.table.iter() {
                 let Some(id) = node.id.filter(|&id| self.is_live(id) || ids.contains(&id)) else {
                     continue;
                 };

@@ -45,6 +45,7 @@ mod registration;
 mod tests;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
@@ -90,7 +91,7 @@ struct Peer {
 /// let mut scheduler = Scheduler::new(config, Node::new(Role::Scheduler, "10.0.0.1", 9000));
 /// let control = Control {
 ///     cmd: Command::AddNode,
-///     nodes: vec![Node::new(Role::Worker, "10.0.0.2", 9001)],
+///     nodes: vec![Node::new(Role::Worker, "10.0.0.2", 9001)].into(),
 ///     ..Control::default()
 /// };
 /// let meta = Meta { request: true, control: Some(control), ..Meta::default() };
@@ -105,12 +106,18 @@ pub struct Scheduler {
     /// Registrations before the cluster is complete: the node, its incarnation, the echo of
     /// its request and when it was last heard (registrations are re-sent every 2 s).
     joining: Vec<(Node, u64, Echo, Instant)>,
-    /// Empty until ready; then scheduler, servers by id, workers by id.
-    table: Vec<Node>,
+    /// Empty until ready; then scheduler, servers by id, workers by id. One allocation that
+    /// every welcome shares.
+    table: Arc<[Node]>,
     peers: BTreeMap<NodeId, Peer>,
     me_leaving: bool,
     /// Pending barriers: group mask → arrived node → echo of its request.
     barriers: BTreeMap<i32, BTreeMap<NodeId, Echo>>,
+    /// Bumped whenever a node becomes dead, gone or alive again, or the table changes: the
+    /// members of a barrier group are worked out once per change, not once per arrival.
+    membership_epoch: u64,
+    /// Per barrier group: the epoch they were worked out at, the members, the dead ones.
+    barrier_members: BTreeMap<i32, (u64, barrier::Members)>,
     /// Registrations after the cluster was complete, waiting for a node of their role to be
     /// declared dead so that they can take its place.
     /// Each: the node, its incarnation, the echo of its request, when it was last sent.
@@ -124,9 +131,9 @@ impl Scheduler {
         me.id = Some(node_ids::SCHEDULER);
         me.role = Role::Scheduler;
         let table = if config.num_servers == 0 && config.num_workers == 0 {
-            vec![me.clone()]
+            Arc::from([me.clone()])
         } else {
-            Vec::new()
+            Arc::default()
         };
         Scheduler {
             config,
@@ -136,6 +143,8 @@ impl Scheduler {
             peers: BTreeMap::new(),
             me_leaving: false,
             barriers: BTreeMap::new(),
+            membership_epoch: 0,
+            barrier_members: BTreeMap::new(),
             waiting: Vec::new(),
         }
     }
@@ -183,7 +192,9 @@ impl Scheduler {
                 }
                 Some(peer) => {
                     peer.last_seen = peer.last_seen.max(now);
-                    peer.gone = false;
+                    if std::mem::take(&mut peer.gone) {
+                        self.membership_epoch += 1;
+                    }
                 }
             }
         }
@@ -220,6 +231,11 @@ impl Scheduler {
     /// the cluster is ready.
     pub fn table(&self) -> &[Node] {
         &self.table
+    }
+
+    /// The node table as one shared allocation (what every welcome carries).
+    pub fn shared_table(&self) -> Arc<[Node]> {
+        Arc::clone(&self.table)
     }
 
     /// The node of the table with this id.
@@ -278,7 +294,7 @@ impl Scheduler {
     }
 
     /// The table entries of `ids`.
-    fn nodes(&self, ids: &[NodeId]) -> Vec<Node> {
+    fn nodes(&self, ids: &[NodeId]) -> Arc<[Node]> {
         ids.iter()
             .filter_map(|&id| self.node(id).cloned())
             .collect()

@@ -9,6 +9,7 @@
 //! A node's *place* is its task when it announces one (a restarted Kubernetes pod keeps its
 //! task and gets a new address), its address otherwise.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{debug, info, warn};
@@ -43,7 +44,7 @@ impl Scheduler {
         control: &Control,
         echo: Echo,
     ) -> Vec<Output> {
-        let [node] = control.nodes.as_slice() else {
+        let [node] = &control.nodes[..] else {
             warn!(
                 nodes = control.nodes.len(),
                 "AddNode must carry exactly one node"
@@ -132,7 +133,7 @@ impl Scheduler {
                 n.host_identity.clone(),
             )
         });
-        self.table = vec![self.me.clone()];
+        let mut table = vec![self.me.clone()];
         let (mut servers, mut workers) = (0u32, 0u32);
         let mut echoes = Vec::with_capacity(joining.len());
         for (mut node, incarnation, echo, _) in joining {
@@ -145,7 +146,7 @@ impl Scheduler {
             };
             node.id = Some(id);
             let peer = Peer {
-                index: self.table.len(),
+                index: table.len(),
                 last_seen: now,
                 leaving: false,
                 gone: false,
@@ -153,9 +154,11 @@ impl Scheduler {
                 incarnation,
             };
             self.peers.insert(id, peer);
-            self.table.push(node);
+            table.push(node);
             echoes.push(echo);
         }
+        self.table = table.into();
+        self.membership_epoch += 1;
         info!(nodes = self.table.len(), "cluster complete, ids assigned");
         let mut out = Vec::with_capacity(2 * echoes.len());
         for (i, echo) in echoes.into_iter().enumerate() {
@@ -192,7 +195,9 @@ impl Scheduler {
             };
             if !peer.dead && same_process && same_address {
                 peer.last_seen = peer.last_seen.max(now);
-                peer.gone = false;
+                if std::mem::take(&mut peer.gone) {
+                    self.membership_epoch += 1;
+                }
                 debug!(id, "registration re-sent; sending the table again");
                 return self.welcome(index, echo);
             }
@@ -294,6 +299,7 @@ impl Scheduler {
             return Vec::new();
         };
         (peer.dead, peer.gone, peer.leaving) = (false, false, false);
+        self.membership_epoch += 1;
         peer.last_seen = now;
         peer.incarnation = incarnation;
         let index = peer.index;
@@ -301,13 +307,16 @@ impl Scheduler {
         node.id = Some(id);
         node.is_recovery = true;
         info!(%node, "a new process takes the place of node {id} (recovery)");
-        let Some(entry) = self.table.get_mut(index) else {
+        // A copy of the table with the new entry (a recovery is rare; welcomes share it).
+        let mut table = self.table.to_vec();
+        let Some(entry) = table.get_mut(index) else {
             return Vec::new();
         };
         *entry = node.clone();
+        self.table = table.into();
         let control = Control {
             cmd: Command::AddNode,
-            nodes: vec![node],
+            nodes: vec![node].into(),
             ..Control::default()
         };
         let mut out: Vec<Output> = self
@@ -328,7 +337,7 @@ impl Scheduler {
         };
         let control = Control {
             cmd: Command::AddNode,
-            nodes: self.table.clone(),
+            nodes: Arc::clone(&self.table),
             ..Control::default()
         };
         let id = node.id.unwrap_or_default();

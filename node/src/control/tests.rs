@@ -39,7 +39,7 @@ fn nodes(servers: u16, workers: u16) -> Vec<Node> {
 
 fn message(sender: Option<NodeId>, cmd: Command, group: i32, nodes: Vec<Node>) -> Message {
     let mut control = Control::command(cmd);
-    (control.barrier_group, control.nodes) = (group, nodes);
+    (control.barrier_group, control.nodes) = (group, nodes.into());
     let mut msg = Message::default();
     (msg.meta.sender, msg.meta.request, msg.meta.control) = (sender, true, Some(control));
     msg
@@ -91,7 +91,7 @@ fn assert_welcomes(out: &[Output], table: &[Node]) {
         };
         assert_eq!(m.meta.recipient, node.id);
         let c = m.meta.control.as_ref().unwrap();
-        assert_eq!((c.cmd, c.nodes.as_slice()), (AddNode, table));
+        assert_eq!((c.cmd, &c.nodes[..]), (AddNode, table));
     }
 }
 

@@ -28,12 +28,14 @@
 mod tests;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 use van_core::{node_ids, Command, Control, Message, Meta, Node, NodeId, Role};
 
 use crate::error::PsError;
+use crate::table::NodeTable;
 
 /// Barrier group of every node (scheduler, servers and workers).
 pub const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
@@ -60,7 +62,7 @@ pub enum Input<'a> {
     /// recovery notice, a barrier release, a failure notice, an answer to a heartbeat.
     Control(&'a Message),
     /// On the scheduler: its state machine has every node registered, with this table.
-    SchedulerReady(Vec<Node>),
+    SchedulerReady(NodeTable),
     /// The connection to `peer` ended. `read_as` is what [`Member::incarnation_of`] said for
     /// the peer when the loss was read (0: unknown).
     Lost {
@@ -95,7 +97,7 @@ pub enum Action {
         /// This node's id.
         my_id: NodeId,
         /// Scheduler, servers by id, workers by id.
-        table: Vec<Node>,
+        table: NodeTable,
     },
     /// Reach `node` (a new process in a failed node's place) at its address from now on: the
     /// router and the resender retarget it.
@@ -144,7 +146,7 @@ pub struct Member {
     my_id: Option<NodeId>,
     /// Empty until joined; then scheduler, servers by id, workers by id, with recovered nodes'
     /// new processes.
-    table: Vec<Node>,
+    table: NodeTable,
     /// Recovery notices that arrived before the table, by sequence number.
     early_notices: Vec<(u64, Node)>,
     /// Dead nodes (not replaced since), with the reason.
@@ -162,7 +164,7 @@ impl Member {
         Member {
             config,
             my_id: None,
-            table: Vec::new(),
+            table: NodeTable::default(),
             early_notices: Vec::new(),
             dead: BTreeMap::new(),
             scheduler_heard: now,
@@ -220,10 +222,7 @@ impl Member {
         if Some(peer) == self.my_id {
             return self.config.incarnation;
         }
-        self.table
-            .iter()
-            .find(|n| n.id == Some(peer))
-            .map_or(0, |n| n.incarnation)
+        self.table.get(peer).map_or(0, |n| n.incarnation)
     }
 
     /// Whether the node leaves: finalize's barrier is behind it.
@@ -285,7 +284,8 @@ impl Member {
             // Only the table itself (it holds the scheduler) makes us joined. Another node's
             // recovery notice can reach a node whose table is still on its way: kept.
             if whole_table {
-                self.join(now, recipient, control.nodes.clone(), out);
+                let table = NodeTable::new(Arc::clone(&control.nodes));
+                self.join(now, recipient, table, out);
                 for (notice, node) in std::mem::take(&mut self.early_notices) {
                     // Sent after the table: news the table does not hold. (Unnumbered, the
                     // link kept the order, so the table is the later word.)
@@ -311,7 +311,7 @@ impl Member {
         }
     }
 
-    fn join(&mut self, now: Instant, my_id: NodeId, table: Vec<Node>, out: &mut Vec<Action>) {
+    fn join(&mut self, now: Instant, my_id: NodeId, table: NodeTable, out: &mut Vec<Action>) {
         if self.is_joined() {
             return;
         }
@@ -330,10 +330,7 @@ impl Member {
             "node {peer} ({}) rejoined at {}:{} (a new process: recovery)",
             node.role, node.host, node.port
         );
-        match self.table.iter_mut().find(|n| n.id == Some(peer)) {
-            Some(known) => *known = node.clone(),
-            None => self.table.push(node.clone()),
-        }
+        self.table = self.table.with(node.clone());
         self.dead.remove(&peer);
         out.push(Action::Retarget(node.clone()));
         out.push(Action::Recovered(peer));

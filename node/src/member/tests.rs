@@ -7,6 +7,7 @@ use van_core::{node_ids, Command, Control, Message, Meta, Node, NodeId, Role, Se
 
 use super::{Action, Input, Member, MemberConfig, ALL_GROUPS};
 use crate::error::PsError;
+use crate::table::NodeTable;
 
 const SERVER: NodeId = 8;
 const WORKER: NodeId = 9;
@@ -44,7 +45,7 @@ fn from_scheduler(control: Control, seq: Option<u64>) -> Message {
 
 fn table_message(seq: Option<u64>) -> Message {
     let control = Control {
-        nodes: table(),
+        nodes: table().into(),
         ..Control::command(Command::AddNode)
     };
     from_scheduler(control, seq)
@@ -55,7 +56,7 @@ fn recovery_notice(seq: Option<u64>) -> Message {
     let mut replacement = node(Role::Server, SERVER, 9101, 80);
     replacement.is_recovery = true;
     let control = Control {
-        nodes: vec![replacement],
+        nodes: vec![replacement].into(),
         ..Control::command(Command::AddNode)
     };
     from_scheduler(control, seq)
@@ -75,7 +76,7 @@ fn release(group: i32, dead: &[NodeId]) -> Message {
 
 fn failure_notice(dead: Node) -> Message {
     let control = Control {
-        nodes: vec![dead],
+        nodes: vec![dead].into(),
         ..Control::command(Command::NodeFailure)
     };
     from_scheduler(control, None)
@@ -460,7 +461,7 @@ fn on_the_scheduler_a_loss_goes_to_its_state_machine() {
     };
     let now = Instant::now();
     let mut member = Member::new(config, now);
-    let actions = member.handle(now, Input::SchedulerReady(table()));
+    let actions = member.handle(now, Input::SchedulerReady(NodeTable::new(table().into())));
     assert!(matches!(&actions[..], [Action::Joined { my_id: 1, .. }]));
     let actions = member.handle(
         now,

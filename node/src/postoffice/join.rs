@@ -2,6 +2,7 @@
 //! for a refusal no retry can change), registering (re-sent until the node table arrives),
 //! and what the bootstrap deadline's error says.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -92,7 +93,7 @@ impl Postoffice {
             }
             let mut msg = crate::member::control_request(Command::AddNode);
             if let Some(control) = &mut msg.meta.control {
-                control.nodes.push(self.inner.me.clone());
+                control.nodes = Arc::from([self.inner.me.clone()]);
             }
             // The registration is re-sent until the table arrives: one lost with its
             // connection (a cut, a reset) would otherwise leave this node waiting until the

@@ -12,6 +12,7 @@ use super::{lock, Postoffice};
 use crate::error::{PsError, Result};
 use crate::member::{Action, Input, Member};
 use crate::router::Failures;
+use crate::table::NodeTable;
 
 impl Failures for Mutex<Member> {
     fn failure(&self, peer: NodeId) -> Option<String> {
@@ -43,7 +44,7 @@ impl Postoffice {
                     }
                 }
                 Action::Joined { my_id, table } => {
-                    self.inner.router.set_nodes(&table);
+                    self.inner.router.set_table(&table);
                     let _ = self.inner.my_id.set(my_id);
                     let _ = self.inner.table.set(table);
                     self.inner.ready.send_replace(true);
@@ -113,7 +114,7 @@ impl Postoffice {
 
     /// On the scheduler: once every node has registered, take the table.
     pub(super) async fn scheduler_check_ready(&self) {
-        let table = self.with_scheduler(|s| s.is_ready().then(|| s.table().to_vec()));
+        let table = self.with_scheduler(|s| s.is_ready().then(|| NodeTable::new(s.shared_table())));
         if let Some(table) = table {
             self.feed(Input::SchedulerReady(table)).await;
         }

@@ -26,6 +26,7 @@ use crate::error::{PsError, Result};
 pub use crate::member::ALL_GROUPS;
 use crate::member::{Action, Input, Member, MemberConfig};
 use crate::router::Router;
+use crate::table::NodeTable;
 
 // Joining: reaching the scheduler, registering, the node table.
 mod join;
@@ -64,7 +65,7 @@ struct Inner {
     me: Node,
     my_id: OnceLock<NodeId>,
     /// The node table, scheduler first, then servers and workers by id.
-    table: OnceLock<Vec<Node>>,
+    table: OnceLock<NodeTable>,
     ready: watch::Sender<bool>,
     /// This process's incarnation: sent with its registration, so that the scheduler tells a
     /// registration re-sent from one sent by a new process at the same address.
@@ -656,7 +657,7 @@ impl Postoffice {
 
     /// The node table: scheduler, then servers and workers by id.
     pub fn nodes(&self) -> &[Node] {
-        self.inner.table.get().map_or(&[], Vec::as_slice)
+        self.inner.table.get().map_or(&[], NodeTable::nodes)
     }
 
     /// The peers this node has a connection to, with the van of each.

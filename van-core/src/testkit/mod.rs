@@ -344,7 +344,7 @@ pub async fn meta_round_trip<V: Van + 'static>(make: &impl Fn() -> V) {
         data_types: smallvec::smallvec![DataType::U64, DataType::F32],
         control: Some(Control {
             cmd: Command::AddNode,
-            nodes: vec![a.node.clone(), node],
+            nodes: vec![a.node.clone(), node].into(),
             barrier_group: 7,
             msg_sig: u64::MAX,
         }),

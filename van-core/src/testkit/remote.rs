@@ -282,7 +282,7 @@ pub async fn remote_meta_and_zero_length_segments<V: Van + 'static>(
             data_types: smallvec::smallvec![DataType::U64, DataType::F32],
             control: Some(Control {
                 cmd: ControlCommand::Barrier,
-                nodes: vec![peer.node.clone()],
+                nodes: vec![peer.node.clone()].into(),
                 barrier_group: 6,
                 msg_sig: u64::MAX,
             }),

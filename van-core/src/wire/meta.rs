@@ -84,7 +84,7 @@ pub fn encode_meta(meta: &Meta, out: &mut BytesMut) -> Result<(), WireError> {
         out.put_i32_le(control.barrier_group);
         out.put_u64_le(control.msg_sig);
         out.put_u32_le(len_u32(control.nodes.len(), "node count")?);
-        for node in &control.nodes {
+        for node in control.nodes.iter() {
             encode_node(node, out)?;
         }
     }
