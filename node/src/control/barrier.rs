@@ -8,7 +8,7 @@ use tracing::{debug, warn};
 use van_core::{node_ids, Command, Control, NodeId};
 
 use super::output::{reply, Echo};
-use super::{Output, Scheduler};
+use super::{BarrierMembers, Output, Scheduler};
 
 /// Every group bit a barrier mask may use: scheduler, servers, workers.
 const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
@@ -44,7 +44,7 @@ impl Scheduler {
         if !self.barriers.contains_key(&group) {
             return Vec::new();
         }
-        let Members { members, dead } = self.members(group);
+        let BarrierMembers { members, dead } = self.members(group);
         let Some(arrived) = self.barriers.get(&group) else {
             return Vec::new();
         };
@@ -78,7 +78,7 @@ impl Scheduler {
 
     /// The members of barrier `group` (its nodes that have not left, the dead included) and
     /// the dead ones among them, worked out again only after a membership change.
-    fn members(&mut self, group: i32) -> Members {
+    fn members(&mut self, group: i32) -> BarrierMembers {
         let epoch = self.membership_epoch;
         if let Some((at, members)) = self.barrier_members.get(&group) {
             if *at == epoch {
@@ -93,15 +93,8 @@ impl Scheduler {
         let dead: Arc<[NodeId]> = (members.iter().copied())
             .filter(|id| self.peers.get(id).is_some_and(|p| p.dead))
             .collect();
-        let found = Members { members, dead };
+        let found = BarrierMembers { members, dead };
         self.barrier_members.insert(group, (epoch, found.clone()));
         found
     }
-}
-
-/// The members of a barrier group and the dead ones among them.
-#[derive(Debug, Clone)]
-pub(super) struct Members {
-    members: Arc<[NodeId]>,
-    dead: Arc<[NodeId]>,
 }

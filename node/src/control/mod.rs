@@ -117,11 +117,19 @@ pub struct Scheduler {
     /// members of a barrier group are worked out once per change, not once per arrival.
     membership_epoch: u64,
     /// Per barrier group: the epoch they were worked out at, the members, the dead ones.
-    barrier_members: BTreeMap<i32, (u64, barrier::Members)>,
+    barrier_members: BTreeMap<i32, (u64, BarrierMembers)>,
     /// Registrations after the cluster was complete, waiting for a node of their role to be
     /// declared dead so that they can take its place.
     /// Each: the node, its incarnation, the echo of its request, when it was last sent.
     waiting: Vec<(Node, u64, Echo, Instant)>,
+}
+
+/// The members of a barrier group (its nodes that have not left, the dead included) and the
+/// dead ones among them.
+#[derive(Debug, Clone)]
+struct BarrierMembers {
+    members: Arc<[NodeId]>,
+    dead: Arc<[NodeId]>,
 }
 
 impl Scheduler {
