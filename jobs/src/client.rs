@@ -1,9 +1,10 @@
 //! A minimal HTTP/1.1 client for the master's JSON API: one request per connection
-//! (`Connection: close`), enough for `vans-submit` and the tests, without an HTTP stack.
+//! (`Connection: close`), enough for `vans-submit` and the tests, without an HTTP stack;
+//! over TLS (rustls, feature `tls`) for an `https://` master.
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::BoxError;
@@ -11,8 +12,8 @@ use crate::BoxError;
 /// Longest a request may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Sends `method path` with an optional JSON body to the master at `addr` (`host:port`),
-/// presenting `token` when given, and returns the status code and body.
+/// Sends `method path` with an optional JSON body to the master at `addr` (`host:port`,
+/// plain HTTP), presenting `token` when given, and returns the status code and body.
 pub async fn request(
     addr: &str,
     method: &str,
@@ -20,10 +21,115 @@ pub async fn request(
     body: Option<&str>,
     token: Option<&crate::token::Token>,
 ) -> Result<(u16, String), BoxError> {
-    let exchange = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("cannot reach the master at {addr}: {e}"))?;
+    Master::new(addr, None)?
+        .request(method, path, body, token)
+        .await
+}
+
+/// The master as a client reaches it: its address, and TLS for an `https://` one.
+#[derive(Clone)]
+pub struct Master {
+    /// `host:port`.
+    addr: String,
+    #[cfg(feature = "tls")]
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
+}
+
+impl std::fmt::Debug for Master {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Master")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Master {
+    /// `master` is `host:port`, `http://host:port` or `https://host:port`; for `https`,
+    /// `ca_file` names the PEM certificates to trust (the master's own, or the authority
+    /// that signed it), and the certificate must name the host (a DNS name or IP address).
+    pub fn new(master: &str, ca_file: Option<&std::path::Path>) -> Result<Master, BoxError> {
+        let (https, rest) = match master.split_once("://") {
+            Some(("https", rest)) => (true, rest),
+            Some(("http", rest)) => (false, rest),
+            Some((scheme, _)) => {
+                return Err(
+                    format!("the master {master}: {scheme}:// is neither http nor https").into(),
+                )
+            }
+            None => (false, master),
+        };
+        let addr = rest.trim_end_matches('/').to_owned();
+        if !https {
+            if ca_file.is_some() {
+                return Err(
+                    format!("a CA file is for an https:// master; {master} is plain HTTP").into(),
+                );
+            }
+            return Ok(Master {
+                addr,
+                #[cfg(feature = "tls")]
+                tls: None,
+            });
+        }
+        Master::https(addr, ca_file)
+    }
+
+    #[cfg(feature = "tls")]
+    fn https(addr: String, ca_file: Option<&std::path::Path>) -> Result<Master, BoxError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, ServerName};
+        let ca_file = ca_file.ok_or_else(|| {
+            format!("https://{addr}: name the certificate to trust with --ca-file")
+        })?;
+        let mut roots = rustls::RootCertStore::empty();
+        let certs = CertificateDer::pem_file_iter(ca_file)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("--ca-file {}: {e}", ca_file.display()))?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(format!("--ca-file {}: no certificate in it", ca_file.display()).into());
+        }
+        let host = match addr.rsplit_once(':') {
+            Some((host, _)) => host.trim_start_matches('[').trim_end_matches(']'),
+            None => addr.as_str(),
+        };
+        let name = ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("https://{addr}: {host} is no host name: {e}"))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        Ok(Master {
+            addr,
+            tls: Some((connector, name)),
+        })
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn https(addr: String, _ca_file: Option<&std::path::Path>) -> Result<Master, BoxError> {
+        Err(format!(
+            "https://{addr}: this build has no TLS; rebuild with the `tls` feature \
+             (cargo build --release -p jobs --features tls)"
+        )
+        .into())
+    }
+
+    /// Sends `method path` with an optional JSON body, presenting `token` when given, and
+    /// returns the status code and body.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        token: Option<&crate::token::Token>,
+    ) -> Result<(u16, String), BoxError> {
+        let addr = &self.addr;
         let body = body.unwrap_or("");
         let authorization = token
             .map(|t| format!("Authorization: Bearer {}\r\n", t.expose()))
@@ -33,19 +139,47 @@ pub async fn request(
              {authorization}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        parse_response(&response)
-    };
-    match tokio::time::timeout(TIMEOUT, exchange).await {
-        Ok(result) => result,
-        Err(_) => Err(format!(
-            "the master at {addr} did not answer {method} {path} within {TIMEOUT:?}"
-        )
-        .into()),
+        let call = async {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("cannot reach the master at {addr}: {e}"))?;
+            #[cfg(feature = "tls")]
+            if let Some((connector, name)) = &self.tls {
+                let stream = connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .map_err(|e| format!("TLS with the master at {addr}: {e}"))?;
+                return exchange(stream, &head, body).await;
+            }
+            exchange(stream, &head, body).await
+        };
+        match tokio::time::timeout(TIMEOUT, call).await {
+            Ok(result) => result,
+            Err(_) => Err(format!(
+                "the master at {addr} did not answer {method} {path} within {TIMEOUT:?}"
+            )
+            .into()),
+        }
     }
+}
+
+/// Writes one request and reads the answer until the master closes the connection.
+async fn exchange<S>(mut stream: S, head: &str, body: &str) -> Result<(u16, String), BoxError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.flush().await?;
+    let mut response = Vec::new();
+    if let Err(e) = stream.read_to_end(&mut response).await {
+        // A TLS peer that closes without its close_notify, after a whole answer: the
+        // answer stands (a cut one fails to parse below).
+        if e.kind() != std::io::ErrorKind::UnexpectedEof || response.is_empty() {
+            return Err(e.into());
+        }
+    }
+    parse_response(&response)
 }
 
 /// The status code and body of a whole HTTP/1.1 response (chunked or not).
@@ -101,5 +235,34 @@ mod tests {
             Some((200, "abcde".to_owned()))
         );
         assert!(parse_response(b"garbage").is_err());
+    }
+
+    #[test]
+    fn master_addresses() {
+        for plain in [
+            "127.0.0.1:8470",
+            "http://127.0.0.1:8470",
+            "http://127.0.0.1:8470/",
+        ] {
+            let master = Master::new(plain, None).unwrap();
+            assert_eq!(master.addr, "127.0.0.1:8470", "{plain}");
+        }
+        let refused = |master: &str, ca: Option<&std::path::Path>| {
+            Master::new(master, ca).unwrap_err().to_string()
+        };
+        assert!(refused("ftp://h:1", None).contains("neither http nor https"));
+        let ca = std::path::Path::new("ca.pem");
+        assert!(refused("http://h:1", Some(ca)).contains("plain HTTP"));
+        let https = refused("https://h:1", None);
+        if cfg!(feature = "tls") {
+            assert!(https.contains("--ca-file"), "{https}");
+            let missing = refused(
+                "https://h:1",
+                Some(std::path::Path::new("/nonexistent.pem")),
+            );
+            assert!(missing.contains("/nonexistent.pem"), "{missing}");
+        } else {
+            assert!(https.contains("`tls` feature"), "{https}");
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! a request names, so every call needs its token when it has one, and without one it stays
 //! on loopback. Then abuse: no token, a wrong one, path traversal in task names, oversized
 //! and malformed bodies, 1,000 requests at once and a client that never finishes its
-//! request; each is refused or bounded, and the master goes on serving.
+//! request; each is refused or bounded, and the master goes on serving. And TLS (feature
+//! `tls`): the client trusts the certificate it is given, and no other.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -139,7 +140,7 @@ fn every_call_needs_the_token_and_vans_submit_presents_it() {
 #[test]
 fn abuse_is_refused_or_bounded_and_the_master_goes_on_serving() {
     let _one = ONE_MASTER.lock().unwrap_or_else(|e| e.into_inner());
-    let master = Master::start("local", &[(TOKEN_ENV, TOKEN)]);
+    let master = Master::start_with("local", &["--read-timeout", "2"], &[(TOKEN_ENV, TOKEN)]);
     let auth = bearer();
     let ran = master.submit(&[
         "--strategy",
@@ -235,7 +236,7 @@ fn abuse_is_refused_or_bounded_and_the_master_goes_on_serving() {
         started.elapsed()
     );
 
-    // The slow client held its connection all along; the master still answers at once.
+    // The master answers at once all along ...
     let quick = Instant::now();
     let (code, text) = get(&master.addr, "/jobs", Some(&auth));
     assert_eq!(code, 200, "{text}");
@@ -244,5 +245,94 @@ fn abuse_is_refused_or_bounded_and_the_master_goes_on_serving() {
         "{:?}",
         quick.elapsed()
     );
-    drop(slow);
+    // ... and the slow client's half request was cut off at the read timeout (2 s here): it
+    // reads the end of the connection, not a time-out of its own 10 s wait.
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let waited = Instant::now();
+    let mut rest = Vec::new();
+    let end = slow.read_to_end(&mut rest);
+    assert!(end.is_ok(), "{end:?} after {:?}", waited.elapsed());
+    assert!(
+        waited.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        waited.elapsed()
+    );
+    // A body promised and never sent: 408 at the read timeout, no handler runs.
+    let started = Instant::now();
+    let (code, text) = raw(
+        &master.addr,
+        format!(
+            "POST /jobs HTTP/1.1\r\nHost: m\r\nConnection: close\r\nAuthorization: {auth}\r\n\
+             Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(code, 408, "{text}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+}
+
+/// The master over HTTPS (`--tls-cert`, `--tls-key`): vans-submit trusts the certificate it
+/// is given and no other, and plain HTTP gets no answer.
+#[cfg(feature = "tls")]
+#[test]
+fn over_tls_vans_submit_trusts_the_named_certificate_only() {
+    let _one = ONE_MASTER.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("vans-master-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let make = |name: &str| {
+        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+        let (cert, key) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+        (cert, key)
+    };
+    let (cert, key) = make("master");
+    let (other, _) = make("other");
+    let master = Master::start_with(
+        "local",
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        &[(TOKEN_ENV, TOKEN)],
+    );
+    let submit = |ca: Option<&std::path::Path>| {
+        let mut cmd = std::process::Command::new(SUBMIT);
+        cmd.env(TOKEN_ENV, TOKEN)
+            .args(["--master", &format!("https://{}", master.addr)])
+            .args(["--strategy", "ParameterServer", "--worker-num", "1"])
+            .args(["--task", "tls"]);
+        if let Some(ca) = ca {
+            cmd.arg("--ca-file").arg(ca);
+        }
+        cmd.args(["--", "true"]).output().unwrap()
+    };
+    let trusted = submit(Some(&cert));
+    let said = common::text(&trusted);
+    assert!(trusted.status.success(), "{said}");
+    assert!(said.contains("job 1: succeeded"), "{said}");
+    let untrusted = submit(Some(&other));
+    let said = common::text(&untrusted);
+    assert!(!untrusted.status.success(), "{said}");
+    assert!(said.contains("TLS with the master"), "{said}");
+    let unnamed = submit(None);
+    let said = common::text(&unnamed);
+    assert!(!unnamed.status.success(), "{said}");
+    assert!(said.contains("--ca-file"), "{said}");
+    // Plain HTTP to the TLS port: no HTTP answer; the master goes on serving.
+    let (code, _) = get(&master.addr, "/jobs", Some(&bearer()));
+    assert_eq!(code, 0);
+    let again = submit(Some(&cert));
+    assert!(again.status.success(), "{}", common::text(&again));
+    let _ = std::fs::remove_dir_all(dir);
 }

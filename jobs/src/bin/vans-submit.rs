@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use jobs::client::request;
+use jobs::client::Master;
 use jobs::BoxError;
 use jobs::{JobSpec, JobStatus, State, Strategy};
 
@@ -27,9 +27,13 @@ use jobs::{JobSpec, JobStatus, State, Strategy};
 #[derive(Parser, Debug)]
 #[command(name = "vans-submit", version)]
 struct Options {
-    /// The master: `http://host:port` or `host:port`.
+    /// The master: `http://host:port`, `host:port` or `https://host:port` (with --ca-file;
+    /// a build with the `tls` feature).
     #[arg(long, required_unless_present = "dry_run")]
     master: Option<String>,
+    /// The PEM certificate to trust for an https:// master: its own, or its authority's.
+    #[arg(long)]
+    ca_file: Option<std::path::PathBuf>,
     /// A file holding the master's token (instead of VANS_MASTER_TOKEN).
     #[arg(long)]
     token_file: Option<std::path::PathBuf>,
@@ -77,13 +81,6 @@ struct Options {
     command: Vec<String>,
 }
 
-fn address(master: &str) -> String {
-    master
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned()
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let options = Options::parse();
@@ -125,17 +122,13 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
         dry_run(&o, &spec)?;
         return Ok(true);
     }
-    let addr = address(o.master.as_deref().unwrap_or_default());
+    let addr = o.master.as_deref().unwrap_or_default();
+    let master = Master::new(addr, o.ca_file.as_deref())?;
     let token = jobs::token::Token::from_env_or_file(o.token_file.as_deref())?;
     let token = token.as_ref();
-    let (code, body) = request(
-        &addr,
-        "POST",
-        "/jobs",
-        Some(&serde_json::to_string(&spec)?),
-        token,
-    )
-    .await?;
+    let (code, body) = master
+        .request("POST", "/jobs", Some(&serde_json::to_string(&spec)?), token)
+        .await?;
     if code != 201 {
         return Err(format!("the master refused the job ({code}): {body}").into());
     }
@@ -164,7 +157,9 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
             .into());
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let (code, body) = request(&addr, "GET", &format!("/jobs/{id}"), None, token).await?;
+        let (code, body) = master
+            .request("GET", &format!("/jobs/{id}"), None, token)
+            .await?;
         if code != 200 {
             return Err(format!("job {id}: the master answered {code}: {body}").into());
         }
@@ -175,14 +170,14 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
     }
     if status.state != State::Succeeded {
         for task in status.tasks.iter().filter(|t| t.state == State::Failed) {
-            let (_, log) = request(
-                &addr,
-                "GET",
-                &format!("/jobs/{id}/logs/{}", task.name),
-                None,
-                token,
-            )
-            .await?;
+            let (_, log) = master
+                .request(
+                    "GET",
+                    &format!("/jobs/{id}/logs/{}", task.name),
+                    None,
+                    token,
+                )
+                .await?;
             let tail: Vec<&str> = log.lines().rev().take(20).collect();
             println!("--- {} (last lines) ---", task.name);
             for line in tail.into_iter().rev() {

@@ -14,7 +14,9 @@
 //! Every call presents the master's token (`Authorization: Bearer <token>`) when it has one:
 //! `VANS_MASTER_TOKEN` or `--token-file` (`vans-submit` reads the same). Without a token
 //! the master listens on loopback only: anyone who can reach it can run commands. A
-//! request body is at most 1 MiB.
+//! request body is at most 1 MiB, and a request's headers and then its body must each
+//! arrive within `--read-timeout` (10 s). `--tls-cert` and `--tls-key` (feature `tls`)
+//! serve HTTPS; `vans-submit --master https://… --ca-file CERT` trusts it.
 //!
 //! Backends: `local` starts the tasks as processes on this machine (each with `DMLC_*`
 //! including its role, `NUM_WORKERS`, its index as `VANS_RANK` and a `TF_CONFIG` naming its
@@ -28,6 +30,7 @@
 mod follow; // the one loop that follows a job through its backend
 #[cfg(feature = "kubernetes")]
 mod kube;
+mod listen;
 mod local;
 mod slurm;
 
@@ -60,6 +63,17 @@ struct Options {
     /// A file holding the token every call must present (instead of VANS_MASTER_TOKEN).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key; a build with the `tls`
+    /// feature). Clients then name the certificate to trust (`vans-submit --ca-file`).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Seconds a request's headers, and then its body, may take to arrive: a client that
+    /// sends half a request is answered 408 or cut off after this, not held for ever.
+    #[arg(long, default_value = "10", value_parser = seconds)]
+    read_timeout: std::time::Duration,
     /// How jobs are started: local (processes on this machine), slurm, or kubernetes (a
     /// build with the `kubernetes` feature).
     #[arg(long, default_value = "local", value_parser = ["local", "slurm", "kubernetes"])]
@@ -83,6 +97,14 @@ struct Options {
     /// lower-case letters and digits (default: 4 random hex digits).
     #[arg(long)]
     instance: Option<String>,
+}
+
+/// A positive number of seconds (`--read-timeout`).
+fn seconds(text: &str) -> Result<std::time::Duration, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => Ok(std::time::Duration::from_secs_f64(s)),
+        _ => Err(format!("{text}: expected a positive number of seconds")),
+    }
 }
 
 /// `--instance`, or 4 random hex digits.
@@ -434,11 +456,16 @@ async fn serve(o: Options) -> Result<(), BoxError> {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(Arc::new(token), authorize))
         .with_state(app);
+    let tls = match (&o.tls_cert, &o.tls_key) {
+        (Some(cert), Some(key)) => Some(listen::Tls::load(cert, key)?),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind((o.host.as_str(), o.port))
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", o.host, o.port))?;
     eprintln!(
-        "vans-master: listening on {} ({} backend, jobs in {}, {})",
+        "vans-master: listening on {}://{} ({} backend, jobs in {}, {})",
+        if tls.is_some() { "https" } else { "http" },
         listener.local_addr()?,
         o.backend,
         jobs_dir.display(),
@@ -448,6 +475,9 @@ async fn serve(o: Options) -> Result<(), BoxError> {
             "no token: loopback only"
         }
     );
-    axum::serve(listener, router).await?;
-    Ok(())
+    let deadline = listen::Deadline {
+        read: o.read_timeout,
+        max_body: MAX_BODY_BYTES,
+    };
+    listen::serve(listener, router, tls, deadline).await
 }

@@ -1,0 +1,168 @@
+//! The master's listener: every connection served by hyper with a deadline on the request
+//! (a client that sends half a request, or a body that never ends, is answered 408 or cut
+//! off, instead of holding a connection and a task for ever), optionally over TLS.
+
+use std::path::Path;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use jobs::BoxError;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+
+/// How long the headers and then the body of a request may take to arrive.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub(crate) read: Duration,
+    /// The largest body, bytes.
+    pub(crate) max_body: usize,
+}
+
+/// Serves `router` on `listener` until the process ends; each connection over TLS when
+/// `tls` is given.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Tls>,
+    deadline: Deadline,
+) -> Result<(), BoxError> {
+    let router = router.layer(axum::middleware::from_fn_with_state(deadline, read_body));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: the next accept may succeed once some close.
+                eprintln!("vans-master: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (router, tls) = (router.clone(), tls.clone());
+        tokio::spawn(async move {
+            let Some(tls) = tls else {
+                return connection(stream, router, deadline).await;
+            };
+            // A client that is not speaking TLS, or not trusting us, or too slow to: dropped.
+            if let Ok(Ok(stream)) = tokio::time::timeout(deadline.read, tls.accept(stream)).await {
+                connection(stream, router, deadline).await;
+            }
+        });
+    }
+}
+
+/// One connection: HTTP/1.1 with the header deadline.
+async fn connection<S>(stream: S, router: Router, deadline: Deadline)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(deadline.read)
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router))
+        .await;
+    // A connection cut by its client or by the deadline: nothing to tell anyone.
+    drop(served);
+}
+
+/// Reads the whole body (at most `max_body` bytes) within the deadline before the handler
+/// runs: 408 when it does not come in time, 413 when it is too large.
+async fn read_body(State(deadline): State<Deadline>, request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > deadline.max_body as u64) {
+        return too_large(deadline);
+    }
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, deadline.max_body);
+    match tokio::time::timeout(deadline.read, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        // Over the limit (a chunked body) or cut off: no handler sees it.
+        Ok(Err(_)) => too_large(deadline),
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {:?}\n",
+                deadline.read
+            ),
+        )
+            .into_response(),
+    }
+}
+
+fn too_large(deadline: Deadline) -> Response {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "a request body is at most {} bytes, and must be whole\n",
+            deadline.max_body
+        ),
+    )
+        .into_response()
+}
+
+/// The master's TLS: its certificate chain and key.
+#[derive(Clone)]
+pub(crate) struct Tls {
+    #[cfg(feature = "tls")]
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl Tls {
+    /// Loads the PEM certificate chain and private key (`--tls-cert`, `--tls-key`).
+    #[cfg(feature = "tls")]
+    pub(crate) fn load(cert: &Path, key: &Path) -> Result<Tls, BoxError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+        if certs.is_empty() {
+            return Err(format!("--tls-cert {}: no certificate in it", cert.display()).into());
+        }
+        let key = PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+            .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+        Ok(Tls {
+            acceptor: tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)),
+        })
+    }
+
+    /// Without the `tls` feature: the error that says how to get it.
+    #[cfg(not(feature = "tls"))]
+    pub(crate) fn load(_cert: &Path, _key: &Path) -> Result<Tls, BoxError> {
+        Err("--tls-cert needs a build with the `tls` feature \
+             (cargo build --release -p jobs --features tls)"
+            .into())
+    }
+
+    #[cfg(feature = "tls")]
+    async fn accept<S>(&self, stream: S) -> std::io::Result<tokio_rustls::server::TlsStream<S>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        self.acceptor.accept(stream).await
+    }
+
+    #[cfg(not(feature = "tls"))]
+    async fn accept<S>(&self, stream: S) -> std::io::Result<S> {
+        Ok(stream)
+    }
+}
