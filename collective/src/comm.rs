@@ -16,7 +16,7 @@ use node::postoffice::Customer;
 use node::Postoffice;
 use tokio::sync::{mpsc, Notify};
 use tracing::debug;
-use van_core::config::CollectiveSettings;
+use van_core::config::{CollectiveAlgorithm as Algorithm, CollectiveSettings};
 use van_core::{Config, Message, NodeId};
 
 use crate::error::{CollectiveError, Result};
@@ -46,6 +46,8 @@ pub struct CommOptions {
     pub settle_window: Duration,
     /// Longest wait for one message of a collective before it fails.
     pub timeout: Duration,
+    /// How all-reduces are carried out; `Auto` chooses by size ([`crate::plan`]).
+    pub algorithm: Algorithm,
 }
 
 impl Default for CommOptions {
@@ -58,8 +60,9 @@ impl Default for CommOptions {
 
 impl CommOptions {
     /// Customer id 0 and the settings of `config`: `VANS_COLLECTIVE_SLICE_BYTES`,
-    /// `VANS_COLLECTIVE_DIRECT_BYTES`, `VANS_COLLECTIVE_SETTLE_WINDOW` (seconds) and
-    /// `VANS_COLLECTIVE_TIMEOUT` (seconds), checked when the configuration was read.
+    /// `VANS_COLLECTIVE_DIRECT_BYTES`, `VANS_COLLECTIVE_SETTLE_WINDOW` (seconds),
+    /// `VANS_COLLECTIVE_TIMEOUT` (seconds) and `VANS_COLLECTIVE_ALGO`, checked when the
+    /// configuration was read.
     pub fn from_config(config: &Config) -> CommOptions {
         CommOptions::with_settings(&config.collective)
     }
@@ -71,6 +74,7 @@ impl CommOptions {
             direct_bytes: settings.direct_bytes,
             settle_window: settings.settle_window,
             timeout: settings.timeout,
+            algorithm: settings.algorithm,
         }
     }
 }

@@ -38,7 +38,7 @@ pub(crate) fn slices(range: Range<usize>, per: usize) -> impl Iterator<Item = Ra
         .map(move |s| s..(s + per).min(range.end))
 }
 
-fn elements_per_slice<T: Element>(shared: &Shared) -> usize {
+pub(crate) fn elements_per_slice<T: Element>(shared: &Shared) -> usize {
     (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1)
 }
 

@@ -25,6 +25,59 @@ const SLICE_EXPECTED: &str = "a whole number of bytes from 4096 to 1073741824 (1
 const DIRECT_EXPECTED: &str =
     "a whole number of bytes up to 1073741824 (1 GiB; 0: always the ring)";
 const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
+const ALGORITHM_EXPECTED: &str = "auto, direct, doubling or ring";
+
+/// How an all-reduce is carried out (`VANS_COLLECTIVE_ALGO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CollectiveAlgorithm {
+    /// By size: `Direct` up to `VANS_COLLECTIVE_DIRECT_BYTES`, `Ring` beyond.
+    #[default]
+    Auto,
+    /// Every rank sends its whole buffer to every other and reduces all of them, in rank
+    /// order: one message latency, `n - 1` buffers sent per rank.
+    Direct,
+    /// Recursive doubling: `log2 n` exchanges of the whole buffer with the rank whose
+    /// number differs in one bit (the ranks beyond the largest power of two fold in first
+    /// and get the result last).
+    Doubling,
+    /// Reduce-scatter then all-gather around a ring, in slices: `2 (n - 1) / n` buffers
+    /// sent per rank, `2 (n - 1)` latencies.
+    Ring,
+}
+
+impl CollectiveAlgorithm {
+    /// The variable's spelling: `auto`, `direct`, `doubling`, `ring`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectiveAlgorithm::Auto => "auto",
+            CollectiveAlgorithm::Direct => "direct",
+            CollectiveAlgorithm::Doubling => "doubling",
+            CollectiveAlgorithm::Ring => "ring",
+        }
+    }
+}
+
+impl std::fmt::Display for CollectiveAlgorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CollectiveAlgorithm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            CollectiveAlgorithm::Auto,
+            CollectiveAlgorithm::Direct,
+            CollectiveAlgorithm::Doubling,
+            CollectiveAlgorithm::Ring,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+        .ok_or_else(|| format!("{s}: expected {ALGORITHM_EXPECTED}"))
+    }
+}
 
 /// Settings of the collectives among a cluster's workers (`VANS_COLLECTIVE_*`), the defaults
 /// of a `collective::Communicator` on this node.
@@ -40,6 +93,8 @@ pub struct CollectiveSettings {
     pub settle_window: Duration,
     /// `VANS_COLLECTIVE_TIMEOUT`: longest wait for one message of a collective.
     pub timeout: Duration,
+    /// `VANS_COLLECTIVE_ALGO`: how all-reduces are carried out (`auto`: by size).
+    pub algorithm: CollectiveAlgorithm,
 }
 
 impl Default for CollectiveSettings {
@@ -49,6 +104,7 @@ impl Default for CollectiveSettings {
             direct_bytes: DEFAULT_COLLECTIVE_DIRECT_BYTES,
             settle_window: DEFAULT_COLLECTIVE_SETTLE_WINDOW,
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
+            algorithm: CollectiveAlgorithm::Auto,
         }
     }
 }
@@ -103,6 +159,11 @@ impl CollectiveSettings {
         if let Some(d) = seconds("VANS_COLLECTIVE_TIMEOUT")? {
             c.timeout = d;
         }
+        if let Some(value) = get("VANS_COLLECTIVE_ALGO") {
+            c.algorithm = value
+                .parse()
+                .map_err(|_| invalid("VANS_COLLECTIVE_ALGO", value, ALGORITHM_EXPECTED))?;
+        }
         Ok(c)
     }
 
@@ -150,7 +211,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::config::tests::err;
-    use crate::config::{CollectiveSettings, Config};
+    use crate::config::{CollectiveAlgorithm, CollectiveSettings, Config};
 
     #[test]
     fn collective_settings_from_the_variables() {
@@ -160,6 +221,7 @@ mod tests {
             ("VANS_COLLECTIVE_DIRECT_BYTES", "0"),
             ("VANS_COLLECTIVE_SETTLE_WINDOW", "0.5"),
             ("VANS_COLLECTIVE_TIMEOUT", " 1e2 "),
+            ("VANS_COLLECTIVE_ALGO", "doubling"),
         ])
         .unwrap();
         assert_eq!(
@@ -169,6 +231,7 @@ mod tests {
                 direct_bytes: 0,
                 settle_window: Duration::from_millis(500),
                 timeout: Duration::from_secs(100),
+                algorithm: CollectiveAlgorithm::Doubling,
             }
         );
         // The largest values are accepted.
@@ -193,6 +256,11 @@ mod tests {
             ("VANS_COLLECTIVE_SETTLE_WINDOW", "inf", "(0, 86400]"),
             ("VANS_COLLECTIVE_TIMEOUT", "86401", "(0, 86400]"),
             ("VANS_COLLECTIVE_TIMEOUT", "NaN", "seconds"),
+            (
+                "VANS_COLLECTIVE_ALGO",
+                "tree",
+                "auto, direct, doubling or ring",
+            ),
         ] {
             let message = err(&[(var, value)]);
             for part in [var, value, expected] {

@@ -90,8 +90,8 @@ mod variables; // `VARIABLES`: every variable, its default and effect
 
 pub use builder::ConfigBuilder;
 pub use collective::{
-    CollectiveSettings, DEFAULT_COLLECTIVE_DIRECT_BYTES, DEFAULT_COLLECTIVE_SETTLE_WINDOW,
-    DEFAULT_COLLECTIVE_SLICE_BYTES, DEFAULT_COLLECTIVE_TIMEOUT,
+    CollectiveAlgorithm, CollectiveSettings, DEFAULT_COLLECTIVE_DIRECT_BYTES,
+    DEFAULT_COLLECTIVE_SETTLE_WINDOW, DEFAULT_COLLECTIVE_SLICE_BYTES, DEFAULT_COLLECTIVE_TIMEOUT,
 };
 pub use error::ConfigError;
 pub use rdma::{

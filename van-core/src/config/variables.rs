@@ -457,6 +457,15 @@ pub const VARIABLES: &[EnvVar] = &[
                  of around the ring; up to 1 GiB; 0: always the ring",
     },
     EnvVar {
+        name: "VANS_COLLECTIVE_ALGO",
+        default: "auto",
+        effect: "how all-reduces are carried out: auto (direct up to \
+                 VANS_COLLECTIVE_DIRECT_BYTES, the ring beyond), direct (every rank sends its \
+                 buffer to every other), doubling (recursive doubling: log2 n exchanges) or \
+                 ring (reduce-scatter and all-gather in slices); every choice gives every rank \
+                 the same bits",
+    },
+    EnvVar {
         name: "VANS_COLLECTIVE_SETTLE_WINDOW",
         default: "5",
         effect: "seconds the coordinator of the collectives waits for every live worker to \

@@ -77,6 +77,9 @@ fn main() {
 }
 
 async fn drive(o: &Options) -> Result<(), BoxError> {
+    if o.explain {
+        return explain(o);
+    }
     for van in &o.van {
         match van.as_str() {
             "tcp" => {}
@@ -256,5 +259,32 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
         .position(SeriesLabelPosition::UpperLeft)
         .draw()?;
     root.present()?;
+    Ok(())
+}
+
+/// `--explain`: the algorithm of each (ranks, size), as every rank's communicator would
+/// choose it with this environment.
+fn explain(o: &Options) -> Result<(), BoxError> {
+    let config = van_core::Config::from_env()?;
+    let options = collective::CommOptions::from_config(&config);
+    println!(
+        "all-reduce algorithm by size and ranks (VANS_COLLECTIVE_ALGO={}, \
+         VANS_COLLECTIVE_DIRECT_BYTES={}):",
+        options.algorithm, options.direct_bytes
+    );
+    let header: Vec<String> = std::iter::once("size".to_owned())
+        .chain(o.ranks.iter().map(|n| format!("{n} ranks")))
+        .collect();
+    let mut table = examples::Table::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
+    for &size in &o.sizes {
+        let mut row = vec![size_label(size)];
+        row.extend(
+            o.ranks
+                .iter()
+                .map(|&n| collective::plan(&options, size, n).to_string()),
+        );
+        table.row(row);
+    }
+    print!("{table}");
     Ok(())
 }

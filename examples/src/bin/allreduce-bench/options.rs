@@ -30,6 +30,10 @@ pub(crate) struct Options {
     /// Also draw bus bandwidth against size to this PNG.
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
+    /// Print the algorithm each size and rank count takes (the collective crate's plan,
+    /// with this environment's VANS_COLLECTIVE_* settings) and exit without running.
+    #[arg(long)]
+    pub explain: bool,
     #[command(subcommand)]
     pub node: Option<NodeCommand>,
 }
