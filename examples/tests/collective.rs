@@ -1,7 +1,8 @@
 //! Collectives among worker processes on 127.0.0.1 (`allreduce-bench node …`): every
 //! collective on 2, 3 and 4 ranks, over TCP and (with feature `ipc`) shared memory; and an
 //! elastic loop that loses a rank to `kill -9`, goes on in a new generation without it, and
-//! admits the process started in its place.
+//! admits the process started in its place, with the planned all-reduce algorithm and with
+//! each other one forced.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,12 +34,21 @@ struct Cluster {
 }
 
 fn start(workers: usize, args: &[&str], tcp: bool) -> (Cluster, u16) {
+    start_with(workers, args, tcp, &[])
+}
+
+/// [`start`] with more environment for every node.
+fn start_with(workers: usize, args: &[&str], tcp: bool, env: &[(&str, &str)]) -> (Cluster, u16) {
     let port = common::free_port();
-    let scheduler = node("scheduler", port, workers, args, tcp).spawn().unwrap();
-    let server = node("server", port, workers, args, tcp).spawn().unwrap();
-    let workers = (0..workers)
-        .map(|_| node("worker", port, workers, args, tcp).spawn().unwrap())
-        .collect();
+    let spawn = |role| {
+        node(role, port, workers, args, tcp)
+            .envs(env.iter().copied())
+            .spawn()
+            .unwrap()
+    };
+    let scheduler = spawn("scheduler");
+    let server = spawn("server");
+    let workers = (0..workers).map(|_| spawn("worker")).collect();
     (
         Cluster {
             scheduler,
@@ -107,6 +117,24 @@ fn every_collective_on_three_ranks_over_shared_memory() {
 
 #[test]
 fn a_killed_rank_fails_the_others_who_go_on_without_it_and_admit_its_replacement() {
+    // The plan's choice: recursive doubling on 4 ranks, the direct exchange on 3.
+    elastic_loop(None);
+}
+
+#[test]
+fn the_elastic_loop_holds_around_the_ring() {
+    elastic_loop(Some("ring"));
+}
+
+#[test]
+fn the_elastic_loop_holds_by_recursive_doubling_on_three_ranks_too() {
+    // The generation of 3 folds its third rank in and out.
+    elastic_loop(Some("doubling"));
+}
+
+/// Four ranks all-reduce in a loop (`VANS_COLLECTIVE_ALGO=algorithm` on every node when
+/// given); one is killed, the others go on without it, its replacement is admitted.
+fn elastic_loop(algorithm: Option<&str>) {
     // About 20 s of steps: the replacement joins while the survivors are mid-loop.
     let args = [
         "elastic",
@@ -117,7 +145,11 @@ fn a_killed_rank_fails_the_others_who_go_on_without_it_and_admit_its_replacement
         "--step-ms",
         "30",
     ];
-    let (mut cluster, port) = start(4, &args, true);
+    let env: Vec<(&str, &str)> = algorithm
+        .map(|a| ("VANS_COLLECTIVE_ALGO", a))
+        .into_iter()
+        .collect();
+    let (mut cluster, port) = start_with(4, &args, true, &env);
     std::thread::sleep(Duration::from_secs(4));
     let victim = cluster.workers.remove(1);
     common::signal(victim.id(), "KILL");
@@ -125,9 +157,12 @@ fn a_killed_rank_fails_the_others_who_go_on_without_it_and_admit_its_replacement
     assert!(!killed.status.success());
     std::thread::sleep(Duration::from_secs(4));
     // A new process in its place: it takes the dead node's id and asks to join.
-    cluster
-        .workers
-        .push(node("worker", port, 4, &args, true).spawn().unwrap());
+    cluster.workers.push(
+        node("worker", port, 4, &args, true)
+            .envs(env.iter().copied())
+            .spawn()
+            .unwrap(),
+    );
     let outputs = finish(cluster, "elastic");
     for (i, text) in outputs.iter().enumerate() {
         assert!(
