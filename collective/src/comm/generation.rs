@@ -98,6 +98,9 @@ pub(super) struct Membership {
     round_started: Option<Instant>,
     /// Coordinator: who was asked to join in this round.
     asked: BTreeSet<NodeId>,
+    /// Why this node left its last generation (the error that broke it), sent with its
+    /// `JOIN`s until a new generation starts.
+    left_because: Option<String>,
     /// The postoffice stopped.
     stopped: bool,
     /// A generation was announced while this node's was active (it did not ask): the next
@@ -119,6 +122,7 @@ impl Membership {
             join_reason: None,
             round_started: None,
             asked: BTreeSet::new(),
+            left_because: None,
             stopped: false,
             unannounced: false,
             highest: 0,
@@ -354,6 +358,13 @@ impl Protocol {
         if m.stopped || matches!(m.status, Status::Active) {
             return;
         }
+        // Why this node left its generation, so the coordinator can tell the others what
+        // broke it even before it sees the failure itself: read before the status becomes
+        // `Settling` (read after, it was always empty, and a survivor the coordinator
+        // interrupted heard only "workers [] ask to join").
+        if let Status::Broken(e) = &m.status {
+            m.left_because = Some(e.to_string());
+        }
         if !matches!(m.status, Status::Settling) {
             m.status = Status::Settling;
         }
@@ -367,12 +378,10 @@ impl Protocol {
             return;
         }
         m.join_sent = Some((coordinator, now));
-        // Why this node left its generation, so the coordinator can tell the others what
-        // broke it even before it sees the failure itself.
-        let why = match &m.status {
-            Status::Broken(e) => Bytes::from(e.to_string().into_bytes()),
-            _ => Bytes::new(),
-        };
+        let why = m
+            .left_because
+            .as_ref()
+            .map_or_else(Bytes::new, |why| Bytes::from(why.clone().into_bytes()));
         let msg = self.control_message(coordinator, KIND_JOIN, m.generation.number, why);
         self.post(m, msg);
     }
@@ -519,6 +528,7 @@ impl Protocol {
                 }
                 m.generation = Generation { number, members };
                 m.join_sent = None;
+                m.left_because = None;
                 m.status = if member {
                     Status::Active
                 } else {
