@@ -167,7 +167,8 @@ impl Router {
     /// on first send). Nodes learnt before it one by one ([`Router::set_nodes`]) are
     /// checked against it as `set_nodes` checks, then the table's word is kept: the work is
     /// per node learnt, not per node of the table, so that each of 10,000 nodes of one
-    /// process joins in constant time.
+    /// process joins in constant time (with `PS_RESEND`, the resender still learns every
+    /// node's process: work per node of the table).
     pub fn set_table(&self, table: &NodeTable) -> usize {
         let learnt: Vec<Node> = {
             let mut state = self.lock();
