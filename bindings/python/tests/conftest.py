@@ -22,6 +22,19 @@ def free_port():
     return vans.free_port()
 
 
+def mpirun(np, command, variables=(), timeout=300):
+    """Runs ``command`` as ``np`` ranks under Open MPI on loopback only (TCP over ``lo``),
+    without this process's ``DMLC_*`` variables; ``variables`` are ``NAME=VALUE`` strings
+    exported to every rank (``-x``). Returns the finished process (output captured)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    exported = [arg for v in variables for arg in ("-x", v)]
+    return subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+         "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+         "--mca", "oob_tcp_if_include", "lo", "-np", str(np), *exported, *command],
+        capture_output=True, text=True, timeout=timeout, env=env)
+
+
 SCHEDULER = "import vans; vans.Node().finalize()"
 
 # A scheduler that stays up until the test kills it, for tests that kill a member: the plain

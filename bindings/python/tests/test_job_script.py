@@ -7,7 +7,6 @@ cluster. `vans.node_role()` is its guard; its rules are checked here too. The ma
 jobs` makes them)."""
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import time
 import urllib.request
 
 import pytest
+from conftest import mpirun
 
 import vans
 from vans import errors
@@ -78,15 +78,9 @@ def test_the_books_job_script_runs_unchanged_under_mpirun(tmp_path):
         pytest.fail("mpirun not found: run scripts/setup.sh (Debian: apt-get install openmpi-bin)")
     script = tmp_path / "kv_job.py"
     script.write_text(snippets()[0])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    run = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-         "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
-         "--mca", "oob_tcp_if_include", "lo", "-np", "5",
-         "-x", "DMLC_NUM_SERVER=2", "-x", "DMLC_PS_ROOT_URI=127.0.0.1",
-         "-x", f"DMLC_PS_ROOT_PORT={vans.free_port()}",
-         sys.executable, str(script)],
-        capture_output=True, text=True, timeout=300, env=env)
+    run = mpirun(5, [sys.executable, str(script)],
+                 ["DMLC_NUM_SERVER=2", "DMLC_PS_ROOT_URI=127.0.0.1",
+                  f"DMLC_PS_ROOT_PORT={vans.free_port()}"])
     said = run.stdout + run.stderr
     assert run.returncode == 0, said
     assert "[launcher]" not in said, said  # no nested local cluster
