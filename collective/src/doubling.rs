@@ -11,9 +11,9 @@
 //! and every rank ends with the same total: the tree `reference` spells out.
 
 use crate::comm::{Op, Shared};
-use crate::element::{copy_into, reduce_into, Element, ReduceOp};
+use crate::element::{Element, ReduceOp};
 use crate::error::Result;
-use crate::ring::{elements_per_slice, slices, to_bytes};
+use crate::ring::{receive, send, Combine};
 
 /// All-reduce of `buf` in place by recursive doubling.
 pub(crate) async fn allreduce<T: Element>(
@@ -26,7 +26,7 @@ pub(crate) async fn allreduce<T: Element>(
     if n == 1 || buf.is_empty() {
         return Ok(());
     }
-    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let p = lower_power_of_two(n);
     let steps = p.trailing_zeros() as usize;
     // Hops: 0 the fold-in, 1..=steps the exchanges, steps + 1 the fold-out.
     let last = steps + 1;
@@ -61,47 +61,6 @@ pub(crate) async fn allreduce<T: Element>(
     Ok(())
 }
 
-enum Combine {
-    Copy,
-    Reduce(ReduceOp),
-}
-
-/// `buf` to rank `to` as hop `hop`, in slices.
-async fn send<T: Element>(
-    shared: &Shared,
-    op: &Op,
-    to: usize,
-    hop: usize,
-    buf: &[T],
-) -> Result<()> {
-    for (s, range) in slices(0..buf.len(), elements_per_slice::<T>(shared)).enumerate() {
-        let data = to_bytes(shared, op, to, &buf[range]);
-        shared.send(op, to, hop, s, data).await?;
-    }
-    Ok(())
-}
-
-/// Rank `from`'s hop `hop` into `buf`, copied or combined slice by slice.
-async fn receive<T: Element>(
-    shared: &Shared,
-    op: &Op,
-    from: usize,
-    hop: usize,
-    buf: &mut [T],
-    combine: Combine,
-) -> Result<()> {
-    let size = std::mem::size_of::<T>();
-    for (s, range) in slices(0..buf.len(), elements_per_slice::<T>(shared)).enumerate() {
-        let data = shared.recv(op, from, hop, s, range.len() * size).await?;
-        let out = &mut buf[range];
-        match combine {
-            Combine::Copy => copy_into(out, &data),
-            Combine::Reduce(reduction) => reduce_into(out, &data, reduction),
-        }
-    }
-    Ok(())
-}
-
 /// The total recursive doubling computes from each rank's value, in its order: the tests'
 /// reference (a sum in this fixed order, bit for bit).
 pub fn reference<T: Element>(values: &[T], reduction: ReduceOp) -> Option<T> {
@@ -110,7 +69,7 @@ pub fn reference<T: Element>(values: &[T], reduction: ReduceOp) -> Option<T> {
     if n == 1 {
         return Some(first);
     }
-    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let p = lower_power_of_two(n);
     let mut partial: Vec<T> = values[..p].to_vec();
     for i in 0..n - p {
         partial[i] = partial[i].combine(values[p + i], reduction);
@@ -129,4 +88,9 @@ pub fn reference<T: Element>(values: &[T], reduction: ReduceOp) -> Option<T> {
         ReduceOp::Mean => total.divide(n),
         _ => total,
     })
+}
+
+/// The largest power of two not above `n` (`n` ≥ 1): the ranks that exchange.
+fn lower_power_of_two(n: usize) -> usize {
+    1usize << (usize::BITS - 1 - n.leading_zeros())
 }

@@ -79,37 +79,70 @@ pub(crate) async fn direct<T: Element>(
     if n == 1 || buf.is_empty() {
         return Ok(());
     }
-    let per = elements_per_slice::<T>(shared);
-    let size = std::mem::size_of::<T>();
     let mine: Vec<T> = buf.to_vec();
     for k in (1..n).map(|d| (r + d) % n) {
-        for (s, range) in slices(0..buf.len(), per).enumerate() {
-            let data = to_bytes(shared, op, k, &mine[range]);
-            shared.send(op, k, 0, s, data).await?;
-        }
+        send(shared, op, k, 0, &mine).await?;
     }
     for k in 0..n {
-        for (s, range) in slices(0..buf.len(), per).enumerate() {
-            let out = &mut buf[range.clone()];
-            if k == r {
-                if k == 0 {
-                    continue; // already in place
-                }
-                let bytes: &[u8] = bytemuck::cast_slice(&mine[range]);
-                reduce_into(out, bytes, reduction);
-                continue;
+        if k == r {
+            if k != 0 {
+                reduce_into(buf, bytemuck::cast_slice(&mine), reduction);
             }
-            let data = shared.recv(op, k, 0, s, range.len() * size).await?;
-            if k == 0 {
-                copy_into(out, &data);
-            } else {
-                reduce_into(out, &data, reduction);
-            }
+            continue;
         }
+        let combine = match k {
+            0 => Combine::Copy,
+            _ => Combine::Reduce(reduction),
+        };
+        receive(shared, op, k, 0, buf, combine).await?;
     }
     if reduction == ReduceOp::Mean {
         for v in buf.iter_mut() {
             *v = v.divide(n);
+        }
+    }
+    Ok(())
+}
+
+/// What [`receive`] does with each slice.
+pub(crate) enum Combine {
+    /// Copy it into place.
+    Copy,
+    /// Reduce it into place.
+    Reduce(ReduceOp),
+}
+
+/// `buf` to rank `to` as hop `hop`, in slices.
+pub(crate) async fn send<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    to: usize,
+    hop: usize,
+    buf: &[T],
+) -> Result<()> {
+    for (s, range) in slices(0..buf.len(), elements_per_slice::<T>(shared)).enumerate() {
+        let data = to_bytes(shared, op, to, &buf[range]);
+        shared.send(op, to, hop, s, data).await?;
+    }
+    Ok(())
+}
+
+/// Rank `from`'s hop `hop` into `buf`, copied or combined slice by slice.
+pub(crate) async fn receive<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    from: usize,
+    hop: usize,
+    buf: &mut [T],
+    combine: Combine,
+) -> Result<()> {
+    let size = std::mem::size_of::<T>();
+    for (s, range) in slices(0..buf.len(), elements_per_slice::<T>(shared)).enumerate() {
+        let data = shared.recv(op, from, hop, s, range.len() * size).await?;
+        let out = &mut buf[range];
+        match combine {
+            Combine::Copy => copy_into(out, &data),
+            Combine::Reduce(reduction) => reduce_into(out, &data, reduction),
         }
     }
     Ok(())
