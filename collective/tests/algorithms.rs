@@ -4,8 +4,9 @@
 //! own fixed order (values of very different magnitudes, so another order gives other bits).
 
 use collective::{doubling, ring, Algorithm, CommOptions, Communicator, Element, ReduceOp};
-use node::local::LocalCluster;
-use node::{Postoffice, Role};
+use node::Postoffice;
+
+mod common;
 
 const ALGORITHMS: [Algorithm; 3] = [Algorithm::Direct, Algorithm::Doubling, Algorithm::Ring];
 /// Lengths: one element, fewer than the ranks, a prime, several 4 KiB slices plus a bit.
@@ -50,21 +51,9 @@ fn expected<T: Element>(
 /// What one rank saw: how many elements it compared, and the first mismatches.
 type Seen = (usize, Vec<String>);
 
-async fn worker(po: Postoffice) -> node::Result<Option<Seen>> {
-    if po.role() != Role::Worker {
-        po.finalize().await?;
-        return Ok(None);
-    }
-    let result = every_algorithm(&po).await;
-    po.finalize().await?;
-    result
-        .map(Some)
-        .map_err(|e| node::PsError::InvalidArgument(format!("collective failed: {e}")))
-}
-
 /// Runs every case and compares; a mismatch is noted, not a panic, so the other ranks are
 /// not left waiting for this one's next collective.
-async fn every_algorithm(po: &Postoffice) -> collective::Result<Seen> {
+async fn every_algorithm(po: Postoffice) -> collective::Result<Seen> {
     let mut checked = 0;
     let mut wrong = Vec::new();
     let mut note = |what: String| {
@@ -79,7 +68,7 @@ async fn every_algorithm(po: &Postoffice) -> collective::Result<Seen> {
             algorithm,
             ..CommOptions::default()
         };
-        let mut comm = Communicator::with_options(po, options).await?;
+        let mut comm = Communicator::with_options(&po, options).await?;
         let (r, n) = (comm.rank().unwrap_or(usize::MAX), comm.size());
         for len in LENGTHS {
             for op in [ReduceOp::Sum, ReduceOp::Mean] {
@@ -124,16 +113,7 @@ async fn every_algorithm(po: &Postoffice) -> collective::Result<Seen> {
 }
 
 fn run(workers: u32) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("runtime: {e}"));
-    let results = runtime
-        .block_on(LocalCluster::new(1, workers).run(worker))
-        .unwrap_or_else(|e| panic!("{workers} workers: {e}"));
-    let seen: Vec<Seen> = results.into_iter().flatten().collect();
-    assert_eq!(seen.len(), workers as usize);
+    let seen = common::on_each_worker(workers, every_algorithm);
     let wrong: Vec<&String> = seen.iter().flat_map(|(_, w)| w).collect();
     assert!(wrong.is_empty(), "{wrong:#?}");
     // Every rank compared every element of every case.

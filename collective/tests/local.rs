@@ -3,35 +3,24 @@
 //! the rank count, zero-length buffers, many slices per chunk, every element type.
 
 use collective::{bf16, CommOptions, Communicator, ReduceOp};
-use node::local::LocalCluster;
-use node::{Postoffice, Role};
+use node::Postoffice;
+
+mod common;
 
 /// What one worker saw: its rank and the bits of its floating-point results.
-type Seen = Option<(usize, Vec<u64>)>;
+type Seen = (usize, Vec<u64>);
 
-async fn worker(po: Postoffice) -> node::Result<Seen> {
-    if po.role() != Role::Worker {
-        po.finalize().await?;
-        return Ok(None);
-    }
-    // Twice: all-reduces around the ring only, then with small buffers sent to every rank
-    // at once (two communicators of the same node, told apart by their customer ids).
+/// Twice: all-reduces around the ring only, then with small buffers sent to every rank at
+/// once (two communicators of the same node, told apart by their customer ids).
+async fn worker(po: Postoffice) -> collective::Result<Seen> {
     let ring = CommOptions {
         customer_id: 1,
         direct_bytes: 0,
         ..options()
     };
-    let ring_only = collectives(&po, ring).await;
-    let result = match ring_only {
-        Ok(ring_bits) => collectives(&po, options())
-            .await
-            .map(|(rank, bits)| (rank, [ring_bits.1, bits].concat())),
-        Err(e) => Err(e),
-    };
-    po.finalize().await?;
-    result
-        .map(Some)
-        .map_err(|e| node::PsError::InvalidArgument(format!("collective failed: {e}")))
+    let (_, ring_bits) = collectives(&po, ring).await?;
+    let (rank, bits) = collectives(&po, options()).await?;
+    Ok((rank, [ring_bits, bits].concat()))
 }
 
 fn options() -> CommOptions {
@@ -154,16 +143,7 @@ async fn collectives(
 }
 
 fn run(workers: u32) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("runtime: {e}"));
-    let results = runtime
-        .block_on(LocalCluster::new(1, workers).run(worker))
-        .unwrap_or_else(|e| panic!("{workers} workers: {e}"));
-    let seen: Vec<(usize, Vec<u64>)> = results.into_iter().flatten().collect();
-    assert_eq!(seen.len(), workers as usize);
+    let seen = common::on_each_worker(workers, worker);
     let mut ranks: Vec<usize> = seen.iter().map(|(r, _)| *r).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, (0..workers as usize).collect::<Vec<_>>());
