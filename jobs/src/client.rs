@@ -79,16 +79,13 @@ impl Master {
 
     #[cfg(feature = "tls")]
     fn https(addr: String, ca_file: Option<&std::path::Path>) -> Result<Master, BoxError> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, ServerName};
+        use rustls::pki_types::ServerName;
         let ca_file = ca_file.ok_or_else(|| {
             format!("https://{addr}: name the certificate to trust with --ca-file")
         })?;
         let mut roots = rustls::RootCertStore::empty();
-        let certs = CertificateDer::pem_file_iter(ca_file)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("--ca-file {}: {e}", ca_file.display()))?;
-        let (added, _) = roots.add_parsable_certificates(certs);
+        let (added, _) =
+            roots.add_parsable_certificates(crate::tls::certificates(ca_file, "--ca-file")?);
         if added == 0 {
             return Err(format!("--ca-file {}: no certificate in it", ca_file.display()).into());
         }
@@ -98,8 +95,7 @@ impl Master {
         };
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| format!("https://{addr}: {host} is no host name: {e}"))?;
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
+        let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS: {e}"))?
             .with_root_certificates(roots)

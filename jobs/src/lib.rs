@@ -19,7 +19,9 @@ pub mod client; // the small HTTP/1.1 client of vans-submit and the tests
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes; // a job as a headless service and pods, or as a Kubeflow TFJob
 pub mod spec; // JobSpec, JobStatus, task names and states
-pub mod token; // the master's access token: from the environment or a file, compared in constant time
+#[cfg(feature = "tls")]
+pub mod tls;
+pub mod token; // the master's access token: from the environment or a file, compared in constant time // rustls on ring and PEM certificates, for the master and its client
 
 pub use spec::*;
 

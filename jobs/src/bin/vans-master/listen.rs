@@ -31,9 +31,8 @@ pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<Tls>,
-    deadline: Deadline,
+    read_timeout: Duration,
 ) -> Result<(), BoxError> {
-    let router = router.layer(axum::middleware::from_fn_with_state(deadline, read_body));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -48,24 +47,24 @@ pub(crate) async fn serve(
         let (router, tls) = (router.clone(), tls.clone());
         tokio::spawn(async move {
             let Some(tls) = tls else {
-                return connection(stream, router, deadline).await;
+                return connection(stream, router, read_timeout).await;
             };
             // A client that is not speaking TLS, or not trusting us, or too slow to: dropped.
-            if let Ok(Ok(stream)) = tokio::time::timeout(deadline.read, tls.accept(stream)).await {
-                connection(stream, router, deadline).await;
+            if let Ok(Ok(stream)) = tokio::time::timeout(read_timeout, tls.accept(stream)).await {
+                connection(stream, router, read_timeout).await;
             }
         });
     }
 }
 
 /// One connection: HTTP/1.1 with the header deadline.
-async fn connection<S>(stream: S, router: Router, deadline: Deadline)
+async fn connection<S>(stream: S, router: Router, read_timeout: Duration)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(deadline.read)
+        .header_read_timeout(read_timeout)
         .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router))
         .await;
     // A connection cut by its client or by the deadline: nothing to tell anyone.
@@ -74,7 +73,12 @@ where
 
 /// Reads the whole body (at most `max_body` bytes) within the deadline before the handler
 /// runs: 408 when it does not come in time, 413 when it is too large.
-async fn read_body(State(deadline): State<Deadline>, request: Request, next: Next) -> Response {
+/// The router's layer under the token check (so no body is read for a caller without it).
+pub(crate) async fn read_body(
+    State(deadline): State<Deadline>,
+    request: Request,
+    next: Next,
+) -> Response {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -115,28 +119,27 @@ fn too_large(deadline: Deadline) -> Response {
 }
 
 /// The master's TLS: its certificate chain and key.
+#[cfg(feature = "tls")]
 #[derive(Clone)]
 pub(crate) struct Tls {
-    #[cfg(feature = "tls")]
     acceptor: tokio_rustls::TlsAcceptor,
 }
+
+/// Without the `tls` feature there is no TLS to serve: no value of this type exists.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone)]
+pub(crate) enum Tls {}
 
 impl Tls {
     /// Loads the PEM certificate chain and private key (`--tls-cert`, `--tls-key`).
     #[cfg(feature = "tls")]
     pub(crate) fn load(cert: &Path, key: &Path) -> Result<Tls, BoxError> {
         use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let certs = CertificateDer::pem_file_iter(cert)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
-        if certs.is_empty() {
-            return Err(format!("--tls-cert {}: no certificate in it", cert.display()).into());
-        }
+        use rustls::pki_types::PrivateKeyDer;
+        let certs = jobs::tls::certificates(cert, "--tls-cert")?;
         let key = PrivateKeyDer::from_pem_file(key)
             .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let config = rustls::ServerConfig::builder_with_provider(jobs::tls::provider())
             .with_safe_default_protocol_versions()
             .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
             .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
@@ -162,7 +165,7 @@ impl Tls {
     }
 
     #[cfg(not(feature = "tls"))]
-    async fn accept<S>(&self, stream: S) -> std::io::Result<S> {
-        Ok(stream)
+    async fn accept<S>(&self, _stream: S) -> std::io::Result<S> {
+        match *self {}
     }
 }

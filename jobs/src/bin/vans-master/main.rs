@@ -39,7 +39,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -448,13 +448,21 @@ async fn serve(o: Options) -> Result<(), BoxError> {
         jobs_dir: jobs_dir.clone(),
         next: Mutex::new(0),
     });
-    let authenticated = token.is_some();
+    let token = Arc::new(token);
+    let deadline = listen::Deadline {
+        read: o.read_timeout,
+        max_body: MAX_BODY_BYTES,
+    };
+    // The last layer runs first: the token is checked before any body is read.
     let router = Router::new()
         .route("/jobs", get(list).post(submit))
         .route("/jobs/{id}", get(show).delete(stop))
         .route("/jobs/{id}/logs/{task}", get(log))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(Arc::new(token), authorize))
+        .layer(middleware::from_fn_with_state(deadline, listen::read_body))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&token),
+            authorize,
+        ))
         .with_state(app);
     let tls = match (&o.tls_cert, &o.tls_key) {
         (Some(cert), Some(key)) => Some(listen::Tls::load(cert, key)?),
@@ -469,15 +477,11 @@ async fn serve(o: Options) -> Result<(), BoxError> {
         listener.local_addr()?,
         o.backend,
         jobs_dir.display(),
-        if authenticated {
+        if token.is_some() {
             "every call needs the token"
         } else {
             "no token: loopback only"
         }
     );
-    let deadline = listen::Deadline {
-        read: o.read_timeout,
-        max_body: MAX_BODY_BYTES,
-    };
-    listen::serve(listener, router, tls, deadline).await
+    listen::serve(listener, router, tls, deadline.read).await
 }
