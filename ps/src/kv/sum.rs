@@ -195,23 +195,28 @@ impl<T: Value> RequestHandler for SumHandler<T> {
             Some(lens) if !meta.push => Some(lens),
             _ => None,
         };
-        // The answer is built from what the pull declares: check it (no negative length)
-        // and bound it before allocating zeros for it (a response larger than a frame could
-        // not be sent anyway).
-        if let Some(expected) = &expected {
-            let mut bytes = 0u64;
-            for &n in expected.iter() {
-                let n = u64::try_from(n).map_err(|_| format!("negative length {n}"))?;
-                bytes = bytes.saturating_add(n.saturating_mul(size_of::<T>() as u64));
-            }
+        // The answer is built from what the pull declares: check it (no negative length).
+        if let Some(n) = expected
+            .as_ref()
+            .and_then(|e| e.iter().copied().find(|n| *n < 0))
+        {
+            return Err(format!("negative length {n}"));
+        }
+        // Zeros for keys never pushed are allocated from what the pull declares alone:
+        // bounded (stored keys answer what they hold, however large the frame limit).
+        let mut zero_bytes = 0u64;
+        let mut zeros = |n: usize| -> Result<usize, String> {
+            let bytes = (n as u64).saturating_mul(size_of::<T>() as u64);
+            zero_bytes = zero_bytes.saturating_add(bytes);
             let limit = van_core::wire::DEFAULT_MAX_FRAME;
-            if bytes > limit {
+            if zero_bytes > limit {
                 return Err(format!(
-                    "the pull expects more than {limit} bytes of values, more than one \
-                     response carries"
+                    "the pull expects more than {limit} bytes of zeros for keys never pushed, \
+                     more than one response carries"
                 ));
             }
-        }
+            Ok(n * size_of::<T>())
+        };
         // Checked above: every length is non-negative.
         let expects = |i: usize| {
             let n = expected.as_ref()?.get(i)?;
@@ -223,7 +228,7 @@ impl<T: Value> RequestHandler for SumHandler<T> {
                 Pulled::Stored(stored) => {
                     (Bytes::from_owner(Lent(Arc::clone(stored))), stored.len())
                 }
-                Pulled::Zeros(n) => (Bytes::from(vec![0u8; n * std::mem::size_of::<T>()]), n),
+                Pulled::Zeros(n) => (Bytes::from(vec![0u8; zeros(n)?]), n),
             };
             return Ok(KvPairs {
                 keys: request.keys.clone(),
@@ -241,7 +246,7 @@ impl<T: Value> RequestHandler for SumHandler<T> {
                     stored.len()
                 }
                 Pulled::Zeros(n) => {
-                    vals.resize(vals.len() + n * std::mem::size_of::<T>(), 0);
+                    vals.resize(vals.len() + zeros(n)?, 0);
                     n
                 }
             };
