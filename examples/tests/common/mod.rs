@@ -39,15 +39,23 @@ pub(crate) fn all_succeeded<const N: usize>(nodes: [(&str, Child); N]) -> [Outpu
 /// the deadline passes. Its piped output is read all along (a chatty child, such as a
 /// 2,000-node in-process cluster, would otherwise block on a full pipe and never exit).
 pub(crate) fn wait_output_within(mut child: Child, what: &str, deadline: Duration) -> Output {
-    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::sync::mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1); // one message: the whole output
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
             if let Some(mut pipe) = pipe {
                 let _ = pipe.read_to_end(&mut bytes);
             }
-            bytes
-        })
+            let _ = tx.send(bytes);
+        });
+        rx
     }
+    // A grandchild that inherited the pipes can hold them open after the child is gone:
+    // what arrived is shown after a grace period instead of waiting for ever.
+    let collect = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
+        rx.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| b"(output still open 10 s after the exit: not read)".to_vec())
+    };
     let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let started = Instant::now();
     let (status, late) = loop {
@@ -62,8 +70,8 @@ pub(crate) fn wait_output_within(mut child: Child, what: &str, deadline: Duratio
     };
     let out = Output {
         status,
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
+        stdout: collect(stdout),
+        stderr: collect(stderr),
     };
     assert!(
         !late,
