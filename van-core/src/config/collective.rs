@@ -30,7 +30,8 @@ const ALGORITHM_EXPECTED: &str = "auto, direct, doubling or ring";
 /// How an all-reduce is carried out (`VANS_COLLECTIVE_ALGO`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CollectiveAlgorithm {
-    /// By size: `Direct` up to `VANS_COLLECTIVE_DIRECT_BYTES`, `Ring` beyond.
+    /// By size and rank count (`collective::plan`): up to `VANS_COLLECTIVE_DIRECT_BYTES`,
+    /// `Doubling` on 4, 8, 16 … ranks and `Direct` on others; `Ring` beyond.
     #[default]
     Auto,
     /// Every rank sends its whole buffer to every other and reduces all of them, in rank
@@ -74,7 +75,7 @@ impl std::str::FromStr for CollectiveAlgorithm {
             CollectiveAlgorithm::Ring,
         ]
         .into_iter()
-        .find(|a| a.as_str() == s)
+        .find(|a| a.as_str().eq_ignore_ascii_case(s.trim()))
         .ok_or_else(|| format!("{s}: expected {ALGORITHM_EXPECTED}"))
     }
 }

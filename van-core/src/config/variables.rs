@@ -453,15 +453,16 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: "VANS_COLLECTIVE_DIRECT_BYTES",
         default: "65536 (64 KiB)",
-        effect: "all-reduces of buffers up to this many bytes go to every rank at once instead \
-                 of around the ring; up to 1 GiB; 0: always the ring",
+        effect: "all-reduces of buffers up to this many bytes take a latency-bound algorithm \
+                 (see VANS_COLLECTIVE_ALGO) instead of the ring; up to 1 GiB; 0: always the \
+                 ring",
     },
     EnvVar {
         name: "VANS_COLLECTIVE_ALGO",
         default: "auto",
-        effect: "how all-reduces are carried out: auto (direct up to \
-                 VANS_COLLECTIVE_DIRECT_BYTES, the ring beyond), direct (every rank sends its \
-                 buffer to every other), doubling (recursive doubling: log2 n exchanges) or \
+        effect: "how all-reduces are carried out: auto (up to VANS_COLLECTIVE_DIRECT_BYTES \
+                 doubling on 4, 8, 16 … ranks and direct on others, the ring beyond), direct \
+                 (every rank sends its buffer to every other), doubling (recursive doubling: log2 n exchanges) or \
                  ring (reduce-scatter and all-gather in slices); every choice gives every rank \
                  the same bits",
     },
