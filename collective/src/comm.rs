@@ -46,13 +46,18 @@ pub struct CommOptions {
     pub settle_window: Duration,
     /// Longest wait for one message of a collective before it fails.
     pub timeout: Duration,
-    /// How all-reduces are carried out; `Auto` chooses by size ([`crate::plan`]).
+    /// How all-reduces are carried out; `Auto` chooses by placement and size
+    /// ([`crate::plan`]).
     pub algorithm: Algorithm,
+    /// How long a rank waiting on shared memory spins before it sleeps (never when the
+    /// host's ranks outnumber this process's cores).
+    pub spin: Duration,
 }
 
 impl Default for CommOptions {
     /// Customer id 0 and the defaults of [`CollectiveSettings`]: 256 KiB slices, direct
-    /// all-reduces up to 64 KiB, a settle window of 5 s and a timeout of 300 s.
+    /// all-reduces up to 64 KiB, a settle window of 5 s, a timeout of 300 s and 50 µs of
+    /// spinning.
     fn default() -> CommOptions {
         CommOptions::with_settings(&CollectiveSettings::default())
     }
@@ -61,8 +66,8 @@ impl Default for CommOptions {
 impl CommOptions {
     /// Customer id 0 and the settings of `config`: `VANS_COLLECTIVE_SLICE_BYTES`,
     /// `VANS_COLLECTIVE_DIRECT_BYTES`, `VANS_COLLECTIVE_SETTLE_WINDOW` (seconds),
-    /// `VANS_COLLECTIVE_TIMEOUT` (seconds) and `VANS_COLLECTIVE_ALGO`, checked when the
-    /// configuration was read.
+    /// `VANS_COLLECTIVE_TIMEOUT` (seconds), `VANS_COLLECTIVE_ALGO` and
+    /// `VANS_COLLECTIVE_SPIN_US`, checked when the configuration was read.
     pub fn from_config(config: &Config) -> CommOptions {
         CommOptions::with_settings(&config.collective)
     }
@@ -75,6 +80,7 @@ impl CommOptions {
             settle_window: settings.settle_window,
             timeout: settings.timeout,
             algorithm: settings.algorithm,
+            spin: settings.spin,
         }
     }
 }
@@ -83,6 +89,9 @@ impl CommOptions {
 struct State {
     membership: Membership,
     mailbox: Mailbox,
+    /// The shared-memory all-reduces of the current generation.
+    #[cfg(all(feature = "ipc", target_os = "linux"))]
+    shm: crate::shm::turns::Turns,
 }
 
 impl State {
@@ -123,6 +132,8 @@ impl Shared {
             state: Mutex::new(State {
                 membership: Membership::new(),
                 mailbox: Mailbox::default(),
+                #[cfg(all(feature = "ipc", target_os = "linux"))]
+                shm: Default::default(),
             }),
             notify: Notify::new(),
         });
@@ -137,9 +148,38 @@ impl Shared {
 
     /// Runs `change` on the membership under the lock, then wakes every waiter.
     fn update<T>(&self, change: impl FnOnce(&Protocol, &mut Membership) -> T) -> T {
-        let answer = change(&self.protocol, &mut self.lock().membership);
+        let mut st = self.lock();
+        let answer = change(&self.protocol, &mut st.membership);
+        Self::changed(&mut st);
+        drop(st);
         self.notify.notify_waiters();
         answer
+    }
+
+    /// After the membership changed: a shared-memory group of a generation that ended stops
+    /// its waiters (on every rank of the host: the abort word is shared).
+    fn changed(st: &mut State) {
+        #[cfg(all(feature = "ipc", target_os = "linux"))]
+        {
+            let State {
+                membership, shm, ..
+            } = st;
+            let generation = membership.generation().number;
+            if let Some(group) = shm.of(generation).group(generation) {
+                match membership.still(generation) {
+                    Err(CollectiveError::RankFailed { rank, .. }) => group.abort(Some(rank)),
+                    Err(_) => group.abort(None),
+                    Ok(()) => {}
+                }
+            }
+        }
+        let _ = st;
+    }
+
+    /// Fails unless `generation` is still going on.
+    #[cfg_attr(not(all(feature = "ipc", target_os = "linux")), allow(dead_code))]
+    pub(crate) fn still(&self, generation: u64) -> Result<()> {
+        self.lock().membership.still(generation)
     }
 
     /// Waits until `ready` has an answer (asked under the lock, at once and whenever a
@@ -186,6 +226,23 @@ impl Shared {
         valid(st.membership.generation().size(), rank)?;
         let number = st.mailbox().begin_collective();
         Ok(Op::new(kind, st.membership.generation(), rank, number))
+    }
+
+    /// Starts an all-reduce of `len` elements of `T` (as [`begin`](Self::begin)); when its
+    /// ranks share this host and the algorithm allows, it gets its shared-memory ticket in
+    /// the same critical section, so tickets follow the collectives' numbering.
+    pub(crate) fn begin_allreduce<T: crate::Element>(&self, len: usize) -> Result<Op> {
+        let mut st = self.lock();
+        let rank = st.membership.active_rank(self.me)?;
+        let number = st.mailbox().begin_collective();
+        #[allow(unused_mut)]
+        let mut op =
+            Op::new(OpKind::AllReduce, st.membership.generation(), rank, number).carrying::<T>(len);
+        #[cfg(all(feature = "ipc", target_os = "linux"))]
+        if matches!(self.options.algorithm, Algorithm::Auto | Algorithm::Shm) && len > 0 {
+            op.shm_ticket = st.shm.of(op.generation).ticket(&self.po, &op.members);
+        }
+        Ok(op)
     }
 
     /// Starts a point-to-point message with the rank `peer` under `tag` (sending or
@@ -275,6 +332,7 @@ impl Shared {
         let mut st = self.lock();
         if generation::is_control(msg.meta.head) {
             self.protocol.handle_control(&mut st.membership, msg);
+            Self::changed(&mut st);
         } else {
             st.mailbox().put(from, msg);
         }
@@ -289,8 +347,79 @@ impl Shared {
         self.update(|protocol, m| protocol.abandon(m, generation, error));
     }
 
+    /// Waits until it is `ticket`'s turn among the generation's shared-memory all-reduces
+    /// (or the generation ends); the turn passes on when the returned guard drops.
+    #[cfg(all(feature = "ipc", target_os = "linux"))]
+    pub(crate) async fn shm_turn(&self, op: &Op, ticket: u64) -> Result<ShmTurn<'_>> {
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let turn = self.wait_until(deadline, |st| {
+            if let Err(e) = st.membership.still(op.generation) {
+                return Some(Err(e));
+            }
+            st.shm.of(op.generation).is_turn(ticket).then_some(Ok(()))
+        });
+        match turn.await {
+            Some(Ok(())) => Ok(ShmTurn {
+                shared: self,
+                generation: op.generation,
+                ticket,
+            }),
+            Some(Err(e)) => Err(e),
+            None => Err(CollectiveError::MembershipChanged {
+                generation: op.generation,
+                reason: format!(
+                    "all-reduce #{} waited {:?} for the one before it on this rank",
+                    op.number, self.options.timeout
+                ),
+            }),
+        }
+    }
+
+    /// The shared-memory group of `generation`, as far as it is formed.
+    #[cfg(all(feature = "ipc", target_os = "linux"))]
+    pub(crate) fn shm_group(&self, generation: u64) -> crate::shm::turns::Formed {
+        self.lock().shm.of(generation).group.clone()
+    }
+
+    /// Records how forming `generation`'s group ended.
+    #[cfg(all(feature = "ipc", target_os = "linux"))]
+    pub(crate) fn set_shm_group(
+        &self,
+        generation: u64,
+        formed: &std::result::Result<Arc<crate::shm::group::Group>, String>,
+    ) {
+        let mut st = self.lock();
+        let turns = st.shm.of(generation);
+        turns.group = match formed {
+            Ok(group) => crate::shm::turns::Formed::Ready(Arc::clone(group)),
+            Err(why) => crate::shm::turns::Formed::Unavailable(why.clone()),
+        };
+        // A generation that ended while the group formed stops it at once.
+        Self::changed(&mut st);
+    }
+
     fn failed(&self, node: NodeId, error: &str) {
         self.update(|protocol, m| protocol.failed(m, node, error));
+    }
+}
+
+/// The turn of a shared-memory all-reduce: the next ticket's begins when this drops.
+#[cfg(all(feature = "ipc", target_os = "linux"))]
+pub(crate) struct ShmTurn<'a> {
+    shared: &'a Shared,
+    generation: u64,
+    ticket: u64,
+}
+
+#[cfg(all(feature = "ipc", target_os = "linux"))]
+impl Drop for ShmTurn<'_> {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.shm
+            .of(self.generation)
+            .done(self.generation, self.ticket);
+        drop(st);
+        self.shared.notify.notify_waiters();
     }
 }
 

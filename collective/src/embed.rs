@@ -148,8 +148,8 @@ impl CommHandle {
     /// [`Communicator::allreduce`] of `buf`; the result is the reduced buffer.
     pub fn allreduce<T: Element, B: Buffer<T>>(&self, mut buf: B, op: ReduceOp) -> Numbered<B> {
         let len = buf.elements().len();
-        let call = match self.shared().begin(OpKind::AllReduce, |_, _| Ok(())) {
-            Ok(call) => call.carrying::<T>(len),
+        let call = match self.shared().begin_allreduce::<T>(len) {
+            Ok(call) => call,
             Err(e) => return refused(&self.node, e),
         };
         let shared = Arc::clone(self.shared());

@@ -57,6 +57,8 @@ pub mod error;
 mod exchange;
 mod pool;
 pub mod ring;
+#[cfg(all(feature = "ipc", target_os = "linux"))]
+mod shm;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -184,10 +186,7 @@ impl Communicator {
     /// Reduces `buf` across all ranks with `op`, in place: every rank ends with the same
     /// result.
     pub async fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let call = self
-            .shared
-            .begin(OpKind::AllReduce, |_, _| Ok(()))?
-            .carrying::<T>(buf.len());
+        let call = self.shared.begin_allreduce::<T>(buf.len())?;
         let run = run_allreduce(&self.shared, &call, buf, op);
         Self::guarded(&self.shared, call.generation, run).await
     }
@@ -291,33 +290,72 @@ impl Communicator {
 }
 
 /// The algorithm an all-reduce of `bytes` on `ranks` ranks takes with `options` (never
-/// `Auto`): the one `options.algorithm` names, else, up to `options.direct_bytes`,
-/// [`Algorithm::Doubling`] on 4, 8, 16 … ranks and [`Algorithm::Direct`] on others, and the
-/// [`Algorithm::Ring`] beyond. Chosen from `allreduce-bench` runs on a 2-core machine (TCP
-/// and shared memory, 2 to 4 ranks): recursive doubling took 15–35% less time than the
-/// direct exchange at 4 KiB–64 KiB on 4 ranks, and was no better on 2 (the same exchange)
-/// or 3 (its fold-in step costs a latency). Every rank of a generation decides alike (same
-/// options, same size: checked by each collective).
-pub fn plan(options: &CommOptions, bytes: usize, ranks: usize) -> Algorithm {
+/// `Auto`), where `shared_memory` says whether every rank shares this host's memory: the
+/// one `options.algorithm` names; else [`Algorithm::Shm`] when the ranks share memory; else,
+/// up to `options.direct_bytes`, [`Algorithm::Doubling`] on 4, 8, 16 … ranks and
+/// [`Algorithm::Direct`] on others, and the [`Algorithm::Ring`] beyond. The message
+/// algorithms were chosen from `allreduce-bench` runs on a 2-core machine (TCP and shared
+/// memory, 2 to 4 ranks): recursive doubling took 15–35% less time than the direct exchange
+/// at 4 KiB–64 KiB on 4 ranks, and was no better on 2 (the same exchange) or 3 (its fold-in
+/// step costs a latency). Every rank of a generation decides alike (same options, same
+/// size: checked by each collective; the same node table).
+pub fn plan(options: &CommOptions, bytes: usize, ranks: usize, shared_memory: bool) -> Algorithm {
     match options.algorithm {
-        Algorithm::Auto if bytes > options.direct_bytes => Algorithm::Ring,
-        Algorithm::Auto if ranks >= 4 && ranks.is_power_of_two() => Algorithm::Doubling,
-        Algorithm::Auto => Algorithm::Direct,
+        Algorithm::Auto if shared_memory => Algorithm::Shm,
+        Algorithm::Auto => by_messages(options, bytes, ranks),
         chosen => chosen,
     }
 }
 
-/// All-reduce of a numbered collective, by the algorithm [`plan`] picks.
+/// [`plan`] among the algorithms that send messages.
+fn by_messages(options: &CommOptions, bytes: usize, ranks: usize) -> Algorithm {
+    match options.algorithm {
+        Algorithm::Auto | Algorithm::Shm if bytes > options.direct_bytes => Algorithm::Ring,
+        Algorithm::Auto | Algorithm::Shm if ranks >= 4 && ranks.is_power_of_two() => {
+            Algorithm::Doubling
+        }
+        Algorithm::Auto | Algorithm::Shm => Algorithm::Direct,
+        chosen => chosen,
+    }
+}
+
+/// All-reduce of a numbered collective, by the algorithm [`plan`] picks: through shared
+/// memory when the call holds a ticket for it, else by messages.
 pub(crate) async fn run_allreduce<T: Element>(
     shared: &comm::Shared,
     call: &comm::Op,
     buf: &mut [T],
     op: ReduceOp,
 ) -> Result<()> {
-    match plan(&shared.options, std::mem::size_of_val(buf), call.size()) {
+    #[cfg(all(feature = "ipc", target_os = "linux"))]
+    if let Some(ticket) = call.shm_ticket {
+        if shm::allreduce(shared, call, ticket, buf, op).await? {
+            return Ok(());
+        }
+    }
+    if shared.options.algorithm == Algorithm::Shm && call.size() > 1 && !buf.is_empty() {
+        return Err(CollectiveError::InvalidArgument(
+            "VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share this host's memory \
+             (another host, shared memory disabled, or this build lacks the ipc feature)"
+                .into(),
+        ));
+    }
+    run_by_messages(shared, call, buf, op).await
+}
+
+/// All-reduce of a numbered collective by the message algorithm [`plan`] picks.
+pub(crate) async fn run_by_messages<T: Element>(
+    shared: &comm::Shared,
+    call: &comm::Op,
+    buf: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    match by_messages(&shared.options, std::mem::size_of_val(buf), call.size()) {
         Algorithm::Direct => ring::direct(shared, call, buf, op).await,
         Algorithm::Doubling => doubling::allreduce(shared, call, buf, op).await,
-        Algorithm::Auto | Algorithm::Ring => ring::reduce(shared, call, buf, op, 2).await,
+        Algorithm::Auto | Algorithm::Shm | Algorithm::Ring => {
+            ring::reduce(shared, call, buf, op, 2).await
+        }
     }
 }
 

@@ -146,11 +146,18 @@ fn every_algorithm_on_five_ranks() {
     run(5);
 }
 
-/// The plan: by size and rank count unless an algorithm is named.
+/// The plan: shared memory where the ranks share it, else by size and rank count, unless an
+/// algorithm is named.
 #[test]
-fn plan_chooses_by_size_unless_told() {
+fn plan_chooses_by_placement_and_size_unless_told() {
     let options = CommOptions::default();
-    let plan = |bytes, ranks| collective::plan(&options, bytes, ranks);
+    for (bytes, ranks) in [(4096, 2), (64 << 20, 4), (1, 3)] {
+        assert_eq!(
+            collective::plan(&options, bytes, ranks, true),
+            Algorithm::Shm
+        );
+    }
+    let plan = |bytes, ranks| collective::plan(&options, bytes, ranks, false);
     for ranks in [2, 3, 5, 6] {
         assert_eq!(plan(4096, ranks), Algorithm::Direct, "{ranks}");
     }
@@ -164,5 +171,12 @@ fn plan_chooses_by_size_unless_told() {
         algorithm: Algorithm::Doubling,
         ..CommOptions::default()
     };
-    assert_eq!(collective::plan(&told, 64 << 20, 4), Algorithm::Doubling);
+    assert_eq!(
+        collective::plan(&told, 64 << 20, 4, true),
+        Algorithm::Doubling
+    );
+    assert_eq!(
+        collective::plan(&told, 64 << 20, 4, false),
+        Algorithm::Doubling
+    );
 }

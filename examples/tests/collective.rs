@@ -2,7 +2,7 @@
 //! collective on 2, 3 and 4 ranks, over TCP and (with feature `ipc`) shared memory; and an
 //! elastic loop that loses a rank to `kill -9`, goes on in a new generation without it, and
 //! admits the process started in its place, with the planned all-reduce algorithm and with
-//! each other one forced.
+//! each other one forced (shared memory among them).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,11 +33,7 @@ struct Cluster {
     workers: Vec<Child>,
 }
 
-fn start(workers: usize, args: &[&str], tcp: bool) -> (Cluster, u16) {
-    start_with(workers, args, tcp, &[])
-}
-
-/// [`start`] with more environment for every node.
+/// Starts a cluster running `args` on each worker, with `env` for every node.
 fn start_with(workers: usize, args: &[&str], tcp: bool, env: &[(&str, &str)]) -> (Cluster, u16) {
     let port = common::free_port();
     let spawn = |role| {
@@ -83,9 +79,13 @@ fn finish(cluster: Cluster, what: &str) -> Vec<String> {
     outputs
 }
 
-fn every_collective(workers: usize, tcp: bool) {
-    let what = format!("{workers} ranks, tcp {tcp}");
-    let (cluster, _) = start(workers, &["check"], tcp);
+fn every_collective(workers: usize, tcp: bool) -> Vec<String> {
+    every_collective_with(workers, tcp, &[])
+}
+
+fn every_collective_with(workers: usize, tcp: bool, env: &[(&str, &str)]) -> Vec<String> {
+    let what = format!("{workers} ranks, tcp {tcp}, {env:?}");
+    let (cluster, _) = start_with(workers, &["check"], tcp, env);
     let outputs = finish(cluster, &what);
     let mut ranks: Vec<usize> = outputs
         .iter()
@@ -100,6 +100,7 @@ fn every_collective(workers: usize, tcp: bool) {
         .collect();
     ranks.sort_unstable();
     assert_eq!(ranks, (0..workers).collect::<Vec<_>>(), "{what}");
+    outputs
 }
 
 #[test]
@@ -112,29 +113,87 @@ fn every_collective_on_two_three_and_four_ranks_over_tcp() {
 #[cfg(feature = "ipc")]
 #[test]
 fn every_collective_on_three_ranks_over_shared_memory() {
-    every_collective(3, false);
+    let outputs = every_collective_with(3, false, &[("RUST_LOG", "collective=info")]);
+    // Co-located ranks all-reduce through one shared segment, not messages.
+    for text in &outputs {
+        assert!(
+            text.contains("go through shared memory (3 ranks"),
+            "no shared-memory group:\n{text}"
+        );
+    }
+}
+
+#[cfg(feature = "ipc")]
+#[test]
+fn every_collective_through_one_shared_segment_on_two_and_four_ranks() {
+    for workers in [2, 4] {
+        every_collective_with(workers, false, &[("VANS_COLLECTIVE_ALGO", "shm")]);
+    }
+}
+
+#[test]
+fn asking_for_shared_memory_between_ranks_that_cannot_share_it_fails_clearly() {
+    // Shared memory disabled: the ranks talk TCP, and the forced algorithm cannot be had.
+    // The first worker to all-reduce among two ranks fails saying why; the other may then be
+    // left in a generation of its own (where nothing needs sharing), so it is stopped.
+    let (mut cluster, _) = start_with(2, &["check"], true, &[("VANS_COLLECTIVE_ALGO", "shm")]);
+    let start = std::time::Instant::now();
+    let first = loop {
+        if let Some(i) = (0..2).find(|&i| matches!(cluster.workers[i].try_wait(), Ok(Some(_)))) {
+            break cluster.workers.remove(i);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no worker ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = common::wait_output(first, "the first worker to end");
+    let text = common::text(&out);
+    assert!(!out.status.success(), "it succeeded:\n{text}");
+    assert!(
+        text.contains("VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share"),
+        "it did not say why:\n{text}"
+    );
+    for mut child in cluster
+        .workers
+        .into_iter()
+        .chain([cluster.server, cluster.scheduler])
+    {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 #[test]
 fn a_killed_rank_fails_the_others_who_go_on_without_it_and_admit_its_replacement() {
     // The plan's choice: recursive doubling on 4 ranks, the direct exchange on 3.
-    elastic_loop(None);
+    elastic_loop(None, true);
 }
 
 #[test]
 fn the_elastic_loop_holds_around_the_ring() {
-    elastic_loop(Some("ring"));
+    elastic_loop(Some("ring"), true);
 }
 
 #[test]
 fn the_elastic_loop_holds_by_recursive_doubling_on_three_ranks_too() {
     // The generation of 3 folds its third rank in and out.
-    elastic_loop(Some("doubling"));
+    elastic_loop(Some("doubling"), true);
+}
+
+#[cfg(feature = "ipc")]
+#[test]
+fn the_elastic_loop_holds_through_shared_memory() {
+    // Every generation (4, 3, then 4 ranks) maps a segment of its own; the killed rank's
+    // stops the survivors' waits.
+    elastic_loop(Some("shm"), false);
 }
 
 /// Four ranks all-reduce in a loop (`VANS_COLLECTIVE_ALGO=algorithm` on every node when
-/// given); one is killed, the others go on without it, its replacement is admitted.
-fn elastic_loop(algorithm: Option<&str>) {
+/// given, over TCP or shared memory); one is killed, the others go on without it, its
+/// replacement is admitted.
+fn elastic_loop(algorithm: Option<&str>, tcp: bool) {
     // About 20 s of steps: the replacement joins while the survivors are mid-loop.
     let args = [
         "elastic",
@@ -149,7 +208,7 @@ fn elastic_loop(algorithm: Option<&str>) {
         .map(|a| ("VANS_COLLECTIVE_ALGO", a))
         .into_iter()
         .collect();
-    let (mut cluster, port) = start_with(4, &args, true, &env);
+    let (mut cluster, port) = start_with(4, &args, tcp, &env);
     std::thread::sleep(Duration::from_secs(4));
     let victim = cluster.workers.remove(1);
     common::signal(victim.id(), "KILL");
@@ -158,7 +217,7 @@ fn elastic_loop(algorithm: Option<&str>) {
     std::thread::sleep(Duration::from_secs(4));
     // A new process in its place: it takes the dead node's id and asks to join.
     cluster.workers.push(
-        node("worker", port, 4, &args, true)
+        node("worker", port, 4, &args, tcp)
             .envs(env.iter().copied())
             .spawn()
             .unwrap(),

@@ -79,6 +79,10 @@ pub(crate) struct Op {
     pub(crate) tag: u64,
     /// Elements in the whole buffer (the same on every rank; checked).
     pub(crate) total: usize,
+    /// An all-reduce's turn among those through shared memory (`crate::shm`), if it takes
+    /// that path.
+    #[cfg_attr(not(all(feature = "ipc", target_os = "linux")), allow(dead_code))]
+    pub(crate) shm_ticket: Option<u64>,
 }
 
 impl Op {
@@ -92,6 +96,22 @@ impl Op {
             number,
             tag: 0,
             total: 0,
+            shm_ticket: None,
+        }
+    }
+
+    /// An all-reduce of the same generation and ranks numbered `number`, outside the
+    /// collectives' numbering (for exchanges a collective makes of its own accord, which
+    /// every rank makes at the same point).
+    #[cfg_attr(not(all(feature = "ipc", target_os = "linux")), allow(dead_code))]
+    pub(crate) fn internal(&self, number: u64) -> Op {
+        Op {
+            kind: OpKind::AllReduce,
+            number,
+            tag: 0,
+            total: 0,
+            shm_ticket: None,
+            ..self.clone()
         }
     }
 

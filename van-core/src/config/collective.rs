@@ -18,6 +18,8 @@ pub const DEFAULT_COLLECTIVE_DIRECT_BYTES: usize = 64 << 10;
 pub const DEFAULT_COLLECTIVE_SETTLE_WINDOW: Duration = Duration::from_secs(5);
 /// Default wait for one message of a collective (`VANS_COLLECTIVE_TIMEOUT`).
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default time a rank spins on shared memory before it sleeps (`VANS_COLLECTIVE_SPIN_US`).
+pub const DEFAULT_COLLECTIVE_SPIN: Duration = Duration::from_micros(50);
 
 const GIB: usize = 1 << 30;
 const LONGEST: Duration = Duration::from_secs(86_400);
@@ -25,15 +27,24 @@ const SLICE_EXPECTED: &str = "a whole number of bytes from 4096 to 1073741824 (1
 const DIRECT_EXPECTED: &str =
     "a whole number of bytes up to 1073741824 (1 GiB; 0: always the ring)";
 const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
-const ALGORITHM_EXPECTED: &str = "auto, direct, doubling or ring";
+const ALGORITHM_EXPECTED: &str = "auto, shm, direct, doubling or ring";
+const SPIN_EXPECTED: &str = "a whole number of microseconds up to 1000000 (0: never spin)";
+/// The longest spin `VANS_COLLECTIVE_SPIN_US` accepts.
+const LONGEST_SPIN: Duration = Duration::from_secs(1);
 
 /// How an all-reduce is carried out (`VANS_COLLECTIVE_ALGO`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CollectiveAlgorithm {
-    /// By size and rank count (`collective::plan`): up to `VANS_COLLECTIVE_DIRECT_BYTES`,
-    /// `Doubling` on 4, 8, 16 … ranks and `Direct` on others; `Ring` beyond.
+    /// By placement, size and rank count (`collective::plan`): `Shm` when every rank shares
+    /// this host's memory; else up to `VANS_COLLECTIVE_DIRECT_BYTES`, `Doubling` on 4, 8,
+    /// 16 … ranks and `Direct` on others; `Ring` beyond.
     #[default]
     Auto,
+    /// Through one shared-memory segment the ranks map (every rank on this host, shared
+    /// memory enabled): each rank copies its buffer in, reduces its share of every rank's in
+    /// place and copies the result out, synchronised by counters in the segment. An error
+    /// when the ranks cannot share memory.
+    Shm,
     /// Every rank sends its whole buffer to every other and reduces all of them, in rank
     /// order: one message latency, `n - 1` buffers sent per rank.
     Direct,
@@ -47,10 +58,11 @@ pub enum CollectiveAlgorithm {
 }
 
 impl CollectiveAlgorithm {
-    /// The variable's spelling: `auto`, `direct`, `doubling`, `ring`.
+    /// The variable's spelling: `auto`, `shm`, `direct`, `doubling`, `ring`.
     pub fn as_str(self) -> &'static str {
         match self {
             CollectiveAlgorithm::Auto => "auto",
+            CollectiveAlgorithm::Shm => "shm",
             CollectiveAlgorithm::Direct => "direct",
             CollectiveAlgorithm::Doubling => "doubling",
             CollectiveAlgorithm::Ring => "ring",
@@ -70,6 +82,7 @@ impl std::str::FromStr for CollectiveAlgorithm {
     fn from_str(s: &str) -> Result<Self, String> {
         [
             CollectiveAlgorithm::Auto,
+            CollectiveAlgorithm::Shm,
             CollectiveAlgorithm::Direct,
             CollectiveAlgorithm::Doubling,
             CollectiveAlgorithm::Ring,
@@ -96,6 +109,9 @@ pub struct CollectiveSettings {
     pub timeout: Duration,
     /// `VANS_COLLECTIVE_ALGO`: how all-reduces are carried out (`auto`: by size).
     pub algorithm: CollectiveAlgorithm,
+    /// `VANS_COLLECTIVE_SPIN_US`: how long a rank waiting on shared memory spins before it
+    /// sleeps (never when this host's ranks outnumber the cores this process may use).
+    pub spin: Duration,
 }
 
 impl Default for CollectiveSettings {
@@ -106,6 +122,7 @@ impl Default for CollectiveSettings {
             settle_window: DEFAULT_COLLECTIVE_SETTLE_WINDOW,
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
             algorithm: CollectiveAlgorithm::Auto,
+            spin: DEFAULT_COLLECTIVE_SPIN,
         }
     }
 }
@@ -165,6 +182,14 @@ impl CollectiveSettings {
                 .parse()
                 .map_err(|_| invalid("VANS_COLLECTIVE_ALGO", value, ALGORITHM_EXPECTED))?;
         }
+        if let Some(us) = number("VANS_COLLECTIVE_SPIN_US", SPIN_EXPECTED)? {
+            let longest = LONGEST_SPIN.as_micros() as f64;
+            if !((0.0..=longest).contains(&us) && us.fract() == 0.0) {
+                let value = get("VANS_COLLECTIVE_SPIN_US").unwrap_or_default();
+                return Err(invalid("VANS_COLLECTIVE_SPIN_US", value, SPIN_EXPECTED));
+            }
+            c.spin = Duration::from_micros(us as u64);
+        }
         Ok(c)
     }
 
@@ -185,6 +210,10 @@ impl CollectiveSettings {
                 &value,
                 DIRECT_EXPECTED,
             ));
+        }
+        if self.spin > LONGEST_SPIN {
+            let value = self.spin.as_micros().to_string();
+            return Err(invalid("VANS_COLLECTIVE_SPIN_US", &value, SPIN_EXPECTED));
         }
         for (var, d) in [
             ("VANS_COLLECTIVE_SETTLE_WINDOW", self.settle_window),
@@ -223,6 +252,7 @@ mod tests {
             ("VANS_COLLECTIVE_SETTLE_WINDOW", "0.5"),
             ("VANS_COLLECTIVE_TIMEOUT", " 1e2 "),
             ("VANS_COLLECTIVE_ALGO", "doubling"),
+            ("VANS_COLLECTIVE_SPIN_US", "0"),
         ])
         .unwrap();
         assert_eq!(
@@ -233,14 +263,19 @@ mod tests {
                 settle_window: Duration::from_millis(500),
                 timeout: Duration::from_secs(100),
                 algorithm: CollectiveAlgorithm::Doubling,
+                spin: Duration::ZERO,
             }
         );
         // The largest values are accepted.
         let c = Config::from_vars([
             ("VANS_COLLECTIVE_SLICE_BYTES", "1073741824"),
             ("VANS_COLLECTIVE_TIMEOUT", "86400"),
+            ("VANS_COLLECTIVE_SPIN_US", "1e6"),
+            ("VANS_COLLECTIVE_ALGO", "SHM"),
         ])
         .unwrap();
+        assert_eq!(c.collective.spin, Duration::from_secs(1));
+        assert_eq!(c.collective.algorithm, CollectiveAlgorithm::Shm);
         assert_eq!(c.collective.slice_bytes, 1 << 30);
         assert_eq!(c.collective.timeout, Duration::from_secs(86_400));
     }
@@ -260,8 +295,11 @@ mod tests {
             (
                 "VANS_COLLECTIVE_ALGO",
                 "tree",
-                "auto, direct, doubling or ring",
+                "auto, shm, direct, doubling or ring",
             ),
+            ("VANS_COLLECTIVE_SPIN_US", "1000001", "up to 1000000"),
+            ("VANS_COLLECTIVE_SPIN_US", "2.5", "whole number"),
+            ("VANS_COLLECTIVE_SPIN_US", "-1", "microseconds"),
         ] {
             let message = err(&[(var, value)]);
             for part in [var, value, expected] {
@@ -302,6 +340,13 @@ mod tests {
                     ..CollectiveSettings::default()
                 },
                 "VANS_COLLECTIVE_TIMEOUT",
+            ),
+            (
+                CollectiveSettings {
+                    spin: Duration::from_secs(2),
+                    ..CollectiveSettings::default()
+                },
+                "VANS_COLLECTIVE_SPIN_US",
             ),
         ] {
             let message = build(settings).unwrap_err().to_string();

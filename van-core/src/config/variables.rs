@@ -460,11 +460,20 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: "VANS_COLLECTIVE_ALGO",
         default: "auto",
-        effect: "how all-reduces are carried out: auto (up to VANS_COLLECTIVE_DIRECT_BYTES \
-                 doubling on 4, 8, 16 … ranks and direct on others, the ring beyond), direct \
-                 (every rank sends its buffer to every other), doubling (recursive doubling: log2 n exchanges) or \
-                 ring (reduce-scatter and all-gather in slices); every choice gives every rank \
-                 the same bits",
+        effect: "how all-reduces are carried out: auto (shm when every rank shares this \
+                 host's memory; else up to VANS_COLLECTIVE_DIRECT_BYTES doubling on 4, 8, 16 … \
+                 ranks and direct on others, the ring beyond), shm (one shared-memory segment \
+                 the ranks map; an error when they cannot), direct (every rank sends its buffer \
+                 to every other), doubling (recursive doubling: log2 n exchanges) or ring \
+                 (reduce-scatter and all-gather in slices); every choice gives every rank the \
+                 same bits",
+    },
+    EnvVar {
+        name: "VANS_COLLECTIVE_SPIN_US",
+        default: "50",
+        effect: "microseconds a rank waiting on the shared-memory collectives spins before it \
+                 sleeps on a futex; never spins when this host's ranks outnumber the cores the \
+                 process may use; up to 1000000, 0: never spin",
     },
     EnvVar {
         name: "VANS_COLLECTIVE_SETTLE_WINDOW",

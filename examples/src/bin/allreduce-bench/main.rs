@@ -262,27 +262,31 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// `--explain`: the algorithm of each (ranks, size), as every rank's communicator would
-/// choose it with this environment.
+/// `--explain`: the algorithm of each (van, ranks, size), as every rank's communicator
+/// would choose it with this environment (over `ipc` the ranks share this host's memory).
 fn explain(o: &Options) -> Result<(), BoxError> {
     let config = van_core::Config::from_env()?;
     let options = collective::CommOptions::from_config(&config);
     println!(
-        "all-reduce algorithm by size and ranks (VANS_COLLECTIVE_ALGO={}, \
+        "all-reduce algorithm by van, ranks and size (VANS_COLLECTIVE_ALGO={}, \
          VANS_COLLECTIVE_DIRECT_BYTES={}):",
         options.algorithm, options.direct_bytes
     );
+    let columns: Vec<(&str, usize)> = o
+        .van
+        .iter()
+        .flat_map(|van| o.ranks.iter().map(move |&n| (van.as_str(), n)))
+        .collect();
     let header: Vec<String> = std::iter::once("size".to_owned())
-        .chain(o.ranks.iter().map(|n| format!("{n} ranks")))
+        .chain(columns.iter().map(|(van, n)| format!("{van}, {n} ranks")))
         .collect();
     let mut table = examples::Table::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
     for &size in &o.sizes {
         let mut row = vec![size_label(size)];
-        row.extend(
-            o.ranks
-                .iter()
-                .map(|&n| collective::plan(&options, size, n).to_string()),
-        );
+        row.extend(columns.iter().map(|&(van, n)| {
+            let shared_memory = van == "ipc" && cfg!(feature = "ipc");
+            collective::plan(&options, size, n, shared_memory).to_string()
+        }));
         table.row(row);
     }
     print!("{table}");

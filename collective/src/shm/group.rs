@@ -1,0 +1,130 @@
+//! A generation's shared segment as this rank maps it: the header's words, the slots, and
+//! the identity rank 0 writes and the others check.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use van_ipc::Segment;
+
+use super::signal::{Signals, Spin};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"vanscoll");
+/// Header words: magic, token, ranks and slot bytes at 0, 8, 16, 24; abort, sleepers and
+/// the futex word each on its own cache line; then one line per rank's counter.
+const ABORT: usize = 64;
+const SLEEPERS: usize = 128;
+const EPOCH: usize = 192;
+const STEPS: usize = 256;
+pub(super) const LINE: usize = 64;
+const PAGE: usize = 4096;
+
+/// A generation's shared segment, mapped by this rank.
+pub(crate) struct Group {
+    pub(super) segment: Segment,
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    pub(super) slot_bytes: usize,
+    pub(super) header_bytes: usize,
+    /// The ranks' process ids (same pid namespace), to notice a rank that died.
+    pub(super) pids: Vec<i32>,
+    /// What a wait does before it sleeps.
+    pub(super) spin: Spin,
+    /// Phases this rank finished; every rank goes through the same sequence.
+    pub(super) step: AtomicU64,
+    /// Chunks this rank put through, for the slot parity.
+    pub(super) chunks: AtomicU64,
+}
+
+impl Group {
+    fn word<T>(&self, offset: usize) -> &T {
+        // SAFETY: every offset used is below `header_bytes` (within the mapping, which lives
+        // as long as `self`) and aligned for `T` (the mapping is page-aligned and the offsets
+        // are multiples of 8); atomics may be shared with other processes.
+        unsafe { &*(self.segment.as_ptr().add(offset) as *const T) }
+    }
+
+    pub(super) fn signals(&self) -> Signals<'_> {
+        Signals {
+            steps: (0..self.size)
+                .map(|q| self.word::<AtomicU64>(STEPS + q * LINE))
+                .collect(),
+            abort: self.word::<AtomicU32>(ABORT),
+            sleepers: self.word::<AtomicU32>(SLEEPERS),
+            epoch: self.word::<AtomicU32>(EPOCH),
+        }
+    }
+
+    /// Slot `parity` of rank `q`.
+    pub(super) fn slot(&self, q: usize, parity: usize) -> *mut u8 {
+        let offset = self.header_bytes + (2 * q + parity) * self.slot_bytes;
+        // `wrapping_add` keeps this safe; `layout` sized the mapping to hold every slot.
+        self.segment.as_ptr().wrapping_add(offset)
+    }
+
+    /// Stops every rank's waits in this group (the generation ended for this one).
+    pub(crate) fn abort(&self, failed: Option<usize>) {
+        self.signals().abort(failed);
+    }
+}
+
+/// Header and total bytes of a segment for `size` ranks with slots of `slot_bytes`.
+pub(super) fn layout(size: usize, slot_bytes: usize) -> Option<(usize, usize)> {
+    let header = (STEPS + size.checked_mul(LINE)?).div_ceil(PAGE) * PAGE;
+    let total = header.checked_add(size.checked_mul(2)?.checked_mul(slot_bytes)?)?;
+    Some((header, total))
+}
+
+impl Group {
+    /// Rank `rank` of `size` on `segment`, with slots of `slot_bytes` (whole cache lines).
+    pub(super) fn new(
+        segment: Segment,
+        rank: usize,
+        size: usize,
+        slot_bytes: usize,
+        pids: Vec<i32>,
+        spin: Spin,
+    ) -> std::result::Result<Group, String> {
+        let (header_bytes, total) =
+            layout(size, slot_bytes).ok_or("the segment would be too large")?;
+        if segment.len() != total || slot_bytes % LINE != 0 || rank >= size {
+            return Err(format!(
+                "a segment of {} bytes is not one of {total} for {size} ranks",
+                segment.len()
+            ));
+        }
+        Ok(Group {
+            segment,
+            rank,
+            size,
+            slot_bytes,
+            header_bytes,
+            pids,
+            spin,
+            step: AtomicU64::new(0),
+            chunks: AtomicU64::new(0),
+        })
+    }
+
+    fn identity(&self) -> [&AtomicU64; 4] {
+        [0, 1, 2, 3].map(|i| self.word::<AtomicU64>(8 * i))
+    }
+
+    fn expected(&self, token: u64) -> [u64; 4] {
+        [MAGIC, token, self.size as u64, self.slot_bytes as u64]
+    }
+
+    /// Rank 0 writes the header's identity, before anyone can open the segment.
+    pub(super) fn write_header(&self, token: u64) {
+        for (word, value) in self.identity().into_iter().zip(self.expected(token)) {
+            word.store(value, Ordering::Release);
+        }
+    }
+
+    /// The other ranks check the identity is what the exchange said.
+    pub(super) fn check_header(&self, token: u64) -> std::result::Result<(), String> {
+        let seen = self.identity().map(|word| word.load(Ordering::Acquire));
+        if seen != self.expected(token) {
+            return Err("the segment opened through /proc is not rank 0's (token differs)".into());
+        }
+        Ok(())
+    }
+}

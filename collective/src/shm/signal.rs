@@ -1,0 +1,203 @@
+//! How the ranks of a shared-memory group tell each other they moved on: one progress counter
+//! per rank, an abort word, and a wait that spins for a bounded time and then sleeps on a
+//! futex in the segment.
+//!
+//! # The protocol (no lost wake-ups, many waiters)
+//!
+//! A rank *publishes* by storing its counter (`Release`), then `fence(SeqCst)`, then reading
+//! `sleepers`: when somebody sleeps, it bumps `epoch` and wakes every waiter on it. A
+//! *waiter* that has spun long enough adds itself to `sleepers`, `fence(SeqCst)`, reads
+//! `epoch`, checks its condition, and only then `FUTEX_WAIT(epoch, read)`. The two fences
+//! order each side's store before its load, so either the waiter's check sees the counter or
+//! the publisher sees the sleeper and bumps `epoch` (and then the kernel, which compares the
+//! word with what the waiter read atomically with queueing it, does not let it sleep). The
+//! futex is shared (no `FUTEX_PRIVATE_FLAG`): the word lives in a `MAP_SHARED` mapping of a
+//! memfd, so the kernel keys the wait on the file and the ranks meet on it. Every sleep is
+//! bounded, so a rank that died, or scribbled on the words, cannot hang a waiter: after each
+//! it asks `alive`, which checks the generation and the peers' processes.
+//!
+//! The counters are `u64` and only grow, so they never wrap.
+
+use std::hint::spin_loop;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+
+use crate::error::CollectiveError;
+use rustix::thread::futex;
+
+/// Longest single sleep before the waiter checks the generation and the peers again.
+const NAP: Duration = Duration::from_millis(10);
+
+/// The words of a group's header, in shared memory (see the module docs).
+pub(super) struct Signals<'a> {
+    /// Rank `q`'s progress: the number of phases it has finished.
+    pub(super) steps: Vec<&'a AtomicU64>,
+    /// Non-zero once a rank gave up on the generation: every waiter stops. The failed rank
+    /// plus one when the one that gave up knew it, else `u32::MAX`.
+    pub(super) abort: &'a AtomicU32,
+    /// How many ranks sleep on `epoch`.
+    pub(super) sleepers: &'a AtomicU32,
+    /// The futex word sleepers wait on; bumped by a publisher that sees a sleeper.
+    pub(super) epoch: &'a AtomicU32,
+}
+
+/// What a waiter does before it sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Spin {
+    /// Spins on the counter for this long: the awaited rank runs on another core.
+    Busy(Duration),
+    /// Gives its core away (`sched_yield`) for this long between looks: the ranks outnumber
+    /// the cores, so the awaited rank may need this one; a futex sleep and wake would cost
+    /// more than the wait.
+    Yield(Duration),
+}
+
+/// Why a wait ended without its condition.
+pub(super) enum Stopped {
+    /// A rank set the abort word, naming the rank that failed if it knew.
+    Aborted(Option<usize>),
+    /// `alive` failed.
+    Failed(CollectiveError),
+    /// The deadline passed while waiting for rank `.0`.
+    TimedOut(usize),
+}
+
+impl Signals<'_> {
+    /// Publishes that rank `rank` finished phase `step`, waking sleepers if there are any.
+    pub(super) fn publish(&self, rank: usize, step: u64) {
+        self.steps[rank].store(step, Ordering::Release);
+        self.wake();
+    }
+
+    /// Tells every rank to stop waiting (this one left the generation, because rank
+    /// `failed` did, when known).
+    pub(super) fn abort(&self, failed: Option<usize>) {
+        let word = failed.map_or(u32::MAX, |q| u32::try_from(q + 1).unwrap_or(u32::MAX));
+        self.abort.store(word, Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::Relaxed) != 0 {
+            self.epoch.fetch_add(1, Ordering::Release);
+            // Failure is ignored: the waiters' naps bound the wait.
+            let _ = futex::wake(self.epoch, futex::Flags::empty(), u32::MAX);
+        }
+    }
+
+    /// `Some` once a rank aborted: the failed rank, when it knew.
+    fn aborted(&self) -> Option<Option<usize>> {
+        match self.abort.load(Ordering::Acquire) {
+            0 => None,
+            u32::MAX => Some(None),
+            word => Some(Some(word as usize - 1)),
+        }
+    }
+
+    /// Waits until every rank but `me` has finished phase `step`: spinning or yielding as
+    /// `spin` says, then sleeping in naps, asking `alive` after each, until `deadline`.
+    pub(super) fn wait_all(
+        &self,
+        me: usize,
+        step: u64,
+        spin: Spin,
+        deadline: Instant,
+        alive: &dyn Fn() -> Result<(), CollectiveError>,
+    ) -> Result<(), Stopped> {
+        for q in (0..self.steps.len()).filter(|&q| q != me) {
+            self.wait_one(q, step, spin, deadline, alive)?;
+        }
+        Ok(())
+    }
+
+    fn wait_one(
+        &self,
+        q: usize,
+        step: u64,
+        spin: Spin,
+        deadline: Instant,
+        alive: &dyn Fn() -> Result<(), CollectiveError>,
+    ) -> Result<(), Stopped> {
+        let done = || self.steps[q].load(Ordering::Acquire) >= step;
+        if done() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        match spin {
+            Spin::Busy(budget) => loop {
+                // Reading the clock costs more than a spin: look at it every 64 turns.
+                for _ in 0..64 {
+                    if done() {
+                        return Ok(());
+                    }
+                    spin_loop();
+                }
+                if let Some(failed) = self.aborted() {
+                    return Err(Stopped::Aborted(failed));
+                }
+                if start.elapsed() >= budget {
+                    break;
+                }
+            },
+            Spin::Yield(budget) => {
+                while start.elapsed() < budget {
+                    if done() {
+                        return Ok(());
+                    }
+                    if let Some(failed) = self.aborted() {
+                        return Err(Stopped::Aborted(failed));
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let result = self.sleep_until(q, &done, deadline, alive);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    fn sleep_until(
+        &self,
+        q: usize,
+        done: &dyn Fn() -> bool,
+        deadline: Instant,
+        alive: &dyn Fn() -> Result<(), CollectiveError>,
+    ) -> Result<(), Stopped> {
+        for nap in 0u64.. {
+            fence(Ordering::SeqCst);
+            let epoch = self.epoch.load(Ordering::Acquire);
+            if done() {
+                return Ok(());
+            }
+            if let Some(failed) = self.aborted() {
+                return Err(Stopped::Aborted(failed));
+            }
+            // Not before the first sleep: most waits end in it, and the check costs system
+            // calls.
+            if nap > 0 {
+                alive().map_err(Stopped::Failed)?;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Stopped::TimedOut(q));
+            }
+            let sleep = (deadline - now).min(NAP);
+            let timeout = futex::Timespec {
+                tv_sec: sleep.as_secs() as i64,
+                tv_nsec: i64::from(sleep.subsec_nanos()),
+            };
+            // A wake, a changed word, a signal and the timeout all return: check again. A
+            // futex the kernel refuses (seccomp) degrades to polling every millisecond.
+            match futex::wait(self.epoch, futex::Flags::empty(), epoch, Some(&timeout)) {
+                Ok(()) => {}
+                Err(e) if e == Errno::AGAIN || e == Errno::INTR || e == Errno::TIMEDOUT => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        Err(Stopped::TimedOut(q))
+    }
+}
