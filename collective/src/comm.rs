@@ -56,7 +56,7 @@ pub struct CommOptions {
 
 impl Default for CommOptions {
     /// Customer id 0 and the defaults of [`CollectiveSettings`]: 256 KiB slices, direct
-    /// all-reduces up to 64 KiB, a settle window of 5 s, a timeout of 300 s and 50 µs of
+    /// all-reduces up to 64 KiB, a settle window of 5 s, a timeout of 300 s and 1 ms of
     /// spinning.
     fn default() -> CommOptions {
         CommOptions::with_settings(&CollectiveSettings::default())
@@ -228,18 +228,31 @@ impl Shared {
         Ok(Op::new(kind, st.membership.generation(), rank, number))
     }
 
-    /// Starts an all-reduce of `len` elements of `T` (as [`begin`](Self::begin)); when its
-    /// ranks share this host and the algorithm allows, it gets its shared-memory ticket in
-    /// the same critical section, so tickets follow the collectives' numbering.
-    pub(crate) fn begin_allreduce<T: crate::Element>(&self, len: usize) -> Result<Op> {
+    /// Starts a collective of `kind` on `len` elements of `T` (as [`begin`](Self::begin));
+    /// when it is one that can go through shared memory (all-reduce, all-gather,
+    /// reduce-scatter, broadcast), its ranks share this host and the algorithm allows, it
+    /// gets its shared-memory ticket in the same critical section, so tickets follow the
+    /// collectives' numbering.
+    pub(crate) fn begin_carrying<T: crate::Element>(
+        &self,
+        kind: OpKind,
+        len: usize,
+        valid: impl FnOnce(usize, usize) -> Result<()>,
+    ) -> Result<Op> {
         let mut st = self.lock();
         let rank = st.membership.active_rank(self.me)?;
+        valid(st.membership.generation().size(), rank)?;
         let number = st.mailbox().begin_collective();
         #[allow(unused_mut)]
-        let mut op =
-            Op::new(OpKind::AllReduce, st.membership.generation(), rank, number).carrying::<T>(len);
+        let mut op = Op::new(kind, st.membership.generation(), rank, number).carrying::<T>(len);
         #[cfg(all(feature = "ipc", target_os = "linux"))]
-        if matches!(self.options.algorithm, Algorithm::Auto | Algorithm::Shm) && len > 0 {
+        if matches!(self.options.algorithm, Algorithm::Auto | Algorithm::Shm)
+            && len > 0
+            && matches!(
+                kind,
+                OpKind::AllReduce | OpKind::AllGather | OpKind::ReduceScatter | OpKind::Broadcast
+            )
+        {
             op.shm_ticket = st.shm.of(op.generation).ticket(&self.po, &op.members);
         }
         Ok(op)

@@ -148,7 +148,10 @@ impl CommHandle {
     /// [`Communicator::allreduce`] of `buf`; the result is the reduced buffer.
     pub fn allreduce<T: Element, B: Buffer<T>>(&self, mut buf: B, op: ReduceOp) -> Numbered<B> {
         let len = buf.elements().len();
-        let call = match self.shared().begin_allreduce::<T>(len) {
+        let call = match self
+            .shared()
+            .begin_carrying::<T>(OpKind::AllReduce, len, |_, _| Ok(()))
+        {
             Ok(call) => call,
             Err(e) => return refused(&self.node, e),
         };
@@ -164,14 +167,15 @@ impl CommHandle {
         let len = buf.elements().len();
         let call = match self
             .shared()
-            .begin(OpKind::Broadcast, |size, _| crate::check_root(root, size))
-        {
-            Ok(call) => call.carrying::<T>(len),
+            .begin_carrying::<T>(OpKind::Broadcast, len, |size, _| {
+                crate::check_root(root, size)
+            }) {
+            Ok(call) => call,
             Err(e) => return refused(&self.node, e),
         };
         let shared = Arc::clone(self.shared());
         self.launch(call.generation, async move {
-            ring::broadcast(&shared, &call, buf.elements_mut(), root).await?;
+            crate::run_broadcast(&shared, &call, buf.elements_mut(), root).await?;
             Ok(buf)
         })
     }
@@ -184,16 +188,18 @@ impl CommHandle {
         mut out: B,
     ) -> Numbered<B> {
         let (n, total) = (input.elements().len(), out.elements().len());
-        let begun = self.shared().begin(OpKind::AllGather, |size, _| {
-            crate::check_gather(n, total, size)
-        });
+        let begun = self
+            .shared()
+            .begin_carrying::<T>(OpKind::AllGather, total, |size, _| {
+                crate::check_gather(n, total, size)
+            });
         let call = match begun {
-            Ok(call) => call.carrying::<T>(total),
+            Ok(call) => call,
             Err(e) => return refused(&self.node, e),
         };
         let shared = Arc::clone(self.shared());
         self.launch(call.generation, async move {
-            ring::all_gather(&shared, &call, input.elements(), out.elements_mut()).await?;
+            crate::run_all_gather(&shared, &call, input.elements(), out.elements_mut()).await?;
             Ok(out)
         })
     }
@@ -208,25 +214,27 @@ impl CommHandle {
         op: ReduceOp,
     ) -> Numbered<B> {
         let (len, want) = (input.elements().len(), out.elements().len());
-        let begun = self.shared().begin(OpKind::ReduceScatter, |size, rank| {
-            let mine = ring::chunk(len, size, rank).len();
-            if mine == want {
-                return Ok(());
-            }
-            Err(CollectiveError::InvalidArgument(format!(
-                "reduce_scatter of {len} elements among {size} ranks gives rank {rank} {mine} \
+        let begun = self
+            .shared()
+            .begin_carrying::<T>(OpKind::ReduceScatter, len, |size, rank| {
+                let mine = ring::chunk(len, size, rank).len();
+                if mine == want {
+                    return Ok(());
+                }
+                Err(CollectiveError::InvalidArgument(format!(
+                    "reduce_scatter of {len} elements among {size} ranks gives rank {rank} {mine} \
                  elements, but its output holds {want}"
-            )))
-        });
+                )))
+            });
         let call = match begun {
-            Ok(call) => call.carrying::<T>(len),
+            Ok(call) => call,
             Err(e) => return refused(&self.node, e),
         };
         let shared = Arc::clone(self.shared());
         self.launch(call.generation, async move {
             let mut work = input.elements().to_vec();
             drop(input);
-            ring::reduce(&shared, &call, &mut work, op, 1).await?;
+            crate::run_reduce_scatter(&shared, &call, &mut work, op).await?;
             let mine = ring::chunk(work.len(), call.size(), call.rank);
             out.elements_mut().copy_from_slice(&work[mine]);
             Ok(out)

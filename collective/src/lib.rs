@@ -5,13 +5,17 @@
 //! selection policy picks for it — shared memory between co-located workers, RDMA when
 //! enabled, TCP otherwise) and runs collectives on caller buffers, in place:
 //!
-//! - [`allreduce`](Communicator::allreduce): ring reduce-scatter then all-gather, sliced and
-//!   pipelined ([`ring`] explains the algorithm); buffers up to
-//!   [`CommOptions::direct_bytes`] go to every rank at once instead (one message latency);
-//!   by recursive doubling ([`doubling`]) on 4, 8, 16 … ranks. [`plan`] says which an
-//!   all-reduce takes, `VANS_COLLECTIVE_ALGO` ([`CommOptions::algorithm`]) overrides it;
+//! - [`allreduce`](Communicator::allreduce): when every rank shares this host's memory,
+//!   through one shared segment the ranks map (`shm`: each rank copies its buffer in,
+//!   reduces its share of every rank's, and copies the result out; no messages); otherwise
+//!   ring reduce-scatter then all-gather, sliced and pipelined ([`ring`] explains the
+//!   algorithm); buffers up to [`CommOptions::direct_bytes`] go to every rank at once
+//!   instead (one message latency), by recursive doubling ([`doubling`]) on 4, 8, 16 …
+//!   ranks. [`plan`] says which an all-reduce takes, `VANS_COLLECTIVE_ALGO`
+//!   ([`CommOptions::algorithm`]) overrides it;
 //! - [`broadcast`](Communicator::broadcast), [`all_gather`](Communicator::all_gather),
-//!   [`reduce_scatter`](Communicator::reduce_scatter), [`all_to_all`](Communicator::all_to_all),
+//!   [`reduce_scatter`](Communicator::reduce_scatter) (these three through the shared
+//!   segment too, when the ranks share it), [`all_to_all`](Communicator::all_to_all),
 //!   [`barrier`](Communicator::barrier), and point-to-point [`send`](Communicator::send) and
 //!   [`recv`](Communicator::recv);
 //! - over `f32`, `f64`, `i32`, `i64`, `u8`, `bf16` and `f16` ([`Element`]) with sum, mean,
@@ -58,6 +62,10 @@ mod exchange;
 mod pool;
 pub mod ring;
 #[cfg(all(feature = "ipc", target_os = "linux"))]
+mod shm;
+// Without shared memory compiled in: the same names, and no collective takes that path.
+#[cfg(not(all(feature = "ipc", target_os = "linux")))]
+#[path = "shm_off.rs"]
 mod shm;
 
 use std::ops::Range;
@@ -186,7 +194,9 @@ impl Communicator {
     /// Reduces `buf` across all ranks with `op`, in place: every rank ends with the same
     /// result.
     pub async fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let call = self.shared.begin_allreduce::<T>(buf.len())?;
+        let call = self
+            .shared
+            .begin_carrying::<T>(OpKind::AllReduce, buf.len(), |_, _| Ok(()))?;
         let run = run_allreduce(&self.shared, &call, buf, op);
         Self::guarded(&self.shared, call.generation, run).await
     }
@@ -201,9 +211,8 @@ impl Communicator {
     ) -> Result<Range<usize>> {
         let call = self
             .shared
-            .begin(OpKind::ReduceScatter, |_, _| Ok(()))?
-            .carrying::<T>(buf.len());
-        let run = ring::reduce(&self.shared, &call, buf, op, 1);
+            .begin_carrying::<T>(OpKind::ReduceScatter, buf.len(), |_, _| Ok(()))?;
+        let run = run_reduce_scatter(&self.shared, &call, buf, op);
         Self::guarded(&self.shared, call.generation, run).await?;
         Ok(ring::chunk(buf.len(), call.size(), call.rank))
     }
@@ -214,9 +223,10 @@ impl Communicator {
         let (n, total) = (input.len(), out.len());
         let call = self
             .shared
-            .begin(OpKind::AllGather, |size, _| check_gather(n, total, size))?
-            .carrying::<T>(out.len());
-        let run = ring::all_gather(&self.shared, &call, input, out);
+            .begin_carrying::<T>(OpKind::AllGather, out.len(), |size, _| {
+                check_gather(n, total, size)
+            })?;
+        let run = run_all_gather(&self.shared, &call, input, out);
         Self::guarded(&self.shared, call.generation, run).await
     }
 
@@ -224,9 +234,10 @@ impl Communicator {
     pub async fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
         let call = self
             .shared
-            .begin(OpKind::Broadcast, |size, _| check_root(root, size))?
-            .carrying::<T>(buf.len());
-        let run = ring::broadcast(&self.shared, &call, buf, root);
+            .begin_carrying::<T>(OpKind::Broadcast, buf.len(), |size, _| {
+                check_root(root, size)
+            })?;
+        let run = run_broadcast(&self.shared, &call, buf, root);
         Self::guarded(&self.shared, call.generation, run).await
     }
 
@@ -319,6 +330,27 @@ fn by_messages(options: &CommOptions, bytes: usize, ranks: usize) -> Algorithm {
     }
 }
 
+/// Runs `what` through shared memory when `call` holds a ticket for it: `Ok(true)` when
+/// done there. Without a ticket (or a group), `Ok(false)`, unless `VANS_COLLECTIVE_ALGO=shm`
+/// asked for shared memory: then an error saying why it cannot be had.
+async fn through_shared_memory<T: Element>(
+    shared: &comm::Shared,
+    call: &comm::Op,
+    what: shm::Collective<'_, T>,
+) -> Result<bool> {
+    match call.shm_ticket {
+        Some(ticket) => shm::run(shared, call, ticket, what).await,
+        None if shared.options.algorithm == Algorithm::Shm && call.size() > 1 && call.total > 0 => {
+            Err(CollectiveError::InvalidArgument(
+                "VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share this host's memory \
+                 (another host, shared memory disabled, or this build lacks the ipc feature)"
+                    .into(),
+            ))
+        }
+        None => Ok(false),
+    }
+}
+
 /// All-reduce of a numbered collective, by the algorithm [`plan`] picks: through shared
 /// memory when the call holds a ticket for it, else by messages.
 pub(crate) async fn run_allreduce<T: Element>(
@@ -327,20 +359,53 @@ pub(crate) async fn run_allreduce<T: Element>(
     buf: &mut [T],
     op: ReduceOp,
 ) -> Result<()> {
-    #[cfg(all(feature = "ipc", target_os = "linux"))]
-    if let Some(ticket) = call.shm_ticket {
-        if shm::allreduce(shared, call, ticket, buf, op).await? {
-            return Ok(());
-        }
-    }
-    if shared.options.algorithm == Algorithm::Shm && call.size() > 1 && !buf.is_empty() {
-        return Err(CollectiveError::InvalidArgument(
-            "VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share this host's memory \
-             (another host, shared memory disabled, or this build lacks the ipc feature)"
-                .into(),
-        ));
+    let what = shm::Collective::AllReduce(&mut *buf, op);
+    if through_shared_memory(shared, call, what).await? {
+        return Ok(());
     }
     run_by_messages(shared, call, buf, op).await
+}
+
+/// Reduce-scatter of a numbered collective: through shared memory, else around the ring.
+pub(crate) async fn run_reduce_scatter<T: Element>(
+    shared: &comm::Shared,
+    call: &comm::Op,
+    buf: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let what = shm::Collective::ReduceScatter(&mut *buf, op);
+    if through_shared_memory(shared, call, what).await? {
+        return Ok(());
+    }
+    ring::reduce(shared, call, buf, op, 1).await
+}
+
+/// All-gather of a numbered collective: through shared memory, else around the ring.
+pub(crate) async fn run_all_gather<T: Element>(
+    shared: &comm::Shared,
+    call: &comm::Op,
+    input: &[T],
+    out: &mut [T],
+) -> Result<()> {
+    let what = shm::Collective::AllGather(input, &mut *out);
+    if through_shared_memory(shared, call, what).await? {
+        return Ok(());
+    }
+    ring::all_gather(shared, call, input, out).await
+}
+
+/// Broadcast of a numbered collective: through shared memory, else around the ring.
+pub(crate) async fn run_broadcast<T: Element>(
+    shared: &comm::Shared,
+    call: &comm::Op,
+    buf: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let what = shm::Collective::Broadcast(&mut *buf, root);
+    if through_shared_memory(shared, call, what).await? {
+        return Ok(());
+    }
+    ring::broadcast(shared, call, buf, root).await
 }
 
 /// All-reduce of a numbered collective by the message algorithm [`plan`] picks.

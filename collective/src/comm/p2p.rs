@@ -81,7 +81,6 @@ pub(crate) struct Op {
     pub(crate) total: usize,
     /// An all-reduce's turn among those through shared memory (`crate::shm`), if it takes
     /// that path.
-    #[cfg_attr(not(all(feature = "ipc", target_os = "linux")), allow(dead_code))]
     pub(crate) shm_ticket: Option<u64>,
 }
 

@@ -5,11 +5,15 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use van_ipc::Segment;
 
-use super::signal::{Signals, Spin};
+use std::time::Instant;
+
+use super::signal::{Signals, Spin, Stopped};
+use crate::error::CollectiveError;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"vanscoll");
 /// Header words: magic, token, ranks and slot bytes at 0, 8, 16, 24; abort, sleepers and
-/// the futex word each on its own cache line; then one line per rank's counter.
+/// the futex word each on its own cache line; then one line per rank: its progress counter
+/// and, per slot parity, the signature of the collective whose chunk it wrote there.
 const ABORT: usize = 64;
 const SLEEPERS: usize = 128;
 const EPOCH: usize = 192;
@@ -58,6 +62,11 @@ impl Group {
         let offset = self.header_bytes + (2 * q + parity) * self.slot_bytes;
         // `wrapping_add` keeps this safe; `layout` sized the mapping to hold every slot.
         self.segment.as_ptr().wrapping_add(offset)
+    }
+
+    /// The signature rank `q` wrote for its chunk in slots of `parity`.
+    fn signature(&self, q: usize, parity: usize) -> &AtomicU64 {
+        self.word::<AtomicU64>(STEPS + q * LINE + 8 + 8 * parity)
     }
 
     /// Stops every rank's waits in this group (the generation ended for this one).
@@ -127,4 +136,99 @@ impl Group {
         }
         Ok(())
     }
+}
+
+/// One collective's walk through a group: chunk by chunk, each written to the slots of one
+/// parity, published, and awaited, with this rank's progress counter carried along. The
+/// first publication of each chunk carries the collective's *signature* (its number, kind,
+/// element type and length), which the first wait compares with every rank's: ranks that
+/// call different collectives, or one with other lengths, fail with
+/// [`CollectiveError::Mismatch`] rather than mix their buffers.
+pub(super) struct Rounds<'g> {
+    pub(super) g: &'g Group,
+    signals: Signals<'g>,
+    signature: u64,
+    step: u64,
+    deadline: Instant,
+    alive: &'g dyn Fn() -> Result<(), CollectiveError>,
+}
+
+impl<'g> Rounds<'g> {
+    pub(super) fn new(
+        g: &'g Group,
+        signature: u64,
+        deadline: Instant,
+        alive: &'g dyn Fn() -> Result<(), CollectiveError>,
+    ) -> Rounds<'g> {
+        Rounds {
+            g,
+            signals: g.signals(),
+            signature,
+            step: g.step.load(Ordering::Relaxed),
+            deadline,
+            alive,
+        }
+    }
+
+    /// The parity of the next chunk's slots.
+    pub(super) fn next_chunk(&self) -> usize {
+        (self.g.chunks.fetch_add(1, Ordering::Relaxed) % 2) as usize
+    }
+
+    /// Publishes this rank's next step; with `parity`, the first of a chunk, with the
+    /// signature.
+    pub(super) fn publish(&mut self, parity: Option<usize>) {
+        if let Some(p) = parity {
+            self.g
+                .signature(self.g.rank, p)
+                .store(self.signature, Ordering::Relaxed);
+        }
+        self.step += 1;
+        self.signals.publish(self.g.rank, self.step);
+        self.g.step.store(self.step, Ordering::Relaxed);
+    }
+
+    /// Waits until every rank published this step; with `parity`, checks their signatures.
+    pub(super) fn wait_all(&self, parity: Option<usize>) -> Result<(), Stopped> {
+        let (g, s) = (self.g, &self.signals);
+        s.wait_all(g.rank, self.step, g.spin, self.deadline, self.alive)?;
+        match parity {
+            Some(p) => self.check(0..g.size, p),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until rank `q` published this step (checking its signature in `parity`).
+    pub(super) fn wait_for(&self, q: usize, parity: usize) -> Result<(), Stopped> {
+        let g = self.g;
+        let ranks = std::iter::once(q).filter(|&q| q != g.rank);
+        for q in ranks.clone() {
+            self.signals
+                .wait_one(q, self.step, g.spin, self.deadline, self.alive)?;
+        }
+        self.check(ranks, parity)
+    }
+
+    fn check(&self, ranks: impl Iterator<Item = usize>, parity: usize) -> Result<(), Stopped> {
+        for q in ranks {
+            // Published (Release) before the counter this rank waited for (Acquire).
+            if self.g.signature(q, parity).load(Ordering::Relaxed) != self.signature {
+                return Err(Stopped::Mismatch(q));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A collective's signature: number, kind, element type and length, mixed into one word.
+pub(super) fn signature(number: u64, kind: u64, tag: u64, total: u64) -> u64 {
+    // SplitMix64's finaliser over each part in turn: any difference changes the word.
+    [number, kind, tag, total]
+        .into_iter()
+        .fold(0x9e37_79b9_7f4a_7c15, |h, part| {
+            let mut z = (h ^ part).wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        })
 }

@@ -1,7 +1,8 @@
-//! All-reduce through shared memory, for a generation whose ranks all share this host: no
-//! messages, no van, no copy but one in and one out of the caller's buffer.
+//! Collectives through shared memory, for a generation whose ranks all share this host:
+//! all-reduce, all-gather, reduce-scatter and broadcast with no messages and no van, and no
+//! copy but one into the segment and one out of it.
 //!
-//! **The group.** On a generation's first such all-reduce, rank 0 creates a sealed memfd
+//! **The group.** On a generation's first such collective, rank 0 creates a sealed memfd
 //! segment ([`van_ipc::Segment`]) and the ranks exchange, over the vans (two small direct
 //! all-reduces numbered apart from the collectives'), a row each: process id, pid namespace,
 //! and rank 0's descriptor number and a random token. Every other rank opens the memfd
@@ -12,29 +13,38 @@
 //! memfd has no name: a crash leaves nothing in `/dev/shm`, and the memory goes with the
 //! last rank that maps it. A new generation makes a new segment.
 //!
-//! **The segment.** A header (magic, token, ranks, slot size; the abort word, the sleepers
-//! and the futex word; one progress counter per rank, each on its own cache line), then two
-//! slots per rank of [`CommOptions::slice_bytes`](crate::CommOptions::slice_bytes) each.
+//! **The segment** ([`group`]). A header (magic, token, ranks, slot size; the abort word,
+//! the sleepers and the futex word; a cache line per rank with its progress counter and the
+//! signatures of its last two chunks), then two slots per rank of
+//! [`CommOptions::slice_bytes`](crate::CommOptions::slice_bytes) each.
 //!
-//! **The algorithm** ([`reduce`]). The buffer goes through in chunks of a slot. For each,
-//! every rank copies its chunk into its slot and publishes; then, for chunks up to
-//! [`reduce::SMALL_BYTES`], every rank reduces all the slots into its own buffer (one wait);
-//! above, rank `r` reduces share `r` of every slot into its own slot, publishes, and every
-//! rank copies the reduced shares out (two waits, `1/n` of the reduction each). Every element
-//! is `slot 0 ⊕ slot 1 ⊕ … ⊕ slot n-1` in that order, so every rank gets the same bits. Slots
-//! alternate between chunks, so a rank writes the next chunk while others still read the last.
+//! **The algorithms** ([`reduce`], [`gather`]). A buffer goes through in chunks of a slot;
+//! each chunk's slots alternate between the two of each rank, so a rank writes the next chunk
+//! while others still read the last, and it rewrites a slot only after it saw every rank move
+//! past it. All-reduce: every rank copies its chunk into its slot and publishes; then, for
+//! chunks up to [`reduce::SMALL_BYTES`], every rank reduces all the slots into its own buffer
+//! (one wait); above, rank `r` reduces share `r` of every slot into its own slot, publishes,
+//! and every rank copies the reduced shares out (two waits, `1/n` of the reduction each).
+//! Every element is `slot 0 ⊕ slot 1 ⊕ … ⊕ slot n-1` in that order, so every rank gets the
+//! same bits. All-gather copies in and then every slot out; reduce-scatter puts a piece of
+//! every rank's block in each chunk and rank `r` reduces its piece; broadcast has the root
+//! copy in and the others copy out. Each chunk's first publication carries the collective's
+//! signature (number, kind, element type, length), checked by the ranks that wait for it:
+//! ranks that disagree fail with [`CollectiveError::Mismatch`] instead of mixing buffers.
 //!
-//! **Waiting** ([`signal`]): spin on the counters for `VANS_COLLECTIVE_SPIN_US`, unless the
-//! ranks outnumber the cores this process may use (then spinning only steals the core the
-//! awaited rank needs), then sleep on a futex in the segment. The collective blocks its thread
+//! **Waiting** ([`signal`]): spin on the counters for `VANS_COLLECTIVE_SPIN_US` (1 ms: longer
+//! than a futex wake-up takes in a virtual machine), or, when the ranks outnumber the cores
+//! this process may use, yield the core for as long (spinning would only steal the core the
+//! awaited rank needs); then sleep on a futex in the segment. The collective blocks its thread
 //! meanwhile (`block_in_place` on a multi-thread runtime). A rank that fails or leaves sets
 //! the abort word, which stops every waiter at once; a sleeper also checks the generation and
 //! the peers' processes every 10 ms, so a rank killed with `SIGKILL` is named within that.
 //!
 //! Collectives are numbered when called and may run concurrently on the node's runtime
-//! ([`crate::embed`]); the all-reduces that take this path get a *ticket* when numbered and
-//! run in ticket order ([`Turns`]), since they share the slots.
+//! ([`crate::embed`]); those that take this path get a *ticket* when numbered and run in
+//! ticket order ([`turns::Turns`]), since they share the slots.
 
+mod gather;
 pub(crate) mod group;
 pub(crate) mod reduce;
 mod signal;
@@ -51,7 +61,7 @@ use van_ipc::Segment;
 use crate::comm::{Op, Shared};
 use crate::element::{Element, ReduceOp};
 use crate::error::{CollectiveError, Result};
-use group::{layout, Group, LINE};
+use group::{layout, Group, Rounds, LINE};
 use signal::Spin;
 use turns::Formed;
 
@@ -267,16 +277,23 @@ fn process_gone(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// All-reduce of `buf` for `call`, which holds shared-memory `ticket`: waits its turn, forms
-/// the group if this is the generation's first, and reduces through it. `Ok(false)` when the
-/// ranks cannot share memory: the caller takes the message algorithms (it is an error when
-/// `shm` was asked for).
-pub(crate) async fn allreduce<T: Element>(
+/// What a collective does through a formed group.
+pub(crate) enum Collective<'a, T> {
+    AllReduce(&'a mut [T], ReduceOp),
+    AllGather(&'a [T], &'a mut [T]),
+    ReduceScatter(&'a mut [T], ReduceOp),
+    Broadcast(&'a mut [T], usize),
+}
+
+/// Runs collective `what` for `call`, which holds shared-memory `ticket`: waits its turn,
+/// forms the group if this is the generation's first, and goes through it. `Ok(false)` when
+/// the ranks cannot share memory: the caller takes the message algorithms (it is an error
+/// when `shm` was asked for).
+pub(crate) async fn run<T: Element>(
     shared: &Shared,
     call: &Op,
     ticket: u64,
-    buf: &mut [T],
-    op: ReduceOp,
+    what: Collective<'_, T>,
 ) -> Result<bool> {
     let _turn = shared.shm_turn(call, ticket).await?;
     let group = match shared.shm_group(call.generation) {
@@ -296,7 +313,7 @@ pub(crate) async fn allreduce<T: Element>(
             )));
         }
         Err(why) => {
-            debug!("all-reduce by messages: {why}");
+            debug!("collectives by messages: {why}");
             return Ok(false);
         }
     };
@@ -315,7 +332,16 @@ pub(crate) async fn allreduce<T: Element>(
         shared.still(call.generation)?;
         gone().map_or(Ok(()), Err)
     };
-    let result = blocking(|| reduce::allreduce(&group, buf, op, deadline, &alive));
+    let signature = group::signature(call.number, call.kind as u64, call.tag, call.total as u64);
+    let result = blocking(|| {
+        let mut rounds = Rounds::new(&group, signature, deadline, &alive);
+        match what {
+            Collective::AllReduce(buf, op) => reduce::allreduce(&mut rounds, buf, op),
+            Collective::AllGather(input, out) => gather::all_gather(&mut rounds, input, out),
+            Collective::ReduceScatter(buf, op) => gather::reduce_scatter(&mut rounds, buf, op),
+            Collective::Broadcast(buf, root) => gather::broadcast(&mut rounds, buf, root),
+        }
+    });
     result.map(|()| true).map_err(|stopped| match stopped {
         signal::Stopped::Failed(e) => e,
         // Why another rank gave up: a process gone names itself; else what this node's
@@ -334,6 +360,15 @@ pub(crate) async fn allreduce<T: Element>(
                     reason: "a rank on this host left the generation".into(),
                 },
             }),
+        signal::Stopped::Mismatch(q) => CollectiveError::Mismatch {
+            rank: q,
+            node: call.members[q],
+            reason: format!(
+                "it runs another collective, or another length or element type, as #{} \
+                 through shared memory",
+                call.number
+            ),
+        },
         signal::Stopped::TimedOut(q) => CollectiveError::RankFailed {
             node: call.members[q],
             rank: q,

@@ -55,6 +55,7 @@ pub(super) enum Spin {
 }
 
 /// Why a wait ended without its condition.
+#[derive(Debug)]
 pub(super) enum Stopped {
     /// A rank set the abort word, naming the rank that failed if it knew.
     Aborted(Option<usize>),
@@ -62,6 +63,8 @@ pub(super) enum Stopped {
     Failed(CollectiveError),
     /// The deadline passed while waiting for rank `.0`.
     TimedOut(usize),
+    /// Rank `.0` runs another collective (or another length or element type) here.
+    Mismatch(usize),
 }
 
 impl Signals<'_> {
@@ -113,7 +116,8 @@ impl Signals<'_> {
         Ok(())
     }
 
-    fn wait_one(
+    /// Waits until rank `q` has finished phase `step` (see [`wait_all`](Self::wait_all)).
+    pub(super) fn wait_one(
         &self,
         q: usize,
         step: u64,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::group::{layout, Group};
+use super::group::{self, layout, Group, Rounds};
 use super::signal::{self, Spin};
 use super::*;
 use crate::element::Element;
@@ -36,6 +36,24 @@ fn groups(n: usize, spin: Spin) -> Vec<Group> {
         all.push(group);
     }
     all
+}
+
+/// All-reduce through `g` as collective `number` (the signature every rank agrees on).
+fn allreduce<T: Element>(
+    g: &Group,
+    number: u64,
+    buf: &mut [T],
+    op: ReduceOp,
+    deadline: Instant,
+    alive: &dyn Fn() -> crate::Result<()>,
+) -> std::result::Result<(), signal::Stopped> {
+    let mut rounds = Rounds::new(
+        g,
+        group::signature(number, 0, T::TAG, buf.len() as u64),
+        deadline,
+        alive,
+    );
+    reduce::allreduce(&mut rounds, buf, op)
 }
 
 /// Rank `rank`'s element `i`: magnitudes from 1e-3 to 1e5, so another order of summing
@@ -85,16 +103,14 @@ fn run(n: usize, spin: Spin) {
                 for len in lengths {
                     for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
                         let mut f: Vec<f64> = (0..len).map(|i| value(r, i)).collect();
-                        assert!(reduce::allreduce(&g, &mut f, op, deadline, &alive).is_ok());
+                        assert!(allreduce(&g, 1, &mut f, op, deadline, &alive).is_ok());
                         check(n, len, op, &f, value);
                         let mut h: Vec<f32> = (0..len).map(|i| value(r, i) as f32).collect();
-                        assert!(reduce::allreduce(&g, &mut h, op, deadline, &alive).is_ok());
+                        assert!(allreduce(&g, 2, &mut h, op, deadline, &alive).is_ok());
                         check(n, len, op, &h, |k, i| value(k, i) as f32);
                     }
                     let mut ints: Vec<i64> = (0..len).map(|i| (r * 1000 + i) as i64).collect();
-                    assert!(
-                        reduce::allreduce(&g, &mut ints, ReduceOp::Sum, deadline, &alive).is_ok()
-                    );
+                    assert!(allreduce(&g, 3, &mut ints, ReduceOp::Sum, deadline, &alive).is_ok());
                     check(n, len, ReduceOp::Sum, &ints, |k, i| (k * 1000 + i) as i64);
                 }
             })
@@ -126,7 +142,7 @@ fn an_abort_stops_every_waiter() {
     std::thread::scope(|s| {
         let waiter = s.spawn(|| {
             let mut buf = vec![1f32; 100];
-            reduce::allreduce(&groups[1], &mut buf, ReduceOp::Sum, deadline, &|| Ok(()))
+            allreduce(&groups[1], 1, &mut buf, ReduceOp::Sum, deadline, &|| Ok(()))
         });
         std::thread::sleep(Duration::from_millis(50));
         groups[2].abort(Some(0));
@@ -143,7 +159,7 @@ fn a_wait_past_its_deadline_names_the_rank_it_waited_for() {
     let groups = groups(2, Spin::Busy(Duration::ZERO));
     let deadline = Instant::now() + Duration::from_millis(100);
     let mut buf = vec![1f64; 10];
-    match reduce::allreduce(&groups[1], &mut buf, ReduceOp::Sum, deadline, &|| Ok(())) {
+    match allreduce(&groups[1], 1, &mut buf, ReduceOp::Sum, deadline, &|| Ok(())) {
         Err(signal::Stopped::TimedOut(rank)) => assert_eq!(rank, 0),
         _ => panic!("expected a timeout"),
     }
@@ -155,7 +171,7 @@ fn a_failed_liveness_check_ends_the_wait() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut buf = vec![1f64; 10];
     let dead = || Err(crate::CollectiveError::InvalidArgument("gone".into()));
-    let result = reduce::allreduce(&groups[0], &mut buf, ReduceOp::Sum, deadline, &dead);
+    let result = allreduce(&groups[0], 1, &mut buf, ReduceOp::Sum, deadline, &dead);
     assert!(matches!(result, Err(signal::Stopped::Failed(_))));
 }
 
@@ -196,4 +212,85 @@ fn a_segment_of_another_token_or_size_is_refused() {
         Spin::Busy(Duration::ZERO),
     );
     assert!(wrong.is_err());
+}
+
+#[test]
+fn all_gather_reduce_scatter_and_broadcast_give_every_rank_the_right_values() {
+    for n in [2, 3, 4] {
+        let groups: Vec<Arc<Group>> = groups(n, Spin::Busy(Duration::ZERO))
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let threads: Vec<_> = groups
+            .iter()
+            .map(|g| {
+                let g = Arc::clone(g);
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let alive = || Ok(());
+                    let r = g.rank;
+                    let mut number = 0;
+                    let mut next = |kind: u64, len: usize| {
+                        number += 1;
+                        Rounds::new(
+                            &g,
+                            group::signature(number, kind, 4, len as u64),
+                            deadline,
+                            &alive,
+                        )
+                    };
+                    // Lengths under a slot, over several slots, and none.
+                    for m in [1, 5, 3000, 3 * 8192 + 11, 0] {
+                        let input: Vec<f64> = (0..m).map(|i| value(r, i)).collect();
+                        let mut out = vec![0f64; n * m];
+                        let mut rounds = next(2, out.len());
+                        gather::all_gather(&mut rounds, &input, &mut out).unwrap();
+                        for q in 0..n {
+                            for i in 0..m {
+                                assert_eq!(out[q * m + i], value(q, i), "gather {n} {m} {q} {i}");
+                            }
+                        }
+                        let len = n * m + 1;
+                        let mut buf: Vec<f64> = (0..len).map(|i| value(r, i)).collect();
+                        let mut rounds = next(3, len);
+                        assert!(
+                            gather::reduce_scatter(&mut rounds, &mut buf, ReduceOp::Sum).is_ok()
+                        );
+                        let mine = crate::ring::chunk(len, n, r);
+                        check(n, mine.len(), ReduceOp::Sum, &buf[mine.clone()], |k, i| {
+                            value(k, mine.start + i)
+                        });
+                        for root in 0..n {
+                            let mut buf: Vec<f64> = (0..m).map(|i| value(r, i)).collect();
+                            let mut rounds = next(1, m);
+                            gather::broadcast(&mut rounds, &mut buf, root).unwrap();
+                            assert!(buf.iter().enumerate().all(|(i, v)| *v == value(root, i)));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn ranks_running_different_collectives_fail_with_the_rank_named() {
+    let groups = groups(2, Spin::Busy(Duration::ZERO));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            let mut buf = vec![1f32; 100];
+            allreduce(&groups[1], 7, &mut buf, ReduceOp::Sum, deadline, &|| Ok(()))
+        });
+        let mut buf = vec![1f32; 101];
+        let mine = allreduce(&groups[0], 7, &mut buf, ReduceOp::Sum, deadline, &|| Ok(()));
+        assert!(matches!(mine, Err(signal::Stopped::Mismatch(1))));
+        assert!(matches!(
+            other.join().unwrap(),
+            Err(signal::Stopped::Mismatch(0))
+        ));
+    });
 }

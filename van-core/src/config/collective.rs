@@ -18,8 +18,11 @@ pub const DEFAULT_COLLECTIVE_DIRECT_BYTES: usize = 64 << 10;
 pub const DEFAULT_COLLECTIVE_SETTLE_WINDOW: Duration = Duration::from_secs(5);
 /// Default wait for one message of a collective (`VANS_COLLECTIVE_TIMEOUT`).
 pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Default time a rank spins on shared memory before it sleeps (`VANS_COLLECTIVE_SPIN_US`).
-pub const DEFAULT_COLLECTIVE_SPIN: Duration = Duration::from_micros(50);
+/// Default time a rank spins on shared memory before it sleeps (`VANS_COLLECTIVE_SPIN_US`):
+/// longer than a futex wake-up takes on a virtual machine (50–100 µs here), or ranks that
+/// once slept fall into sleeping in turn (57 µs per 4 KiB all-gather on 2 ranks with 50 µs
+/// of spinning, 0.5 µs with 1000).
+pub const DEFAULT_COLLECTIVE_SPIN: Duration = Duration::from_micros(1000);
 
 const GIB: usize = 1 << 30;
 const LONGEST: Duration = Duration::from_secs(86_400);

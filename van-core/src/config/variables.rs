@@ -470,10 +470,11 @@ pub const VARIABLES: &[EnvVar] = &[
     },
     EnvVar {
         name: "VANS_COLLECTIVE_SPIN_US",
-        default: "50",
+        default: "1000",
         effect: "microseconds a rank waiting on the shared-memory collectives spins before it \
-                 sleeps on a futex; never spins when this host's ranks outnumber the cores the \
-                 process may use; up to 1000000, 0: never spin",
+                 sleeps on a futex (longer than a wake-up takes, or ranks fall into sleeping in \
+                 turn); when this host's ranks outnumber the cores the process may use it \
+                 yields its core instead of spinning; up to 1000000, 0: sleep at once",
     },
     EnvVar {
         name: "VANS_COLLECTIVE_SETTLE_WINDOW",

@@ -1,5 +1,6 @@
-//! `allreduce-bench`: the `collective` crate's ring all-reduce beside Open MPI's
-//! `MPI_Allreduce`, on the same sizes, rank counts and machine, in one run.
+//! `allreduce-bench`: the `collective` crate's all-reduce (and, with `--collectives`,
+//! all-gather, reduce-scatter and broadcast) beside Open MPI's, on the same sizes, rank
+//! counts and machine, in one run.
 //!
 //! For each van (`--van tcp,ipc`) and rank count (`--ranks 2,4`) it launches a local cluster
 //! of itself (a scheduler, one idle server and the ranks as worker processes, through
@@ -7,7 +8,8 @@
 //! same sizes under `mpirun` (a small C program compiled with `mpicc`; TCP on loopback for
 //! `tcp`, shared memory for `ipc`). It prints, per size, p50 latency, algorithm bandwidth
 //! (bytes / time) and bus bandwidth (NCCL-tests: algbw × 2(n−1)/n) of both, and their
-//! ratios; `--plot FILE.png` draws bus bandwidth against size.
+//! ratios (`--json`: one object per row); `--plot FILE.png` draws bus bandwidth against
+//! size.
 //!
 //! `allreduce-bench node MODE` is one process of such a cluster (role from `DMLC_ROLE`):
 //! `check` runs every collective once and checks the results, `elastic` runs a loop of
@@ -35,6 +37,9 @@ pub(crate) const OUT_ENV: &str = "ALLREDUCE_BENCH_OUT";
 pub(crate) struct Row {
     #[serde(rename = "impl")]
     pub imp: String,
+    /// The collective (`allreduce`, `allgather`, `reducescatter`, `broadcast`).
+    #[serde(default = "default_op")]
+    pub op: String,
     pub ranks: usize,
     pub bytes: usize,
     pub mean_s: f64,
@@ -49,11 +54,33 @@ impl Row {
         self.bytes as f64 / self.mean_s / 1e9
     }
 
-    /// Bus bandwidth, GB/s: what each link carries (NCCL-tests' definition).
+    /// Bus bandwidth, GB/s: what each link carries (NCCL-tests' definitions: all-reduce
+    /// moves `2 (n - 1) / n` of the buffer, all-gather and reduce-scatter `(n - 1) / n`,
+    /// broadcast all of it).
     fn busbw(&self) -> f64 {
         let n = self.ranks as f64;
-        self.algbw() * 2.0 * (n - 1.0) / n
+        let factor = match self.op.as_str() {
+            "allgather" | "reducescatter" => (n - 1.0) / n,
+            "broadcast" => 1.0,
+            _ => 2.0 * (n - 1.0) / n,
+        };
+        self.algbw() * factor
     }
+
+    /// The same case measured by the other implementation.
+    fn peer<'a>(&self, rows: &'a [Row], imp: &str) -> Option<&'a Row> {
+        rows.iter().find(|m| {
+            m.imp == imp
+                && m.op == self.op
+                && m.van == self.van
+                && m.ranks == self.ranks
+                && m.bytes == self.bytes
+        })
+    }
+}
+
+fn default_op() -> String {
+    "allreduce".into()
 }
 
 fn main() {
@@ -102,15 +129,24 @@ async fn drive(o: &Options) -> Result<(), BoxError> {
     let mut rows = Vec::new();
     for van in &o.van {
         for &n in &o.ranks {
-            eprintln!("allreduce-bench: vans over {van}, {n} ranks");
+            eprintln!(
+                "allreduce-bench: vans over {van}, {n} ranks: {}",
+                o.collectives.join(", ")
+            );
             rows.extend(run_vans(o, n, van).await?);
             if let Some(program) = &mpi {
-                eprintln!("allreduce-bench: Open MPI over {van}, {n} ranks");
-                rows.extend(mpi::run(program, n, van, &o.sizes, o.iters)?);
+                for collective in &o.collectives {
+                    eprintln!("allreduce-bench: Open MPI over {van}, {n} ranks: {collective}");
+                    rows.extend(mpi::run(program, n, van, collective, &o.sizes, o.iters)?);
+                }
             }
         }
     }
-    print_table(&rows);
+    if o.json {
+        print_json(&rows);
+    } else {
+        print_table(&rows);
+    }
     if let Some(path) = &o.plot {
         plot(&rows, path)?;
         eprintln!("allreduce-bench: plot written to {}", path.display());
@@ -134,6 +170,8 @@ async fn run_vans(o: &Options, n: usize, van: &str) -> Result<Vec<Row>, BoxError
         "bench".into(),
         "--sizes".into(),
         sizes.join(","),
+        "--collectives".into(),
+        o.collectives.join(","),
         "--iters".into(),
         o.iters.to_string(),
     ];
@@ -162,6 +200,7 @@ fn size_label(bytes: usize) -> String {
 
 fn print_table(rows: &[Row]) {
     let mut table = Table::new(&[
+        "collective",
         "van",
         "ranks",
         "size",
@@ -174,12 +213,11 @@ fn print_table(rows: &[Row]) {
         "p50 vans/MPI",
     ]);
     for v in rows.iter().filter(|r| r.imp == "vans") {
-        let m = rows
-            .iter()
-            .find(|m| m.imp == "mpi" && m.van == v.van && m.ranks == v.ranks && m.bytes == v.bytes);
+        let m = v.peer(rows, "mpi");
         let us = |s: f64| format!("{:.1} µs", s * 1e6);
         let gbs = |g: f64| format!("{g:.3} GB/s");
         table.row(vec![
+            v.op.clone(),
             v.van.clone(),
             v.ranks.to_string(),
             size_label(v.bytes),
@@ -195,13 +233,36 @@ fn print_table(rows: &[Row]) {
     print!("{table}");
 }
 
+/// `--json`: one object per vans row, with Open MPI's figures and the ratios when measured.
+fn print_json(rows: &[Row]) {
+    for v in rows.iter().filter(|r| r.imp == "vans") {
+        let mut row = serde_json::json!({
+            "collective": v.op,
+            "van": v.van,
+            "ranks": v.ranks,
+            "bytes": v.bytes,
+            "p50_s": v.p50_s,
+            "mean_s": v.mean_s,
+            "algbw_gbs": v.algbw(),
+            "busbw_gbs": v.busbw(),
+        });
+        if let (Some(m), Some(fields)) = (v.peer(rows, "mpi"), row.as_object_mut()) {
+            fields.insert("mpi_p50_s".into(), m.p50_s.into());
+            fields.insert("mpi_busbw_gbs".into(), m.busbw().into());
+            fields.insert("busbw_ratio".into(), (v.busbw() / m.busbw()).into());
+            fields.insert("p50_ratio".into(), (v.p50_s / m.p50_s).into());
+        }
+        println!("{row}");
+    }
+}
+
 /// Bus bandwidth against size, one line per (implementation, van, ranks).
 fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| "the embedded DejaVu Sans font did not load")?;
-    let mut keys: Vec<(String, String, usize)> = rows
+    let mut keys: Vec<(String, String, usize, String)> = rows
         .iter()
-        .map(|r| (r.imp.clone(), r.van.clone(), r.ranks))
+        .map(|r| (r.imp.clone(), r.van.clone(), r.ranks, r.op.clone()))
         .collect();
     keys.sort();
     keys.dedup();
@@ -214,7 +275,7 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "all-reduce bus bandwidth: vans vs Open MPI",
+            "collectives' bus bandwidth: vans vs Open MPI",
             ("sans-serif", 28),
         )
         .margin(20)
@@ -228,26 +289,29 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
         .x_label_formatter(&|p| size_label(1usize << p))
         .label_style(("sans-serif", 16))
         .draw()?;
-    // One color per (van, ranks); vans thick, Open MPI thin.
-    let mut configs: Vec<(&str, usize)> = keys.iter().map(|k| (k.1.as_str(), k.2)).collect();
+    // One color per (collective, van, ranks); vans thick, Open MPI thin.
+    let mut configs: Vec<(&str, &str, usize)> = keys
+        .iter()
+        .map(|k| (k.3.as_str(), k.1.as_str(), k.2))
+        .collect();
     configs.sort_unstable();
     configs.dedup();
-    for (imp, van, ranks) in &keys {
+    for (imp, van, ranks, op) in &keys {
         let index = configs
             .iter()
-            .position(|c| *c == (van.as_str(), *ranks))
+            .position(|c| *c == (op.as_str(), van.as_str(), *ranks))
             .unwrap_or(0);
         let color = Palette99::pick(index).to_rgba();
         let mut points: Vec<(u32, f64)> = rows
             .iter()
-            .filter(|r| &r.imp == imp && &r.van == van && r.ranks == *ranks)
+            .filter(|r| &r.imp == imp && &r.van == van && r.ranks == *ranks && &r.op == op)
             .map(|r| (r.bytes.max(1).ilog2(), r.busbw()))
             .collect();
         points.sort_by_key(|p| p.0);
         let style = ShapeStyle::from(color).stroke_width(if imp == "vans" { 3 } else { 1 });
         chart
             .draw_series(LineSeries::new(points.clone(), style))?
-            .label(format!("{imp} {van} {ranks} ranks"))
+            .label(format!("{imp} {op} {van} {ranks} ranks"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
     }

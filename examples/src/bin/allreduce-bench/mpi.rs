@@ -8,16 +8,31 @@ use examples::raw::BoxError;
 
 use crate::Row;
 
-/// Times `MPI_Allreduce` (float sum, in place) like the vans ranks do; rank 0 prints one
-/// JSON line per size.
+/// Times `MPI_Allreduce` (float sum, in place), `MPI_Allgather`, `MPI_Reduce_scatter_block`
+/// or `MPI_Bcast` like the vans ranks do; rank 0 prints one JSON line per size.
 const PROGRAM: &str = r#"
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* One collective of `len` floats (the whole buffer: all-gather's output, reduce-scatter's
+   input); `part` is a rank's block. */
+static void run(const char *op, float *buf, float *part, long len, int n) {
+    int block = (int)(len / n);
+    if (!strcmp(op, "allgather"))
+        MPI_Allgather(part, block, MPI_FLOAT, buf, block, MPI_FLOAT, MPI_COMM_WORLD);
+    else if (!strcmp(op, "reducescatter"))
+        MPI_Reduce_scatter_block(buf, part, block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    else if (!strcmp(op, "broadcast"))
+        MPI_Bcast(buf, (int)len, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    else
+        MPI_Allreduce(MPI_IN_PLACE, buf, (int)len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
 }
 
 int main(int argc, char **argv) {
@@ -25,33 +40,40 @@ int main(int argc, char **argv) {
     int rank, n;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
-    int iters = atoi(argv[1]);
-    for (int a = 2; a < argc; a++) {
+    const char *op = argv[1];
+    int iters = atoi(argv[2]);
+    for (int a = 3; a < argc; a++) {
         long bytes = atol(argv[a]);
         long len = bytes / 4;
-        float *buf = malloc(bytes);
+        if (strcmp(op, "allgather") == 0 || strcmp(op, "reducescatter") == 0)
+            len = len / n * n;
+        float *buf = malloc(len * 4 + 4);
+        float *part = malloc(len / n * 4 + 4);
         for (long i = 0; i < len; i++) buf[i] = 1.0f;
+        for (long i = 0; i < len / n; i++) part[i] = 1.0f;
         long big = bytes > (1 << 20) ? bytes : (1 << 20);
         int rounds = (int)((long)iters * (1 << 20) / big);
         if (rounds < 5) rounds = 5;
         double *times = malloc(sizeof(double) * rounds);
-        for (int w = 0; w < 2; w++)
-            MPI_Allreduce(MPI_IN_PLACE, buf, (int)len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (int w = 0; w < 2; w++) run(op, buf, part, len, n);
         MPI_Barrier(MPI_COMM_WORLD);
         double all = MPI_Wtime();
         for (int i = 0; i < rounds; i++) {
             double t = MPI_Wtime();
-            MPI_Allreduce(MPI_IN_PLACE, buf, (int)len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            run(op, buf, part, len, n);
             times[i] = MPI_Wtime() - t;
         }
         double total = MPI_Wtime() - all;
         qsort(times, rounds, sizeof(double), cmp);
-        if (rank == 0)
-            printf("{\"impl\":\"mpi\",\"ranks\":%d,\"bytes\":%ld,\"rounds\":%d,"
-                   "\"mean_s\":%.9f,\"p50_s\":%.9f}\n",
-                   n, bytes, rounds, total / rounds, times[rounds / 2]);
+        /* A broadcast's root is done once its buffer is on its way: a receiver reports. */
+        int reporter = strcmp(op, "broadcast") == 0 ? n - 1 : 0;
+        if (rank == reporter)
+            printf("{\"impl\":\"mpi\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%ld,"
+                   "\"rounds\":%d,\"mean_s\":%.9f,\"p50_s\":%.9f}\n",
+                   op, n, len * 4, rounds, total / rounds, times[rounds / 2]);
         fflush(stdout);
         free(times);
+        free(part);
         free(buf);
     }
     MPI_Finalize();
@@ -113,6 +135,7 @@ pub(crate) fn run(
     program: &MpiProgram,
     ranks: usize,
     van: &str,
+    collective: &str,
     sizes: &[usize],
     iters: usize,
 ) -> Result<Vec<Row>, BoxError> {
@@ -141,6 +164,7 @@ pub(crate) fn run(
         .args(transport)
         .args(["-np", &ranks.to_string()])
         .arg(&program.binary)
+        .arg(collective)
         .arg(iters.to_string())
         .args(sizes.iter().map(|s| s.to_string()))
         .output()

@@ -20,7 +20,11 @@ pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
                 len,
                 step_ms,
             } => elastic(&po, *steps, *len, Duration::from_millis(*step_ms)).await,
-            NodeMode::Bench { sizes, iters } => bench(&po, sizes, *iters).await,
+            NodeMode::Bench {
+                sizes,
+                collectives,
+                iters,
+            } => bench(&po, sizes, collectives, *iters).await,
         };
         if let Err(e) = result {
             po.stop().await;
@@ -202,36 +206,63 @@ async fn elastic(po: &Postoffice, steps: u64, len: usize, pause: Duration) -> Re
     Ok(())
 }
 
-/// Times all-reduce (f32 sum) of each size; rank 0 prints one JSON line per size.
-async fn bench(po: &Postoffice, sizes: &[usize], iters: usize) -> Result<(), BoxError> {
+/// Times each collective (f32; sums) at each size; rank 0 (a broadcast's last rank, which
+/// receives) prints one JSON line per case.
+async fn bench(
+    po: &Postoffice,
+    sizes: &[usize],
+    collectives: &[String],
+    iters: usize,
+) -> Result<(), BoxError> {
     let mut comm = Communicator::new(po).await?;
     let (r, n) = (comm.rank().unwrap_or(usize::MAX), comm.size());
-    for &bytes in sizes {
-        let len = bytes / 4;
-        let mut buf = vec![1.0f32; len];
-        // Fewer rounds for large buffers, at least 5.
-        let rounds = (iters * (1 << 20) / bytes.max(1 << 20)).max(5);
-        for _ in 0..2 {
-            comm.allreduce(&mut buf, ReduceOp::Sum).await?;
-        }
-        let mut times = Vec::with_capacity(rounds);
-        comm.barrier().await?;
-        let all = Instant::now();
-        for _ in 0..rounds {
-            let t = Instant::now();
-            comm.allreduce(&mut buf, ReduceOp::Sum).await?;
-            times.push(t.elapsed().as_secs_f64());
-        }
-        let total = all.elapsed().as_secs_f64();
-        times.sort_by(f64::total_cmp);
-        if r == 0 {
-            let line = format!(
-                "{{\"impl\":\"vans\",\"ranks\":{n},\"bytes\":{bytes},\"rounds\":{rounds},\
-                 \"mean_s\":{},\"p50_s\":{}}}\n",
-                total / rounds as f64,
-                times[times.len() / 2]
-            );
-            report(&line)?;
+    for name in collectives {
+        for &bytes in sizes {
+            // All-gather and reduce-scatter move whole blocks of one per rank.
+            let len = match name.as_str() {
+                "allgather" | "reducescatter" => bytes / 4 / n * n,
+                _ => bytes / 4,
+            };
+            let mut buf = vec![1.0f32; len];
+            let input = vec![1.0f32; len / n];
+            // Fewer rounds for large buffers, at least 5.
+            let rounds = (iters * (1 << 20) / bytes.max(1 << 20)).max(5);
+            let mut times = Vec::with_capacity(rounds);
+            comm.barrier().await?;
+            let mut all = Instant::now();
+            for round in 0..rounds + 2 {
+                // Two rounds of warm-up, then the timed ones.
+                if round == 2 {
+                    comm.barrier().await?;
+                    all = Instant::now();
+                }
+                let t = Instant::now();
+                match name.as_str() {
+                    "allgather" => comm.all_gather(&input, &mut buf).await?,
+                    "reducescatter" => {
+                        comm.reduce_scatter(&mut buf, ReduceOp::Sum).await?;
+                    }
+                    "broadcast" => comm.broadcast(&mut buf, 0).await?,
+                    _ => comm.allreduce(&mut buf, ReduceOp::Sum).await?,
+                }
+                if round >= 2 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            let total = all.elapsed().as_secs_f64();
+            times.sort_by(f64::total_cmp);
+            // A broadcast's root is done once its buffer is on its way: a receiver reports.
+            let reporter = if name == "broadcast" { n - 1 } else { 0 };
+            if r == reporter {
+                let line = format!(
+                    "{{\"impl\":\"vans\",\"op\":\"{name}\",\"ranks\":{n},\"bytes\":{},\
+                     \"rounds\":{rounds},\"mean_s\":{},\"p50_s\":{}}}\n",
+                    len * 4,
+                    total / rounds as f64,
+                    times[times.len() / 2]
+                );
+                report(&line)?;
+            }
         }
     }
     Ok(())

@@ -17,7 +17,15 @@ pub(crate) struct Options {
     /// ranks; needs feature ipc).
     #[arg(long, value_delimiter = ',', default_value = "tcp")]
     pub van: Vec<String>,
-    /// Timed all-reduces per size up to 1 MiB (fewer above, at least 5).
+    /// Collectives to time: allreduce, allgather, reducescatter, broadcast (sizes are the
+    /// whole buffer: all-gather's output, reduce-scatter's input).
+    #[arg(long, value_delimiter = ',', default_value = "allreduce", value_parser = collective_name)]
+    pub collectives: Vec<String>,
+    /// Print one JSON object per measured row (vans and MPI, with the ratios) instead of the
+    /// table.
+    #[arg(long)]
+    pub json: bool,
+    /// Timed collectives per size up to 1 MiB (fewer above, at least 5).
     #[arg(long, default_value = "50", value_parser = examples::cli::positive)]
     pub iters: usize,
     /// Open MPI beside vans: auto (when mpicc and mpirun are installed), off, or required.
@@ -65,13 +73,29 @@ pub(crate) enum NodeMode {
         #[arg(long, default_value = "10")]
         step_ms: u64,
     },
-    /// Time all-reduces of each size (rank 0 reports).
+    /// Time collectives of each size (rank 0 reports).
     Bench {
         #[arg(long, value_delimiter = ',', value_parser = size)]
         sizes: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "allreduce", value_parser = collective_name)]
+        collectives: Vec<String>,
         #[arg(long, default_value = "50")]
         iters: usize,
     },
+}
+
+/// The collectives the bench times, as both sides name them.
+pub(crate) const COLLECTIVES: [&str; 4] = ["allreduce", "allgather", "reducescatter", "broadcast"];
+
+fn collective_name(text: &str) -> Result<String, String> {
+    let name = text.trim().to_ascii_lowercase().replace(['-', '_'], "");
+    match COLLECTIVES.contains(&name.as_str()) {
+        true => Ok(name),
+        false => Err(format!(
+            "`{text}`: expected one of {}",
+            COLLECTIVES.join(", ")
+        )),
+    }
 }
 
 /// `4096`, `4K`, `64M`: a size in bytes.
