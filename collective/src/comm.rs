@@ -24,7 +24,7 @@ use generation::{Membership, Protocol, TICK};
 use p2p::Mailbox;
 
 mod generation;
-mod p2p;
+pub(crate) mod p2p;
 
 pub use generation::{Generation, APP_ID};
 pub(crate) use p2p::{Op, OpKind};
@@ -52,6 +52,9 @@ pub struct CommOptions {
     /// How long a rank waiting on shared memory spins before it sleeps (never when the
     /// host's ranks outnumber this process's cores).
     pub spin: Duration,
+    /// Whether a generation not all on one host connects its ranks directly over TCP for
+    /// collectives (`VANS_COLLECTIVE_MESH`; see the crate docs).
+    pub mesh: bool,
 }
 
 impl Default for CommOptions {
@@ -66,8 +69,9 @@ impl Default for CommOptions {
 impl CommOptions {
     /// Customer id 0 and the settings of `config`: `VANS_COLLECTIVE_SLICE_BYTES`,
     /// `VANS_COLLECTIVE_DIRECT_BYTES`, `VANS_COLLECTIVE_SETTLE_WINDOW` (seconds),
-    /// `VANS_COLLECTIVE_TIMEOUT` (seconds), `VANS_COLLECTIVE_ALGO` and
-    /// `VANS_COLLECTIVE_SPIN_US`, checked when the configuration was read.
+    /// `VANS_COLLECTIVE_TIMEOUT` (seconds), `VANS_COLLECTIVE_ALGO`,
+    /// `VANS_COLLECTIVE_SPIN_US` and `VANS_COLLECTIVE_MESH`, checked when the configuration
+    /// was read.
     pub fn from_config(config: &Config) -> CommOptions {
         CommOptions::with_settings(&config.collective)
     }
@@ -81,6 +85,7 @@ impl CommOptions {
             timeout: settings.timeout,
             algorithm: settings.algorithm,
             spin: settings.spin,
+            mesh: settings.mesh,
         }
     }
 }
@@ -92,6 +97,9 @@ struct State {
     /// The shared-memory all-reduces of the current generation.
     #[cfg(all(feature = "ipc", target_os = "linux"))]
     shm: crate::shm::turns::Turns,
+    /// The TCP mesh of a generation (formed once when it settles): its number and the mesh,
+    /// if it formed.
+    mesh: (u64, Option<Arc<crate::mesh::Mesh>>),
 }
 
 impl State {
@@ -134,6 +142,7 @@ impl Shared {
                 mailbox: Mailbox::default(),
                 #[cfg(all(feature = "ipc", target_os = "linux"))]
                 shm: Default::default(),
+                mesh: (0, None),
             }),
             notify: Notify::new(),
         });
@@ -159,6 +168,13 @@ impl Shared {
     /// After the membership changed: a shared-memory group of a generation that ended stops
     /// its waiters (on every rank of the host: the abort word is shared).
     fn changed(st: &mut State) {
+        // A mesh whose generation ended shuts its connections: the peers stop at once.
+        if let (generation, Some(mesh)) = &st.mesh {
+            if st.membership.still(*generation).is_err() {
+                mesh.shut();
+                st.mesh.1 = None;
+            }
+        }
         #[cfg(all(feature = "ipc", target_os = "linux"))]
         {
             let State {
@@ -177,7 +193,6 @@ impl Shared {
     }
 
     /// Fails unless `generation` is still going on.
-    #[cfg_attr(not(all(feature = "ipc", target_os = "linux")), allow(dead_code))]
     pub(crate) fn still(&self, generation: u64) -> Result<()> {
         self.lock().membership.still(generation)
     }
@@ -290,12 +305,60 @@ impl Shared {
         let settled = self
             .wait_until(deadline, |st| st.membership.settled())
             .await;
-        settled.unwrap_or_else(|| {
+        let generation = settled.unwrap_or_else(|| {
             Err(CollectiveError::SettleTimeout {
                 waited: timeout,
                 detail: self.protocol.describe(&self.lock().membership),
             })
-        })
+        })?;
+        Ok(generation)
+    }
+
+    /// Claims the forming of `generation`'s TCP mesh: the op to form it with, the first
+    /// time it is asked for the current generation with this node as a member; `None` after.
+    pub(crate) fn claim_mesh(&self, generation: &Generation) -> Option<Op> {
+        let mut st = self.lock();
+        let rank = st.membership.active_rank(self.me).ok()?;
+        if st.mesh.0 >= generation.number || st.membership.generation() != generation {
+            return None;
+        }
+        st.mesh = (generation.number, None);
+        Some(Op::new(OpKind::AllReduce, generation, rank, 0))
+    }
+
+    /// Keeps the mesh formed for `generation`, unless the generation ended meanwhile.
+    pub(crate) fn set_mesh(&self, generation: u64, mesh: Arc<crate::mesh::Mesh>) {
+        let mut st = self.lock();
+        if st.mesh.0 == generation && st.membership.still(generation).is_ok() {
+            st.mesh.1 = Some(mesh);
+        }
+    }
+
+    /// Ends a collective of `generation` that went over its mesh: writes what is still
+    /// queued (see [`Mesh::flush`](crate::mesh::Mesh::flush)).
+    pub(crate) fn flush_mesh(&self, generation: u64) -> Result<()> {
+        let Some(mesh) = self.mesh(generation) else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + self.options.timeout;
+        let alive = || self.still(generation);
+        crate::spin::blocking(|| mesh.flush(deadline, &alive))
+    }
+
+    /// The mesh `op` goes over, if its generation has one and it is small enough
+    /// ([`crate::mesh::MAX_BYTES`]: every rank decides alike, its buffer being the same).
+    fn mesh_for(&self, op: &Op) -> Option<Arc<crate::mesh::Mesh>> {
+        (op.bytes <= crate::mesh::MAX_BYTES)
+            .then(|| self.mesh(op.generation))
+            .flatten()
+    }
+
+    /// The mesh of `generation`, if it has one.
+    fn mesh(&self, generation: u64) -> Option<Arc<crate::mesh::Mesh>> {
+        match &self.lock().mesh {
+            (g, Some(mesh)) if *g == generation => Some(Arc::clone(mesh)),
+            _ => None,
+        }
     }
 
     /// Sends one slice of collective `op` to the member of rank `to`.
@@ -307,6 +370,9 @@ impl Shared {
         slice: usize,
         data: Bytes,
     ) -> Result<()> {
+        if let Some(mesh) = self.mesh_for(op) {
+            return mesh.send(op, to, hop, slice, data);
+        }
         let msg = op.message(self.me, self.options.customer_id, to, hop, slice, data);
         self.po.send(msg).await.map_err(|e| op.send_failed(to, e))
     }
@@ -322,6 +388,13 @@ impl Shared {
         slice: usize,
         len: usize,
     ) -> Result<Bytes> {
+        if let Some(mesh) = self.mesh_for(op) {
+            let deadline = Instant::now() + self.options.timeout;
+            let alive = || self.still(op.generation);
+            return crate::spin::blocking(|| {
+                mesh.recv(op, from, (hop, slice), len, deadline, &alive)
+            });
+        }
         let key = op.key(from, hop, slice);
         let deadline = tokio::time::Instant::now() + self.options.timeout;
         let arrived = self.wait_until(deadline, |st| match st.mailbox().take(&key) {

@@ -325,6 +325,6 @@ impl CommHandle {
     pub fn settle(&self, timeout: Duration) -> Call<Result<Generation>> {
         let shared = Arc::clone(self.shared());
         self.node
-            .spawn(async move { Ok(shared.settle(timeout).await) })
+            .spawn(async move { Ok(crate::settle(&shared, timeout).await) })
     }
 }

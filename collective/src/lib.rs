@@ -59,10 +59,12 @@ pub mod element;
 pub mod embed;
 pub mod error;
 mod exchange;
+mod mesh;
 mod pool;
 pub mod ring;
 #[cfg(all(feature = "ipc", target_os = "linux"))]
 mod shm;
+mod spin;
 // Without shared memory compiled in: the same names, and no collective takes that path.
 #[cfg(not(all(feature = "ipc", target_os = "linux")))]
 #[path = "shm_off.rs"]
@@ -119,9 +121,7 @@ impl Communicator {
         let task = tokio::spawn(comm::run(Arc::clone(&shared), queue));
         // Dropped on failure: unregisters, so a retry can register again.
         let comm = Communicator { shared, task };
-        comm.shared
-            .settle(startup.max(Duration::from_secs(30)))
-            .await?;
+        settle(&comm.shared, startup.max(Duration::from_secs(30))).await?;
         Ok(comm)
     }
 
@@ -155,7 +155,11 @@ impl Communicator {
             generation,
             armed: true,
         };
-        let result = run.await;
+        // A collective over a mesh ends once its last frames are written.
+        let result = match run.await {
+            Ok(value) => shared.flush_mesh(generation).map(|()| value),
+            Err(e) => Err(e),
+        };
         guard.armed = false;
         if let Err(e) = &result {
             shared.abandon(generation, e);
@@ -188,7 +192,7 @@ impl Communicator {
     /// generation is intact, returns it at once. Fails with
     /// [`CollectiveError::SettleTimeout`] after `timeout`.
     pub async fn settle(&mut self, timeout: Duration) -> Result<Generation> {
-        self.shared.settle(timeout).await
+        settle(&self.shared, timeout).await
     }
 
     /// Reduces `buf` across all ranks with `op`, in place: every rank ends with the same
@@ -298,6 +302,14 @@ impl Communicator {
         let run = run_barrier(&self.shared, &call, self.shared.me);
         Self::guarded(&self.shared, call.generation, run).await
     }
+}
+
+/// Settles into the next generation (or the current one) and forms its TCP mesh, once,
+/// where its members want one ([`mesh::form`]).
+pub(crate) async fn settle(shared: &comm::Shared, timeout: Duration) -> Result<Generation> {
+    let generation = shared.settle(timeout).await?;
+    mesh::form::ensure(shared, &generation).await;
+    Ok(generation)
 }
 
 /// The algorithm an all-reduce of `bytes` on `ranks` ranks takes with `options` (never

@@ -79,10 +79,6 @@ fn finish(cluster: Cluster, what: &str) -> Vec<String> {
     outputs
 }
 
-fn every_collective(workers: usize, tcp: bool) -> Vec<String> {
-    every_collective_with(workers, tcp, &[])
-}
-
 fn every_collective_with(workers: usize, tcp: bool, env: &[(&str, &str)]) -> Vec<String> {
     let what = format!("{workers} ranks, tcp {tcp}, {env:?}");
     let (cluster, _) = start_with(workers, &["check"], tcp, env);
@@ -106,8 +102,20 @@ fn every_collective_with(workers: usize, tcp: bool, env: &[(&str, &str)]) -> Vec
 #[test]
 fn every_collective_on_two_three_and_four_ranks_over_tcp() {
     for workers in [2, 3, 4] {
-        every_collective(workers, true);
+        let outputs = every_collective_with(workers, true, &[("RUST_LOG", "collective=info")]);
+        // Ranks that do not share memory connect directly for their small collectives.
+        for text in &outputs {
+            assert!(
+                text.contains(&format!("go over a TCP mesh ({workers} ranks")),
+                "no mesh:\n{text}"
+            );
+        }
     }
+}
+
+#[test]
+fn every_collective_over_the_vans_without_the_mesh() {
+    every_collective_with(3, true, &[("VANS_COLLECTIVE_MESH", "0")]);
 }
 
 #[cfg(feature = "ipc")]
@@ -182,6 +190,17 @@ fn the_elastic_loop_holds_by_recursive_doubling_on_three_ranks_too() {
     elastic_loop(Some("doubling"), true);
 }
 
+#[test]
+fn the_elastic_loop_holds_over_the_vans_without_the_mesh() {
+    elastic_loop_with(
+        &[
+            ("VANS_COLLECTIVE_ALGO", "ring"),
+            ("VANS_COLLECTIVE_MESH", "0"),
+        ],
+        true,
+    );
+}
+
 #[cfg(feature = "ipc")]
 #[test]
 fn the_elastic_loop_holds_through_shared_memory() {
@@ -194,6 +213,15 @@ fn the_elastic_loop_holds_through_shared_memory() {
 /// given, over TCP or shared memory); one is killed, the others go on without it, its
 /// replacement is admitted.
 fn elastic_loop(algorithm: Option<&str>, tcp: bool) {
+    let env: Vec<(&str, &str)> = algorithm
+        .map(|a| ("VANS_COLLECTIVE_ALGO", a))
+        .into_iter()
+        .collect();
+    elastic_loop_with(&env, tcp);
+}
+
+/// [`elastic_loop`] with `env` for every node.
+fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
     // About 20 s of steps: the replacement joins while the survivors are mid-loop.
     let args = [
         "elastic",
@@ -204,11 +232,7 @@ fn elastic_loop(algorithm: Option<&str>, tcp: bool) {
         "--step-ms",
         "30",
     ];
-    let env: Vec<(&str, &str)> = algorithm
-        .map(|a| ("VANS_COLLECTIVE_ALGO", a))
-        .into_iter()
-        .collect();
-    let (mut cluster, port) = start_with(4, &args, tcp, &env);
+    let (mut cluster, port) = start_with(4, &args, tcp, env);
     std::thread::sleep(Duration::from_secs(4));
     let victim = cluster.workers.remove(1);
     common::signal(victim.id(), "KILL");

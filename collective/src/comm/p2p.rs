@@ -79,6 +79,8 @@ pub(crate) struct Op {
     pub(crate) tag: u64,
     /// Elements in the whole buffer (the same on every rank; checked).
     pub(crate) total: usize,
+    /// Bytes in the whole buffer.
+    pub(crate) bytes: usize,
     /// An all-reduce's turn among those through shared memory (`crate::shm`), if it takes
     /// that path.
     pub(crate) shm_ticket: Option<u64>,
@@ -95,6 +97,7 @@ impl Op {
             number,
             tag: 0,
             total: 0,
+            bytes: 0,
             shm_ticket: None,
         }
     }
@@ -109,6 +112,7 @@ impl Op {
             number,
             tag: 0,
             total: 0,
+            bytes: 0,
             shm_ticket: None,
             ..self.clone()
         }
@@ -122,6 +126,7 @@ impl Op {
     pub(crate) fn carrying<T: crate::Element>(mut self, total: usize) -> Op {
         self.tag = T::TAG;
         self.total = total;
+        self.bytes = total.saturating_mul(std::mem::size_of::<T>());
         self
     }
 
@@ -197,28 +202,44 @@ impl Op {
     /// The bytes of a slice received from rank `rank`, checked to be `len` bytes of this
     /// collective's kind, element type and total.
     pub(super) fn check(&self, rank: usize, len: usize, msg: Message) -> Result<Bytes> {
+        let (head, tag, total) = (msg.meta.head, msg.meta.priority as u32, msg.meta.val_len);
+        let data = msg.data.into_iter().next().unwrap_or_default();
+        self.check_frame(rank, len, head - KIND_DATA, tag, total, data)
+    }
+
+    /// [`check`](Self::check) of what a frame says: its kind (an [`OpKind`] number), element
+    /// tag, total elements and payload.
+    pub(crate) fn check_frame(
+        &self,
+        rank: usize,
+        len: usize,
+        kind: i32,
+        tag: u32,
+        total: u64,
+        data: impl Into<Bytes>,
+    ) -> Result<Bytes> {
         let node = self.members[rank];
         let mismatch = |reason: String| CollectiveError::Mismatch { rank, node, reason };
-        if OpKind::from_head(msg.meta.head) != Some(self.kind) {
+        if OpKind::from_head(kind + KIND_DATA) != Some(self.kind) {
             return Err(mismatch(format!(
                 "it runs another collective as #{} where this rank runs {}",
                 self.number,
                 self.kind.name()
             )));
         }
-        if msg.meta.priority as u64 != self.tag {
+        if u64::from(tag) != self.tag {
             return Err(mismatch(format!(
-                "its element type differs (tag {} here {})",
-                msg.meta.priority, self.tag
+                "its element type differs (tag {tag} here {})",
+                self.tag
             )));
         }
-        if msg.meta.val_len != self.total as u64 {
+        if total != self.total as u64 {
             return Err(mismatch(format!(
-                "its buffer has {} elements, this rank's {}",
-                msg.meta.val_len, self.total
+                "its buffer has {total} elements, this rank's {}",
+                self.total
             )));
         }
-        let data = msg.data.into_iter().next().unwrap_or_default();
+        let data = data.into();
         if data.len() != len {
             return Err(mismatch(format!(
                 "a slice of {} bytes where {len} were expected",

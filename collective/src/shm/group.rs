@@ -7,8 +7,9 @@ use van_ipc::Segment;
 
 use std::time::Instant;
 
-use super::signal::{Signals, Spin, Stopped};
+use super::signal::{Signals, Stopped};
 use crate::error::CollectiveError;
+use crate::spin::Spin;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"vanscoll");
 /// Header words: magic, token, ranks and slot bytes at 0, 8, 16, 24; abort, sleepers and

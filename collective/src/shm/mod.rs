@@ -32,6 +32,9 @@
 //! signature (number, kind, element type, length), checked by the ranks that wait for it:
 //! ranks that disagree fail with [`CollectiveError::Mismatch`] instead of mixing buffers.
 //!
+//! A rank on a current-thread tokio runtime votes against the segment: its waits would
+//! stop its vans' writers (see `spin::can_block`).
+//!
 //! **Waiting** ([`signal`]): spin on the counters for `VANS_COLLECTIVE_SPIN_US` (1 ms: longer
 //! than a futex wake-up takes in a virtual machine), or, when the ranks outnumber the cores
 //! this process may use, yield the core for as long (spinning would only steal the core the
@@ -51,7 +54,6 @@ mod signal;
 pub(crate) mod turns;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags};
 use tracing::{debug, info};
@@ -62,7 +64,6 @@ use crate::comm::{Op, Shared};
 use crate::element::{Element, ReduceOp};
 use crate::error::{CollectiveError, Result};
 use group::{layout, Group, Rounds, LINE};
-use signal::Spin;
 use turns::Formed;
 
 /// The op numbers of the two exchanges that form a group: apart from the collectives' and
@@ -142,7 +143,7 @@ pub(crate) async fn form(
 ) -> Result<std::result::Result<Arc<Group>, String>> {
     let (n, r) = (call.size(), call.rank);
     let slot = slot_bytes(shared);
-    let spin = spin(shared.options.spin, n);
+    let spin = crate::spin::policy(shared.options.spin, n);
     // Rank 0's group, its header written before anyone can open it.
     let created = match (r, layout(n, slot)) {
         (0, Some((_, total))) => {
@@ -175,7 +176,10 @@ pub(crate) async fn form(
     ]);
     let exchange = call.internal(FORM_OP).carrying::<i64>(table.len());
     crate::ring::direct(shared, &exchange, &mut table, ReduceOp::Sum).await?;
-    let attached = attach(shared, call, &table, created);
+    let attached = match crate::spin::can_block() {
+        true => attach(shared, call, &table, created),
+        false => Err("this rank runs on a current-thread runtime, which must not block".into()),
+    };
     let mut agree = vec![i32::from(attached.is_ok())];
     let vote = call.internal(FORM_OP + 1).carrying::<i32>(1);
     crate::ring::direct(shared, &vote, &mut agree, ReduceOp::Min).await?;
@@ -224,7 +228,7 @@ fn attach(
                 n,
                 slot,
                 Vec::new(),
-                spin(shared.options.spin, n),
+                crate::spin::policy(shared.options.spin, n),
             )?;
             group.check_header(first.token as u64)?;
             group
@@ -243,17 +247,6 @@ fn open_peer(pid: i64, fd: i64) -> std::result::Result<Segment, String> {
     let file = rustix::fs::open(&path, flags, Mode::empty())
         .map_err(|e| format!("cannot open rank 0's segment at {path}: {e}"))?;
     Segment::open(file).map_err(|e| format!("rank 0's segment at {path}: {e}"))
-}
-
-/// What waits do before they sleep, for `configured` (`VANS_COLLECTIVE_SPIN_US`): spin,
-/// unless the `ranks` outnumber the cores this process may run on; then yield the core.
-fn spin(configured: Duration, ranks: usize) -> Spin {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if ranks > cores {
-        Spin::Yield(configured)
-    } else {
-        Spin::Busy(configured)
-    }
 }
 
 /// Whether process `pid` is gone (or a zombie waiting to be reaped).
@@ -333,7 +326,7 @@ pub(crate) async fn run<T: Element>(
         gone().map_or(Ok(()), Err)
     };
     let signature = group::signature(call.number, call.kind as u64, call.tag, call.total as u64);
-    let result = blocking(|| {
+    let result = crate::spin::blocking(|| {
         let mut rounds = Rounds::new(&group, signature, deadline, &alive);
         match what {
             Collective::AllReduce(buf, op) => reduce::allreduce(&mut rounds, buf, op),
@@ -379,17 +372,6 @@ pub(crate) async fn run<T: Element>(
             ),
         },
     })
-}
-
-/// Runs `f`, which blocks, on this thread: on a multi-thread runtime the thread's other
-/// tasks move elsewhere meanwhile.
-fn blocking<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
-    }
 }
 
 #[cfg(test)]

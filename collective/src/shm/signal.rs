@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 
 use crate::error::CollectiveError;
+use crate::spin::Spin;
 use rustix::thread::futex;
 
 /// Longest single sleep before the waiter checks the generation and the peers again.
@@ -41,17 +42,6 @@ pub(super) struct Signals<'a> {
     pub(super) sleepers: &'a AtomicU32,
     /// The futex word sleepers wait on; bumped by a publisher that sees a sleeper.
     pub(super) epoch: &'a AtomicU32,
-}
-
-/// What a waiter does before it sleeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Spin {
-    /// Spins on the counter for this long: the awaited rank runs on another core.
-    Busy(Duration),
-    /// Gives its core away (`sched_yield`) for this long between looks: the ranks outnumber
-    /// the cores, so the awaited rank may need this one; a futex sleep and wake would cost
-    /// more than the wait.
-    Yield(Duration),
 }
 
 /// Why a wait ended without its condition.

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::group::{self, layout, Group, Rounds};
-use super::signal::{self, Spin};
+use super::signal;
 use super::*;
 use crate::element::Element;
+use crate::spin::Spin;
 
 /// Slots of 64 KiB: chunks above `SMALL_BYTES` take the per-share path.
 const SLOT: usize = 64 << 10;

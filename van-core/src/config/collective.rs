@@ -115,6 +115,10 @@ pub struct CollectiveSettings {
     /// `VANS_COLLECTIVE_SPIN_US`: how long a rank waiting on shared memory spins before it
     /// sleeps (never when this host's ranks outnumber the cores this process may use).
     pub spin: Duration,
+    /// `VANS_COLLECTIVE_MESH`: whether the ranks of a generation on different hosts connect
+    /// to each other directly over TCP for their collectives (`collective`'s mesh), instead
+    /// of sending through the vans. Only without authentication, and over a network van.
+    pub mesh: bool,
 }
 
 impl Default for CollectiveSettings {
@@ -126,6 +130,7 @@ impl Default for CollectiveSettings {
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
             algorithm: CollectiveAlgorithm::Auto,
             spin: DEFAULT_COLLECTIVE_SPIN,
+            mesh: true,
         }
     }
 }
@@ -267,6 +272,7 @@ mod tests {
                 timeout: Duration::from_secs(100),
                 algorithm: CollectiveAlgorithm::Doubling,
                 spin: Duration::ZERO,
+                mesh: true,
             }
         );
         // The largest values are accepted.

@@ -186,6 +186,9 @@ impl Vars {
         c.endpoint_map = self.endpoint_map()?;
         self.van_knobs(&mut c)?;
         c.collective = CollectiveSettings::parse(|var| self.get(var))?;
+        if let Some(on) = self.flag("VANS_COLLECTIVE_MESH")? {
+            c.collective.mesh = on;
+        }
         c.validate()?;
         Ok(c)
     }

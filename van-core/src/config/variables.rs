@@ -477,6 +477,16 @@ pub const VARIABLES: &[EnvVar] = &[
                  yields its core instead of spinning; up to 1000000, 0: sleep at once",
     },
     EnvVar {
+        name: "VANS_COLLECTIVE_MESH",
+        default: "1",
+        effect: "whether the workers of a generation that do not all share a host connect to \
+                 each other directly over TCP for their collectives (sending from and \
+                 receiving into the collective's buffers, polling like VANS_COLLECTIVE_SPIN_US \
+                 says) instead of through the vans; only over tcp or uring, for up to 64 \
+                 ranks, and never when the cluster authenticates (VANS_CLUSTER_SECRET): then \
+                 every byte stays on the authenticated vans; 0 or 1",
+    },
+    EnvVar {
         name: "VANS_COLLECTIVE_SETTLE_WINDOW",
         default: "5",
         effect: "seconds the coordinator of the collectives waits for every live worker to \

@@ -86,7 +86,13 @@ fn default_op() -> String {
 fn main() {
     ::node::logging::init(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let options = Options::parse();
-    let runtime = match examples::runtime(options.threads) {
+    // Multi-threaded even with one worker: the collectives block the main thread while
+    // they poll shared memory or their sockets, and the vans' I/O goes on in the worker.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(options.threads)
+        .enable_all()
+        .build();
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("allreduce-bench: cannot start the runtime: {e}");
@@ -112,7 +118,9 @@ async fn drive(o: &Options) -> Result<(), BoxError> {
             "tcp" => {}
             "ipc" if cfg!(feature = "ipc") => {}
             "ipc" => return Err("--van ipc needs a build with feature ipc".into()),
-            other => return Err(format!("--van {other}: expected tcp or ipc").into()),
+            "uring" if cfg!(feature = "uring") => {}
+            "uring" => return Err("--van uring needs a build with feature uring".into()),
+            other => return Err(format!("--van {other}: expected tcp, uring or ipc").into()),
         }
     }
     let mpi = match o.mpi.as_str() {
@@ -178,8 +186,8 @@ async fn run_vans(o: &Options, n: usize, van: &str) -> Result<Vec<Row>, BoxError
     spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
     spec.env
         .push((OUT_ENV.into(), out.to_string_lossy().into_owned()));
-    if van == "tcp" {
-        spec.env.push(("VANS_STREAM_VAN".into(), "tcp".into()));
+    if van != "ipc" {
+        spec.env.push(("VANS_STREAM_VAN".into(), van.into()));
         spec.env.push(("DMLC_ENABLE_IPC".into(), "0".into()));
     }
     spec.timeout = Some(std::time::Duration::from_secs(1800));

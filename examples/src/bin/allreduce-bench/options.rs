@@ -13,8 +13,9 @@ pub(crate) struct Options {
     #[arg(long, value_delimiter = ',', value_parser = size,
           default_value = "4K,16K,64K,256K,1M,4M,16M,64M")]
     pub sizes: Vec<usize>,
-    /// Vans to run: tcp (shared memory off), ipc (shared memory between the co-located
-    /// ranks; needs feature ipc).
+    /// Vans to run: tcp (shared memory off), uring (the io_uring stream van, shared memory
+    /// off; needs feature uring; Open MPI beside it over TCP), ipc (shared memory between
+    /// the co-located ranks; needs feature ipc).
     #[arg(long, value_delimiter = ',', default_value = "tcp")]
     pub van: Vec<String>,
     /// Collectives to time: allreduce, allgather, reducescatter, broadcast (sizes are the
@@ -31,8 +32,9 @@ pub(crate) struct Options {
     /// Open MPI beside vans: auto (when mpicc and mpirun are installed), off, or required.
     #[arg(long, default_value = "auto", value_parser = ["auto", "off", "required"])]
     pub mpi: String,
-    /// Runtime threads of each rank process (1: the rank's I/O and collectives share one
-    /// thread, as MPI's ranks do).
+    /// Runtime worker threads of each rank process: they carry the vans' I/O, while the
+    /// collectives run on the main thread (polling shared memory or their sockets, as MPI's
+    /// ranks do).
     #[arg(long, default_value = "1", value_parser = examples::cli::positive)]
     pub threads: usize,
     /// Also draw bus bandwidth against size to this PNG.

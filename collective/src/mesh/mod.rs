@@ -1,0 +1,289 @@
+//! The mesh: direct TCP connections between the ranks of a generation, for their
+//! collectives' data, instead of the vans.
+//!
+//! Through a van, every slice of a collective is a message: queued to the van's writer task,
+//! read by its reader task, dispatched to the communicator, which wakes the collective's task
+//! — four hand-offs between threads or tasks, each a kernel wake-up on an idle core (most of
+//! the time of a 4 KiB all-reduce over TCP on loopback went to `epoll_wait` wake-ups). Open
+//! MPI's TCP transport instead polls its sockets from the thread that runs the collective.
+//! The mesh does the same: the collective's own thread writes its slices straight from the
+//! buffers the algorithms hand over and reads its peers' without blocking, spinning for
+//! `VANS_COLLECTIVE_SPIN_US` (or yielding the core, when this host's ranks outnumber its
+//! cores) before it sleeps in `poll(2)`. The algorithms are the same ([`crate::ring`],
+//! [`crate::doubling`]): only [`Shared::send`](crate::comm::Shared) and `recv` change their
+//! path, so every rank gets the same bits either way. Only collectives of up to
+//! [`MAX_BYTES`] take the mesh: the latency-bound ones it is for.
+//!
+//! **Forming.** When a generation settles, its ranks (2 to [`MAX_RANKS`], not all on one
+//! host, over the `tcp` or `uring` van, with `VANS_COLLECTIVE_MESH` on and no cluster secret)
+//! each listen on their node's address, exchange address, port and rank 0's random token
+//! over the vans, connect to every higher rank and accept every lower one. A connection opens
+//! with the token and the dialer's rank; a wrong token is closed. All then vote, over the
+//! vans; unless every rank connected to every other, the generation keeps the vans. A rank
+//! on a current-thread tokio runtime votes against the mesh: its waits would stop its
+//! vans' writers (see `spin::can_block`).
+//!
+//! **Frames** ([`peer`]): a header naming the collective, hop and slice, its kind, element
+//! type and length, then the payload. The receiver keeps frames that come early by key, and
+//! checks each against the collective it runs ([`Op::check_frame`]): a mismatch is an
+//! error naming the rank, as over the vans.
+//!
+//! **Failures.** A connection that breaks fails the collective with
+//! [`CollectiveError::RankFailed`] naming the peer at once (a killed process's sockets are
+//! closed by its kernel); a rank that leaves the generation shuts its connections, so the
+//! others stop too. A waiter also checks the generation every 10 ms.
+
+pub(crate) mod form;
+mod peer;
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use van_core::NodeId;
+
+use crate::comm::p2p::Op;
+use crate::error::{CollectiveError, Result};
+use crate::spin::Spin;
+use peer::{Head, Peer};
+
+/// Largest generation that forms a mesh (each rank holds a connection to every other).
+pub(crate) const MAX_RANKS: usize = 64;
+/// Largest collective (whole buffer) that goes over the mesh; larger ones take the vans,
+/// whose reader and writer threads stream big buffers faster than one polling thread
+/// (`allreduce-bench`, TCP on loopback, 2 and 4 ranks: the mesh took 23 µs at 64 KiB on 2
+/// ranks where the vans took 83–105, but 650–900 µs at 1 MiB where they took 230–440).
+pub(crate) const MAX_BYTES: usize = 256 << 10;
+/// Longest single sleep in `poll` before the generation is checked again.
+const NAP: Duration = Duration::from_millis(10);
+
+/// A generation's connections, by rank, and the frames that came before they were asked for.
+pub(crate) struct Mesh {
+    members: Vec<NodeId>,
+    generation: u64,
+    spin: Spin,
+    /// The largest payload a frame may carry (a slice).
+    max_payload: usize,
+    links: Mutex<Links>,
+}
+
+/// A frame's key: sender's rank, collective number, hop, slice.
+type Key = (usize, u64, u32, u32);
+
+struct Links {
+    peers: Vec<Option<Peer>>,
+    /// Frames that arrived before their collective asked, by key.
+    early: HashMap<Key, (Head, Vec<u8>)>,
+}
+
+impl Mesh {
+    fn lock(&self) -> MutexGuard<'_, Links> {
+        // Critical sections only move bytes between sockets and maps: a poisoned lock still
+        // holds consistent data.
+        self.links.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The error of a broken connection to rank `q`.
+    fn broken(&self, q: usize, why: &str) -> CollectiveError {
+        CollectiveError::RankFailed {
+            node: self.members[q],
+            rank: q,
+            generation: self.generation,
+            reason: format!("its collective connection broke: {why}"),
+        }
+    }
+
+    /// Queues `data` for rank `to` as slice `slice` of hop `hop` of `op`, and writes what it
+    /// can at once.
+    pub(crate) fn send(
+        &self,
+        op: &Op,
+        to: usize,
+        hop: usize,
+        slice: usize,
+        data: Bytes,
+    ) -> Result<()> {
+        let head = Head {
+            number: op.number,
+            hop: hop as u32,
+            slice: slice as u32,
+            kind: op.kind as i32,
+            tag: op.tag as u32,
+            total: op.total as u64,
+            len: data.len() as u64,
+        };
+        let mut links = self.lock();
+        let Some(peer) = links.peers.get_mut(to).and_then(Option::as_mut) else {
+            return Err(self.broken(to, "no connection"));
+        };
+        if let Some(why) = &peer.broken {
+            return Err(self.broken(to, why));
+        }
+        peer.push(&head, data);
+        if let Err(e) = peer.flush() {
+            peer.broken = Some(e.to_string());
+            return Err(self.broken(to, &e.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Receives slice `slice` of hop `hop` of `op` from rank `from` (checked to be `len`
+    /// bytes of the collective), driving every connection meanwhile; waits until `deadline`,
+    /// asking `alive` between sleeps.
+    pub(crate) fn recv(
+        &self,
+        op: &Op,
+        from: usize,
+        (hop, slice): (usize, usize),
+        len: usize,
+        deadline: Instant,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<Bytes> {
+        let key = (from, op.number, hop as u32, slice as u32);
+        let mut idle_since = Instant::now();
+        loop {
+            let progressed = {
+                let mut links = self.lock();
+                if let Some((head, data)) = links.early.remove(&key) {
+                    return op.check_frame(from, len, head.kind, head.tag, head.total, data);
+                }
+                let progressed = self.drive(&mut links);
+                if let Some((head, data)) = links.early.remove(&key) {
+                    return op.check_frame(from, len, head.kind, head.tag, head.total, data);
+                }
+                if let Some(why) = links
+                    .peers
+                    .get(from)
+                    .and_then(|p| p.as_ref()?.broken.clone())
+                {
+                    return Err(self.broken(from, &why));
+                }
+                progressed
+            };
+            if progressed {
+                idle_since = Instant::now();
+                continue;
+            }
+            if idle_since.elapsed() < self.spin.budget() {
+                self.spin.pause();
+                continue;
+            }
+            alive()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CollectiveError::RankFailed {
+                    node: self.members[from],
+                    rank: from,
+                    generation: self.generation,
+                    reason: format!(
+                        "no message of collective #{} within its timeout \
+                         (VANS_COLLECTIVE_TIMEOUT)",
+                        op.number
+                    ),
+                });
+            }
+            self.sleep((deadline - now).min(NAP));
+        }
+    }
+
+    /// Writes every frame still queued (reading meanwhile, so two ranks flushing to each
+    /// other both finish): a collective ends with this, so no frame of its is left behind
+    /// when its rank moves on, or exits.
+    pub(crate) fn flush(&self, deadline: Instant, alive: &dyn Fn() -> Result<()>) -> Result<()> {
+        let mut idle_since = Instant::now();
+        loop {
+            let progressed = {
+                let mut links = self.lock();
+                let progressed = self.drive(&mut links);
+                let waiting = links.peers.iter().enumerate().find_map(|(q, p)| {
+                    let p = p.as_ref()?;
+                    p.has_output().then(|| (q, p.broken.clone()))
+                });
+                match waiting {
+                    None => return Ok(()),
+                    Some((q, Some(why))) => return Err(self.broken(q, &why)),
+                    Some(_) => progressed,
+                }
+            };
+            if progressed {
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() < self.spin.budget() {
+                self.spin.pause();
+            } else {
+                alive()?;
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(CollectiveError::Ps(format!(
+                        "collective frames not written within {:?} (VANS_COLLECTIVE_TIMEOUT)",
+                        deadline.saturating_duration_since(idle_since)
+                    )));
+                }
+                self.sleep((deadline - now).min(NAP));
+            }
+        }
+    }
+
+    /// One pass over every connection: write what waits, read what came (into `early`).
+    /// Whether anything moved. A connection that fails is marked broken.
+    fn drive(&self, links: &mut Links) -> bool {
+        let Links { peers, early } = links;
+        let mut progressed = false;
+        for (q, slot) in peers.iter_mut().enumerate() {
+            let Some(peer) = slot.as_mut().filter(|p| p.broken.is_none()) else {
+                continue;
+            };
+            let result = peer.flush().and_then(|wrote| {
+                let read = peer.read(self.max_payload, |head, data| {
+                    early.insert((q, head.number, head.hop, head.slice), (head, data));
+                })?;
+                Ok(wrote || read)
+            });
+            match result {
+                Ok(moved) => progressed |= moved,
+                Err(e) => {
+                    peer.broken = Some(e.to_string());
+                    progressed = true;
+                }
+            }
+        }
+        progressed
+    }
+
+    /// Sleeps in `poll` until a connection can be read (or written, where frames wait), or
+    /// `nap` passes.
+    fn sleep(&self, nap: Duration) {
+        let links = self.lock();
+        let mut fds: Vec<rustix::event::PollFd<'_>> = links
+            .peers
+            .iter()
+            .flatten()
+            .filter(|p| p.broken.is_none())
+            .map(|p| {
+                let mut flags = rustix::event::PollFlags::IN;
+                if p.has_output() {
+                    flags |= rustix::event::PollFlags::OUT;
+                }
+                rustix::event::PollFd::from_borrowed_fd(p.stream.as_fd(), flags)
+            })
+            .collect();
+        let timeout = rustix::event::Timespec {
+            tv_sec: nap.as_secs() as i64,
+            tv_nsec: i64::from(nap.subsec_nanos()),
+        };
+        // Woken early or not, the caller looks again; an error is a short nap.
+        let _ = rustix::event::poll(&mut fds, Some(&timeout));
+    }
+
+    /// Shuts every connection: the peers' waits end with this rank named (it left).
+    pub(crate) fn shut(&self) {
+        let links = self.lock();
+        for peer in links.peers.iter().flatten() {
+            let _ = peer.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,216 @@
+//! One rank's TCP connection to another in a mesh: frames queued to send, written without
+//! blocking, and frames read without blocking into whole messages.
+//!
+//! A frame is a 40-byte header (little-endian: collective number `u64`, hop `u32`, slice
+//! `u32`, kind `i32`, element tag `u32`, total elements `u64`, payload length `u64`) and the
+//! payload. Nothing else crosses the connection after the handshake.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+
+use bytes::Bytes;
+
+/// Header bytes of a frame.
+pub(super) const HEADER: usize = 40;
+
+/// What a frame says of itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Head {
+    pub(super) number: u64,
+    pub(super) hop: u32,
+    pub(super) slice: u32,
+    pub(super) kind: i32,
+    pub(super) tag: u32,
+    pub(super) total: u64,
+    pub(super) len: u64,
+}
+
+impl Head {
+    pub(super) fn encode(&self) -> [u8; HEADER] {
+        let mut b = [0u8; HEADER];
+        b[0..8].copy_from_slice(&self.number.to_le_bytes());
+        b[8..12].copy_from_slice(&self.hop.to_le_bytes());
+        b[12..16].copy_from_slice(&self.slice.to_le_bytes());
+        b[16..20].copy_from_slice(&self.kind.to_le_bytes());
+        b[20..24].copy_from_slice(&self.tag.to_le_bytes());
+        b[24..32].copy_from_slice(&self.total.to_le_bytes());
+        b[32..40].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    pub(super) fn decode(b: &[u8; HEADER]) -> Head {
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let u32_at = |i: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&b[i..i + 4]);
+            u32::from_le_bytes(w)
+        };
+        Head {
+            number: u64_at(0),
+            hop: u32_at(8),
+            slice: u32_at(12),
+            kind: u32_at(16) as i32,
+            tag: u32_at(20),
+            total: u64_at(24),
+            len: u64_at(32),
+        }
+    }
+}
+
+/// A frame to send: its header and payload, and how much of both is written.
+struct Outgoing {
+    header: [u8; HEADER],
+    payload: Bytes,
+    written: usize,
+}
+
+/// The frame being read: the header so far, then its payload.
+enum Reading {
+    Header {
+        bytes: [u8; HEADER],
+        have: usize,
+    },
+    Payload {
+        head: Head,
+        bytes: Vec<u8>,
+        have: usize,
+    },
+}
+
+/// A connection to one peer rank (non-blocking).
+pub(super) struct Peer {
+    pub(super) stream: TcpStream,
+    out: VecDeque<Outgoing>,
+    reading: Reading,
+    /// Why the connection is unusable, once it is.
+    pub(super) broken: Option<String>,
+}
+
+impl Peer {
+    pub(super) fn new(stream: TcpStream) -> Peer {
+        Peer {
+            stream,
+            out: VecDeque::new(),
+            reading: Reading::Header {
+                bytes: [0; HEADER],
+                have: 0,
+            },
+            broken: None,
+        }
+    }
+
+    /// Queues a frame.
+    pub(super) fn push(&mut self, head: &Head, payload: Bytes) {
+        self.out.push_back(Outgoing {
+            header: head.encode(),
+            payload,
+            written: 0,
+        });
+    }
+
+    /// Whether frames wait to be written.
+    pub(super) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Writes what it can without blocking; whether anything was written.
+    pub(super) fn flush(&mut self) -> io::Result<bool> {
+        let mut progressed = false;
+        while let Some(front) = self.out.front_mut() {
+            let total = HEADER + front.payload.len();
+            let (head_part, body_part) = if front.written < HEADER {
+                (&front.header[front.written..], &front.payload[..])
+            } else {
+                (&[][..], &front.payload[front.written - HEADER..])
+            };
+            let parts = [IoSlice::new(head_part), IoSlice::new(body_part)];
+            match self.stream.write_vectored(&parts) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    progressed = true;
+                    front.written += n;
+                    if front.written == total {
+                        self.out.pop_front();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Reads what it can without blocking, handing each whole frame to `deliver`; whether
+    /// anything was read. A frame longer than `max_payload` is an error (a confused or
+    /// hostile peer cannot make this rank allocate at will).
+    pub(super) fn read(
+        &mut self,
+        max_payload: usize,
+        mut deliver: impl FnMut(Head, Vec<u8>),
+    ) -> io::Result<bool> {
+        let mut progressed = false;
+        loop {
+            // A complete payload (an empty one at once) goes out before the next read.
+            if let Reading::Payload { bytes, have, .. } = &self.reading {
+                if *have == bytes.len() {
+                    let fresh = Reading::Header {
+                        bytes: [0; HEADER],
+                        have: 0,
+                    };
+                    if let Reading::Payload { head, bytes, .. } =
+                        std::mem::replace(&mut self.reading, fresh)
+                    {
+                        deliver(head, bytes);
+                    }
+                }
+            }
+            let result = match &mut self.reading {
+                Reading::Header { bytes, have } => self.stream.read(&mut bytes[*have..]),
+                Reading::Payload { bytes, have, .. } => self.stream.read(&mut bytes[*have..]),
+            };
+            let n = match result {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection",
+                    ))
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progressed),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            progressed = true;
+            match &mut self.reading {
+                Reading::Header { bytes, have } => {
+                    *have += n;
+                    if *have < HEADER {
+                        continue;
+                    }
+                    let head = Head::decode(bytes);
+                    let len = usize::try_from(head.len)
+                        .ok()
+                        .filter(|&len| len <= max_payload)
+                        .ok_or_else(|| {
+                            io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!("a frame of {} bytes (at most {max_payload})", head.len),
+                            )
+                        })?;
+                    self.reading = Reading::Payload {
+                        head,
+                        bytes: vec![0; len],
+                        have: 0,
+                    };
+                }
+                Reading::Payload { have, .. } => *have += n,
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Frames over real loopback sockets.
+
+use std::net::{TcpListener, TcpStream};
+
+use bytes::Bytes;
+
+use super::peer::{Head, Peer};
+
+fn pair() -> (Peer, Peer) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    (
+        super::form::ready(a).unwrap(),
+        super::form::ready(b).unwrap(),
+    )
+}
+
+fn head(number: u64, len: usize) -> Head {
+    Head {
+        number,
+        hop: 1,
+        slice: 2,
+        kind: 0,
+        tag: 3,
+        total: 99,
+        len: len as u64,
+    }
+}
+
+#[test]
+fn frames_cross_in_order_whatever_their_size() {
+    let (mut a, mut b) = pair();
+    let sizes = [0usize, 1, 40, 4096, 3 << 20];
+    let mut got = Vec::new();
+    let mut sent = 0;
+    for (i, &size) in sizes.iter().enumerate() {
+        let payload: Vec<u8> = (0..size).map(|k| (k * 7 + i) as u8).collect();
+        a.push(&head(i as u64, size), Bytes::from(payload));
+    }
+    // Both sides progress without blocking until every frame arrived.
+    let start = std::time::Instant::now();
+    while got.len() < sizes.len() {
+        a.flush().unwrap();
+        b.read(4 << 20, |h, data| got.push((h, data))).unwrap();
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "frames stuck: {} of {}",
+            got.len(),
+            sizes.len()
+        );
+        sent += 1;
+    }
+    assert!(sent > 0);
+    for (i, (h, data)) in got.iter().enumerate() {
+        assert_eq!(*h, head(i as u64, sizes[i]));
+        assert!(data
+            .iter()
+            .enumerate()
+            .all(|(k, &v)| v == (k * 7 + i) as u8));
+    }
+}
+
+#[test]
+fn a_frame_longer_than_allowed_or_a_closed_peer_is_an_error() {
+    let (mut a, mut b) = pair();
+    a.push(&head(1, 1000), Bytes::from(vec![0u8; 1000]));
+    while a.flush().unwrap() {}
+    let start = std::time::Instant::now();
+    let err = loop {
+        match b.read(999, |_, _| panic!("delivered an over-long frame")) {
+            Ok(_) => assert!(start.elapsed().as_secs() < 10),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("at most 999"), "{err}");
+    let (c, mut d) = pair();
+    drop(c);
+    let start = std::time::Instant::now();
+    let err = loop {
+        match d.read(100, |_, _| {}) {
+            Ok(_) => assert!(start.elapsed().as_secs() < 10),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+}
+
+#[test]
+fn headers_round_trip() {
+    let h = Head {
+        number: u64::MAX - 3,
+        hop: 7,
+        slice: u32::MAX,
+        kind: 5,
+        tag: 6,
+        total: 1 << 40,
+        len: 12345,
+    };
+    assert_eq!(Head::decode(&h.encode()), h);
+}

@@ -1,0 +1,63 @@
+//! What a rank waiting for its peers does before it sleeps: spin, or, when the ranks on
+//! this host outnumber the cores this process may use, give its core away.
+
+use std::time::Duration;
+
+/// What a waiter does before it sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spin {
+    /// Spins for this long: the awaited rank runs on another core.
+    Busy(Duration),
+    /// Gives its core away (`sched_yield`) for this long between looks: the ranks outnumber
+    /// the cores, so the awaited rank may need this one; a sleep and wake-up would cost more
+    /// than the wait.
+    Yield(Duration),
+}
+
+impl Spin {
+    /// The time budget.
+    pub(crate) fn budget(self) -> Duration {
+        match self {
+            Spin::Busy(d) | Spin::Yield(d) => d,
+        }
+    }
+
+    /// One turn of the wait: a spin hint, or a yield of the core.
+    pub(crate) fn pause(self) {
+        match self {
+            Spin::Busy(_) => std::hint::spin_loop(),
+            Spin::Yield(_) => std::thread::yield_now(),
+        }
+    }
+}
+
+/// The policy for `configured` (`VANS_COLLECTIVE_SPIN_US`) and `local_ranks` ranks on this
+/// host: spin, unless they outnumber the cores this process may run on; then yield.
+pub(crate) fn policy(configured: Duration, local_ranks: usize) -> Spin {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if local_ranks > cores {
+        Spin::Yield(configured)
+    } else {
+        Spin::Busy(configured)
+    }
+}
+
+/// Whether this thread may block in a collective: on a multi-thread runtime the thread's
+/// other tasks (the vans' writers among them) move elsewhere meanwhile. On a current-thread
+/// runtime they would stop, so a message the last collective queued to a stream van would
+/// wait for the end of the next one, which may wait for it.
+pub(crate) fn can_block() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// Runs `f`, which blocks (spins, polls, sleeps), on this thread: on a multi-thread runtime
+/// the thread's other tasks move elsewhere meanwhile.
+pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
