@@ -7,10 +7,11 @@ set -euo pipefail
 # bindgen (libclang) over rdma-core's headers and links the system libibverbs. The Soft-RoCE
 # guest that runs the RDMA tests installs its own packages (qemu, busybox, ibverbs-providers,
 # …) on first use; see scripts/rdma-vm/guest.sh.
-# examples/tests/engines.rs starts a cluster with Open MPI's mpirun, and
+# examples/tests/engines.rs starts a cluster with Open MPI's mpirun (and
+# examples/tests/collective.rs compiles allreduce-bench's Open MPI side with mpicc), and
 # jobs/tests/slurm.rs runs jobs under a single-node Slurm of its own (roles from the engine);
 # examples/tests/netns.rs makes its hosts as network namespaces with iproute2's `ip`.
-APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin slurm-wlm munge iproute2)
+APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin libopenmpi-dev slurm-wlm munge iproute2)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

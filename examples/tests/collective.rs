@@ -272,3 +272,49 @@ fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
         );
     }
 }
+
+/// `allreduce-bench` times every collective beside Open MPI's and reports each as JSON with
+/// the same-run ratios (Open MPI's side compiled with `mpicc` and run under `mpirun`).
+#[test]
+fn the_benchmark_reports_every_collective_beside_open_mpi() {
+    let out = Command::new(BENCH)
+        .args([
+            "--van", "tcp", "--ranks", "2", "--sizes", "4K,64K", "--iters", "5",
+        ])
+        .args([
+            "--collectives",
+            "allreduce,allgather,reducescatter,broadcast",
+        ])
+        .args(["--mpi", "required", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 8, "{text}");
+    for name in ["allreduce", "allgather", "reducescatter", "broadcast"] {
+        for bytes in [4096, 65536] {
+            let row = rows
+                .iter()
+                .find(|r| r["collective"] == name && r["bytes"] == bytes)
+                .unwrap_or_else(|| panic!("no {name} of {bytes} bytes in {text}"));
+            for field in [
+                "p50_s",
+                "busbw_gbs",
+                "mpi_p50_s",
+                "busbw_ratio",
+                "p50_ratio",
+            ] {
+                let v = row[field].as_f64().unwrap_or(-1.0);
+                assert!(v.is_finite() && v > 0.0, "{name} {bytes}: {field} = {v}");
+            }
+        }
+    }
+}
