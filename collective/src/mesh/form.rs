@@ -107,7 +107,7 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
     let ballot = op.internal(FORM_OP + 1).carrying::<i32>(1);
     crate::ring::direct(shared, &ballot, &mut vote, ReduceOp::Min).await?;
     match (connected, vote[0]) {
-        (Ok(peers), 1) => {
+        (Ok((peers, watch)), 1) => {
             let spin = crate::spin::policy(shared.options.spin, local_ranks(shared, op));
             info!(
                 "collectives of generation {} go over a TCP mesh ({n} ranks, {spin:?})",
@@ -122,6 +122,7 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
                     peers,
                     early: HashMap::new(),
                 }),
+                watch,
             })))
         }
         (Ok(_), _) => {
@@ -152,14 +153,14 @@ fn local_ranks(shared: &Shared, op: &Op) -> usize {
 }
 
 /// Dials every higher rank and accepts every lower one, checking the token; the connections
-/// by rank, non-blocking, without Nagle's delay.
+/// by rank, non-blocking, without Nagle's delay (and a duplicate of each to poll).
 async fn connect_all(
     listener: TcpListener,
     table: &[i64],
     n: usize,
     r: usize,
     token: u64,
-) -> std::result::Result<Vec<Option<Peer>>, String> {
+) -> std::result::Result<Connections, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let deadline = tokio::time::Instant::now() + CONNECT;
     let late = |what: String| move |_| format!("{what}: no answer within {CONNECT:?}");
@@ -221,12 +222,17 @@ async fn connect_all(
     };
     let (dialed, accepted) = tokio::join!(dial, accept);
     let mut peers: Vec<Option<Peer>> = (0..n).map(|_| None).collect();
+    let mut watch = Vec::new();
     for (q, stream) in dialed?.into_iter().chain(accepted?) {
         let stream = stream.into_std().map_err(|e| format!("socket: {e}"))?;
+        watch.push((q, stream.try_clone().map_err(|e| format!("socket: {e}"))?));
         peers[q] = Some(ready(stream)?);
     }
-    Ok(peers)
+    Ok((peers, watch))
 }
+
+/// A mesh's connections by rank, and a duplicate of each (by rank) to sleep on.
+type Connections = (Vec<Option<Peer>>, Vec<(usize, TcpStream)>);
 
 /// A connected stream made ready for the mesh.
 pub(super) fn ready(stream: TcpStream) -> std::result::Result<Peer, String> {

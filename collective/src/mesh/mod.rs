@@ -37,7 +37,7 @@ pub(crate) mod form;
 mod peer;
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::net::TcpStream;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,8 @@ pub(crate) struct Mesh {
     /// The largest payload a frame may carry (a slice).
     max_payload: usize,
     links: Mutex<Links>,
+    /// A duplicate of each connection's descriptor, by rank, to sleep on without the lock.
+    watch: Vec<(usize, TcpStream)>,
 }
 
 /// A frame's key: sender's rank, collective number, hop, slice.
@@ -204,9 +206,10 @@ impl Mesh {
                 match waiting {
                     None => return Ok(()),
                     Some((q, Some(why))) => return Err(self.broken(q, &why)),
-                    Some(_) => progressed,
+                    Some((q, None)) => (progressed, q),
                 }
             };
+            let (progressed, slow) = progressed;
             if progressed {
                 idle_since = Instant::now();
             } else if idle_since.elapsed() < self.spin.budget() {
@@ -215,10 +218,14 @@ impl Mesh {
                 alive()?;
                 let now = Instant::now();
                 if now >= deadline {
-                    return Err(CollectiveError::Ps(format!(
-                        "collective frames not written within {:?} (VANS_COLLECTIVE_TIMEOUT)",
-                        deadline.saturating_duration_since(idle_since)
-                    )));
+                    return Err(CollectiveError::RankFailed {
+                        node: self.members[slow],
+                        rank: slow,
+                        generation: self.generation,
+                        reason: "it read none of this rank's collective frames within the \
+                                 timeout (VANS_COLLECTIVE_TIMEOUT)"
+                            .into(),
+                    });
                 }
                 self.sleep((deadline - now).min(NAP));
             }
@@ -252,21 +259,28 @@ impl Mesh {
     }
 
     /// Sleeps in `poll` until a connection can be read (or written, where frames wait), or
-    /// `nap` passes.
+    /// `nap` passes. It polls the duplicates in `watch`, without the lock, so the rank's
+    /// other collectives (the embedded API runs several) go on meanwhile.
     fn sleep(&self, nap: Duration) {
-        let links = self.lock();
-        let mut fds: Vec<rustix::event::PollFd<'_>> = links
-            .peers
+        use rustix::event::{PollFd, PollFlags};
+        let wanted: Vec<Option<PollFlags>> = {
+            let links = self.lock();
+            links
+                .peers
+                .iter()
+                .map(|p| {
+                    let p = p.as_ref().filter(|p| p.broken.is_none())?;
+                    Some(match p.has_output() {
+                        true => PollFlags::IN | PollFlags::OUT,
+                        false => PollFlags::IN,
+                    })
+                })
+                .collect()
+        };
+        let mut fds: Vec<PollFd<'_>> = self
+            .watch
             .iter()
-            .flatten()
-            .filter(|p| p.broken.is_none())
-            .map(|p| {
-                let mut flags = rustix::event::PollFlags::IN;
-                if p.has_output() {
-                    flags |= rustix::event::PollFlags::OUT;
-                }
-                rustix::event::PollFd::from_borrowed_fd(p.stream.as_fd(), flags)
-            })
+            .filter_map(|(q, stream)| Some(PollFd::new(stream, wanted.get(*q).copied()??)))
             .collect();
         let timeout = rustix::event::Timespec {
             tv_sec: nap.as_secs() as i64,
