@@ -318,3 +318,47 @@ fn the_benchmark_reports_every_collective_beside_open_mpi() {
         }
     }
 }
+
+/// `--explain` prints the plan with the path each size takes: shared memory over `ipc`, the
+/// mesh over `tcp` up to its limit, the vans beyond.
+#[test]
+fn explain_shows_the_algorithm_and_the_path_of_each_size() {
+    let out = Command::new(BENCH)
+        .args([
+            "--explain",
+            "--van",
+            "tcp,ipc",
+            "--ranks",
+            "2,4",
+            "--sizes",
+            "4K,1M",
+        ])
+        .env_remove("VANS_COLLECTIVE_ALGO")
+        .env_remove("VANS_COLLECTIVE_MESH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let row = |size: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("| {size}")))
+            .unwrap_or_else(|| panic!("no {size} row in {text}"))
+            .to_owned()
+    };
+    let small = row("4 KiB");
+    assert!(
+        small.contains("direct (mesh)") && small.contains("doubling (mesh)"),
+        "{small}"
+    );
+    let large = row("1 MiB");
+    assert!(large.contains("ring (vans)"), "{large}");
+    if cfg!(feature = "ipc") {
+        assert!(small.contains("shm") && large.contains("shm"), "{text}");
+    }
+    let off = Command::new(BENCH)
+        .args(["--explain", "--van", "tcp", "--ranks", "2", "--sizes", "4K"])
+        .env("VANS_COLLECTIVE_MESH", "0")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&off.stdout).contains("direct (vans)"));
+}

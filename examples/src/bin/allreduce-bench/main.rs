@@ -341,8 +341,10 @@ fn explain(o: &Options) -> Result<(), BoxError> {
     let options = collective::CommOptions::from_config(&config);
     println!(
         "all-reduce algorithm by van, ranks and size (VANS_COLLECTIVE_ALGO={}, \
-         VANS_COLLECTIVE_DIRECT_BYTES={}):",
-        options.algorithm, options.direct_bytes
+         VANS_COLLECTIVE_DIRECT_BYTES={}, VANS_COLLECTIVE_MESH={}):",
+        options.algorithm,
+        options.direct_bytes,
+        u8::from(options.mesh)
     );
     let columns: Vec<(&str, usize)> = o
         .van
@@ -357,7 +359,14 @@ fn explain(o: &Options) -> Result<(), BoxError> {
         let mut row = vec![size_label(size)];
         row.extend(columns.iter().map(|&(van, n)| {
             let shared_memory = van == "ipc" && cfg!(feature = "ipc");
-            collective::plan(&options, size, n, shared_memory).to_string()
+            let algorithm = collective::plan(&options, size, n, shared_memory);
+            // Over a stream van the ranks' direct connections carry the small collectives.
+            let path = match algorithm {
+                collective::Algorithm::Shm => "",
+                _ if options.mesh && size <= collective::MESH_MAX_BYTES => " (mesh)",
+                _ => " (vans)",
+            };
+            format!("{algorithm}{path}")
         }));
         table.row(row);
     }
