@@ -97,9 +97,16 @@ struct State {
     /// The shared-memory all-reduces of the current generation.
     #[cfg(all(feature = "ipc", target_os = "linux"))]
     shm: crate::shm::turns::Turns,
-    /// The TCP mesh of a generation (formed once when it settles): its number and the mesh,
-    /// if it formed.
-    mesh: (u64, Option<Arc<crate::mesh::Mesh>>),
+    /// The TCP mesh of a generation: its number and how far its forming got.
+    mesh: (u64, MeshState),
+}
+
+/// How far a generation's mesh got (see [`crate::mesh::form`]).
+enum MeshState {
+    /// A task of this rank is forming it.
+    Forming,
+    /// Formed, or not (the generation keeps the vans).
+    Formed(Option<Arc<crate::mesh::Mesh>>),
 }
 
 impl State {
@@ -142,7 +149,7 @@ impl Shared {
                 mailbox: Mailbox::default(),
                 #[cfg(all(feature = "ipc", target_os = "linux"))]
                 shm: Default::default(),
-                mesh: (0, None),
+                mesh: (0, MeshState::Formed(None)),
             }),
             notify: Notify::new(),
         });
@@ -169,10 +176,10 @@ impl Shared {
     /// its waiters (on every rank of the host: the abort word is shared).
     fn changed(st: &mut State) {
         // A mesh whose generation ended shuts its connections: the peers stop at once.
-        if let (generation, Some(mesh)) = &st.mesh {
+        if let (generation, MeshState::Formed(Some(mesh))) = &st.mesh {
             if st.membership.still(*generation).is_err() {
                 mesh.shut();
-                st.mesh.1 = None;
+                st.mesh.1 = MeshState::Formed(None);
             }
         }
         #[cfg(all(feature = "ipc", target_os = "linux"))]
@@ -314,24 +321,51 @@ impl Shared {
         Ok(generation)
     }
 
-    /// Claims the forming of `generation`'s TCP mesh: the op to form it with, the first
-    /// time it is asked for the current generation with this node as a member; `None` after.
-    pub(crate) fn claim_mesh(&self, generation: &Generation) -> Option<Op> {
+    /// Claims the forming of the mesh of `generation`, the current one: the op to form it
+    /// with, the first time this rank asks; `None` after (or for another generation).
+    pub(crate) fn claim_mesh(&self, generation: u64) -> Option<Op> {
         let mut st = self.lock();
         let rank = st.membership.active_rank(self.me).ok()?;
-        if st.mesh.0 >= generation.number || st.membership.generation() != generation {
+        let current = st.membership.generation();
+        if st.mesh.0 >= generation || current.number != generation {
             return None;
         }
-        st.mesh = (generation.number, None);
-        Some(Op::new(OpKind::AllReduce, generation, rank, 0))
+        let op = Op::new(OpKind::AllReduce, current, rank, 0);
+        st.mesh = (generation, MeshState::Forming);
+        Some(op)
     }
 
-    /// Keeps the mesh formed for `generation`, unless the generation ended meanwhile.
-    pub(crate) fn set_mesh(&self, generation: u64, mesh: Arc<crate::mesh::Mesh>) {
+    /// Records how forming the mesh of `generation` ended (a generation that ended
+    /// meanwhile keeps none), and wakes the collectives waiting for it.
+    pub(crate) fn set_mesh(&self, generation: u64, mesh: Option<Arc<crate::mesh::Mesh>>) {
         let mut st = self.lock();
-        if st.mesh.0 == generation && st.membership.still(generation).is_ok() {
-            st.mesh.1 = Some(mesh);
+        if st.mesh.0 == generation {
+            let mesh = mesh.filter(|_| st.membership.still(generation).is_ok());
+            st.mesh.1 = MeshState::Formed(mesh);
         }
+        drop(st);
+        self.notify.notify_waiters();
+    }
+
+    /// Waits until the mesh of `generation` is formed (or not) by another task of this
+    /// rank, or the generation ends.
+    pub(crate) async fn mesh_settled(&self, generation: u64) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let settled = self.wait_until(deadline, |st| {
+            if let Err(e) = st.membership.still(generation) {
+                return Some(Err(e));
+            }
+            match st.mesh {
+                (g, MeshState::Formed(_)) if g >= generation => Some(Ok(())),
+                _ => None,
+            }
+        });
+        settled.await.unwrap_or_else(|| {
+            Err(CollectiveError::MembershipChanged {
+                generation,
+                reason: "the ranks' connections did not form within the timeout".into(),
+            })
+        })
     }
 
     /// Ends a collective of `generation` that went over its mesh: writes what is still
@@ -345,10 +379,11 @@ impl Shared {
         crate::spin::blocking(|| mesh.flush(deadline, &alive))
     }
 
-    /// The mesh `op` goes over, if its generation has one and it is small enough
+    /// The mesh `op` goes over: its generation's, for a collective (point-to-point messages
+    /// stay on the vans, so a send never waits for its receiver) small enough
     /// ([`crate::mesh::MAX_BYTES`]: every rank decides alike, its buffer being the same).
     fn mesh_for(&self, op: &Op) -> Option<Arc<crate::mesh::Mesh>> {
-        (op.bytes <= crate::mesh::MAX_BYTES)
+        (op.bytes <= crate::mesh::MAX_BYTES && op.kind != OpKind::PointToPoint)
             .then(|| self.mesh(op.generation))
             .flatten()
     }
@@ -356,7 +391,7 @@ impl Shared {
     /// The mesh of `generation`, if it has one.
     fn mesh(&self, generation: u64) -> Option<Arc<crate::mesh::Mesh>> {
         match &self.lock().mesh {
-            (g, Some(mesh)) if *g == generation => Some(Arc::clone(mesh)),
+            (g, MeshState::Formed(Some(mesh))) if *g == generation => Some(Arc::clone(mesh)),
             _ => None,
         }
     }
@@ -464,7 +499,12 @@ impl Shared {
     /// The shared-memory group of `generation`, as far as it is formed.
     #[cfg(all(feature = "ipc", target_os = "linux"))]
     pub(crate) fn shm_group(&self, generation: u64) -> crate::shm::turns::Formed {
-        self.lock().shm.of(generation).group.clone()
+        match self.lock().shm.exactly(generation) {
+            Some(turns) => turns.group.clone(),
+            None => {
+                crate::shm::turns::Formed::Unavailable(format!("generation {generation} is over"))
+            }
+        }
     }
 
     /// Records how forming `generation`'s group ended.
@@ -475,7 +515,13 @@ impl Shared {
         formed: &std::result::Result<Arc<crate::shm::group::Group>, String>,
     ) {
         let mut st = self.lock();
-        let turns = st.shm.of(generation);
+        let Some(turns) = st.shm.exactly(generation) else {
+            // A later generation replaced it: its group is not this one's to set.
+            if let Ok(group) = formed {
+                group.abort(None);
+            }
+            return;
+        };
         turns.group = match formed {
             Ok(group) => crate::shm::turns::Formed::Ready(Arc::clone(group)),
             Err(why) => crate::shm::turns::Formed::Unavailable(why.clone()),

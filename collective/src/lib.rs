@@ -159,9 +159,13 @@ impl Communicator {
             generation,
             armed: true,
         };
-        // A collective over a mesh ends once its last frames are written.
-        let result = match run.await {
-            Ok(value) => shared.flush_mesh(generation).map(|()| value),
+        // Every rank settles the generation's mesh before its first collective of it runs,
+        // and a collective over the mesh ends once its last frames are written.
+        let result = match mesh::form::ensure(shared, generation).await {
+            Ok(()) => match run.await {
+                Ok(value) => shared.flush_mesh(generation).map(|()| value),
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         guard.armed = false;
@@ -308,11 +312,12 @@ impl Communicator {
     }
 }
 
-/// Settles into the next generation (or the current one) and forms its TCP mesh, once,
-/// where its members want one ([`mesh::form`]).
+/// Settles into the next generation (or the current one) and settles its TCP mesh
+/// ([`mesh::form::ensure`]).
 pub(crate) async fn settle(shared: &comm::Shared, timeout: Duration) -> Result<Generation> {
     let generation = shared.settle(timeout).await?;
-    mesh::form::ensure(shared, &generation).await;
+    // Formed here when it can be (a failure shows in the next collective, which asks again).
+    let _ = mesh::form::ensure(shared, generation.number).await;
     Ok(generation)
 }
 

@@ -203,8 +203,9 @@ impl Op {
     /// collective's kind, element type and total.
     pub(super) fn check(&self, rank: usize, len: usize, msg: Message) -> Result<Bytes> {
         let (head, tag, total) = (msg.meta.head, msg.meta.priority as u32, msg.meta.val_len);
+        // Wrapping: a peer's garbage `head` is a mismatch, not an overflow.
         let data = msg.data.into_iter().next().unwrap_or_default();
-        self.check_frame(rank, len, head - KIND_DATA, tag, total, data)
+        self.check_frame(rank, len, head.wrapping_sub(KIND_DATA), tag, total, data)
     }
 
     /// [`check`](Self::check) of what a frame says: its kind (an [`OpKind`] number), element
@@ -220,7 +221,8 @@ impl Op {
     ) -> Result<Bytes> {
         let node = self.members[rank];
         let mismatch = |reason: String| CollectiveError::Mismatch { rank, node, reason };
-        if OpKind::from_head(kind + KIND_DATA) != Some(self.kind) {
+        let kind = kind.checked_add(KIND_DATA).and_then(OpKind::from_head);
+        if kind != Some(self.kind) {
             return Err(mismatch(format!(
                 "it runs another collective as #{} where this rank runs {}",
                 self.number,

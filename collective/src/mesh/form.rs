@@ -11,7 +11,7 @@ use van_core::{NodeId, VanKind};
 
 use super::peer::Peer;
 use super::{Links, Mesh, MAX_RANKS};
-use crate::comm::{Generation, Op, Shared};
+use crate::comm::{Op, Shared};
 use crate::element::ReduceOp;
 use crate::error::Result;
 
@@ -22,21 +22,30 @@ const ROW: usize = 3;
 /// Longest wait for the connections of a forming mesh.
 const CONNECT: Duration = Duration::from_secs(20);
 
-/// Forms `generation`'s mesh, once, when its members want one ([`wanted`]). Every member
-/// settles into the generation, so every member takes part; a failed forming leaves the
-/// generation on the vans (and a generation that broke meanwhile fails its next collective
-/// anyway).
-pub(crate) async fn ensure(shared: &Shared, generation: &Generation) {
+/// Makes sure the mesh of `generation` is settled on this rank before a collective of it
+/// runs: the first task to ask forms it (every rank of every generation of 2 or more takes
+/// part in the exchange and the vote, wanting a mesh or not, so all decide alike whichever
+/// way each entered the generation); the others wait for the outcome. A collective of the
+/// generation then takes the mesh exactly when every rank has it.
+pub(crate) async fn ensure(shared: &Shared, generation: u64) -> Result<()> {
     let Some(op) = shared.claim_mesh(generation) else {
-        return;
+        return shared.mesh_settled(generation).await;
     };
-    if !wanted(shared, &op.members) {
-        return;
+    if op.size() < 2 {
+        shared.set_mesh(generation, None);
+        return Ok(());
     }
-    match form(shared, &op).await {
-        Ok(Some(mesh)) => shared.set_mesh(generation.number, mesh),
-        Ok(None) => {}
-        Err(e) => debug!("no mesh for generation {}: {e}", generation.number),
+    let formed = form(shared, &op).await;
+    match formed {
+        Ok(mesh) => {
+            shared.set_mesh(generation, mesh);
+            Ok(())
+        }
+        Err(e) => {
+            debug!("no mesh for generation {generation}: {e}");
+            shared.set_mesh(generation, None);
+            Err(e)
+        }
     }
 }
 
@@ -77,7 +86,8 @@ fn my_address(shared: &Shared) -> Option<Ipv4Addr> {
 /// rank could not connect to every other (the generation keeps the vans).
 async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
     let (n, r) = (op.size(), op.rank);
-    let listener = my_address(shared).and_then(|ip| {
+    let want = wanted(shared, &op.members);
+    let listener = my_address(shared).filter(|_| want).and_then(|ip| {
         let listener = TcpListener::bind((ip, 0)).ok()?;
         let port = listener.local_addr().ok()?.port();
         Some((listener, ip, port))
@@ -96,12 +106,15 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
     let token = table[2] as u64;
     // Asynchronously: on a single-threaded runtime, a blocking wait here would also hold
     // back this rank's own row, still queued to its van.
+    // Every rank sees who listens: without a listener everywhere, nobody dials or waits.
+    let everyone = (0..n).all(|q| table[q * ROW + 1] != 0);
     let connected = match listener {
         _ if !crate::spin::can_block() => {
             Err("this rank runs on a current-thread runtime, which must not block".into())
         }
+        _ if !everyone => Err("not every rank wants a mesh (or has an IPv4 address)".into()),
         Some((listener, _, _)) => connect_all(listener, &table, n, r, token).await,
-        None => Err("this node's address is not an IPv4 address".into()),
+        None => Err("this rank does not want a mesh".into()),
     };
     let mut vote = vec![i32::from(connected.is_ok())];
     let ballot = op.internal(FORM_OP + 1).carrying::<i32>(1);
@@ -117,7 +130,8 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
                 members: op.members.clone(),
                 generation: op.generation,
                 spin,
-                max_payload: shared.options.slice_bytes,
+                // Frames are slices of collectives of at most `MAX_BYTES`.
+                max_payload: shared.options.slice_bytes.min(super::MAX_BYTES),
                 links: Mutex::new(Links {
                     peers,
                     early: HashMap::new(),

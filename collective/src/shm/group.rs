@@ -95,7 +95,12 @@ impl Group {
     ) -> std::result::Result<Group, String> {
         let (header_bytes, total) =
             layout(size, slot_bytes).ok_or("the segment would be too large")?;
-        if segment.len() != total || slot_bytes % LINE != 0 || rank >= size {
+        // A slot holds a piece of every rank's block in a reduce-scatter: at least a line each.
+        if segment.len() != total
+            || slot_bytes % LINE != 0
+            || slot_bytes < size.saturating_mul(LINE)
+            || rank >= size
+        {
             return Err(format!(
                 "a segment of {} bytes is not one of {total} for {size} ranks",
                 segment.len()

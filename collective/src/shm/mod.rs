@@ -325,7 +325,13 @@ pub(crate) async fn run<T: Element>(
         shared.still(call.generation)?;
         gone().map_or(Ok(()), Err)
     };
-    let signature = group::signature(call.number, call.kind as u64, call.tag, call.total as u64);
+    // A broadcast's root is part of it: ranks that disagree on it fail instead of copying.
+    let root = match &what {
+        Collective::Broadcast(_, root) => *root as u64 + 1,
+        _ => 0,
+    };
+    let kind = call.kind as u64 | root << 8;
+    let signature = group::signature(call.number, kind, call.tag, call.total as u64);
     let result = crate::spin::blocking(|| {
         let mut rounds = Rounds::new(&group, signature, deadline, &alive);
         match what {

@@ -28,6 +28,8 @@ use crate::error::CollectiveError;
 use crate::spin::Spin;
 use rustix::thread::futex;
 
+/// How often a spinning waiter offers its core to other runnable threads.
+const OFFER: Duration = Duration::from_micros(20);
 /// Longest single sleep before the waiter checks the generation and the peers again.
 const NAP: Duration = Duration::from_millis(10);
 
@@ -121,21 +123,32 @@ impl Signals<'_> {
         }
         let start = Instant::now();
         match spin {
-            Spin::Busy(budget) => loop {
-                // Reading the clock costs more than a spin: look at it every 64 turns.
-                for _ in 0..64 {
-                    if done() {
-                        return Ok(());
+            Spin::Busy(budget) => {
+                let mut offered = start;
+                loop {
+                    // Reading the clock costs more than a spin: look at it every 64 turns.
+                    for _ in 0..64 {
+                        if done() {
+                            return Ok(());
+                        }
+                        spin_loop();
                     }
-                    spin_loop();
+                    if let Some(failed) = self.aborted() {
+                        return Err(Stopped::Aborted(failed));
+                    }
+                    let now = Instant::now();
+                    if now - start >= budget {
+                        break;
+                    }
+                    // Now and then offer the core to whatever else is runnable here (this
+                    // process's I/O threads, other processes): the awaited rank may be
+                    // waiting behind them for the other core.
+                    if now - offered >= OFFER {
+                        std::thread::yield_now();
+                        offered = now;
+                    }
                 }
-                if let Some(failed) = self.aborted() {
-                    return Err(Stopped::Aborted(failed));
-                }
-                if start.elapsed() >= budget {
-                    break;
-                }
-            },
+            }
             Spin::Yield(budget) => {
                 while start.elapsed() < budget {
                     if done() {

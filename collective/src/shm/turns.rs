@@ -53,12 +53,23 @@ impl Turns {
     /// last one's group goes once its in-flight collectives let go of it).
     pub(crate) fn of(&mut self, generation: u64) -> &mut Turns {
         if generation > self.generation {
+            // The last generation is over: its waiters on every rank of the host stop now.
+            if let Formed::Ready(group) = &self.group {
+                group.abort(None);
+            }
             *self = Turns {
                 generation,
                 ..Turns::default()
             };
         }
         self
+    }
+
+    /// The state of `generation` when it is still this one's (not for a generation that a
+    /// later one replaced).
+    pub(crate) fn exactly(&mut self, generation: u64) -> Option<&mut Turns> {
+        let turns = self.of(generation);
+        (turns.generation == generation).then_some(turns)
     }
 
     /// A ticket for an all-reduce of the generation when its members share this host.
