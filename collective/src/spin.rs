@@ -1,7 +1,7 @@
 //! What a rank waiting for its peers does before it sleeps: spin, or, when the ranks on
 //! this host outnumber the cores this process may use, give its core away.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a waiter does before it sleeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,18 +16,58 @@ pub(crate) enum Spin {
 
 impl Spin {
     /// The time budget.
-    pub(crate) fn budget(self) -> Duration {
+    fn budget(self) -> Duration {
         match self {
             Spin::Busy(d) | Spin::Yield(d) => d,
         }
     }
+}
 
-    /// One turn of the wait: a spin hint, or a yield of the core.
-    pub(crate) fn pause(self) {
-        match self {
+/// How often a spinning waiter offers its core to other runnable threads (this process's I/O
+/// threads, other processes): the awaited rank may be waiting behind them for the other core.
+/// Without it, two ranks spinning on two cores stalled for milliseconds whenever a third
+/// thread needed one.
+const OFFER: Duration = Duration::from_micros(20);
+
+/// The spinning phase of one wait: since when it has waited without progress, and when it
+/// last offered its core. Shared by the shared-memory waits and the mesh's.
+pub(crate) struct Idle {
+    spin: Spin,
+    since: Instant,
+    offered: Instant,
+}
+
+impl Idle {
+    pub(crate) fn new(spin: Spin) -> Idle {
+        let now = Instant::now();
+        Idle {
+            spin,
+            since: now,
+            offered: now,
+        }
+    }
+
+    /// Something moved: the budget starts again.
+    pub(crate) fn reset(&mut self) {
+        self.since = Instant::now();
+    }
+
+    /// One turn before the next look: a spin hint (now and then a yield of the core), or a
+    /// yield. `false` once the budget is spent: time to sleep.
+    pub(crate) fn turn(&mut self) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.since) >= self.spin.budget() {
+            return false;
+        }
+        match self.spin {
+            Spin::Busy(_) if now.duration_since(self.offered) >= OFFER => {
+                std::thread::yield_now();
+                self.offered = now;
+            }
             Spin::Busy(_) => std::hint::spin_loop(),
             Spin::Yield(_) => std::thread::yield_now(),
         }
+        true
     }
 }
 

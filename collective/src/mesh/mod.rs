@@ -46,7 +46,7 @@ use van_core::NodeId;
 
 use crate::comm::p2p::Op;
 use crate::error::{CollectiveError, Result};
-use crate::spin::Spin;
+use crate::spin::{Idle, Spin};
 use peer::{Head, Peer};
 
 /// Largest generation that forms a mesh (each rank holds a connection to every other).
@@ -144,9 +144,9 @@ impl Mesh {
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<Bytes> {
         let key = (from, op.number, hop as u32, slice as u32);
-        let mut idle_since = Instant::now();
+        let mut idle = Idle::new(self.spin);
         loop {
-            let progressed = {
+            {
                 let mut links = self.lock();
                 if let Some((head, data)) = links.early.remove(&key) {
                     return op.check_frame(from, len, head.kind, head.tag, head.total, data);
@@ -162,31 +162,20 @@ impl Mesh {
                 {
                     return Err(self.broken(from, &why));
                 }
-                progressed
-            };
-            if progressed {
-                idle_since = Instant::now();
-                continue;
+                if progressed {
+                    idle.reset();
+                    continue;
+                }
             }
-            if idle_since.elapsed() < self.spin.budget() {
-                self.spin.pause();
-                continue;
-            }
-            alive()?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(CollectiveError::RankFailed {
-                    node: self.members[from],
-                    rank: from,
-                    generation: self.generation,
-                    reason: format!(
-                        "no message of collective #{} within its timeout \
-                         (VANS_COLLECTIVE_TIMEOUT)",
-                        op.number
-                    ),
-                });
-            }
-            self.sleep((deadline - now).min(NAP));
+            self.rest(&mut idle, deadline, alive, || CollectiveError::RankFailed {
+                node: self.members[from],
+                rank: from,
+                generation: self.generation,
+                reason: format!(
+                    "no message of collective #{} within its timeout (VANS_COLLECTIVE_TIMEOUT)",
+                    op.number
+                ),
+            })?;
         }
     }
 
@@ -194,9 +183,9 @@ impl Mesh {
     /// other both finish): a collective ends with this, so no frame of its is left behind
     /// when its rank moves on, or exits.
     pub(crate) fn flush(&self, deadline: Instant, alive: &dyn Fn() -> Result<()>) -> Result<()> {
-        let mut idle_since = Instant::now();
+        let mut idle = Idle::new(self.spin);
         loop {
-            let progressed = {
+            let slow = {
                 let mut links = self.lock();
                 let progressed = self.drive(&mut links);
                 let waiting = links.peers.iter().enumerate().find_map(|(q, p)| {
@@ -206,30 +195,43 @@ impl Mesh {
                 match waiting {
                     None => return Ok(()),
                     Some((q, Some(why))) => return Err(self.broken(q, &why)),
-                    Some((q, None)) => (progressed, q),
+                    Some(_) if progressed => {
+                        idle.reset();
+                        continue;
+                    }
+                    Some((q, None)) => q,
                 }
             };
-            let (progressed, slow) = progressed;
-            if progressed {
-                idle_since = Instant::now();
-            } else if idle_since.elapsed() < self.spin.budget() {
-                self.spin.pause();
-            } else {
-                alive()?;
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(CollectiveError::RankFailed {
-                        node: self.members[slow],
-                        rank: slow,
-                        generation: self.generation,
-                        reason: "it read none of this rank's collective frames within the \
-                                 timeout (VANS_COLLECTIVE_TIMEOUT)"
-                            .into(),
-                    });
-                }
-                self.sleep((deadline - now).min(NAP));
-            }
+            self.rest(&mut idle, deadline, alive, || CollectiveError::RankFailed {
+                node: self.members[slow],
+                rank: slow,
+                generation: self.generation,
+                reason: "it read none of this rank's collective frames within the timeout \
+                         (VANS_COLLECTIVE_TIMEOUT)"
+                    .into(),
+            })?;
         }
+    }
+
+    /// A wait's turn when nothing moved: spin or yield while the budget lasts, then check
+    /// the generation and sleep in `poll` (failing with `timed_out` past `deadline`).
+    fn rest(
+        &self,
+        idle: &mut Idle,
+        deadline: Instant,
+        alive: &dyn Fn() -> Result<()>,
+        timed_out: impl FnOnce() -> CollectiveError,
+    ) -> Result<()> {
+        if idle.turn() {
+            return Ok(());
+        }
+        alive()?;
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(timed_out());
+        }
+        self.sleep((deadline - now).min(NAP));
+        Ok(())
     }
 
     /// One pass over every connection: write what waits, read what came (into `early`).

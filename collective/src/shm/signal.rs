@@ -25,11 +25,9 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 
 use crate::error::CollectiveError;
-use crate::spin::Spin;
+use crate::spin::{Idle, Spin};
 use rustix::thread::futex;
 
-/// How often a spinning waiter offers its core to other runnable threads.
-const OFFER: Duration = Duration::from_micros(20);
 /// Longest single sleep before the waiter checks the generation and the peers again.
 const NAP: Duration = Duration::from_millis(10);
 
@@ -121,44 +119,20 @@ impl Signals<'_> {
         if done() {
             return Ok(());
         }
-        let start = Instant::now();
-        match spin {
-            Spin::Busy(budget) => {
-                let mut offered = start;
-                loop {
-                    // Reading the clock costs more than a spin: look at it every 64 turns.
-                    for _ in 0..64 {
-                        if done() {
-                            return Ok(());
-                        }
-                        spin_loop();
-                    }
-                    if let Some(failed) = self.aborted() {
-                        return Err(Stopped::Aborted(failed));
-                    }
-                    let now = Instant::now();
-                    if now - start >= budget {
-                        break;
-                    }
-                    // Now and then offer the core to whatever else is runnable here (this
-                    // process's I/O threads, other processes): the awaited rank may be
-                    // waiting behind them for the other core.
-                    if now - offered >= OFFER {
-                        std::thread::yield_now();
-                        offered = now;
-                    }
+        let mut idle = Idle::new(spin);
+        loop {
+            // Reading the clock costs more than a look: look 64 times between turns.
+            for _ in 0..64 {
+                if done() {
+                    return Ok(());
                 }
+                spin_loop();
             }
-            Spin::Yield(budget) => {
-                while start.elapsed() < budget {
-                    if done() {
-                        return Ok(());
-                    }
-                    if let Some(failed) = self.aborted() {
-                        return Err(Stopped::Aborted(failed));
-                    }
-                    std::thread::yield_now();
-                }
+            if let Some(failed) = self.aborted() {
+                return Err(Stopped::Aborted(failed));
+            }
+            if !idle.turn() {
+                break;
             }
         }
         self.sleepers.fetch_add(1, Ordering::SeqCst);
