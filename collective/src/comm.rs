@@ -101,6 +101,16 @@ struct State {
     mesh: (u64, MeshState),
 }
 
+/// What [`Shared::claim_mesh`] answers.
+pub(crate) enum MeshClaim {
+    /// The mesh is formed, or known not to be.
+    Settled,
+    /// This task forms it, with this op.
+    Form(Op),
+    /// Another task forms it (or the generation is over): wait for the outcome.
+    Forming,
+}
+
 /// How far a generation's mesh got (see [`crate::mesh::form`]).
 enum MeshState {
     /// A task of this rank is forming it.
@@ -243,8 +253,17 @@ impl Shared {
         kind: OpKind,
         valid: impl FnOnce(usize, usize) -> Result<()>,
     ) -> Result<Op> {
-        let mut st = self.lock();
-        let rank = st.membership.active_rank(self.me)?;
+        Self::begin_in(&mut self.lock(), self.me, kind, valid)
+    }
+
+    /// [`begin`](Self::begin) under the lock held as `st`.
+    fn begin_in(
+        st: &mut State,
+        me: NodeId,
+        kind: OpKind,
+        valid: impl FnOnce(usize, usize) -> Result<()>,
+    ) -> Result<Op> {
+        let rank = st.membership.active_rank(me)?;
         valid(st.membership.generation().size(), rank)?;
         let number = st.mailbox().begin_collective();
         Ok(Op::new(kind, st.membership.generation(), rank, number))
@@ -262,11 +281,8 @@ impl Shared {
         valid: impl FnOnce(usize, usize) -> Result<()>,
     ) -> Result<Op> {
         let mut st = self.lock();
-        let rank = st.membership.active_rank(self.me)?;
-        valid(st.membership.generation().size(), rank)?;
-        let number = st.mailbox().begin_collective();
         #[allow(unused_mut)]
-        let mut op = Op::new(kind, st.membership.generation(), rank, number).carrying::<T>(len);
+        let mut op = Self::begin_in(&mut st, self.me, kind, valid)?.carrying::<T>(len);
         #[cfg(all(feature = "ipc", target_os = "linux"))]
         if matches!(self.options.algorithm, Algorithm::Auto | Algorithm::Shm)
             && len > 0
@@ -321,18 +337,26 @@ impl Shared {
         Ok(generation)
     }
 
-    /// Claims the forming of the mesh of `generation`, the current one: the op to form it
-    /// with, the first time this rank asks; `None` after (or for another generation).
-    pub(crate) fn claim_mesh(&self, generation: u64) -> Option<Op> {
+    /// Where the mesh of `generation` stands for a collective about to run: settled (the
+    /// common case, answered under one lock), to be formed by the caller (the first task
+    /// of this rank to ask, given the op to form it with), or being formed by another task.
+    pub(crate) fn claim_mesh(&self, generation: u64) -> MeshClaim {
         let mut st = self.lock();
-        let rank = st.membership.active_rank(self.me).ok()?;
+        match st.mesh {
+            (g, MeshState::Formed(_)) if g >= generation => return MeshClaim::Settled,
+            (g, MeshState::Forming) if g >= generation => return MeshClaim::Forming,
+            _ => {}
+        }
         let current = st.membership.generation();
-        if st.mesh.0 >= generation || current.number != generation {
-            return None;
+        let Ok(rank) = st.membership.active_rank(self.me) else {
+            return MeshClaim::Forming;
+        };
+        if current.number != generation {
+            return MeshClaim::Forming;
         }
         let op = Op::new(OpKind::AllReduce, current, rank, 0);
         st.mesh = (generation, MeshState::Forming);
-        Some(op)
+        MeshClaim::Form(op)
     }
 
     /// Records how forming the mesh of `generation` ended (a generation that ended

@@ -11,7 +11,7 @@ use van_core::{NodeId, VanKind};
 
 use super::peer::Peer;
 use super::{Links, Mesh, MAX_RANKS};
-use crate::comm::{Op, Shared};
+use crate::comm::{MeshClaim, Op, Shared};
 use crate::element::ReduceOp;
 use crate::error::Result;
 
@@ -28,8 +28,10 @@ const CONNECT: Duration = Duration::from_secs(20);
 /// way each entered the generation); the others wait for the outcome. A collective of the
 /// generation then takes the mesh exactly when every rank has it.
 pub(crate) async fn ensure(shared: &Shared, generation: u64) -> Result<()> {
-    let Some(op) = shared.claim_mesh(generation) else {
-        return shared.mesh_settled(generation).await;
+    let op = match shared.claim_mesh(generation) {
+        MeshClaim::Settled => return Ok(()),
+        MeshClaim::Forming => return shared.mesh_settled(generation).await,
+        MeshClaim::Form(op) => op,
     };
     if op.size() < 2 {
         shared.set_mesh(generation, None);
