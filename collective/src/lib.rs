@@ -62,13 +62,8 @@ mod exchange;
 mod mesh;
 mod pool;
 pub mod ring;
-#[cfg(all(feature = "ipc", target_os = "linux"))]
 mod shm;
 mod spin;
-// Without shared memory compiled in: the same names, and no collective takes that path.
-#[cfg(not(all(feature = "ipc", target_os = "linux")))]
-#[path = "shm_off.rs"]
-mod shm;
 
 use std::ops::Range;
 use std::sync::Arc;

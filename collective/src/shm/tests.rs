@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::group::{self, layout, Group, Rounds};
-use super::signal;
-use super::*;
+use super::run::{open_peer, process_gone};
+use super::{gather, reduce, signal};
 use crate::element::Element;
+use crate::element::ReduceOp;
 use crate::spin::Spin;
+use van_ipc::Segment;
 
 /// Slots of 64 KiB: chunks above `SMALL_BYTES` take the per-share path.
 const SLOT: usize = 64 << 10;

@@ -1,0 +1,322 @@
+//! Forming a generation's shared-memory group and running a collective through it (see the
+//! [module docs](super)).
+
+use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
+use tracing::{debug, info};
+use van_core::config::CollectiveAlgorithm as Algorithm;
+use van_ipc::Segment;
+
+use super::group::{self, layout, Group, Rounds, LINE};
+use super::turns::Formed;
+use super::{gather, reduce, signal, Collective};
+use crate::comm::{Op, Shared};
+use crate::element::{Element, ReduceOp};
+use crate::error::{CollectiveError, Result};
+
+/// The op numbers of the two exchanges that form a group: apart from the collectives' and
+/// the point-to-point messages'.
+const FORM_OP: u64 = 1 << 62;
+/// Words per rank in the first exchange: pid, pid namespace, descriptor, token, length.
+const ROW: usize = 5;
+
+/// Slot size: the slice size, whole cache lines.
+fn slot_bytes(shared: &Shared) -> usize {
+    (shared.options.slice_bytes / LINE).max(1) * LINE
+}
+
+/// What this rank says in the first exchange.
+struct Row {
+    pid: i64,
+    pid_namespace: i64,
+    fd: i64,
+    token: i64,
+    len: i64,
+}
+
+impl Row {
+    fn mine(created: Option<&(Group, u64)>) -> Row {
+        let (fd, token, len) = match created {
+            Some((group, token)) => (
+                i64::from(std::os::fd::AsRawFd::as_raw_fd(&group.segment.fd())),
+                *token as i64,
+                group.segment.len() as i64,
+            ),
+            None => (0, 0, 0),
+        };
+        Row {
+            pid: i64::from(rustix::process::getpid().as_raw_nonzero().get()),
+            pid_namespace: pid_namespace(),
+            fd,
+            token,
+            len,
+        }
+    }
+
+    fn read(table: &[i64], q: usize) -> Row {
+        let w = &table[q * ROW..(q + 1) * ROW];
+        Row {
+            pid: w[0],
+            pid_namespace: w[1],
+            fd: w[2],
+            token: w[3],
+            len: w[4],
+        }
+    }
+}
+
+fn clock_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// This process's pid namespace (its inode number), or 0 when `/proc` does not say.
+fn pid_namespace() -> i64 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|link| {
+            let link = link.to_string_lossy().into_owned();
+            let inner = link.strip_prefix("pid:[")?.strip_suffix(']')?;
+            inner.parse::<i64>().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Forms the group of `call`'s generation (see the [module docs](self)): `Ok(Err(why))`
+/// when the ranks cannot share memory, `Err` when the exchange itself failed.
+pub(crate) async fn form(
+    shared: &Shared,
+    call: &Op,
+) -> Result<std::result::Result<Arc<Group>, String>> {
+    let (n, r) = (call.size(), call.rank);
+    let slot = slot_bytes(shared);
+    let spin = crate::spin::policy(shared.options.spin, n);
+    // Rank 0's group, its header written before anyone can open it.
+    let created = match (r, layout(n, slot)) {
+        (0, Some((_, total))) => {
+            // Positive as an `i64`; without the kernel's randomness, the clock's.
+            let token = getrandom::u64().unwrap_or_else(|_| clock_nanos()) >> 1;
+            let made = Segment::create("collective", total)
+                .map_err(|e| e.to_string())
+                .and_then(|segment| Group::new(segment, 0, n, slot, Vec::new(), spin));
+            match made {
+                Ok(group) => {
+                    group.write_header(token);
+                    Some((group, token))
+                }
+                Err(e) => {
+                    debug!("shared-memory collectives: no segment: {e}");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let mut table = vec![0i64; ROW * n];
+    let mine = Row::mine(created.as_ref());
+    table[r * ROW..(r + 1) * ROW].copy_from_slice(&[
+        mine.pid,
+        mine.pid_namespace,
+        mine.fd,
+        mine.token,
+        mine.len,
+    ]);
+    let exchange = call.internal(FORM_OP).carrying::<i64>(table.len());
+    crate::ring::direct(shared, &exchange, &mut table, ReduceOp::Sum).await?;
+    let attached = match crate::spin::can_block() {
+        true => attach(shared, call, &table, created),
+        false => Err("this rank runs on a current-thread runtime, which must not block".into()),
+    };
+    let mut agree = vec![i32::from(attached.is_ok())];
+    let vote = call.internal(FORM_OP + 1).carrying::<i32>(1);
+    crate::ring::direct(shared, &vote, &mut agree, ReduceOp::Min).await?;
+    Ok(match (attached, agree[0]) {
+        (Ok(group), 1) => {
+            info!(
+                "collectives of generation {} go through shared memory ({n} ranks, slots of \
+                 {slot} bytes, spinning {:?})",
+                call.generation, group.spin
+            );
+            Ok(Arc::new(group))
+        }
+        (Ok(_), _) => Err("another rank could not map the shared segment".into()),
+        (Err(why), _) => Err(why),
+    })
+}
+
+/// Maps rank 0's segment (rank 0: keeps its own) and checks it against the table.
+fn attach(
+    shared: &Shared,
+    call: &Op,
+    table: &[i64],
+    created: Option<(Group, u64)>,
+) -> std::result::Result<Group, String> {
+    let (n, r) = (call.size(), call.rank);
+    let slot = slot_bytes(shared);
+    let (_, total) = layout(n, slot).ok_or("the segment would be too large")?;
+    let rows: Vec<Row> = (0..n).map(|q| Row::read(table, q)).collect();
+    let first = &rows[0];
+    if let Some(q) = (0..n).find(|&q| rows[q].pid_namespace != rows[r].pid_namespace) {
+        return Err(format!(
+            "ranks {r} and {q} are in different pid namespaces, so cannot open each other's \
+             memory through /proc"
+        ));
+    }
+    if first.fd <= 0 || first.len != total as i64 {
+        return Err("rank 0 could not create the shared segment".into());
+    }
+    let mut group = match created {
+        Some((group, _)) => group,
+        None => {
+            let segment = open_peer(first.pid, first.fd)?;
+            let group = Group::new(
+                segment,
+                r,
+                n,
+                slot,
+                Vec::new(),
+                crate::spin::policy(shared.options.spin, n),
+            )?;
+            group.check_header(first.token as u64)?;
+            group
+        }
+    };
+    group.pids = rows.iter().map(|row| row.pid as i32).collect();
+    Ok(group)
+}
+
+/// Opens the memfd `fd` of process `pid` (same user, same pid namespace).
+pub(super) fn open_peer(pid: i64, fd: i64) -> std::result::Result<Segment, String> {
+    let path = format!("/proc/{pid}/fd/{fd}");
+    // Non-blocking: if the descriptor were anything but the memfd, opening it must not
+    // wait (a FIFO); `Segment::open` then refuses whatever is not a sealed memfd.
+    let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let file = rustix::fs::open(&path, flags, Mode::empty())
+        .map_err(|e| format!("cannot open rank 0's segment at {path}: {e}"))?;
+    Segment::open(file).map_err(|e| format!("rank 0's segment at {path}: {e}"))
+}
+
+/// Whether process `pid` is gone (or a zombie waiting to be reaped).
+pub(super) fn process_gone(pid: i32) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return false;
+    };
+    if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
+        return true;
+    }
+    // The state follows the command name, which may hold spaces and parentheses.
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
+        .ok()
+        .and_then(|stat| {
+            let after = stat.rsplit_once(')')?.1;
+            after
+                .split_whitespace()
+                .next()
+                .map(|s| s == "Z" || s == "X")
+        })
+        .unwrap_or(false)
+}
+
+/// Runs collective `what` for `call`, which holds shared-memory `ticket`: waits its turn,
+/// forms the group if this is the generation's first, and goes through it. `Ok(false)` when
+/// the ranks cannot share memory: the caller takes the message algorithms (it is an error
+/// when `shm` was asked for).
+pub(crate) async fn run<T: Element>(
+    shared: &Shared,
+    call: &Op,
+    ticket: u64,
+    what: Collective<'_, T>,
+) -> Result<bool> {
+    let _turn = shared.shm_turn(call, ticket).await?;
+    let group = match shared.shm_group(call.generation) {
+        Formed::Ready(group) => Ok(group),
+        Formed::Unavailable(why) => Err(why),
+        Formed::NotYet => {
+            let formed = form(shared, call).await?;
+            shared.set_shm_group(call.generation, &formed);
+            formed
+        }
+    };
+    let group = match group {
+        Ok(group) => group,
+        Err(why) if shared.options.algorithm == Algorithm::Shm => {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "VANS_COLLECTIVE_ALGO=shm, but the ranks cannot share memory: {why}"
+            )));
+        }
+        Err(why) => {
+            debug!("collectives by messages: {why}");
+            return Ok(false);
+        }
+    };
+    let deadline = std::time::Instant::now() + shared.options.timeout;
+    // A rank whose process is gone, named.
+    let gone = || {
+        let q = (0..group.size).find(|&q| q != group.rank && process_gone(group.pids[q]))?;
+        Some(CollectiveError::RankFailed {
+            node: call.members[q],
+            rank: q,
+            generation: call.generation,
+            reason: format!("its process ({}) is gone", group.pids[q]),
+        })
+    };
+    let alive = || -> Result<()> {
+        shared.still(call.generation)?;
+        gone().map_or(Ok(()), Err)
+    };
+    // A broadcast's root is part of it: ranks that disagree on it fail instead of copying.
+    let root = match &what {
+        Collective::Broadcast(_, root) => *root as u64 + 1,
+        _ => 0,
+    };
+    let kind = call.kind as u64 | root << 8;
+    let signature = group::signature(call.number, kind, call.tag, call.total as u64);
+    let result = crate::spin::blocking(|| {
+        let mut rounds = Rounds::new(&group, signature, deadline, &alive);
+        match what {
+            Collective::AllReduce(buf, op) => reduce::allreduce(&mut rounds, buf, op),
+            Collective::AllGather(input, out) => gather::all_gather(&mut rounds, input, out),
+            Collective::ReduceScatter(buf, op) => gather::reduce_scatter(&mut rounds, buf, op),
+            Collective::Broadcast(buf, root) => gather::broadcast(&mut rounds, buf, root),
+        }
+    });
+    result.map(|()| true).map_err(|stopped| match stopped {
+        signal::Stopped::Failed(e) => e,
+        // Why another rank gave up: a process gone names itself; else what this node's
+        // membership knows; else what the rank that gave up saw.
+        signal::Stopped::Aborted(failed) => gone()
+            .or_else(|| shared.still(call.generation).err())
+            .unwrap_or_else(|| match failed.filter(|&q| q < call.size()) {
+                Some(q) => CollectiveError::RankFailed {
+                    node: call.members[q],
+                    rank: q,
+                    generation: call.generation,
+                    reason: "another rank on this host saw it fail".into(),
+                },
+                None => CollectiveError::MembershipChanged {
+                    generation: call.generation,
+                    reason: "a rank on this host left the generation".into(),
+                },
+            }),
+        signal::Stopped::Mismatch(q) => CollectiveError::Mismatch {
+            rank: q,
+            node: call.members[q],
+            reason: format!(
+                "it runs another collective, or another length or element type, as #{} \
+                 through shared memory",
+                call.number
+            ),
+        },
+        signal::Stopped::TimedOut(q) => CollectiveError::RankFailed {
+            node: call.members[q],
+            rank: q,
+            generation: call.generation,
+            reason: format!(
+                "no progress in shared memory within {:?} (VANS_COLLECTIVE_TIMEOUT)",
+                shared.options.timeout
+            ),
+        },
+    })
+}
