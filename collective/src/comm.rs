@@ -270,9 +270,8 @@ impl Shared {
     }
 
     /// Starts a collective of `kind` on `len` elements of `T` (as [`begin`](Self::begin));
-    /// when it is one that can go through shared memory (all-reduce, all-gather,
-    /// reduce-scatter, broadcast), its ranks share this host and the algorithm allows, it
-    /// gets its shared-memory ticket in the same critical section, so tickets follow the
+    /// when it goes through shared memory (`Turns::ticket` says which do), it gets its
+    /// shared-memory ticket in the same critical section, so tickets follow the
     /// collectives' numbering.
     pub(crate) fn begin_carrying<T: crate::Element>(
         &self,
@@ -284,14 +283,14 @@ impl Shared {
         #[allow(unused_mut)]
         let mut op = Self::begin_in(&mut st, self.me, kind, valid)?.carrying::<T>(len);
         #[cfg(all(feature = "ipc", target_os = "linux"))]
-        if matches!(self.options.algorithm, Algorithm::Auto | Algorithm::Shm)
-            && len > 0
-            && matches!(
-                kind,
-                OpKind::AllReduce | OpKind::AllGather | OpKind::ReduceScatter | OpKind::Broadcast
-            )
-        {
-            op.shm_ticket = st.shm.of(op.generation).ticket(&self.po, &op.members);
+        if len > 0 {
+            let turns = st.shm.of(op.generation);
+            if let Some((ticket, hosts)) =
+                turns.ticket(&self.po, &op.members, kind, self.options.algorithm)
+            {
+                op.shm_ticket = Some(ticket);
+                op.hosts = hosts;
+            }
         }
         Ok(op)
     }

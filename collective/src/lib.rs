@@ -7,9 +7,12 @@
 //!
 //! - [`allreduce`](Communicator::allreduce): when every rank shares this host's memory,
 //!   through one shared segment the ranks map (`shm`: each rank copies its buffer in,
-//!   reduces its share of every rank's, and copies the result out; no messages); otherwise
-//!   ring reduce-scatter then all-gather, sliced and pipelined ([`ring`] explains the
-//!   algorithm); buffers up to [`CommOptions::direct_bytes`] go to every rank at once
+//!   reduces its share of every rank's, and copies the result out; no messages); when the
+//!   ranks run on several hosts with the same number (2 or more) on each, hierarchically
+//!   (a reduce-scatter through each host's shared memory, an all-reduce of each share
+//!   between the hosts by the ranks holding it, an all-gather through shared memory);
+//!   otherwise ring reduce-scatter then all-gather, sliced and pipelined ([`ring`] explains
+//!   the algorithm); buffers up to [`CommOptions::direct_bytes`] go to every rank at once
 //!   instead (one message latency), by recursive doubling ([`doubling`]) on 4, 8, 16 …
 //!   ranks. [`plan`] says which an all-reduce takes, `VANS_COLLECTIVE_ALGO`
 //!   ([`CommOptions::algorithm`]) overrides it;
@@ -53,12 +56,14 @@
 //! # Ok(()) }
 //! ```
 
+mod algorithm;
 mod comm;
 pub mod doubling;
 pub mod element;
 pub mod embed;
 pub mod error;
 mod exchange;
+mod hosts;
 mod mesh;
 mod pool;
 pub mod ring;
@@ -73,6 +78,7 @@ use node::Postoffice;
 use tokio::task::JoinHandle;
 use van_core::{NodeId, Role};
 
+pub use algorithm::{plan, Layout};
 pub use comm::{CommOptions, Generation, APP_ID};
 
 /// Largest collective (whole buffer, bytes) that goes over a generation's TCP mesh; larger
@@ -316,36 +322,6 @@ pub(crate) async fn settle(shared: &comm::Shared, timeout: Duration) -> Result<G
     Ok(generation)
 }
 
-/// The algorithm an all-reduce of `bytes` on `ranks` ranks takes with `options` (never
-/// `Auto`), where `shared_memory` says whether every rank shares this host's memory: the
-/// one `options.algorithm` names; else [`Algorithm::Shm`] when the ranks share memory; else,
-/// up to `options.direct_bytes`, [`Algorithm::Doubling`] on 4, 8, 16 … ranks and
-/// [`Algorithm::Direct`] on others, and the [`Algorithm::Ring`] beyond. The message
-/// algorithms were chosen from `allreduce-bench` runs on a 2-core machine (TCP and shared
-/// memory, 2 to 4 ranks): recursive doubling took 15–35% less time than the direct exchange
-/// at 4 KiB–64 KiB on 4 ranks, and was no better on 2 (the same exchange) or 3 (its fold-in
-/// step costs a latency). Every rank of a generation decides alike (same options, same
-/// size: checked by each collective; the same node table).
-pub fn plan(options: &CommOptions, bytes: usize, ranks: usize, shared_memory: bool) -> Algorithm {
-    match options.algorithm {
-        Algorithm::Auto if shared_memory => Algorithm::Shm,
-        Algorithm::Auto => by_messages(options, bytes, ranks),
-        chosen => chosen,
-    }
-}
-
-/// [`plan`] among the algorithms that send messages.
-fn by_messages(options: &CommOptions, bytes: usize, ranks: usize) -> Algorithm {
-    match options.algorithm {
-        Algorithm::Auto | Algorithm::Shm if bytes > options.direct_bytes => Algorithm::Ring,
-        Algorithm::Auto | Algorithm::Shm if ranks >= 4 && ranks.is_power_of_two() => {
-            Algorithm::Doubling
-        }
-        Algorithm::Auto | Algorithm::Shm => Algorithm::Direct,
-        chosen => chosen,
-    }
-}
-
 /// Runs `what` through shared memory when `call` holds a ticket for it: `Ok(true)` when
 /// done there. Without a ticket (or a group), `Ok(false)`, unless `VANS_COLLECTIVE_ALGO=shm`
 /// asked for shared memory: then an error saying why it cannot be had.
@@ -360,6 +336,17 @@ async fn through_shared_memory<T: Element>(
             Err(CollectiveError::InvalidArgument(
                 "VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share this host's memory \
                  (another host, shared memory disabled, or this build lacks the ipc feature)"
+                    .into(),
+            ))
+        }
+        None if shared.options.algorithm == Algorithm::Hier
+            && call.kind == comm::OpKind::AllReduce
+            && call.total > 0 =>
+        {
+            Err(CollectiveError::InvalidArgument(
+                "VANS_COLLECTIVE_ALGO=hier, but the ranks do not run on several hosts with the \
+                 same number (2 or more) on each, sharing memory there (shared memory \
+                 disabled, or this build lacks the ipc feature)"
                     .into(),
             ))
         }
@@ -379,7 +366,7 @@ pub(crate) async fn run_allreduce<T: Element>(
     if through_shared_memory(shared, call, what).await? {
         return Ok(());
     }
-    run_by_messages(shared, call, buf, op).await
+    algorithm::run_by_messages(shared, call, buf, op).await
 }
 
 /// Reduce-scatter of a numbered collective: through shared memory, else around the ring.
@@ -422,22 +409,6 @@ pub(crate) async fn run_broadcast<T: Element>(
         return Ok(());
     }
     ring::broadcast(shared, call, buf, root).await
-}
-
-/// All-reduce of a numbered collective by the message algorithm [`plan`] picks.
-pub(crate) async fn run_by_messages<T: Element>(
-    shared: &comm::Shared,
-    call: &comm::Op,
-    buf: &mut [T],
-    op: ReduceOp,
-) -> Result<()> {
-    match by_messages(&shared.options, std::mem::size_of_val(buf), call.size()) {
-        Algorithm::Direct => ring::direct(shared, call, buf, op).await,
-        Algorithm::Doubling => doubling::allreduce(shared, call, buf, op).await,
-        Algorithm::Auto | Algorithm::Shm | Algorithm::Ring => {
-            ring::reduce(shared, call, buf, op, 2).await
-        }
-    }
 }
 
 /// A barrier of a numbered collective (carrying one `i32` per rank): an all-reduce of one

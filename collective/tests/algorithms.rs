@@ -146,18 +146,18 @@ fn every_algorithm_on_five_ranks() {
     run(5);
 }
 
-/// The plan: shared memory where the ranks share it, else by size and rank count, unless an
-/// algorithm is named.
+/// The plan: shared memory where the ranks share it (hierarchically on even hosts), else by
+/// size and rank count, unless an algorithm is named.
 #[test]
 fn plan_chooses_by_placement_and_size_unless_told() {
+    use collective::Layout;
     let options = CommOptions::default();
     for (bytes, ranks) in [(4096, 2), (64 << 20, 4), (1, 3)] {
-        assert_eq!(
-            collective::plan(&options, bytes, ranks, true),
-            Algorithm::Shm
-        );
+        let plan = |layout| collective::plan(&options, bytes, ranks, layout);
+        assert_eq!(plan(Layout::OneHost), Algorithm::Shm);
+        assert_eq!(plan(Layout::EvenHosts), Algorithm::Hier);
     }
-    let plan = |bytes, ranks| collective::plan(&options, bytes, ranks, false);
+    let plan = |bytes, ranks| collective::plan(&options, bytes, ranks, Layout::Apart);
     for ranks in [2, 3, 5, 6] {
         assert_eq!(plan(4096, ranks), Algorithm::Direct, "{ranks}");
     }
@@ -167,16 +167,13 @@ fn plan_chooses_by_placement_and_size_unless_told() {
     }
     assert_eq!(plan(options.direct_bytes + 1, 4), Algorithm::Ring);
     assert_eq!(plan(options.direct_bytes + 1, 3), Algorithm::Ring);
-    let told = CommOptions {
-        algorithm: Algorithm::Doubling,
-        ..CommOptions::default()
-    };
-    assert_eq!(
-        collective::plan(&told, 64 << 20, 4, true),
-        Algorithm::Doubling
-    );
-    assert_eq!(
-        collective::plan(&told, 64 << 20, 4, false),
-        Algorithm::Doubling
-    );
+    for told in [Algorithm::Doubling, Algorithm::Hier, Algorithm::Shm] {
+        let options = CommOptions {
+            algorithm: told,
+            ..CommOptions::default()
+        };
+        for layout in [Layout::OneHost, Layout::EvenHosts, Layout::Apart] {
+            assert_eq!(collective::plan(&options, 64 << 20, 4, layout), told);
+        }
+    }
 }

@@ -73,6 +73,11 @@ pub(crate) struct Op {
     pub(crate) kind: OpKind,
     pub(crate) generation: u64,
     pub(crate) members: Vec<NodeId>,
+    /// The generation rank of each member: `0..n` for the generation's own collectives; a
+    /// part of them for an exchange among some ranks ([`Op::among`]), whose errors still
+    /// name generation ranks.
+    pub(crate) ranks: Vec<usize>,
+    /// This node's place in `members`.
     pub(crate) rank: usize,
     pub(crate) number: u64,
     /// The element type's [`Element::TAG`](crate::Element::TAG).
@@ -84,6 +89,11 @@ pub(crate) struct Op {
     /// An all-reduce's turn among those through shared memory (`crate::shm`), if it takes
     /// that path.
     pub(crate) shm_ticket: Option<u64>,
+    /// With a ticket: the generation's ranks by host when they span several hosts, so the
+    /// all-reduce goes through each host's shared memory and between hosts by messages
+    /// (`crate::hosts`); `None` when they all share this host.
+    #[cfg_attr(not(all(feature = "ipc", target_os = "linux")), allow(dead_code))]
+    pub(crate) hosts: Option<std::sync::Arc<crate::hosts::Hosts>>,
 }
 
 impl Op {
@@ -93,12 +103,14 @@ impl Op {
             kind,
             generation: generation.number,
             members: generation.members.clone(),
+            ranks: (0..generation.members.len()).collect(),
             rank,
             number,
             tag: 0,
             total: 0,
             bytes: 0,
             shm_ticket: None,
+            hosts: None,
         }
     }
 
@@ -114,8 +126,31 @@ impl Op {
             total: 0,
             bytes: 0,
             shm_ticket: None,
+            hosts: None,
             ..self.clone()
         }
+    }
+
+    /// An exchange numbered `number` among the ranks `ranks` of this op's generation (this
+    /// node among them, each once, in the order given: the sub-op's rank `i` is
+    /// `ranks[i]`), with this op's kind; `None` when this node is not among them.
+    #[cfg_attr(not(all(feature = "ipc", target_os = "linux")), allow(dead_code))]
+    pub(crate) fn among(&self, ranks: &[usize], number: u64) -> Option<Op> {
+        let rank = ranks.iter().position(|&q| q == self.ranks[self.rank])?;
+        let place = |q: usize| self.ranks.iter().position(|&p| p == q);
+        let members = ranks
+            .iter()
+            .map(|&q| place(q).map(|i| self.members[i]))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Op {
+            members,
+            ranks: ranks.to_vec(),
+            rank,
+            number,
+            shm_ticket: None,
+            hosts: None,
+            ..self.clone()
+        })
     }
 
     pub(crate) fn size(&self) -> usize {
@@ -189,7 +224,7 @@ impl Op {
     pub(super) fn timed_out(&self, from: usize, waited: std::time::Duration) -> CollectiveError {
         CollectiveError::RankFailed {
             node: self.members[from],
-            rank: from,
+            rank: self.ranks[from],
             generation: self.generation,
             reason: format!(
                 "no message of {} #{} within {waited:?} (VANS_COLLECTIVE_TIMEOUT)",
@@ -208,18 +243,18 @@ impl Op {
         self.check_frame(rank, len, head.wrapping_sub(KIND_DATA), tag, total, data)
     }
 
-    /// [`check`](Self::check) of what a frame says: its kind (an [`OpKind`] number), element
-    /// tag, total elements and payload.
+    /// [`check`](Self::check) of what a frame from member `from` says: its kind (an
+    /// [`OpKind`] number), element tag, total elements and payload.
     pub(crate) fn check_frame(
         &self,
-        rank: usize,
+        from: usize,
         len: usize,
         kind: i32,
         tag: u32,
         total: u64,
         data: impl Into<Bytes>,
     ) -> Result<Bytes> {
-        let node = self.members[rank];
+        let (node, rank) = (self.members[from], self.ranks[from]);
         let mismatch = |reason: String| CollectiveError::Mismatch { rank, node, reason };
         let kind = kind.checked_add(KIND_DATA).and_then(OpKind::from_head);
         if kind != Some(self.kind) {

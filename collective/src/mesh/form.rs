@@ -123,7 +123,10 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
     crate::ring::direct(shared, &ballot, &mut vote, ReduceOp::Min).await?;
     match (connected, vote[0]) {
         (Ok((peers, watch)), 1) => {
-            let spin = crate::spin::policy(shared.options.spin, local_ranks(shared, op));
+            let spin = crate::spin::policy(
+                shared.options.spin,
+                crate::hosts::on_this_machine(&shared.po, &op.members),
+            );
             info!(
                 "collectives of generation {} go over a TCP mesh ({n} ranks, {spin:?})",
                 op.generation
@@ -153,19 +156,6 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
             Ok(None)
         }
     }
-}
-
-/// How many of `op`'s ranks share this node's host (they compete for its cores).
-fn local_ranks(shared: &Shared, op: &Op) -> usize {
-    let nodes = shared.po.nodes();
-    let host = |id: NodeId| {
-        nodes
-            .iter()
-            .find(|n| n.id == Some(id))
-            .map(|n| &n.host_identity)
-    };
-    let mine = host(shared.me);
-    op.members.iter().filter(|&&m| host(m) == mine).count()
 }
 
 /// Dials every higher rank and accepts every lower one, checking the token; the connections

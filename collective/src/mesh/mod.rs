@@ -97,8 +97,8 @@ impl Mesh {
         }
     }
 
-    /// Queues `data` for rank `to` as slice `slice` of hop `hop` of `op`, and writes what it
-    /// can at once.
+    /// Queues `data` for `op`'s member `to` as slice `slice` of hop `hop` of `op`, and writes
+    /// what it can at once.
     pub(crate) fn send(
         &self,
         op: &Op,
@@ -116,6 +116,8 @@ impl Mesh {
             total: op.total as u64,
             len: data.len() as u64,
         };
+        // The connections are by generation rank; an op among some ranks names its own.
+        let to = op.ranks[to];
         let mut links = self.lock();
         let Some(peer) = links.peers.get_mut(to).and_then(Option::as_mut) else {
             return Err(self.broken(to, "no connection"));
@@ -131,29 +133,30 @@ impl Mesh {
         Ok(())
     }
 
-    /// Receives slice `slice` of hop `hop` of `op` from rank `from` (checked to be `len`
-    /// bytes of the collective), driving every connection meanwhile; waits until `deadline`,
-    /// asking `alive` between sleeps.
+    /// Receives slice `slice` of hop `hop` of `op` from its member `member` (checked to be
+    /// `len` bytes of the collective), driving every connection meanwhile; waits until
+    /// `deadline`, asking `alive` between sleeps.
     pub(crate) fn recv(
         &self,
         op: &Op,
-        from: usize,
+        member: usize,
         (hop, slice): (usize, usize),
         len: usize,
         deadline: Instant,
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<Bytes> {
+        let from = op.ranks[member];
         let key = (from, op.number, hop as u32, slice as u32);
         let mut idle = Idle::new(self.spin);
         loop {
             {
                 let mut links = self.lock();
                 if let Some((head, data)) = links.early.remove(&key) {
-                    return op.check_frame(from, len, head.kind, head.tag, head.total, data);
+                    return op.check_frame(member, len, head.kind, head.tag, head.total, data);
                 }
                 let progressed = self.drive(&mut links);
                 if let Some((head, data)) = links.early.remove(&key) {
-                    return op.check_frame(from, len, head.kind, head.tag, head.total, data);
+                    return op.check_frame(member, len, head.kind, head.tag, head.total, data);
                 }
                 if let Some(why) = links
                     .peers

@@ -8,32 +8,54 @@ use super::signal::Stopped;
 use crate::element::{combine_slice, Element, ReduceOp};
 use crate::ring::{chunk, slices};
 
-/// Every rank's `input` into block `q` of `out` (`out.len() == size × input.len()`): each
-/// chunk of the input goes into the rank's slot, and, once every rank published, every
-/// slot's chunk is copied out.
+/// Every rank's `input` into block `q` of `out` (`out.len() == size × input.len()`): see
+/// [`gather_blocks`].
 pub(super) fn all_gather<T: Element>(
     rounds: &mut Rounds<'_>,
     input: &[T],
     out: &mut [T],
 ) -> Result<(), Stopped> {
+    gather_blocks(rounds, Some(input), out)
+}
+
+/// Every rank's block into every rank's `out`, block `q` being [`chunk`]`(len, size, q)`:
+/// this rank's from `mine` (that block's length), or, with `None`, already in place in
+/// `out`. Each chunk carries up to a slot of every rank's block: each rank copies its piece
+/// into its slot, and, once every rank published, every other rank's piece is copied out.
+pub(super) fn gather_blocks<T: Element>(
+    rounds: &mut Rounds<'_>,
+    mine: Option<&[T]>,
+    out: &mut [T],
+) -> Result<(), Stopped> {
     let g = rounds.g;
-    let (n, r, m) = (g.size, g.rank, input.len());
-    for range in slices(0..m, g.slot_bytes / std::mem::size_of::<T>()) {
+    let (n, r, len) = (g.size, g.rank, out.len());
+    let per = (g.slot_bytes / std::mem::size_of::<T>()).max(1);
+    let longest = (0..n).map(|q| chunk(len, n, q).len()).max().unwrap_or(0);
+    let piece = |q: usize, at: usize| {
+        let block = chunk(len, n, q);
+        (block.start + at).min(block.end)..(block.start + at + per).min(block.end)
+    };
+    for at in (0..longest).step_by(per) {
         let parity = rounds.next_chunk();
-        let len = range.len();
-        // SAFETY: a chunk fits a slot; only this rank writes its slot, and nobody reads
+        let own = piece(r, at);
+        let from = match mine {
+            Some(mine) => &mine[own.start - chunk(len, n, r).start..][..own.len()],
+            None => &out[own.clone()],
+        };
+        // SAFETY: a piece fits a slot; only this rank writes its slot, and nobody reads
         // this parity until the publication below.
         unsafe {
             let slot = g.slot(r, parity) as *mut T;
-            std::ptr::copy_nonoverlapping(input[range.clone()].as_ptr(), slot, len);
+            std::ptr::copy_nonoverlapping(from.as_ptr(), slot, own.len());
         }
         rounds.publish(Some(parity));
         rounds.wait_all(Some(parity))?;
-        for q in 0..n {
-            let at = q * m + range.start;
-            // SAFETY: rank `q`'s published chunk; nobody writes it until this rank's next
+        for q in (0..n).filter(|&q| q != r || mine.is_some()) {
+            let at = piece(q, at);
+            // SAFETY: rank `q`'s published piece; nobody writes it until this rank's next
             // publication has been seen.
-            out[at..at + len].copy_from_slice(unsafe { view(g, q, parity, 0, len) });
+            let theirs = unsafe { view(g, q, parity, 0, at.len()) };
+            out[at].copy_from_slice(theirs);
         }
     }
     Ok(())

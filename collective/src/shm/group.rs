@@ -70,7 +70,8 @@ impl Group {
         self.word::<AtomicU64>(STEPS + q * LINE + 8 + 8 * parity)
     }
 
-    /// Stops every rank's waits in this group (the generation ended for this one).
+    /// Stops every rank's waits in this group (the generation ended for this one), naming
+    /// the generation rank that `failed` when known.
     pub(crate) fn abort(&self, failed: Option<usize>) {
         self.signals().abort(failed);
     }

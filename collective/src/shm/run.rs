@@ -11,9 +11,12 @@ use van_ipc::Segment;
 use super::group::{self, layout, Group, Rounds, LINE};
 use super::turns::Formed;
 use super::{gather, reduce, signal, Collective};
-use crate::comm::{Op, Shared};
+use crate::comm::{Op, OpKind, Shared};
 use crate::element::{Element, ReduceOp};
 use crate::error::{CollectiveError, Result};
+use crate::hosts::Hosts;
+use crate::ring::chunk;
+use crate::spin::Spin;
 
 /// The op numbers of the two exchanges that form a group: apart from the collectives' and
 /// the point-to-point messages'.
@@ -89,10 +92,10 @@ fn pid_namespace() -> i64 {
 pub(crate) async fn form(
     shared: &Shared,
     call: &Op,
+    spin: Spin,
 ) -> Result<std::result::Result<Arc<Group>, String>> {
     let (n, r) = (call.size(), call.rank);
     let slot = slot_bytes(shared);
-    let spin = crate::spin::policy(shared.options.spin, n);
     // Rank 0's group, its header written before anyone can open it.
     let created = match (r, layout(n, slot)) {
         (0, Some((_, total))) => {
@@ -126,7 +129,7 @@ pub(crate) async fn form(
     let exchange = call.internal(FORM_OP).carrying::<i64>(table.len());
     crate::ring::direct(shared, &exchange, &mut table, ReduceOp::Sum).await?;
     let attached = match crate::spin::can_block() {
-        true => attach(shared, call, &table, created),
+        true => attach(shared, call, &table, created, spin),
         false => Err("this rank runs on a current-thread runtime, which must not block".into()),
     };
     let mut agree = vec![i32::from(attached.is_ok())];
@@ -152,6 +155,7 @@ fn attach(
     call: &Op,
     table: &[i64],
     created: Option<(Group, u64)>,
+    spin: Spin,
 ) -> std::result::Result<Group, String> {
     let (n, r) = (call.size(), call.rank);
     let slot = slot_bytes(shared);
@@ -171,14 +175,7 @@ fn attach(
         Some((group, _)) => group,
         None => {
             let segment = open_peer(first.pid, first.fd)?;
-            let group = Group::new(
-                segment,
-                r,
-                n,
-                slot,
-                Vec::new(),
-                crate::spin::policy(shared.options.spin, n),
-            )?;
+            let group = Group::new(segment, r, n, slot, Vec::new(), spin)?;
             group.check_header(first.token as u64)?;
             group
         }
@@ -219,10 +216,18 @@ pub(super) fn process_gone(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// The numbers of a hierarchical all-reduce's exchanges between hosts: this plus the
+/// collective's number (apart from the collectives', the point-to-point messages' and the
+/// forming exchanges').
+const HIER_OP: u64 = 1 << 60;
+/// Marks the signatures of a hierarchical all-reduce's phases in shared memory.
+const HIERARCHY: u64 = 1 << 16;
+
 /// Runs collective `what` for `call`, which holds shared-memory `ticket`: waits its turn,
-/// forms the group if this is the generation's first, and goes through it. `Ok(false)` when
+/// forms the group if this is the generation's first, and goes through it (with
+/// `call.hosts`, an all-reduce goes hierarchically: see [`hierarchical`]). `Ok(false)` when
 /// the ranks cannot share memory: the caller takes the message algorithms (it is an error
-/// when `shm` was asked for).
+/// when `shm` or `hier` was asked for).
 pub(crate) async fn run<T: Element>(
     shared: &Shared,
     call: &Op,
@@ -230,20 +235,40 @@ pub(crate) async fn run<T: Element>(
     what: Collective<'_, T>,
 ) -> Result<bool> {
     let _turn = shared.shm_turn(call, ticket).await?;
+    // The ranks that map the group: the generation's, or this host's.
+    let local = match &call.hosts {
+        Some(hosts) => call
+            .among(hosts.local(call.rank), call.number)
+            .ok_or_else(|| not_placed(call))?,
+        None => call.clone(),
+    };
     let group = match shared.shm_group(call.generation) {
         Formed::Ready(group) => Ok(group),
         Formed::Unavailable(why) => Err(why),
         Formed::NotYet => {
-            let formed = form(shared, call).await?;
+            // Ranks on this machine but in other namespaces share its cores too.
+            let machine = crate::hosts::on_this_machine(&shared.po, &call.members);
+            let spin = crate::spin::policy(shared.options.spin, machine);
+            let formed = form(shared, &local, spin).await?;
+            if let (Some(hosts), Ok(_)) = (&call.hosts, &formed) {
+                info!(
+                    "all-reduces of generation {} go hierarchically: {} hosts of {} ranks, \
+                     through shared memory on each",
+                    call.generation,
+                    hosts.by_host.len(),
+                    local.size()
+                );
+            }
             shared.set_shm_group(call.generation, &formed);
             formed
         }
     };
     let group = match group {
         Ok(group) => group,
-        Err(why) if shared.options.algorithm == Algorithm::Shm => {
+        Err(why) if matches!(shared.options.algorithm, Algorithm::Shm | Algorithm::Hier) => {
             return Err(CollectiveError::InvalidArgument(format!(
-                "VANS_COLLECTIVE_ALGO=shm, but the ranks cannot share memory: {why}"
+                "VANS_COLLECTIVE_ALGO={}, but the ranks cannot share memory: {why}",
+                shared.options.algorithm
             )));
         }
         Err(why) => {
@@ -251,72 +276,154 @@ pub(crate) async fn run<T: Element>(
             return Ok(false);
         }
     };
-    let deadline = std::time::Instant::now() + shared.options.timeout;
-    // A rank whose process is gone, named.
-    let gone = || {
-        let q = (0..group.size).find(|&q| q != group.rank && process_gone(group.pids[q]))?;
-        Some(CollectiveError::RankFailed {
-            node: call.members[q],
-            rank: q,
-            generation: call.generation,
-            reason: format!("its process ({}) is gone", group.pids[q]),
-        })
+    let through = Through {
+        shared,
+        whole: call,
+        local: &local,
+        group: &group,
     };
-    let alive = || -> Result<()> {
-        shared.still(call.generation)?;
-        gone().map_or(Ok(()), Err)
-    };
-    // A broadcast's root is part of it: ranks that disagree on it fail instead of copying.
-    let root = match &what {
-        Collective::Broadcast(_, root) => *root as u64 + 1,
-        _ => 0,
-    };
-    let kind = call.kind as u64 | root << 8;
-    let signature = group::signature(call.number, kind, call.tag, call.total as u64);
-    let result = crate::spin::blocking(|| {
-        let mut rounds = Rounds::new(&group, signature, deadline, &alive);
-        match what {
-            Collective::AllReduce(buf, op) => reduce::allreduce(&mut rounds, buf, op),
-            Collective::AllGather(input, out) => gather::all_gather(&mut rounds, input, out),
-            Collective::ReduceScatter(buf, op) => gather::reduce_scatter(&mut rounds, buf, op),
-            Collective::Broadcast(buf, root) => gather::broadcast(&mut rounds, buf, root),
+    match (what, &call.hosts) {
+        (Collective::AllReduce(buf, op), Some(hosts)) => {
+            hierarchical(&through, call, hosts, buf, op).await?;
         }
-    });
-    result.map(|()| true).map_err(|stopped| match stopped {
-        signal::Stopped::Failed(e) => e,
-        // Why another rank gave up: a process gone names itself; else what this node's
-        // membership knows; else what the rank that gave up saw.
-        signal::Stopped::Aborted(failed) => gone()
-            .or_else(|| shared.still(call.generation).err())
-            .unwrap_or_else(|| match failed.filter(|&q| q < call.size()) {
-                Some(q) => CollectiveError::RankFailed {
-                    node: call.members[q],
-                    rank: q,
-                    generation: call.generation,
-                    reason: "another rank on this host saw it fail".into(),
-                },
-                None => CollectiveError::MembershipChanged {
-                    generation: call.generation,
-                    reason: "a rank on this host left the generation".into(),
-                },
-            }),
-        signal::Stopped::Mismatch(q) => CollectiveError::Mismatch {
-            rank: q,
-            node: call.members[q],
-            reason: format!(
-                "it runs another collective, or another length or element type, as #{} \
-                 through shared memory",
-                call.number
-            ),
-        },
-        signal::Stopped::TimedOut(q) => CollectiveError::RankFailed {
-            node: call.members[q],
-            rank: q,
-            generation: call.generation,
-            reason: format!(
-                "no progress in shared memory within {:?} (VANS_COLLECTIVE_TIMEOUT)",
-                shared.options.timeout
-            ),
-        },
+        (what, _) => {
+            // A broadcast's root is part of it: ranks that disagree on it fail instead of
+            // copying.
+            let kind = match &what {
+                Collective::Broadcast(_, root) => call.kind as u64 | (*root as u64 + 1) << 8,
+                _ => call.kind as u64,
+            };
+            through.phase(kind, |rounds| match what {
+                Collective::AllReduce(buf, op) => reduce::allreduce(rounds, buf, op),
+                Collective::AllGather(input, out) => gather::all_gather(rounds, input, out),
+                Collective::ReduceScatter(buf, op) => gather::reduce_scatter(rounds, buf, op),
+                Collective::Broadcast(buf, root) => gather::broadcast(rounds, buf, root),
+            })?;
+        }
+    }
+    Ok(true)
+}
+
+/// The error of a rank missing from its own host's ranks (the placement is worked out from
+/// the node table alike on every rank, so only a table that changed under it gets here).
+fn not_placed(call: &Op) -> CollectiveError {
+    CollectiveError::MembershipChanged {
+        generation: call.generation,
+        reason: format!(
+            "rank {} is not among its host's ranks in the node table",
+            call.rank
+        ),
+    }
+}
+
+/// A hierarchical all-reduce of `buf` (the ranks on several hosts, the same number on each):
+/// a reduce-scatter through this host's group leaves share `i` of the host's sum on its
+/// rank `i`; the ranks with share `i` on every host all-reduce it between the hosts by
+/// messages (over the mesh or the vans, by the algorithm [`crate::plan`] picks for the
+/// hosts and the share), so every rank's link carries a share at once; an all-gather
+/// through the group then copies every share to every rank of the host. Each element is
+/// the host sums (each in host rank order) reduced in one order, the same on every rank, so
+/// every rank gets the same bits.
+async fn hierarchical<T: Element>(
+    through: &Through<'_>,
+    call: &Op,
+    hosts: &Hosts,
+    buf: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, r) = (through.group.size, through.group.rank);
+    through.phase(OpKind::ReduceScatter as u64 | HIERARCHY, |rounds| {
+        gather::reduce_scatter(rounds, buf, op)
+    })?;
+    let share = chunk(buf.len(), n, r);
+    let across = call
+        .among(&hosts.across(call.rank), HIER_OP | call.number)
+        .ok_or_else(|| not_placed(call))?
+        .carrying::<T>(share.len());
+    crate::algorithm::run_by_messages(through.shared, &across, &mut buf[share], op).await?;
+    through.phase(OpKind::AllGather as u64 | HIERARCHY, |rounds| {
+        gather::gather_blocks(rounds, None, buf)
     })
+}
+
+/// A formed group, with the collective's op and the op of the ranks that map the group
+/// (the same op unless the collective goes hierarchically).
+struct Through<'a> {
+    shared: &'a Shared,
+    whole: &'a Op,
+    local: &'a Op,
+    group: &'a Group,
+}
+
+impl Through<'_> {
+    /// Runs `work` on the group (blocking this thread) as a collective of `kind` (with the
+    /// local op's number, element type and length: its signature), and names whoever
+    /// stopped it.
+    fn phase(
+        &self,
+        kind: u64,
+        work: impl FnOnce(&mut Rounds<'_>) -> std::result::Result<(), signal::Stopped>,
+    ) -> Result<()> {
+        let (shared, call, group) = (self.shared, self.local, self.group);
+        let deadline = std::time::Instant::now() + shared.options.timeout;
+        let failed = |q: usize, reason: String| CollectiveError::RankFailed {
+            node: call.members[q],
+            rank: call.ranks[q],
+            generation: call.generation,
+            reason,
+        };
+        // A rank whose process is gone, named.
+        let gone = || {
+            let q = (0..group.size).find(|&q| q != group.rank && process_gone(group.pids[q]))?;
+            Some(failed(
+                q,
+                format!("its process ({}) is gone", group.pids[q]),
+            ))
+        };
+        let alive = || -> Result<()> {
+            shared.still(call.generation)?;
+            gone().map_or(Ok(()), Err)
+        };
+        let signature = group::signature(call.number, kind, call.tag, call.total as u64);
+        let result = crate::spin::blocking(|| {
+            let mut rounds = Rounds::new(group, signature, deadline, &alive);
+            work(&mut rounds)
+        });
+        result.map_err(|stopped| match stopped {
+            signal::Stopped::Failed(e) => e,
+            // Why another rank gave up: a process gone names itself; else what this node's
+            // membership knows; else what the rank that gave up saw.
+            signal::Stopped::Aborted(failed_rank) => gone()
+                .or_else(|| shared.still(call.generation).err())
+                // The abort word names a generation rank (perhaps on another host).
+                .unwrap_or_else(|| match failed_rank.filter(|&q| q < self.whole.size()) {
+                    Some(q) => CollectiveError::RankFailed {
+                        node: self.whole.members[q],
+                        rank: q,
+                        generation: call.generation,
+                        reason: "another rank on this host saw it fail".into(),
+                    },
+                    None => CollectiveError::MembershipChanged {
+                        generation: call.generation,
+                        reason: "a rank on this host left the generation".into(),
+                    },
+                }),
+            signal::Stopped::Mismatch(q) => CollectiveError::Mismatch {
+                rank: call.ranks[q],
+                node: call.members[q],
+                reason: format!(
+                    "it runs another collective, or another length or element type, as #{} \
+                     through shared memory",
+                    call.number
+                ),
+            },
+            signal::Stopped::TimedOut(q) => failed(
+                q,
+                format!(
+                    "no progress in shared memory within {:?} (VANS_COLLECTIVE_TIMEOUT)",
+                    shared.options.timeout
+                ),
+            ),
+        })
+    }
 }

@@ -4,36 +4,21 @@
 use std::sync::Arc;
 
 use node::Postoffice;
-use van_core::{NodeId, VanKind};
+use tracing::debug;
+use van_core::config::CollectiveAlgorithm as Algorithm;
+use van_core::NodeId;
 
 use super::group::Group;
-
-/// Whether every member of a generation shares this host's memory with this node: the same
-/// host identity and a shared-memory endpoint, as the van selection asks of a peer (so
-/// every rank decides alike from the node table).
-pub(crate) fn eligible(po: &Postoffice, members: &[NodeId]) -> bool {
-    if !po.config().enable_ipc || members.len() < 2 {
-        return false;
-    }
-    let nodes = po.nodes();
-    let find = |id: NodeId| nodes.iter().find(|n| n.id == Some(id));
-    let Some(me) = find(po.my_id()) else {
-        return false;
-    };
-    members.iter().all(|&m| {
-        find(m).is_some_and(|peer| {
-            van_core::select::same_host(me, peer) && peer.endpoint(VanKind::Ipc).is_some()
-        })
-    })
-}
+use crate::comm::OpKind;
+use crate::hosts::{self, Hosts, Placement};
 
 /// The shared-memory state of the current generation: its tickets, whose turn it is, and
 /// its group once formed.
 #[derive(Default)]
 pub(crate) struct Turns {
     generation: u64,
-    /// Whether every member shares this host (worked out at the first all-reduce).
-    eligible: Option<bool>,
+    /// Where the members run (worked out at the first collective that could take this path).
+    placement: Option<Placement>,
     issued: u64,
     turn: u64,
     pub(crate) group: Formed,
@@ -72,13 +57,35 @@ impl Turns {
         (turns.generation == generation).then_some(turns)
     }
 
-    /// A ticket for an all-reduce of the generation when its members share this host.
-    pub(crate) fn ticket(&mut self, po: &Postoffice, members: &[NodeId]) -> Option<u64> {
-        if !*self.eligible.get_or_insert_with(|| eligible(po, members)) {
-            return None;
-        }
+    /// A ticket for a collective of `kind` of the generation, when it goes through shared
+    /// memory: with `algorithm` `auto` or `shm`, an all-reduce, all-gather, reduce-scatter
+    /// or broadcast of a generation on this host alone; with `auto` or `hier`, an all-reduce
+    /// of one whose hosts each run the same number of ranks (with those hosts).
+    pub(crate) fn ticket(
+        &mut self,
+        po: &Postoffice,
+        members: &[NodeId],
+        kind: OpKind,
+        algorithm: Algorithm,
+    ) -> Option<(u64, Option<Arc<Hosts>>)> {
+        let placement = self.placement.get_or_insert_with(|| {
+            let placement = hosts::placement(po, members);
+            if let Placement::Apart(why) = &placement {
+                debug!("collectives of this generation go by messages: {why}");
+            }
+            placement
+        });
+        let hosts = match (placement, algorithm, kind) {
+            (_, Algorithm::Direct | Algorithm::Doubling | Algorithm::Ring, _) => return None,
+            (_, _, OpKind::Barrier | OpKind::AllToAll | OpKind::PointToPoint) => return None,
+            (Placement::OneHost, Algorithm::Auto | Algorithm::Shm, _) => None,
+            (Placement::Hosts(hosts), Algorithm::Auto | Algorithm::Hier, OpKind::AllReduce) => {
+                Some(Arc::clone(hosts))
+            }
+            _ => return None,
+        };
         self.issued += 1;
-        Some(self.issued - 1)
+        Some((self.issued - 1, hosts))
     }
 
     /// Whether it is `ticket`'s turn.

@@ -30,7 +30,7 @@ const SLICE_EXPECTED: &str = "a whole number of bytes from 4096 to 1073741824 (1
 const DIRECT_EXPECTED: &str =
     "a whole number of bytes up to 1073741824 (1 GiB; 0: always the ring)";
 const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
-const ALGORITHM_EXPECTED: &str = "auto, shm, direct, doubling or ring";
+const ALGORITHM_EXPECTED: &str = "auto, shm, hier, direct, doubling or ring";
 const SPIN_EXPECTED: &str = "a whole number of microseconds up to 1000000 (0: never spin)";
 /// The longest spin `VANS_COLLECTIVE_SPIN_US` accepts.
 const LONGEST_SPIN: Duration = Duration::from_secs(1);
@@ -39,8 +39,9 @@ const LONGEST_SPIN: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CollectiveAlgorithm {
     /// By placement, size and rank count (`collective::plan`): `Shm` when every rank shares
-    /// this host's memory; else up to `VANS_COLLECTIVE_DIRECT_BYTES`, `Doubling` on 4, 8,
-    /// 16 … ranks and `Direct` on others; `Ring` beyond.
+    /// this host's memory; `Hier` when the ranks run on several hosts with the same number
+    /// (2 or more) on each, sharing memory there; else up to `VANS_COLLECTIVE_DIRECT_BYTES`,
+    /// `Doubling` on 4, 8, 16 … ranks and `Direct` on others; `Ring` beyond.
     #[default]
     Auto,
     /// Through one shared-memory segment the ranks map (every rank on this host, shared
@@ -48,6 +49,12 @@ pub enum CollectiveAlgorithm {
     /// place and copies the result out, synchronised by counters in the segment. An error
     /// when the ranks cannot share memory.
     Shm,
+    /// Hierarchical, for ranks on several hosts with the same number on each: a
+    /// reduce-scatter through each host's shared memory (`Shm`), an all-reduce of each
+    /// share between the hosts by messages (the ranks holding the same share on every
+    /// host, so every rank's link carries a share), and an all-gather through each host's
+    /// shared memory. An error when the ranks are not so placed.
+    Hier,
     /// Every rank sends its whole buffer to every other and reduces all of them, in rank
     /// order: one message latency, `n - 1` buffers sent per rank.
     Direct,
@@ -61,11 +68,12 @@ pub enum CollectiveAlgorithm {
 }
 
 impl CollectiveAlgorithm {
-    /// The variable's spelling: `auto`, `shm`, `direct`, `doubling`, `ring`.
+    /// The variable's spelling: `auto`, `shm`, `hier`, `direct`, `doubling`, `ring`.
     pub fn as_str(self) -> &'static str {
         match self {
             CollectiveAlgorithm::Auto => "auto",
             CollectiveAlgorithm::Shm => "shm",
+            CollectiveAlgorithm::Hier => "hier",
             CollectiveAlgorithm::Direct => "direct",
             CollectiveAlgorithm::Doubling => "doubling",
             CollectiveAlgorithm::Ring => "ring",
@@ -86,6 +94,7 @@ impl std::str::FromStr for CollectiveAlgorithm {
         [
             CollectiveAlgorithm::Auto,
             CollectiveAlgorithm::Shm,
+            CollectiveAlgorithm::Hier,
             CollectiveAlgorithm::Direct,
             CollectiveAlgorithm::Doubling,
             CollectiveAlgorithm::Ring,
@@ -304,7 +313,7 @@ mod tests {
             (
                 "VANS_COLLECTIVE_ALGO",
                 "tree",
-                "auto, shm, direct, doubling or ring",
+                "auto, shm, hier, direct, doubling or ring",
             ),
             ("VANS_COLLECTIVE_SPIN_US", "1000001", "up to 1000000"),
             ("VANS_COLLECTIVE_SPIN_US", "2.5", "whole number"),

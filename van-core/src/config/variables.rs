@@ -461,9 +461,12 @@ pub const VARIABLES: &[EnvVar] = &[
         name: "VANS_COLLECTIVE_ALGO",
         default: "auto",
         effect: "how all-reduces are carried out: auto (shm when every rank shares this \
-                 host's memory; else up to VANS_COLLECTIVE_DIRECT_BYTES doubling on 4, 8, 16 … \
+                 host's memory; hier when the ranks run on several hosts with the same number \
+                 on each; else up to VANS_COLLECTIVE_DIRECT_BYTES doubling on 4, 8, 16 … \
                  ranks and direct on others, the ring beyond), shm (one shared-memory segment \
-                 the ranks map; an error when they cannot), direct (every rank sends its buffer \
+                 the ranks map; an error when they cannot), hier (reduce-scatter through each \
+                 host's shared memory, all-reduce of each share between hosts, all-gather \
+                 through shared memory; an error when the ranks are not so placed), direct (every rank sends its buffer \
                  to every other), doubling (recursive doubling: log2 n exchanges) or ring \
                  (reduce-scatter and all-gather in slices); every choice gives every rank the \
                  same bits",
