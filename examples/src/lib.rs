@@ -6,6 +6,7 @@
 
 pub mod chaos; // the fault proxy, chaos schedule and garbage of vans-soak and the tests
 pub mod cli; // value parsers the binaries' command lines share
+pub mod netns; // hosts as network namespaces (allreduce-bench --hosts, the namespace tests)
 pub mod plot; // ps-bench's PNG: goodput and latency against value size
 pub mod raw; // the raw-socket reference every benchmark compares with
 pub mod report; // ps-bench's results: each worker's, the cluster's totals, tables, JSON

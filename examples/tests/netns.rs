@@ -8,141 +8,63 @@
 //! identity includes the network namespace), `DMLC_INTERFACE` picks the veth (and without it
 //! the address that routes to the scheduler is announced), even with a decoy interface on
 //! another subnet before it; nodes without a secret on a non-loopback address warn; the sums
-//! are exact; and a link taken down mid-run surfaces a named error on both sides.
+//! are exact; a link taken down mid-run surfaces a named error on both sides; and the
+//! collectives' all-reduce goes hierarchically across hosts of two ranks each (shared memory
+//! on each host, TCP between), gives every rank the same bits, and survives a rank killed
+//! with `kill -9` and its replacement.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::text;
+use examples::netns::Hosts;
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
+const ALLREDUCE_BENCH: &str = env!("CARGO_BIN_EXE_allreduce-bench");
 
-/// The namespaces of one test: a switch (a bridge) and three hosts.
-struct Hosts {
-    switch: String,
-    hosts: Vec<String>,
-    /// Each host's address on the private subnet.
-    addrs: Vec<String>,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), text(&out)))
+/// The test's three hosts; `None` (the test says it skipped) only without root. As root, a
+/// namespace or link that cannot be made fails the test: a machine that should run the
+/// suite must not pass it by skipping.
+fn hosts(tag: &str) -> Option<Hosts> {
+    if !examples::netns::is_root() {
+        eprintln!("skipped: network namespaces need root");
+        return None;
+    }
+    match Hosts::create(tag, 3, true) {
+        Ok(hosts) => Some(hosts),
+        Err(e) => {
+            panic!("running as root, yet the test's network namespaces could not be made: {e}")
+        }
     }
 }
 
-impl Hosts {
-    /// Creates the namespaces; `None` (the test says it skipped) only without root. As root,
-    /// a namespace or link that cannot be made fails the test: a machine that should run the
-    /// suite must not pass it by skipping.
-    fn create(tag: &str) -> Option<Hosts> {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: network namespaces need root");
-            return None;
-        }
-        let id = std::process::id() % 100_000;
-        let subnet = format!("10.213.{}", id % 250);
-        let switch = format!("vans{id}{tag}sw");
-        let mut made = Hosts {
-            switch: switch.clone(),
-            hosts: Vec::new(),
-            addrs: Vec::new(),
-        };
-        // On failure the panic drops `made`, which deletes what was made.
-        if let Err(e) = made.build(&subnet, id, tag) {
-            panic!("running as root, yet the test's network namespaces could not be made: {e}");
-        }
-        Some(made)
-    }
-
-    /// Makes the switch and the three hosts, recording each as it is made.
-    fn build(&mut self, subnet: &str, id: u32, tag: &str) -> Result<(), String> {
-        let switch = self.switch.clone();
-        ip(&["netns", "add", &switch])?;
-        ip(&["-n", &switch, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &switch, "link", "set", "br0", "up"])?;
-        for i in 0..3 {
-            let host = format!("vans{id}{tag}h{i}");
-            ip(&["netns", "add", &host])?;
-            self.hosts.push(host.clone());
-            // A decoy made first (so it is the host's first interface after lo): a veth pair
-            // within the host, `eth1` on another subnet that no other host reaches. A node that
-            // took the first interface instead of `DMLC_INTERFACE` or the route to the
-            // scheduler would announce an address nobody can dial.
-            ip(&[
-                "-n", &host, "link", "add", "eth1", "type", "veth", "peer", "name", "eth1p",
-            ])?;
-            let decoy = format!("10.214.{}.{}/24", id % 250, i + 1);
-            ip(&["-n", &host, "addr", "add", &decoy, "dev", "eth1"])?;
-            ip(&["-n", &host, "link", "set", "eth1", "up"])?;
-            ip(&["-n", &host, "link", "set", "eth1p", "up"])?;
-            // One end in the switch (on the bridge), the other the host's eth0.
-            let port = format!("vp{id}{tag}{i}");
-            ip(&[
-                "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &host,
-            ])?;
-            ip(&["link", "set", &port, "netns", &switch])?;
-            ip(&["-n", &switch, "link", "set", &port, "master", "br0", "up"])?;
-            let addr = format!("{subnet}.{}", i + 1);
-            ip(&[
-                "-n",
-                &host,
-                "addr",
-                "add",
-                &format!("{addr}/24"),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&["-n", &host, "link", "set", "eth0", "up"])?;
-            ip(&["-n", &host, "link", "set", "lo", "up"])?;
-            self.addrs.push(addr);
-        }
-        Ok(())
-    }
-
-    /// `ps-bench` as `role` on host `host`, with the scheduler on host 0.
-    fn node(&self, host: usize, role: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.hosts[host], PS_BENCH])
-            .args(args)
-            .env("DMLC_ROLE", role)
-            .env("DMLC_NUM_SERVER", "2")
-            .env("DMLC_NUM_WORKER", "3")
-            .env("DMLC_PS_ROOT_URI", &self.addrs[0])
-            .env("DMLC_PS_ROOT_PORT", "9100")
-            .env("DMLC_INTERFACE", "eth0")
-            .env("DMLC_ENABLE_RDMA", "0")
-            .env_remove("VANS_HOST_ID")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            // An empty value unsets the variable.
-            if v.is_empty() {
-                cmd.env_remove(k);
-            } else {
-                cmd.env(k, v);
-            }
-        }
-        cmd.spawn().unwrap()
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in self.hosts.iter().chain([&self.switch]) {
-            let _ = ip(&["netns", "del", ns]);
+/// `ps-bench` as `role` on host `host` of `hosts`, with the scheduler on host 0.
+fn node(hosts: &Hosts, host: usize, role: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
+    let mut cmd = hosts.command(host, PS_BENCH);
+    cmd.args(args)
+        .env("DMLC_ROLE", role)
+        .env("DMLC_NUM_SERVER", "2")
+        .env("DMLC_NUM_WORKER", "3")
+        .env("DMLC_PS_ROOT_URI", &hosts.addrs[0])
+        .env("DMLC_PS_ROOT_PORT", "9100")
+        .env("DMLC_INTERFACE", "eth0")
+        .env("DMLC_ENABLE_RDMA", "0")
+        .env_remove("VANS_HOST_ID")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        // An empty value unsets the variable.
+        if v.is_empty() {
+            cmd.env_remove(k);
+        } else {
+            cmd.env(k, v);
         }
     }
+    cmd.spawn().unwrap()
 }
 
 /// The cluster's layout: host 0 the scheduler and server 0, host 1 server 1 and a worker,
@@ -165,13 +87,13 @@ fn wait_all(children: Vec<(usize, &'static str, Child)>) -> Vec<(usize, &'static
 
 #[test]
 fn tcp_between_hosts_shared_memory_within_one_and_exact_sums() {
-    let Some(hosts) = Hosts::create("a") else {
+    let Some(hosts) = hosts("a") else {
         return;
     };
     let args = ["--mode", "check", "--keys", "32"];
     let children = LAYOUT
         .iter()
-        .map(|&(host, role)| (host, role, hosts.node(host, role, &[], &args)))
+        .map(|&(host, role)| (host, role, node(&hosts, host, role, &[], &args)))
         .collect();
     let outputs = wait_all(children);
     let mut routes = Vec::new();
@@ -214,14 +136,14 @@ fn tcp_between_hosts_shared_memory_within_one_and_exact_sums() {
 fn without_dmlc_interface_nodes_announce_the_address_that_routes_to_the_scheduler() {
     // ps-lite's own tracker (tracker/dmlc_local.py) sets DMLC_PS_ROOT_URI to the host's
     // address and no DMLC_INTERFACE; ps-lite then picks the interface itself.
-    let Some(hosts) = Hosts::create("r") else {
+    let Some(hosts) = hosts("r") else {
         return;
     };
     let args = ["--mode", "check", "--keys", "8"];
     let unset = [("DMLC_INTERFACE", ""), ("PS_VERBOSE", "1")];
     let children = LAYOUT
         .iter()
-        .map(|&(host, role)| (host, role, hosts.node(host, role, &unset, &args)))
+        .map(|&(host, role)| (host, role, node(&hosts, host, role, &unset, &args)))
         .collect();
     for (host, role, out) in wait_all(children) {
         let all = text(&out);
@@ -245,7 +167,7 @@ fn without_dmlc_interface_nodes_announce_the_address_that_routes_to_the_schedule
 
 #[test]
 fn a_link_taken_down_mid_run_is_a_named_error_on_both_sides() {
-    let Some(hosts) = Hosts::create("b") else {
+    let Some(hosts) = hosts("b") else {
         return;
     };
     let env = [
@@ -265,11 +187,11 @@ fn a_link_taken_down_mid_run_is_a_named_error_on_both_sides() {
     ];
     let children: Vec<_> = LAYOUT
         .iter()
-        .map(|&(host, role)| (host, role, hosts.node(host, role, &env, &args)))
+        .map(|&(host, role)| (host, role, node(&hosts, host, role, &env, &args)))
         .collect();
     std::thread::sleep(Duration::from_secs(6));
     let down = Instant::now();
-    ip(&["-n", &hosts.hosts[2], "link", "set", "eth0", "down"]).unwrap();
+    examples::netns::ip(&["-n", &hosts.names[2], "link", "set", "eth0", "down"]).unwrap();
     let outputs = wait_all(children);
     assert!(
         down.elapsed() < Duration::from_secs(100),
@@ -315,4 +237,161 @@ fn a_link_taken_down_mid_run_is_a_named_error_on_both_sides() {
             .any(|t| host1.contains(t.as_str()))
     });
     assert!(named, "host 1 did not name the dead workers: {host1}");
+}
+
+/// `allreduce-bench node ARGS` as `role` on host `host` (the scheduler on host 0), among
+/// `workers` workers; a worker asks for rank `rank`. Collectives log at info level.
+#[cfg(feature = "ipc")]
+fn collective_node(
+    hosts: &Hosts,
+    (host, role, rank): (usize, &str, Option<usize>),
+    workers: usize,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Child {
+    let mut cmd = hosts.command(host, ALLREDUCE_BENCH);
+    cmd.args(["--threads", "2", "node"])
+        .args(args)
+        .env("DMLC_ROLE", role)
+        .env("DMLC_NUM_SERVER", "1")
+        .env("DMLC_NUM_WORKER", workers.to_string())
+        .env("DMLC_PS_ROOT_URI", &hosts.addrs[0])
+        .env("DMLC_PS_ROOT_PORT", "9300")
+        .env("DMLC_INTERFACE", "eth0")
+        .env("DMLC_ENABLE_RDMA", "0")
+        .env("RUST_LOG", "collective=info")
+        .env_remove("VANS_HOST_ID")
+        .env_remove("VANS_STREAM_VAN")
+        .env_remove("DMLC_ENABLE_IPC")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match rank {
+        Some(rank) => cmd.env("VANS_RANK", rank.to_string()),
+        None => cmd.env_remove("VANS_RANK"),
+    };
+    cmd.spawn().unwrap()
+}
+
+/// The nodes of a collective cluster of `count` hosts with two workers each: the scheduler
+/// and the server on host 0, ranks `2h` and `2h + 1` on host `h`.
+#[cfg(feature = "ipc")]
+fn two_per_host(
+    hosts: &Hosts,
+    count: usize,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Vec<(usize, &'static str, Child)> {
+    let workers = 2 * count;
+    let mut nodes = vec![
+        (
+            0,
+            "scheduler",
+            collective_node(hosts, (0, "scheduler", None), workers, env, args),
+        ),
+        (
+            0,
+            "server",
+            collective_node(hosts, (0, "server", Some(0)), workers, env, args),
+        ),
+    ];
+    for rank in 0..workers {
+        let node = collective_node(hosts, (rank / 2, "worker", Some(rank)), workers, env, args);
+        nodes.push((rank / 2, "worker", node));
+    }
+    nodes
+}
+
+/// Every collective on 2 hosts × 2 ranks and 3 × 2, the all-reduce forced to go
+/// hierarchically (`VANS_COLLECTIVE_ALGO=hier` fails when it cannot): exact integer sums,
+/// and an f32 sum whose bits every rank compares with every other's.
+#[cfg(feature = "ipc")]
+#[test]
+fn the_all_reduce_goes_hierarchically_across_hosts_with_the_same_bits_on_every_rank() {
+    let Some(hosts) = hosts("c") else {
+        return;
+    };
+    for count in [2, 3] {
+        let env = [("VANS_COLLECTIVE_ALGO", "hier")];
+        let outputs = wait_all(two_per_host(&hosts, count, &env, &["check"]));
+        let workers = 2 * count;
+        for (host, role, out) in &outputs {
+            let all = text(out);
+            assert!(
+                out.status.success(),
+                "{count} hosts: {role} on host {host}: {all}"
+            );
+            if *role != "worker" {
+                continue;
+            }
+            assert!(
+                all.contains("collective check ok: rank") && all.contains(&format!("of {workers}")),
+                "{count} hosts: worker on host {host}: {all}"
+            );
+            let hierarchical = format!("go hierarchically: {count} hosts of 2 ranks");
+            assert!(
+                all.contains(&hierarchical),
+                "{count} hosts: worker on host {host}: {all}"
+            );
+        }
+    }
+}
+
+/// An elastic loop of all-reduces on 2 hosts × 2 ranks (hierarchical), where a rank is
+/// killed with `kill -9`: the others fail naming it and go on in a generation of 3 (hosts
+/// of 2 and 1: by messages), then admit its replacement and go hierarchically again.
+#[cfg(feature = "ipc")]
+#[test]
+fn a_rank_killed_mid_hierarchical_all_reduce_is_named_and_replaced() {
+    let Some(hosts) = hosts("d") else {
+        return;
+    };
+    let args = [
+        "elastic",
+        "--steps",
+        "600",
+        "--len",
+        "5000",
+        "--step-ms",
+        "30",
+    ];
+    let mut nodes = two_per_host(&hosts, 2, &[], &args);
+    std::thread::sleep(Duration::from_secs(4));
+    // Rank 1, on host 0.
+    let (_, _, victim) = nodes.remove(3);
+    common::signal(victim.id(), "KILL");
+    let killed = common::wait_output(victim, "the killed worker");
+    assert!(!killed.status.success());
+    std::thread::sleep(Duration::from_secs(4));
+    let replacement = collective_node(&hosts, (0, "worker", Some(1)), 4, &[], &args);
+    nodes.push((0, "worker", replacement));
+    let outputs = wait_all(nodes);
+    let workers: Vec<(usize, String)> = outputs
+        .iter()
+        .filter(|(_, role, _)| *role == "worker")
+        .map(|(host, _, out)| {
+            assert!(out.status.success(), "worker on host {host}: {}", text(out));
+            (*host, text(out))
+        })
+        .collect();
+    assert_eq!(workers.len(), 4);
+    for (host, all) in &workers {
+        assert!(
+            all.contains("elastic ok: 600 steps"),
+            "worker on host {host}: {all}"
+        );
+    }
+    // The survivors (the first three): the failure named, then hierarchical again once the
+    // replacement is in (a group formed in the first generation and again in a later one).
+    for (host, all) in &workers[..3] {
+        assert!(
+            all.lines().any(|l| l.contains("of generation 1 failed")),
+            "a survivor on host {host} did not see the rank's failure named: {all}"
+        );
+        let formed = all.matches("go hierarchically: 2 hosts of 2 ranks").count();
+        assert!(
+            formed >= 2,
+            "a survivor on host {host} went hierarchically {formed} times: {all}"
+        );
+    }
 }

@@ -15,6 +15,7 @@
 //! `check` runs every collective once and checks the results, `elastic` runs a loop of
 //! checked all-reduces that survives killed and joining ranks, `bench` is the timed part.
 
+mod hosts;
 mod mpi;
 mod node;
 mod options;
@@ -134,24 +135,54 @@ async fn drive(o: &Options) -> Result<(), BoxError> {
             }
         },
     };
+    // `--hosts`: the namespaces, made once for the run.
+    let hosts = match o.hosts {
+        1 => None,
+        count => {
+            hosts::check(&o.ranks, count)?;
+            let made = examples::netns::Hosts::create("arb", count, false)
+                .map_err(|e| format!("--hosts {count}: {e}"))?;
+            Some(made)
+        }
+    };
+    let place = match o.hosts {
+        1 => String::new(),
+        count => format!(" on {count} hosts"),
+    };
     let mut rows = Vec::new();
-    for van in &o.van {
-        for &n in &o.ranks {
+    for (i, van) in o.van.iter().enumerate() {
+        for (j, &n) in o.ranks.iter().enumerate() {
             eprintln!(
-                "allreduce-bench: vans over {van}, {n} ranks: {}",
+                "allreduce-bench: vans over {van}, {n} ranks{place}: {}",
                 o.collectives.join(", ")
             );
-            rows.extend(run_vans(o, n, van).await?);
+            match &hosts {
+                Some(hosts) => {
+                    let port = 9100 + (i * o.ranks.len() + j) as u16;
+                    rows.extend(hosts::run_vans(o, hosts, n, van, port)?);
+                }
+                None => rows.extend(run_vans(o, n, van).await?),
+            }
             if let Some(program) = &mpi {
                 for collective in &o.collectives {
-                    eprintln!("allreduce-bench: Open MPI over {van}, {n} ranks: {collective}");
-                    rows.extend(mpi::run(program, n, van, collective, &o.sizes, o.iters)?);
+                    eprintln!(
+                        "allreduce-bench: Open MPI over {van}, {n} ranks{place}: {collective}"
+                    );
+                    let measured = mpi::run(
+                        program,
+                        (n, van),
+                        collective,
+                        &o.sizes,
+                        o.iters,
+                        hosts.as_ref(),
+                    );
+                    rows.extend(measured?);
                 }
             }
         }
     }
     if o.json {
-        print_json(&rows);
+        print_json(&rows, o.hosts);
     } else {
         print_table(&rows);
     }
@@ -242,12 +273,13 @@ fn print_table(rows: &[Row]) {
 }
 
 /// `--json`: one object per vans row, with Open MPI's figures and the ratios when measured.
-fn print_json(rows: &[Row]) {
+fn print_json(rows: &[Row], hosts: usize) {
     for v in rows.iter().filter(|r| r.imp == "vans") {
         let mut row = serde_json::json!({
             "collective": v.op,
             "van": v.van,
             "ranks": v.ranks,
+            "hosts": hosts,
             "bytes": v.bytes,
             "p50_s": v.p50_s,
             "mean_s": v.mean_s,
@@ -340,8 +372,9 @@ fn explain(o: &Options) -> Result<(), BoxError> {
     let config = van_core::Config::from_env()?;
     let options = collective::CommOptions::from_config(&config);
     println!(
-        "all-reduce algorithm by van, ranks and size (VANS_COLLECTIVE_ALGO={}, \
+        "all-reduce algorithm by van, ranks and size on {} host(s) (VANS_COLLECTIVE_ALGO={}, \
          VANS_COLLECTIVE_DIRECT_BYTES={}, VANS_COLLECTIVE_MESH={}):",
+        o.hosts,
         options.algorithm,
         options.direct_bytes,
         u8::from(options.mesh)
@@ -358,11 +391,16 @@ fn explain(o: &Options) -> Result<(), BoxError> {
     for &size in &o.sizes {
         let mut row = vec![size_label(size)];
         row.extend(columns.iter().map(|&(van, n)| {
-            let shared_memory = van == "ipc" && cfg!(feature = "ipc");
-            let algorithm = collective::plan(&options, size, n, shared_memory);
+            let layout = match (van, o.hosts) {
+                _ if !cfg!(feature = "ipc") => collective::Layout::Apart,
+                ("ipc", 1) => collective::Layout::OneHost,
+                ("ipc", h) if n % h == 0 && n / h >= 2 => collective::Layout::EvenHosts,
+                _ => collective::Layout::Apart,
+            };
+            let algorithm = collective::plan(&options, size, n, layout);
             // Over a stream van the ranks' direct connections carry the small collectives.
             let path = match algorithm {
-                collective::Algorithm::Shm => "",
+                collective::Algorithm::Shm | collective::Algorithm::Hier => "",
                 _ if options.mesh && size <= collective::MESH_MAX_BYTES => " (mesh)",
                 _ => " (vans)",
             };

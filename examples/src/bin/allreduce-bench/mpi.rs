@@ -1,9 +1,10 @@
 //! Open MPI's `MPI_Allreduce` on the same sizes: a small C program, compiled with `mpicc`
-//! into a temporary directory and run with `mpirun` on this machine.
+//! into a temporary directory and run with `mpirun` on this machine (or across `--hosts`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
+use examples::netns::Hosts;
 use examples::raw::BoxError;
 
 use crate::Row;
@@ -81,7 +82,16 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// The compiled program in a temporary directory (removed when dropped).
+/// `mpirun`'s remote shell for `--hosts` (`--mca plm_rsh_agent`): called as `ssh` would be
+/// (options, a host, a command line), it runs the command line in that host's namespace,
+/// under a hostname of its own (so Open MPI's ranks see as many hosts as vans' do).
+const AGENT: &str = r#"#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+host=$1; shift
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host && $*"
+"#;
+
+/// The compiled program in a temporary directory (removed when dropped), beside the agent.
 pub(crate) struct MpiProgram {
     dir: PathBuf,
     binary: PathBuf,
@@ -126,49 +136,69 @@ pub(crate) fn build() -> Result<MpiProgram, BoxError> {
     if !out.status.success() {
         return Err(format!("mpicc failed: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
+    let agent = program.dir.join("netns-agent");
+    std::fs::write(&agent, AGENT).map_err(|e| format!("cannot write {agent:?}: {e}"))?;
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(|e| format!("cannot make {agent:?} executable: {e}"))?;
     Ok(program)
 }
 
-/// Runs `ranks` MPI processes over `van` (tcp: the TCP transport on loopback; ipc: shared
-/// memory) and returns rank 0's rows.
+/// Runs `ranks` MPI processes over `van` (tcp: the TCP transport; ipc: shared memory, and
+/// TCP between hosts) on this machine, or spread over `hosts` as vans' ranks are (`mpirun`
+/// on the first host, reaching the others through the agent), and returns the reporting
+/// rank's rows.
 pub(crate) fn run(
     program: &MpiProgram,
-    ranks: usize,
-    van: &str,
+    (ranks, van): (usize, &str),
     collective: &str,
     sizes: &[usize],
     iters: usize,
+    hosts: Option<&Hosts>,
 ) -> Result<Vec<Row>, BoxError> {
-    let transport: &[&str] = match van {
-        "ipc" => &["--mca", "btl", "self,vader"],
-        _ => &[
-            "--mca",
-            "btl",
-            "self,tcp",
-            "--mca",
-            "btl_tcp_if_include",
-            "lo",
-            "--mca",
-            "oob_tcp_if_include",
-            "lo",
-        ],
+    let interfaces = match hosts {
+        Some(hosts) => hosts.subnet.clone(),
+        None => "lo".into(),
     };
-    let out = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-        ])
-        .args(["--mca", "pml", "ob1"])
-        .args(transport)
-        .args(["-np", &ranks.to_string()])
-        .arg(&program.binary)
-        .arg(collective)
-        .arg(iters.to_string())
-        .args(sizes.iter().map(|s| s.to_string()))
-        .output()
-        .map_err(|e| format!("mpirun: {e}"))?;
+    let btl = match (van, hosts) {
+        ("ipc", None) => "self,vader",
+        ("ipc", Some(_)) => "self,vader,tcp",
+        _ => "self,tcp",
+    };
+    let mut cmd = match hosts {
+        Some(hosts) => {
+            let per_host = ranks / hosts.names.len();
+            let slots: Vec<String> = hosts
+                .names
+                .iter()
+                .map(|h| format!("{h}:{per_host}"))
+                .collect();
+            let mut cmd = hosts.command(0, "mpirun");
+            cmd.args(["-H", &slots.join(",")])
+                .args(["--mca", "plm_rsh_agent"])
+                .arg(program.dir.join("netns-agent"))
+                // Each host gets as many ranks as slots, so mpirun sees no oversubscription
+                // and its ranks would poll without yielding; on this machine's cores (fewer
+                // than the ranks) they yield, as on one host with `--oversubscribe`.
+                .args(["--mca", "mpi_yield_when_idle", "1"]);
+            cmd
+        }
+        None => Command::new("mpirun"),
+    };
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+    ])
+    .args(["--mca", "pml", "ob1", "--mca", "btl", btl])
+    .args(["--mca", "btl_tcp_if_include", &interfaces])
+    .args(["--mca", "oob_tcp_if_include", &interfaces])
+    .args(["-np", &ranks.to_string()])
+    .arg(&program.binary)
+    .arg(collective)
+    .arg(iters.to_string())
+    .args(sizes.iter().map(|s| s.to_string()));
+    let out = cmd.output().map_err(|e| format!("mpirun: {e}"))?;
     if !out.status.success() {
         return Err(format!(
             "mpirun failed ({}): {}",

@@ -77,6 +77,29 @@ async fn check(po: &Postoffice) -> Result<(), BoxError> {
     if f.iter().enumerate().any(|(i, v)| *v != (i * n) as f32) {
         return Err(fail("f32 max"));
     }
+    // Sums that round: every rank must end with the same bits (all-gathered and compared),
+    // and near the exact sum. A length no rank count divides, over several slices.
+    let mut g: Vec<f32> = (0..100_003)
+        .map(|i| (r + 1) as f32 * 0.1 + i as f32 * 1e-3)
+        .collect();
+    comm.allreduce(&mut g, ReduceOp::Sum).await?;
+    let bits = g.iter().fold(0u64, |h, v| {
+        examples::splitmix64(h ^ u64::from(v.to_bits()))
+    });
+    let mut everyone = vec![0i64; n];
+    comm.all_gather(&[bits as i64], &mut everyone).await?;
+    if everyone.iter().any(|&b| b != bits as i64) {
+        return Err(fail("f32 sum: ranks hold different bits"));
+    }
+    let near = g.iter().enumerate().all(|(i, v)| {
+        let exact: f64 = (0..n)
+            .map(|q| f64::from((q + 1) as f32 * 0.1 + i as f32 * 1e-3))
+            .sum();
+        (f64::from(*v) - exact).abs() <= exact.abs() * 1e-5
+    });
+    if !near {
+        return Err(fail("f32 sum: far from the exact sum"));
+    }
     let mut d: Vec<f64> = vec![r as f64; 17];
     comm.allreduce(&mut d, ReduceOp::Mean).await?;
     if d.iter().any(|v| *v != ranks as f64 / n as f64) {

@@ -22,6 +22,13 @@ pub(crate) struct Options {
     /// whole buffer: all-gather's output, reduce-scatter's input).
     #[arg(long, value_delimiter = ',', default_value = "allreduce", value_parser = collective_name)]
     pub collectives: Vec<String>,
+    /// Spread each rank count over this many hosts, made of network namespaces joined by a
+    /// bridge (needs root and `ip`), the ranks in order (`0..n/N` on the first): over ipc,
+    /// shared memory within a host and TCP between hosts (vans' all-reduce goes
+    /// hierarchically); Open MPI runs with the same placement (`mpirun` with a remote shell
+    /// that enters the namespaces). Every rank count must be a multiple.
+    #[arg(long, default_value = "1", value_parser = examples::cli::positive)]
+    pub hosts: usize,
     /// Print one JSON object per measured row (vans and MPI, with the ratios) instead of the
     /// table.
     #[arg(long)]
