@@ -30,12 +30,8 @@ pub(crate) async fn allreduce<T: Element>(
     let steps = p.trailing_zeros() as usize;
     // Hops: 0 the fold-in, 1..=steps the exchanges, steps + 1 the fold-out.
     let last = steps + 1;
-    if r >= p {
-        send(shared, op, r - p, 0, buf).await?;
-        return receive(shared, op, r - p, last, buf, Combine::Copy).await;
-    }
-    if r + p < n {
-        receive(shared, op, r + p, 0, buf, Combine::Reduce(reduction)).await?;
+    if !fold_in(shared, op, buf, reduction, last).await? {
+        return Ok(());
     }
     for step in 0..steps {
         let partner = r ^ (1 << step);
@@ -55,6 +51,41 @@ pub(crate) async fn allreduce<T: Element>(
             *v = v.divide(n);
         }
     }
+    fold_out(shared, op, buf, last).await
+}
+
+/// The fold-in of the ranks beyond the largest power of two `p` not above the rank count:
+/// rank `p + i` sends its buffer to rank `i` (hop 0), which combines it, and waits for the
+/// result (hop `last`): `Ok(false)`, its part done. `Ok(true)`: this rank is among the `p`.
+pub(crate) async fn fold_in<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &mut [T],
+    reduction: ReduceOp,
+    last: usize,
+) -> Result<bool> {
+    let (n, r) = (op.size(), op.rank);
+    let p = lower_power_of_two(n);
+    if r >= p {
+        send(shared, op, r - p, 0, buf).await?;
+        receive(shared, op, r - p, last, buf, Combine::Copy).await?;
+        return Ok(false);
+    }
+    if r + p < n {
+        receive(shared, op, r + p, 0, buf, Combine::Reduce(reduction)).await?;
+    }
+    Ok(true)
+}
+
+/// The fold-out: rank `i` sends the result to rank `p + i` (hop `last`), if there is one.
+pub(crate) async fn fold_out<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &[T],
+    last: usize,
+) -> Result<()> {
+    let (n, r) = (op.size(), op.rank);
+    let p = lower_power_of_two(n);
     if r + p < n {
         send(shared, op, r + p, last, buf).await?;
     }
@@ -91,6 +122,6 @@ pub fn reference<T: Element>(values: &[T], reduction: ReduceOp) -> Option<T> {
 }
 
 /// The largest power of two not above `n` (`n` ≥ 1): the ranks that exchange.
-fn lower_power_of_two(n: usize) -> usize {
+pub(crate) fn lower_power_of_two(n: usize) -> usize {
     1usize << (usize::BITS - 1 - n.leading_zeros())
 }

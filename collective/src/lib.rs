@@ -14,7 +14,8 @@
 //!   otherwise ring reduce-scatter then all-gather, sliced and pipelined ([`ring`] explains
 //!   the algorithm); buffers up to [`CommOptions::direct_bytes`] go to every rank at once
 //!   instead (one message latency), by recursive doubling ([`doubling`]) on 4, 8, 16 …
-//!   ranks. [`plan`] says which an all-reduce takes, `VANS_COLLECTIVE_ALGO`
+//!   ranks, and medium buffers on 4 ranks or more by Rabenseifner's algorithm
+//!   ([`halving`]). [`plan`] says which an all-reduce takes, `VANS_COLLECTIVE_ALGO`
 //!   ([`CommOptions::algorithm`]) overrides it;
 //! - [`broadcast`](Communicator::broadcast), [`all_gather`](Communicator::all_gather),
 //!   [`reduce_scatter`](Communicator::reduce_scatter) (these three through the shared
@@ -63,6 +64,7 @@ pub mod element;
 pub mod embed;
 pub mod error;
 mod exchange;
+pub mod halving;
 mod hosts;
 mod mesh;
 mod pool;
@@ -78,12 +80,16 @@ use node::Postoffice;
 use tokio::task::JoinHandle;
 use van_core::{NodeId, Role};
 
-pub use algorithm::{plan, Layout};
+pub use algorithm::{plan, Layout, RABENSEIFNER_MAX_BYTES};
 pub use comm::{CommOptions, Generation, APP_ID};
 
-/// Largest collective (whole buffer, bytes) that goes over a generation's TCP mesh; larger
-/// ones take the vans (see [`CommOptions::mesh`]).
+/// Largest collective (whole buffer, bytes) that goes over a generation's TCP mesh when a
+/// machine runs more of its ranks than it has cores; larger ones take the vans (see
+/// [`CommOptions::mesh`]).
 pub const MESH_MAX_BYTES: usize = mesh::MAX_BYTES;
+/// Largest collective that goes over the mesh when every machine has a core for each of
+/// its ranks.
+pub const MESH_MAX_BYTES_SPINNING: usize = mesh::MAX_BYTES_SPINNING;
 pub use element::{Element, ReduceOp};
 pub use error::{CollectiveError, Result};
 pub use half::{bf16, f16};

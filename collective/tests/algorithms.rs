@@ -1,14 +1,21 @@
-//! Every all-reduce algorithm (`direct`, `doubling`, `ring`, forced through
+//! Every all-reduce algorithm (`direct`, `doubling`, `rabenseifner`, `ring`, forced through
 //! `CommOptions::algorithm`) on 1 to 5 ranks of an in-process cluster, with lengths no rank
 //! count divides: each rank's floats equal, bit for bit, the total taken in the algorithm's
 //! own fixed order (values of very different magnitudes, so another order gives other bits).
 
-use collective::{doubling, ring, Algorithm, CommOptions, Communicator, Element, ReduceOp};
+use collective::{
+    doubling, halving, ring, Algorithm, CommOptions, Communicator, Element, ReduceOp,
+};
 use node::Postoffice;
 
 mod common;
 
-const ALGORITHMS: [Algorithm; 3] = [Algorithm::Direct, Algorithm::Doubling, Algorithm::Ring];
+const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::Direct,
+    Algorithm::Doubling,
+    Algorithm::Rabenseifner,
+    Algorithm::Ring,
+];
 /// Lengths: one element, fewer than the ranks, a prime, several 4 KiB slices plus a bit.
 const LENGTHS: [usize; 4] = [1, 3, 1009, 3 * 1024 + 7];
 
@@ -33,6 +40,7 @@ fn expected<T: Element>(
         // In rank order.
         Algorithm::Direct => v[1..].iter().fold(v[0], |acc, x| acc.combine(*x, op)),
         Algorithm::Doubling => return doubling::reference(&v, op).unwrap_or(v[0]),
+        Algorithm::Rabenseifner => return halving::reference(&v, op).unwrap_or(v[0]),
         // Element i lies in chunk c, which starts at rank c + 1 and gathers each next rank's
         // value in front of what came.
         _ => {
@@ -117,7 +125,7 @@ fn run(workers: u32) {
     let wrong: Vec<&String> = seen.iter().flat_map(|(_, w)| w).collect();
     assert!(wrong.is_empty(), "{wrong:#?}");
     // Every rank compared every element of every case.
-    let per_rank = 3 * 2 * 2 * LENGTHS.iter().sum::<usize>();
+    let per_rank = ALGORITHMS.len() * 2 * 2 * LENGTHS.iter().sum::<usize>();
     assert!(seen.iter().all(|(c, _)| *c == per_rank));
 }
 
@@ -165,7 +173,10 @@ fn plan_chooses_by_placement_and_size_unless_told() {
         assert_eq!(plan(4096, ranks), Algorithm::Doubling, "{ranks}");
         assert_eq!(plan(options.direct_bytes, ranks), Algorithm::Doubling);
     }
-    assert_eq!(plan(options.direct_bytes + 1, 4), Algorithm::Ring);
+    let medium = collective::RABENSEIFNER_MAX_BYTES;
+    assert_eq!(plan(options.direct_bytes + 1, 4), Algorithm::Rabenseifner);
+    assert_eq!(plan(medium, 5), Algorithm::Rabenseifner);
+    assert_eq!(plan(medium + 1, 4), Algorithm::Ring);
     assert_eq!(plan(options.direct_bytes + 1, 3), Algorithm::Ring);
     for told in [Algorithm::Doubling, Algorithm::Hier, Algorithm::Shm] {
         let options = CommOptions {

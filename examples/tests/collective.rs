@@ -202,6 +202,12 @@ fn the_elastic_loop_holds_by_recursive_doubling_on_three_ranks_too() {
 }
 
 #[test]
+fn the_elastic_loop_holds_by_rabenseifner_on_three_ranks_too() {
+    // Halving and doubling on 4 ranks; on 3, the third folds in and out.
+    elastic_loop(Some("rabenseifner"), true);
+}
+
+#[test]
 fn the_elastic_loop_holds_over_the_vans_without_the_mesh() {
     elastic_loop_with(
         &[
@@ -264,10 +270,12 @@ fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
             "worker {i} did not finish:\n{text}"
         );
     }
-    // The survivors saw the failure named, a generation of 3, then one of 4 again.
+    // The survivors saw the failure named, a generation of 3, then one of 4 again. (Under
+    // load a worker may join late, so the first generation of 4 need not be number 1.)
     for (i, text) in outputs[..3].iter().enumerate() {
         assert!(
-            text.lines().any(|l| l.contains("of generation 1 failed")),
+            text.lines()
+                .any(|l| l.contains(") of generation ") && l.contains(" failed")),
             "survivor {i} did not see the rank's failure named:\n{text}"
         );
         let sizes: Vec<usize> = text
@@ -275,10 +283,11 @@ fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
             .filter_map(|l| l.strip_prefix("generation "))
             .filter_map(|l| l.split(" size ").nth(1)?.split(' ').next()?.parse().ok())
             .collect();
-        let three = sizes.iter().position(|&s| s == 3);
+        let four = sizes.iter().position(|&s| s == 4);
+        let three = four.and_then(|f| Some(f + sizes[f..].iter().position(|&s| s == 3)?));
         let four_after = three.and_then(|t| sizes[t..].iter().position(|&s| s == 4));
         assert!(
-            sizes.first() == Some(&4) && four_after.is_some(),
+            four_after.is_some(),
             "survivor {i}: generation sizes {sizes:?} (expected 4, then 3, then 4):\n{text}"
         );
     }

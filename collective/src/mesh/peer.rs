@@ -75,10 +75,12 @@ enum Reading {
         bytes: [u8; HEADER],
         have: usize,
     },
+    /// A payload of `want` bytes, `bytes` holding what came (allocated for all of it, not
+    /// zeroed: the socket fills it).
     Payload {
         head: Head,
         bytes: Vec<u8>,
-        have: usize,
+        want: usize,
     },
 }
 
@@ -157,8 +159,8 @@ impl Peer {
         let mut progressed = false;
         loop {
             // A complete payload (an empty one at once) goes out before the next read.
-            if let Reading::Payload { bytes, have, .. } = &self.reading {
-                if *have == bytes.len() {
+            if let Reading::Payload { bytes, want, .. } = &self.reading {
+                if bytes.len() == *want {
                     let fresh = Reading::Header {
                         bytes: [0; HEADER],
                         have: 0,
@@ -172,7 +174,7 @@ impl Peer {
             }
             let result = match &mut self.reading {
                 Reading::Header { bytes, have } => self.stream.read(&mut bytes[*have..]),
-                Reading::Payload { bytes, have, .. } => self.stream.read(&mut bytes[*have..]),
+                Reading::Payload { bytes, want, .. } => read_into(&self.stream, bytes, *want),
             };
             let n = match result {
                 Ok(0) => {
@@ -205,12 +207,27 @@ impl Peer {
                         })?;
                     self.reading = Reading::Payload {
                         head,
-                        bytes: vec![0; len],
-                        have: 0,
+                        bytes: Vec::with_capacity(len),
+                        want: len,
                     };
                 }
-                Reading::Payload { have, .. } => *have += n,
+                // `read_into` grew the payload.
+                Reading::Payload { .. } => {}
             }
         }
     }
+}
+
+/// Reads from `stream` into the rest of `bytes`, up to `want` bytes in all, without zeroing
+/// the room first (fresh zeroed buffers cost a `memset` of every payload); how many came.
+fn read_into(stream: &TcpStream, bytes: &mut Vec<u8>, want: usize) -> io::Result<usize> {
+    let room = want.saturating_sub(bytes.len());
+    bytes.reserve_exact(room);
+    let spare = &mut bytes.spare_capacity_mut()[..room];
+    let (filled, _) = rustix::io::read(stream, spare).map_err(io::Error::from)?;
+    let n = filled.len();
+    // SAFETY: `read` initialised the `n` bytes after the vector's length (within its
+    // capacity: `room` was reserved).
+    unsafe { bytes.set_len(bytes.len() + n) };
+    Ok(n)
 }

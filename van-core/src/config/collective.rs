@@ -30,7 +30,7 @@ const SLICE_EXPECTED: &str = "a whole number of bytes from 4096 to 1073741824 (1
 const DIRECT_EXPECTED: &str =
     "a whole number of bytes up to 1073741824 (1 GiB; 0: always the ring)";
 const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
-const ALGORITHM_EXPECTED: &str = "auto, shm, hier, direct, doubling or ring";
+const ALGORITHM_EXPECTED: &str = "auto, shm, hier, direct, doubling, rabenseifner or ring";
 const SPIN_EXPECTED: &str = "a whole number of microseconds up to 1000000 (0: never spin)";
 /// The longest spin `VANS_COLLECTIVE_SPIN_US` accepts.
 const LONGEST_SPIN: Duration = Duration::from_secs(1);
@@ -41,7 +41,8 @@ pub enum CollectiveAlgorithm {
     /// By placement, size and rank count (`collective::plan`): `Shm` when every rank shares
     /// this host's memory; `Hier` when the ranks run on several hosts with the same number
     /// (2 or more) on each, sharing memory there; else up to `VANS_COLLECTIVE_DIRECT_BYTES`,
-    /// `Doubling` on 4, 8, 16 … ranks and `Direct` on others; `Ring` beyond.
+    /// `Doubling` on 4, 8, 16 … ranks and `Direct` on others; up to 512 KiB on 4 ranks or
+    /// more, `Rabenseifner`; `Ring` beyond.
     #[default]
     Auto,
     /// Through one shared-memory segment the ranks map (every rank on this host, shared
@@ -62,13 +63,17 @@ pub enum CollectiveAlgorithm {
     /// number differs in one bit (the ranks beyond the largest power of two fold in first
     /// and get the result last).
     Doubling,
+    /// Rabenseifner's: a reduce-scatter by recursive halving, then an all-gather by
+    /// recursive doubling: the ring's bytes in `2 log2 n` steps instead of `2 (n - 1)`.
+    Rabenseifner,
     /// Reduce-scatter then all-gather around a ring, in slices: `2 (n - 1) / n` buffers
     /// sent per rank, `2 (n - 1)` latencies.
     Ring,
 }
 
 impl CollectiveAlgorithm {
-    /// The variable's spelling: `auto`, `shm`, `hier`, `direct`, `doubling`, `ring`.
+    /// The variable's spelling: `auto`, `shm`, `hier`, `direct`, `doubling`,
+    /// `rabenseifner`, `ring`.
     pub fn as_str(self) -> &'static str {
         match self {
             CollectiveAlgorithm::Auto => "auto",
@@ -76,6 +81,7 @@ impl CollectiveAlgorithm {
             CollectiveAlgorithm::Hier => "hier",
             CollectiveAlgorithm::Direct => "direct",
             CollectiveAlgorithm::Doubling => "doubling",
+            CollectiveAlgorithm::Rabenseifner => "rabenseifner",
             CollectiveAlgorithm::Ring => "ring",
         }
     }
@@ -97,6 +103,7 @@ impl std::str::FromStr for CollectiveAlgorithm {
             CollectiveAlgorithm::Hier,
             CollectiveAlgorithm::Direct,
             CollectiveAlgorithm::Doubling,
+            CollectiveAlgorithm::Rabenseifner,
             CollectiveAlgorithm::Ring,
         ]
         .into_iter()
@@ -313,7 +320,7 @@ mod tests {
             (
                 "VANS_COLLECTIVE_ALGO",
                 "tree",
-                "auto, shm, hier, direct, doubling or ring",
+                "auto, shm, hier, direct, doubling, rabenseifner or ring",
             ),
             ("VANS_COLLECTIVE_SPIN_US", "1000001", "up to 1000000"),
             ("VANS_COLLECTIVE_SPIN_US", "2.5", "whole number"),

@@ -463,13 +463,15 @@ pub const VARIABLES: &[EnvVar] = &[
         effect: "how all-reduces are carried out: auto (shm when every rank shares this \
                  host's memory; hier when the ranks run on several hosts with the same number \
                  on each; else up to VANS_COLLECTIVE_DIRECT_BYTES doubling on 4, 8, 16 … \
-                 ranks and direct on others, the ring beyond), shm (one shared-memory segment \
-                 the ranks map; an error when they cannot), hier (reduce-scatter through each \
-                 host's shared memory, all-reduce of each share between hosts, all-gather \
-                 through shared memory; an error when the ranks are not so placed), direct (every rank sends its buffer \
-                 to every other), doubling (recursive doubling: log2 n exchanges) or ring \
-                 (reduce-scatter and all-gather in slices); every choice gives every rank the \
-                 same bits",
+                 ranks and direct on others, up to 512 KiB rabenseifner on 4 ranks or more, \
+                 the ring beyond), shm (one shared-memory segment the ranks map; an error \
+                 when they cannot), hier (reduce-scatter through each host's shared memory, \
+                 all-reduce of each share between hosts, all-gather through shared memory; an \
+                 error when the ranks are not so placed), direct (every rank sends its buffer \
+                 to every other), doubling (recursive doubling: log2 n exchanges), \
+                 rabenseifner (reduce-scatter by recursive halving, all-gather by recursive \
+                 doubling) or ring (reduce-scatter and all-gather in slices); every choice \
+                 gives every rank the same bits",
     },
     EnvVar {
         name: "VANS_COLLECTIVE_SPIN_US",
@@ -483,9 +485,10 @@ pub const VARIABLES: &[EnvVar] = &[
         name: "VANS_COLLECTIVE_MESH",
         default: "1",
         effect: "whether the workers of a generation that do not all share a host connect to \
-                 each other directly over TCP for their collectives (sending from and \
+                 each other directly over TCP for their collectives of up to 256 KiB (4 MiB \
+                 when every machine has a core for each of its ranks), sending from and \
                  receiving into the collective's buffers, polling like VANS_COLLECTIVE_SPIN_US \
-                 says) instead of through the vans; only over tcp or uring, for up to 64 \
+                 says, instead of through the vans; only over tcp or uring, for up to 64 \
                  ranks, and never when the cluster authenticates (VANS_CLUSTER_SECRET): then \
                  every byte stays on the authenticated vans; 0 or 1",
     },

@@ -379,6 +379,7 @@ fn explain(o: &Options) -> Result<(), BoxError> {
         options.direct_bytes,
         u8::from(options.mesh)
     );
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let columns: Vec<(&str, usize)> = o
         .van
         .iter()
@@ -402,6 +403,10 @@ fn explain(o: &Options) -> Result<(), BoxError> {
             let path = match algorithm {
                 collective::Algorithm::Shm | collective::Algorithm::Hier => "",
                 _ if options.mesh && size <= collective::MESH_MAX_BYTES => " (mesh)",
+                // Every rank runs on this machine: it spins when it has a core for each.
+                _ if options.mesh && size <= collective::MESH_MAX_BYTES_SPINNING && n <= cores => {
+                    " (mesh)"
+                }
                 _ => " (vans)",
             };
             format!("{algorithm}{path}")
