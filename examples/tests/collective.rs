@@ -351,7 +351,7 @@ fn explain_shows_the_algorithm_and_the_path_of_each_size() {
             "--ranks",
             "2,4",
             "--sizes",
-            "4K,1M",
+            "4K,256K,64M",
         ])
         .env_remove("VANS_COLLECTIVE_ALGO")
         .env_remove("VANS_COLLECTIVE_MESH")
@@ -370,10 +370,22 @@ fn explain_shows_the_algorithm_and_the_path_of_each_size() {
         small.contains("direct (mesh)") && small.contains("doubling (mesh)"),
         "{small}"
     );
-    let large = row("1 MiB");
+    // Medium sizes on 4 ranks: Rabenseifner's.
+    assert!(row("256 KiB").contains("rabenseifner (mesh)"), "{text}");
+    let large = row("64 MiB");
     assert!(large.contains("ring (vans)"), "{large}");
     if cfg!(feature = "ipc") {
         assert!(small.contains("shm") && large.contains("shm"), "{text}");
+        // Two hosts of two ranks: hierarchical, each share between the hosts by messages.
+        let hosts = Command::new(BENCH)
+            .args(["--explain", "--van", "ipc", "--ranks", "4", "--sizes", "4K"])
+            .args(["--hosts", "2"])
+            .env_remove("VANS_COLLECTIVE_ALGO")
+            .env_remove("VANS_COLLECTIVE_MESH")
+            .output()
+            .unwrap();
+        let hosts = String::from_utf8_lossy(&hosts.stdout);
+        assert!(hosts.contains("hier: direct (mesh)"), "{hosts}");
     }
     let off = Command::new(BENCH)
         .args(["--explain", "--van", "tcp", "--ranks", "2", "--sizes", "4K"])

@@ -379,7 +379,6 @@ fn explain(o: &Options) -> Result<(), BoxError> {
         options.direct_bytes,
         u8::from(options.mesh)
     );
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let columns: Vec<(&str, usize)> = o
         .van
         .iter()
@@ -398,21 +397,40 @@ fn explain(o: &Options) -> Result<(), BoxError> {
                 ("ipc", h) if n % h == 0 && n / h >= 2 => collective::Layout::EvenHosts,
                 _ => collective::Layout::Apart,
             };
-            let algorithm = collective::plan(&options, size, n, layout);
-            // Over a stream van the ranks' direct connections carry the small collectives.
-            let path = match algorithm {
-                collective::Algorithm::Shm | collective::Algorithm::Hier => "",
-                _ if options.mesh && size <= collective::MESH_MAX_BYTES => " (mesh)",
-                // Every rank runs on this machine: it spins when it has a core for each.
-                _ if options.mesh && size <= collective::MESH_MAX_BYTES_SPINNING && n <= cores => {
-                    " (mesh)"
+            match collective::plan(&options, size, n, layout) {
+                collective::Algorithm::Shm => "shm".to_owned(),
+                // Each rank's share between the hosts, by messages.
+                collective::Algorithm::Hier => {
+                    let share = size.div_ceil(n / o.hosts);
+                    let between = by_messages(&options, share, o.hosts, n);
+                    format!("hier: {between}")
                 }
-                _ => " (vans)",
-            };
-            format!("{algorithm}{path}")
+                _ => by_messages(&options, size, n, n),
+            }
         }));
         table.row(row);
     }
     print!("{table}");
     Ok(())
+}
+
+/// The message algorithm and path of an all-reduce of `bytes` among `ranks`, where this
+/// machine runs `machine` ranks: over a stream van the ranks' direct connections (the
+/// mesh) carry the small collectives, and medium ones when each rank has a core.
+fn by_messages(
+    options: &collective::CommOptions,
+    bytes: usize,
+    ranks: usize,
+    machine: usize,
+) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let algorithm = collective::plan(options, bytes, ranks, collective::Layout::Apart);
+    let limit = match machine <= cores {
+        true => collective::MESH_MAX_BYTES_SPINNING,
+        false => collective::MESH_MAX_BYTES,
+    };
+    match options.mesh && bytes <= limit {
+        true => format!("{algorithm} (mesh)"),
+        false => format!("{algorithm} (vans)"),
+    }
 }
