@@ -403,14 +403,12 @@ impl Shared {
     }
 
     /// The mesh `op` goes over: its generation's, for a collective (point-to-point messages
-    /// stay on the vans, so a send never waits for its receiver) small enough (the mesh's
-    /// `max_bytes`, agreed by every rank: each decides alike, its buffer being the same).
+    /// stay on the vans, so a send never waits for its receiver) small enough
+    /// ([`crate::mesh::MAX_BYTES`]: every rank decides alike, its buffer being the same).
     fn mesh_for(&self, op: &Op) -> Option<Arc<crate::mesh::Mesh>> {
-        if op.kind == OpKind::PointToPoint || op.bytes > crate::mesh::MAX_BYTES_SPINNING {
-            return None;
-        }
-        self.mesh(op.generation)
-            .filter(|mesh| op.bytes <= mesh.max_bytes)
+        (op.bytes <= crate::mesh::MAX_BYTES && op.kind != OpKind::PointToPoint)
+            .then(|| self.mesh(op.generation))
+            .flatten()
     }
 
     /// The mesh of `generation`, if it has one.

@@ -83,13 +83,9 @@ use van_core::{NodeId, Role};
 pub use algorithm::{plan, Layout, RABENSEIFNER_MAX_BYTES};
 pub use comm::{CommOptions, Generation, APP_ID};
 
-/// Largest collective (whole buffer, bytes) that goes over a generation's TCP mesh when a
-/// machine runs more of its ranks than it has cores; larger ones take the vans (see
-/// [`CommOptions::mesh`]).
+/// Largest collective (whole buffer, bytes) that goes over a generation's TCP mesh; larger
+/// ones take the vans (see [`CommOptions::mesh`]).
 pub const MESH_MAX_BYTES: usize = mesh::MAX_BYTES;
-/// Largest collective that goes over the mesh when every machine has a core for each of
-/// its ranks.
-pub const MESH_MAX_BYTES_SPINNING: usize = mesh::MAX_BYTES_SPINNING;
 pub use element::{Element, ReduceOp};
 pub use error::{CollectiveError, Result};
 pub use half::{bf16, f16};

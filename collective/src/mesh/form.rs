@@ -14,7 +14,6 @@ use super::{Links, Mesh, MAX_RANKS};
 use crate::comm::{MeshClaim, Op, Shared};
 use crate::element::ReduceOp;
 use crate::error::Result;
-use crate::spin::Spin;
 
 /// The op numbers of the exchanges that form a mesh: apart from every other's.
 const FORM_OP: u64 = 3 << 61;
@@ -119,37 +118,25 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
         Some((listener, _, _)) => connect_all(listener, &table, n, r, token).await,
         None => Err("this rank does not want a mesh".into()),
     };
-    let spin = crate::spin::policy(
-        shared.options.spin,
-        crate::hosts::on_this_machine(&shared.po, &op.members),
-    );
-    // 0: no mesh; 1: a mesh; 2: a mesh, and this rank's machine has a core for each of its
-    // ranks. The least is what all get, so every rank agrees on what takes the mesh.
-    let mut vote = vec![match (&connected, spin) {
-        (Err(_), _) => 0,
-        (Ok(_), Spin::Yield(_)) => 1,
-        (Ok(_), Spin::Busy(_)) => 2,
-    }];
+    let mut vote = vec![i32::from(connected.is_ok())];
     let ballot = op.internal(FORM_OP + 1).carrying::<i32>(1);
     crate::ring::direct(shared, &ballot, &mut vote, ReduceOp::Min).await?;
     match (connected, vote[0]) {
-        (Ok((peers, watch)), agreed @ 1..) => {
-            let max_bytes = match agreed {
-                1 => super::MAX_BYTES,
-                _ => super::MAX_BYTES_SPINNING,
-            };
+        (Ok((peers, watch)), 1) => {
+            let spin = crate::spin::policy(
+                shared.options.spin,
+                crate::hosts::on_this_machine(&shared.po, &op.members),
+            );
             info!(
-                "collectives of generation {} up to {max_bytes} bytes go over a TCP mesh \
-                 ({n} ranks, {spin:?})",
+                "collectives of generation {} go over a TCP mesh ({n} ranks, {spin:?})",
                 op.generation
             );
             Ok(Some(Arc::new(Mesh {
                 members: op.members.clone(),
                 generation: op.generation,
                 spin,
-                max_bytes,
-                // Frames are slices of collectives of at most `max_bytes`.
-                max_payload: shared.options.slice_bytes.min(max_bytes),
+                // Frames are slices of collectives of at most `MAX_BYTES`.
+                max_payload: shared.options.slice_bytes.min(super::MAX_BYTES),
                 links: Mutex::new(Links {
                     peers,
                     early: HashMap::new(),

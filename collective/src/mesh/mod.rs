@@ -12,8 +12,7 @@
 //! cores) before it sleeps in `poll(2)`. The algorithms are the same ([`crate::ring`],
 //! [`crate::doubling`]): only [`Shared::send`](crate::comm::Shared) and `recv` change their
 //! path, so every rank gets the same bits either way. Only collectives of up to
-//! [`MAX_BYTES`] take the mesh (the latency-bound ones), or up to [`MAX_BYTES_SPINNING`]
-//! when every machine has a core for each of its ranks (agreed when the mesh forms).
+//! [`MAX_BYTES`] take the mesh: the latency-bound ones it is for.
 //!
 //! **Forming.** When a generation settles, its ranks (2 to [`MAX_RANKS`], not all on one
 //! host, over the `tcp` or `uring` van, with `VANS_COLLECTIVE_MESH` on and no cluster secret)
@@ -52,18 +51,14 @@ use peer::{Head, Peer};
 
 /// Largest generation that forms a mesh (each rank holds a connection to every other).
 pub(crate) const MAX_RANKS: usize = 64;
-/// Largest collective (whole buffer) that goes over the mesh when some machine runs more
-/// of the generation's ranks than it has cores; larger ones take the vans, whose reader and
-/// writer threads share the cores better than ranks that poll (`allreduce-bench`, TCP on
-/// loopback, 4 ranks on 2 cores: the mesh took 2.1 ms at 1 MiB and 9.3 ms at 4 MiB where the
-/// vans took 1.0 and 5.7).
+/// Largest collective (whole buffer) that goes over the mesh; larger ones take the vans,
+/// whose reader and writer threads stream big buffers faster than one polling thread
+/// (`allreduce-bench`, TCP on loopback, 2 and 4 ranks: the mesh took 23 µs at 64 KiB on 2
+/// ranks where the vans took 83–105, but 650–900 µs at 1 MiB where they took 230–440).
+/// Measured again on 2 ranks with a core each, the mesh took 0.18–0.22 ms at 1 MiB in some
+/// runs and 0.56–0.86 ms in others (the two spinning ranks time-sharing a core), and was
+/// slower from 1 MiB on 4 ranks sharing 2 cores: so the vans keep these sizes.
 pub(crate) const MAX_BYTES: usize = 256 << 10;
-/// Largest collective that goes over the mesh when every machine has a core for each of
-/// its ranks (they spin while they wait): one polling thread per rank then streams faster
-/// than the vans' threads up to here, not beyond (the same bench, 2 ranks on 2 cores: the
-/// mesh took 0.32 ms at 2 MiB and 0.65 at 4 MiB where the vans took 0.66 and 1.38, but 2.7
-/// ms at 8 MiB where they took 3.3 and Open MPI 2.0).
-pub(crate) const MAX_BYTES_SPINNING: usize = 4 << 20;
 /// Longest single sleep in `poll` before the generation is checked again.
 const NAP: Duration = Duration::from_millis(10);
 
@@ -72,9 +67,6 @@ pub(crate) struct Mesh {
     members: Vec<NodeId>,
     generation: u64,
     spin: Spin,
-    /// The largest collective (whole buffer, bytes) that takes the mesh: [`MAX_BYTES`] or
-    /// [`MAX_BYTES_SPINNING`], as the ranks agreed when it formed.
-    pub(crate) max_bytes: usize,
     /// The largest payload a frame may carry (a slice).
     max_payload: usize,
     links: Mutex<Links>,

@@ -402,10 +402,10 @@ fn explain(o: &Options) -> Result<(), BoxError> {
                 // Each rank's share between the hosts, by messages.
                 collective::Algorithm::Hier => {
                     let share = size.div_ceil(n / o.hosts);
-                    let between = by_messages(&options, share, o.hosts, n);
+                    let between = by_messages(&options, share, o.hosts);
                     format!("hier: {between}")
                 }
-                _ => by_messages(&options, size, n, n),
+                _ => by_messages(&options, size, n),
             }
         }));
         table.row(row);
@@ -414,22 +414,11 @@ fn explain(o: &Options) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The message algorithm and path of an all-reduce of `bytes` among `ranks`, where this
-/// machine runs `machine` ranks: over a stream van the ranks' direct connections (the
-/// mesh) carry the small collectives, and medium ones when each rank has a core.
-fn by_messages(
-    options: &collective::CommOptions,
-    bytes: usize,
-    ranks: usize,
-    machine: usize,
-) -> String {
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+/// The message algorithm and path of an all-reduce of `bytes` among `ranks`: over a stream
+/// van the ranks' direct connections (the mesh) carry the small collectives.
+fn by_messages(options: &collective::CommOptions, bytes: usize, ranks: usize) -> String {
     let algorithm = collective::plan(options, bytes, ranks, collective::Layout::Apart);
-    let limit = match machine <= cores {
-        true => collective::MESH_MAX_BYTES_SPINNING,
-        false => collective::MESH_MAX_BYTES,
-    };
-    match options.mesh && bytes <= limit {
+    match options.mesh && bytes <= collective::MESH_MAX_BYTES {
         true => format!("{algorithm} (mesh)"),
         false => format!("{algorithm} (vans)"),
     }
