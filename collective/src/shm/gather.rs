@@ -64,7 +64,9 @@ pub(super) fn gather_blocks<T: Element>(
 /// This rank's block of the reduction of every rank's `buf` (block `r` of
 /// [`chunk`]`(len, size, r)`), left in place in `buf`. Each chunk carries a piece of every
 /// block (piece `q` at `q × per` in the slot); rank `r` reduces piece `r` of every slot, in
-/// rank order, straight into its block.
+/// rank order, straight into its block. Ranks 0 and 1 keep their own piece out of the slot
+/// and fold in place (`s1 ⊕ s0` is `s0 ⊕ s1`, bit for bit: the operators commute), which
+/// saves a copy of a piece per chunk; other ranks fold from their slot.
 pub(super) fn reduce_scatter<T: Element>(
     rounds: &mut Rounds<'_>,
     buf: &mut [T],
@@ -74,9 +76,10 @@ pub(super) fn reduce_scatter<T: Element>(
     let (n, r, len) = (g.size, g.rank, buf.len());
     let per = (g.slot_bytes / std::mem::size_of::<T>() / n).max(1);
     let longest = (0..n).map(|q| chunk(len, n, q).len()).max().unwrap_or(0);
+    let in_place = r <= 1;
     for at in (0..longest).step_by(per) {
         let parity = rounds.next_chunk();
-        for q in 0..n {
+        for q in (0..n).filter(|&q| q != r || !in_place) {
             let block = chunk(len, n, q);
             let piece = (block.start + at).min(block.end)..(block.start + at + per).min(block.end);
             // SAFETY: piece `q` of this rank's slot (at most `per` elements at `q × per`,
@@ -91,10 +94,23 @@ pub(super) fn reduce_scatter<T: Element>(
         let mine = chunk(len, n, r);
         let piece = (mine.start + at).min(mine.end)..(mine.start + at + per).min(mine.end);
         let out = &mut buf[piece.clone()];
-        // SAFETY (each view): piece `r` of every slot, published; nobody writes them now.
-        out.copy_from_slice(unsafe { view(g, 0, parity, r * per, piece.len()) });
-        for q in 1..n {
-            combine_slice(out, unsafe { view(g, q, parity, r * per, piece.len()) }, op);
+        // SAFETY (each view): piece `r` of a published slot; nobody writes them now.
+        let slot = |q: usize| unsafe { view(g, q, parity, r * per, piece.len()) };
+        let rest = match r {
+            // `out` holds s0.
+            0 => 1,
+            // `out` holds s1: s1 ⊕ s0 is s0 ⊕ s1.
+            1 => {
+                combine_slice(out, slot(0), op);
+                2
+            }
+            _ => {
+                out.copy_from_slice(slot(0));
+                1
+            }
+        };
+        for q in rest..n {
+            combine_slice(out, slot(q), op);
         }
         if op == ReduceOp::Mean {
             out.iter_mut().for_each(|v| *v = v.divide(n));
