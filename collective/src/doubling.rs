@@ -7,7 +7,8 @@
 //! `n - 1` buffers per rank and the ring waits `2 (n - 1)` latencies.
 //!
 //! Every combination is of two partial results, and the operators are commutative (IEEE
-//! addition and multiplication included), so the two ranks of a pair compute the same bits
+//! addition and multiplication included; min and max are made so for two NaNs and for
+//! signed zeros, see [`Element::combine`]), so the two ranks of a pair compute the same bits
 //! and every rank ends with the same total: the tree `reference` spells out.
 
 use crate::comm::{Op, Shared};

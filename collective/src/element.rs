@@ -100,6 +100,25 @@ macro_rules! integer_element {
     };
 }
 
+/// The minimum or maximum (`$pick`) of two floats, the same bits whichever comes first:
+/// IEEE's `min` and `max` may return either of two equal zeros (`-0.0` and `+0.0`) or two
+/// NaNs, so two ranks combining the same pair in opposite orders (recursive doubling's
+/// partners) could disagree. Equal values combine by `$bits` on their bit patterns (`|`
+/// for min: `-0.0`; `&` for max: `+0.0`); two NaNs give the larger bit pattern.
+macro_rules! symmetric {
+    ($t:ty, $a:expr, $b:expr, $pick:ident, $bits:expr) => {{
+        let (a, b): ($t, $t) = ($a, $b);
+        let bits: fn(_, _) -> _ = $bits;
+        if a == b {
+            <$t>::from_bits(bits(a.to_bits(), b.to_bits()))
+        } else if a.is_nan() && b.is_nan() {
+            <$t>::from_bits(a.to_bits().max(b.to_bits()))
+        } else {
+            a.$pick(b)
+        }
+    }};
+}
+
 macro_rules! float_element {
     ($t:ty, $name:literal, $dt:ident, $tag:literal) => {
         impl Element for $t {
@@ -110,8 +129,8 @@ macro_rules! float_element {
             fn combine(self, other: Self, op: ReduceOp) -> Self {
                 match op {
                     ReduceOp::Sum | ReduceOp::Mean => self + other,
-                    ReduceOp::Min => self.min(other),
-                    ReduceOp::Max => self.max(other),
+                    ReduceOp::Min => symmetric!($t, self, other, min, |a, b| a | b),
+                    ReduceOp::Max => symmetric!($t, self, other, max, |a, b| a & b),
                     ReduceOp::Product => self * other,
                 }
             }
@@ -143,8 +162,8 @@ macro_rules! half_element {
                     ReduceOp::Sum | ReduceOp::Mean => {
                         <$t>::from_f32(self.to_f32() + other.to_f32())
                     }
-                    ReduceOp::Min => self.min(other),
-                    ReduceOp::Max => self.max(other),
+                    ReduceOp::Min => symmetric!($t, self, other, min, |a, b| a | b),
+                    ReduceOp::Max => symmetric!($t, self, other, max, |a, b| a & b),
                     ReduceOp::Product => <$t>::from_f32(self.to_f32() * other.to_f32()),
                 }
             }
@@ -208,6 +227,32 @@ mod tests {
         assert_eq!(i32::MAX.combine(1, ReduceOp::Sum), i32::MIN);
         assert_eq!((-3i64).combine(4, ReduceOp::Min), -3);
         assert_eq!(2.5f32.combine(4.0, ReduceOp::Max), 4.0);
+        // Either order, the same bits: signed zeros and NaNs included.
+        let nan = |bits: u32| f32::from_bits(0x7fc0_0000 | bits);
+        for (a, b) in [
+            (0.0f32, -0.0f32),
+            (nan(1), nan(2)),
+            (nan(3), 1.0),
+            (-0.0, 2.0),
+        ] {
+            for op in [ReduceOp::Min, ReduceOp::Max] {
+                let (x, y) = (a.combine(b, op), b.combine(a, op));
+                assert_eq!(x.to_bits(), y.to_bits(), "{a:?} {b:?} {op:?}");
+            }
+        }
+        assert_eq!(
+            0.0f32.combine(-0.0, ReduceOp::Max).to_bits(),
+            0.0f32.to_bits()
+        );
+        assert_eq!(
+            0.0f64.combine(-0.0, ReduceOp::Min).to_bits(),
+            (-0.0f64).to_bits()
+        );
+        let (p, m) = (bf16::from_f32(0.0), bf16::from_f32(-0.0));
+        assert_eq!(
+            m.combine(p, ReduceOp::Max).to_bits(),
+            p.combine(m, ReduceOp::Max).to_bits()
+        );
         assert_eq!(7i32.divide(2), 3);
         assert_eq!((-7i64).divide(2), -3);
         assert_eq!(3.0f64.divide(4), 0.75);

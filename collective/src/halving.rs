@@ -3,19 +3,19 @@
 //! above `n` (the `n - p` ranks beyond fold in first, as in [`crate::doubling`]: rank
 //! `p + i` sends its buffer to rank `i`, which combines it, and gets the result last).
 //!
-//! The buffer is cut into `p` blocks ([`chunk`]`(len, p, b)`). In the halving step at
-//! distance `d` (`p/2`, `p/4`, … 1) each rank exchanges half of the blocks it still reduces
-//! with the rank `d` away: the lower rank of the pair keeps the lower half and sends the
-//! upper, the other the reverse, and each combines the half it receives into its own. After
-//! `log2 p` steps rank `r` holds block `r`, reduced over every rank. The doubling steps
-//! (distance 1, 2, … `p/2`) then swap the reduced blocks, each rank copying its partner's,
-//! until every rank holds all of them. Each rank sends `2 (p - 1) / p` of the buffer, as
-//! around the ring, in `2 log2 p` steps instead of `2 (p - 1)`: for medium sizes on many
-//! ranks, where the ring's latencies add up.
+//! The buffer is cut into `p` blocks ([`chunk`](crate::ring::chunk)`(len, p, b)`). In the
+//! halving step at distance `d` (`p/2`, `p/4`, … 1) each rank exchanges half of the blocks
+//! it still reduces with the rank `d` away: the lower rank of the pair keeps the lower half
+//! and sends the upper, the other the reverse, and each combines the half it receives into
+//! its own. After `log2 p` steps rank `r` holds block `r`, reduced over every rank. The
+//! doubling steps (distance 1, 2, … `p/2`) then swap the reduced blocks, each rank copying
+//! its partner's, until every rank holds all of them. Each rank sends `2 (p - 1) / p` of
+//! the buffer, as around the ring, in `2 log2 p` steps instead of `2 (p - 1)`: for medium
+//! sizes on many ranks, where the ring's latencies add up.
 //!
 //! Every block is reduced by one rank only and then copied, and each combination is of two
 //! partial results of commutative operators (IEEE addition and multiplication included), so
-//! every rank ends with the same bits: the tree [`reference`] spells out.
+//! every rank ends with the same bits: the tree [`reference()`] spells out.
 
 use std::ops::Range;
 
