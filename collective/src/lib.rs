@@ -324,9 +324,10 @@ pub(crate) async fn settle(shared: &comm::Shared, timeout: Duration) -> Result<G
     Ok(generation)
 }
 
-/// Runs `what` through shared memory when `call` holds a ticket for it: `Ok(true)` when
-/// done there. Without a ticket (or a group), `Ok(false)`, unless `VANS_COLLECTIVE_ALGO=shm`
-/// asked for shared memory: then an error saying why it cannot be had.
+/// Runs `what` through shared memory when `call` holds a ticket for it (on one host, or
+/// hierarchically across hosts): `Ok(true)` when done there. Without a ticket (or a group),
+/// `Ok(false)`, unless `VANS_COLLECTIVE_ALGO=shm` or `hier` asked for it: then an error
+/// saying why it cannot be had.
 async fn through_shared_memory<T: Element>(
     shared: &comm::Shared,
     call: &comm::Op,

@@ -244,12 +244,32 @@ fn a_link_taken_down_mid_run_is_a_named_error_on_both_sides() {
 #[cfg(feature = "ipc")]
 fn collective_node(
     hosts: &Hosts,
+    who: (usize, &str, Option<usize>),
+    workers: usize,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Child {
+    collective_node_under(hosts, &[], who, workers, env, args)
+}
+
+/// [`collective_node`] run under the command `wrap` (empty: none).
+#[cfg(feature = "ipc")]
+fn collective_node_under(
+    hosts: &Hosts,
+    wrap: &[&str],
     (host, role, rank): (usize, &str, Option<usize>),
     workers: usize,
     env: &[(&str, &str)],
     args: &[&str],
 ) -> Child {
-    let mut cmd = hosts.command(host, ALLREDUCE_BENCH);
+    let mut cmd = match wrap.split_first() {
+        Some((program, rest)) => {
+            let mut cmd = hosts.command(host, program);
+            cmd.args(rest).arg(ALLREDUCE_BENCH);
+            cmd
+        }
+        None => hosts.command(host, ALLREDUCE_BENCH),
+    };
     cmd.args(["--threads", "2", "node"])
         .args(args)
         .env("DMLC_ROLE", role)
@@ -261,6 +281,7 @@ fn collective_node(
         .env("DMLC_ENABLE_RDMA", "0")
         .env("RUST_LOG", "collective=info")
         .env_remove("VANS_HOST_ID")
+        .env_remove("VANS_IPC_NAMED")
         .env_remove("VANS_STREAM_VAN")
         .env_remove("DMLC_ENABLE_IPC")
         .envs(env.iter().copied())
@@ -392,6 +413,56 @@ fn a_rank_killed_mid_hierarchical_all_reduce_is_named_and_replaced() {
         assert!(
             formed >= 2,
             "a survivor on host {host} went hierarchically {formed} times: {all}"
+        );
+    }
+}
+
+/// A host whose two ranks cannot share memory (one runs in a pid namespace of its own, so
+/// cannot open the other's segment through `/proc`), beside a host whose ranks can: the hosts
+/// vote, and every rank goes by messages (had one host gone through its group and the other
+/// by messages, every all-reduce would wait out the timeout).
+#[cfg(feature = "ipc")]
+#[test]
+fn a_host_that_cannot_share_memory_sends_every_host_by_messages() {
+    let Some(hosts) = hosts("e") else {
+        return;
+    };
+    let env = [
+        ("RUST_LOG", "collective=debug"),
+        ("VANS_COLLECTIVE_TIMEOUT", "30"),
+    ];
+    let node = |who, wrap: &[&str]| collective_node_under(&hosts, wrap, who, 4, &env, &["check"]);
+    let isolated = ["unshare", "--pid", "--fork"];
+    let nodes = vec![
+        (0, "scheduler", node((0, "scheduler", None), &[])),
+        (0, "server", node((0, "server", Some(0)), &[])),
+        (0, "worker", node((0, "worker", Some(0)), &[])),
+        (0, "worker", node((0, "worker", Some(1)), &[])),
+        (1, "worker", node((1, "worker", Some(2)), &[])),
+        (1, "worker", node((1, "worker", Some(3)), &isolated)),
+    ];
+    let outputs = wait_all(nodes);
+    for (host, role, out) in &outputs {
+        let all = text(out);
+        assert!(out.status.success(), "{role} on host {host}: {all}");
+        if *role != "worker" {
+            continue;
+        }
+        assert!(
+            all.contains("collective check ok"),
+            "worker on host {host}: {all}"
+        );
+        assert!(
+            !all.contains("go hierarchically"),
+            "worker on host {host}: {all}"
+        );
+        let why = match host {
+            0 => "the ranks of another host could not share their memory",
+            _ => "are in different pid namespaces",
+        };
+        assert!(
+            all.contains(why),
+            "worker on host {host} did not say why: {all}"
         );
     }
 }

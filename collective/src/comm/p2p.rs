@@ -212,7 +212,7 @@ impl Op {
         match error {
             node::PsError::NodeFailed { reason, .. } => CollectiveError::RankFailed {
                 node: self.members[to],
-                rank: to,
+                rank: self.ranks[to],
                 generation: self.generation,
                 reason,
             },

@@ -65,8 +65,10 @@ pub(super) fn gather_blocks<T: Element>(
 /// [`chunk`]`(len, size, r)`), left in place in `buf`. Each chunk carries a piece of every
 /// block (piece `q` at `q × per` in the slot); rank `r` reduces piece `r` of every slot, in
 /// rank order, straight into its block. Ranks 0 and 1 keep their own piece out of the slot
-/// and fold in place (`s1 ⊕ s0` is `s0 ⊕ s1`, bit for bit: the operators commute), which
-/// saves a copy of a piece per chunk; other ranks fold from their slot.
+/// and fold in place (`s1 ⊕ s0` is `s0 ⊕ s1`: the operators commute, but for which of two
+/// NaNs' payloads a sum keeps; each piece is reduced by one rank, so every rank still gets
+/// the same bits), which saves a copy of a piece per chunk; other ranks fold from their
+/// slot.
 pub(super) fn reduce_scatter<T: Element>(
     rounds: &mut Rounds<'_>,
     buf: &mut [T],

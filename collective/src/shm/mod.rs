@@ -1,6 +1,10 @@
 //! Collectives through shared memory, for a generation whose ranks all share this host:
 //! all-reduce, all-gather, reduce-scatter and broadcast with no messages and no van, and no
-//! copy but one into the segment and one out of it.
+//! copy but one into the segment and one out of it. For a generation on several hosts with
+//! the same number of ranks on each, each host's ranks form a group of their own, and the
+//! all-reduce goes hierarchically (`run::hierarchical`): a reduce-scatter through the host's
+//! group, an all-reduce of each share between the hosts by messages, an all-gather through
+//! the group.
 //!
 //! **The group.** On a generation's first such collective, rank 0 creates a sealed memfd
 //! segment ([`van_ipc::Segment`]) and the ranks exchange, over the vans (two small direct
@@ -8,7 +12,8 @@
 //! and rank 0's descriptor number and a random token. Every other rank opens the memfd
 //! through `/proc/<pid>/fd/<fd>` (the same user may), checks the seals, the length and the
 //! token, and all say whether they got it; only if every rank did does the generation use
-//! the segment. Otherwise (different pid namespaces, a `/proc` that refuses) it takes the
+//! the segment (across hosts, each host's ranks vote on their group, then the hosts vote:
+//! every rank takes the same path). Otherwise (different pid namespaces, a `/proc` that refuses) it takes the
 //! message algorithms, or fails when `VANS_COLLECTIVE_ALGO=shm` asked for shared memory. A
 //! memfd has no name: a crash leaves nothing in `/dev/shm`, and the memory goes with the
 //! last rank that maps it. A new generation makes a new segment.
@@ -27,7 +32,8 @@
 //! and every rank copies the reduced shares out (two waits, `1/n` of the reduction each).
 //! Every element is `slot 0 ⊕ slot 1 ⊕ … ⊕ slot n-1` in that order, so every rank gets the
 //! same bits. All-gather copies in and then every slot out; reduce-scatter puts a piece of
-//! every rank's block in each chunk and rank `r` reduces its piece; broadcast has the root
+//! every rank's block in each chunk (ranks 0 and 1 keep their own out) and rank `r` reduces
+//! its piece; broadcast has the root
 //! copy in and the others copy out. Each chunk's first publication carries the collective's
 //! signature (number, kind, element type, length), checked by the ranks that wait for it:
 //! ranks that disagree fail with [`CollectiveError::Mismatch`] instead of mixing buffers.

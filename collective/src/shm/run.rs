@@ -164,8 +164,9 @@ fn attach(
     let first = &rows[0];
     if let Some(q) = (0..n).find(|&q| rows[q].pid_namespace != rows[r].pid_namespace) {
         return Err(format!(
-            "ranks {r} and {q} are in different pid namespaces, so cannot open each other's \
-             memory through /proc"
+            "ranks {} and {} are in different pid namespaces, so cannot open each other's \
+             memory through /proc",
+            call.ranks[r], call.ranks[q]
         ));
     }
     if first.fd <= 0 || first.len != total as i64 {
@@ -220,6 +221,8 @@ pub(super) fn process_gone(pid: i32) -> bool {
 /// collective's number (apart from the collectives', the point-to-point messages' and the
 /// forming exchanges').
 const HIER_OP: u64 = 1 << 60;
+/// The op number of the hosts' vote on their groups (see [`run`]).
+const HOSTS_VOTE: u64 = FORM_OP + 2;
 /// Marks the signatures of a hierarchical all-reduce's phases in shared memory.
 const HIERARCHY: u64 = 1 << 16;
 
@@ -249,7 +252,17 @@ pub(crate) async fn run<T: Element>(
             // Ranks on this machine but in other namespaces share its cores too.
             let machine = crate::hosts::on_this_machine(&shared.po, &call.members);
             let spin = crate::spin::policy(shared.options.spin, machine);
-            let formed = form(shared, &local, spin).await?;
+            let mut formed = form(shared, &local, spin).await?;
+            // Each host voted on its own group; every rank of the generation must take the
+            // same path (through the hosts' groups, or by messages), so the hosts vote too.
+            if call.hosts.is_some() {
+                let mut all = vec![i32::from(formed.is_ok())];
+                let vote = call.internal(HOSTS_VOTE).carrying::<i32>(1);
+                crate::ring::direct(shared, &vote, &mut all, ReduceOp::Min).await?;
+                if all[0] == 0 && formed.is_ok() {
+                    formed = Err("the ranks of another host could not share their memory".into());
+                }
+            }
             if let (Some(hosts), Ok(_)) = (&call.hosts, &formed) {
                 info!(
                     "all-reduces of generation {} go hierarchically: {} hosts of {} ranks, \
@@ -323,7 +336,8 @@ fn not_placed(call: &Op) -> CollectiveError {
 /// hosts and the share), so every rank's link carries a share at once; an all-gather
 /// through the group then copies every share to every rank of the host. Each element is
 /// the host sums (each in host rank order) reduced in one order, the same on every rank, so
-/// every rank gets the same bits.
+/// every rank gets the same bits. A mean sums in both phases and divides the share by the
+/// generation's size once (dividing per phase would truncate integers twice).
 async fn hierarchical<T: Element>(
     through: &Through<'_>,
     call: &Op,
@@ -332,15 +346,23 @@ async fn hierarchical<T: Element>(
     op: ReduceOp,
 ) -> Result<()> {
     let (n, r) = (through.group.size, through.group.rank);
+    let sum = match op {
+        ReduceOp::Mean => ReduceOp::Sum,
+        other => other,
+    };
     through.phase(OpKind::ReduceScatter as u64 | HIERARCHY, |rounds| {
-        gather::reduce_scatter(rounds, buf, op)
+        gather::reduce_scatter(rounds, buf, sum)
     })?;
     let share = chunk(buf.len(), n, r);
     let across = call
         .among(&hosts.across(call.rank), HIER_OP | call.number)
         .ok_or_else(|| not_placed(call))?
         .carrying::<T>(share.len());
-    crate::algorithm::run_by_messages(through.shared, &across, &mut buf[share], op).await?;
+    let mine = &mut buf[share];
+    crate::algorithm::run_by_messages(through.shared, &across, mine, sum).await?;
+    if op == ReduceOp::Mean {
+        mine.iter_mut().for_each(|v| *v = v.divide(call.size()));
+    }
     through.phase(OpKind::AllGather as u64 | HIERARCHY, |rounds| {
         gather::gather_blocks(rounds, None, buf)
     })

@@ -76,7 +76,11 @@ impl Turns {
             placement
         });
         let hosts = match (placement, algorithm, kind) {
-            (_, Algorithm::Direct | Algorithm::Doubling | Algorithm::Ring, _) => return None,
+            (
+                _,
+                Algorithm::Direct | Algorithm::Doubling | Algorithm::Rabenseifner | Algorithm::Ring,
+                _,
+            ) => return None,
             (_, _, OpKind::Barrier | OpKind::AllToAll | OpKind::PointToPoint) => return None,
             (Placement::OneHost, Algorithm::Auto | Algorithm::Shm, _) => None,
             (Placement::Hosts(hosts), Algorithm::Auto | Algorithm::Hier, OpKind::AllReduce) => {

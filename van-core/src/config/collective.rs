@@ -28,7 +28,7 @@ const GIB: usize = 1 << 30;
 const LONGEST: Duration = Duration::from_secs(86_400);
 const SLICE_EXPECTED: &str = "a whole number of bytes from 4096 to 1073741824 (1 GiB)";
 const DIRECT_EXPECTED: &str =
-    "a whole number of bytes up to 1073741824 (1 GiB; 0: always the ring)";
+    "a whole number of bytes up to 1073741824 (1 GiB; 0: never a latency-bound algorithm)";
 const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
 const ALGORITHM_EXPECTED: &str = "auto, shm, hier, direct, doubling, rabenseifner or ring";
 const SPIN_EXPECTED: &str = "a whole number of microseconds up to 1000000 (0: never spin)";
@@ -119,7 +119,7 @@ pub struct CollectiveSettings {
     /// `VANS_COLLECTIVE_SLICE_BYTES`: largest message a collective sends (4096 to 1 GiB).
     pub slice_bytes: usize,
     /// `VANS_COLLECTIVE_DIRECT_BYTES`: all-reduces of buffers up to this many bytes go to every
-    /// rank at once instead of around the ring (up to 1 GiB; 0: always the ring).
+    /// rank at once instead of around the ring (up to 1 GiB; 0: never).
     pub direct_bytes: usize,
     /// `VANS_COLLECTIVE_SETTLE_WINDOW`: how long the coordinator waits for every live worker
     /// to join before it forms the next generation with those that did.

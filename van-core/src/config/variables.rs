@@ -454,8 +454,8 @@ pub const VARIABLES: &[EnvVar] = &[
         name: "VANS_COLLECTIVE_DIRECT_BYTES",
         default: "65536 (64 KiB)",
         effect: "all-reduces of buffers up to this many bytes take a latency-bound algorithm \
-                 (see VANS_COLLECTIVE_ALGO) instead of the ring; up to 1 GiB; 0: always the \
-                 ring",
+                 (see VANS_COLLECTIVE_ALGO) instead of Rabenseifner's or the ring; up to 1 GiB; \
+                 0: never",
     },
     EnvVar {
         name: "VANS_COLLECTIVE_ALGO",

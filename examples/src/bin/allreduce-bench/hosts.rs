@@ -90,6 +90,8 @@ fn spawn(
         .env("DMLC_ENABLE_RDMA", "0")
         .env(OUT_ENV, out)
         .env_remove("VANS_HOST_ID")
+        // Named shared memory would leave the namespace out of the host identity.
+        .env_remove("VANS_IPC_NAMED")
         .env_remove("DMLC_NODE_HOST")
         .stdout(Stdio::null());
     match rank {

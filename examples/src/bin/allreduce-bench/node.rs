@@ -105,6 +105,13 @@ async fn check(po: &Postoffice) -> Result<(), BoxError> {
     if d.iter().any(|v| *v != ranks as f64 / n as f64) {
         return Err(fail("f64 mean"));
     }
+    // An integer mean truncates once: odd ranks 0, even ranks r + 1.
+    let mut im: Vec<i64> = vec![if r % 2 == 0 { r as i64 + 1 } else { 0 }; 9];
+    comm.allreduce(&mut im, ReduceOp::Mean).await?;
+    let total: i64 = (0..n as i64).filter(|q| q % 2 == 0).map(|q| q + 1).sum();
+    if im.iter().any(|v| *v != total / n as i64) {
+        return Err(fail("i64 mean"));
+    }
     let mut m: Vec<i32> = vec![r as i32; 5];
     comm.allreduce(&mut m, ReduceOp::Min).await?;
     if m != [0; 5] {
