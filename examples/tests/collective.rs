@@ -239,16 +239,7 @@ fn elastic_loop(algorithm: Option<&str>, tcp: bool) {
 
 /// [`elastic_loop`] with `env` for every node.
 fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
-    // About 20 s of steps: the replacement joins while the survivors are mid-loop.
-    let args = [
-        "elastic",
-        "--steps",
-        "600",
-        "--len",
-        "5000",
-        "--step-ms",
-        "30",
-    ];
+    let args = common::ELASTIC_ARGS;
     let (mut cluster, port) = start_with(4, &args, tcp, env);
     std::thread::sleep(Duration::from_secs(4));
     let victim = cluster.workers.remove(1);

@@ -9,6 +9,19 @@ use std::process::{Child, Output};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
+/// `allreduce-bench node` arguments of the elastic loops: about 20 s of checked all-reduces
+/// (600 steps of 5000 elements, 30 ms apart), so a replacement joins while the survivors
+/// are mid-loop.
+pub(crate) const ELASTIC_ARGS: [&str; 7] = [
+    "elastic",
+    "--steps",
+    "600",
+    "--len",
+    "5000",
+    "--step-ms",
+    "30",
+];
+
 /// How long a cluster test waits for a process: generous, these run on a loaded 2-core
 /// machine (and some inside an emulated guest).
 pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
