@@ -207,15 +207,23 @@ impl Op {
         }
     }
 
-    /// The error of a message to the member of rank `to` the postoffice could not send.
+    /// A member the van cannot reach (its connection gone, refused, unknown) failed as far
+    /// as this collective goes: named like a member the postoffice declared failed.
     pub(super) fn send_failed(&self, to: usize, error: node::PsError) -> CollectiveError {
+        use van_core::VanError;
+        let failed = |reason: String| CollectiveError::RankFailed {
+            node: self.members[to],
+            rank: self.ranks[to],
+            generation: self.generation,
+            reason,
+        };
         match error {
-            node::PsError::NodeFailed { reason, .. } => CollectiveError::RankFailed {
-                node: self.members[to],
-                rank: self.ranks[to],
-                generation: self.generation,
-                reason,
-            },
+            node::PsError::NodeFailed { reason, .. } => failed(reason),
+            node::PsError::Van(
+                e @ (VanError::PeerGone { .. }
+                | VanError::Connect { .. }
+                | VanError::UnknownPeer { .. }),
+            ) => failed(e.to_string()),
             other => other.into(),
         }
     }
