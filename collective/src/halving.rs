@@ -23,7 +23,7 @@ use crate::comm::{Op, Shared};
 use crate::doubling::{fold_in, fold_out, lower_power_of_two};
 use crate::element::{Element, ReduceOp};
 use crate::error::Result;
-use crate::ring::{receive, send, Combine};
+use crate::ring::{chunk, receive, send, Combine};
 
 /// All-reduce of `buf` in place by Rabenseifner's algorithm.
 pub(crate) async fn allreduce<T: Element>(
@@ -45,10 +45,9 @@ pub(crate) async fn allreduce<T: Element>(
         return Ok(());
     }
     let len = buf.len();
-    // The elements of blocks `lo..hi`.
+    // The elements of blocks `lo..hi` (never empty: halves of a power of two).
     let span = |(lo, hi): (usize, usize)| -> Range<usize> {
-        let at = |b: usize| ((len as u128 * b as u128) / p as u128) as usize;
-        at(lo)..at(hi)
+        chunk(len, p, lo).start..chunk(len, p, hi - 1).end
     };
     // Halving: the blocks this rank still reduces, `lo..hi`.
     let (mut lo, mut hi) = (0, p);

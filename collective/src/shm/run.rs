@@ -238,13 +238,15 @@ pub(crate) async fn run<T: Element>(
     what: Collective<'_, T>,
 ) -> Result<bool> {
     let _turn = shared.shm_turn(call, ticket).await?;
-    // The ranks that map the group: the generation's, or this host's.
-    let local = match &call.hosts {
-        Some(hosts) => call
-            .among(hosts.local(call.rank), call.number)
-            .ok_or_else(|| not_placed(call))?,
-        None => call.clone(),
+    // The ranks that map the group: this host's, or (no copy) the generation's.
+    let host_op = match &call.hosts {
+        Some(hosts) => Some(
+            call.among(hosts.local(call.rank), call.number)
+                .ok_or_else(|| not_placed(call))?,
+        ),
+        None => None,
     };
+    let local = host_op.as_ref().unwrap_or(call);
     let group = match shared.shm_group(call.generation) {
         Formed::Ready(group) => Ok(group),
         Formed::Unavailable(why) => Err(why),
@@ -252,7 +254,7 @@ pub(crate) async fn run<T: Element>(
             // Ranks on this machine but in other namespaces share its cores too.
             let machine = crate::hosts::on_this_machine(&shared.po, &call.members);
             let spin = crate::spin::policy(shared.options.spin, machine);
-            let mut formed = form(shared, &local, spin).await?;
+            let mut formed = form(shared, local, spin).await?;
             // Each host voted on its own group; every rank of the generation must take the
             // same path (through the hosts' groups, or by messages), so the hosts vote too.
             if call.hosts.is_some() {
@@ -292,7 +294,7 @@ pub(crate) async fn run<T: Element>(
     let through = Through {
         shared,
         whole: call,
-        local: &local,
+        local,
         group: &group,
     };
     match (what, &call.hosts) {
