@@ -3,7 +3,7 @@
 //! above `n` (the `n - p` ranks beyond fold in first, as in [`crate::doubling`]: rank
 //! `p + i` sends its buffer to rank `i`, which combines it, and gets the result last).
 //!
-//! The buffer is cut into `p` blocks ([`chunk`](crate::ring::chunk)`(len, p, b)`). In the
+//! The buffer is cut into `p` blocks ([`chunk`]`(len, p, b)`). In the
 //! halving step at distance `d` (`p/2`, `p/4`, … 1) each rank exchanges half of the blocks
 //! it still reduces with the rank `d` away: the lower rank of the pair keeps the lower half
 //! and sends the upper, the other the reverse, and each combines the half it receives into
