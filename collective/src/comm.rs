@@ -17,8 +17,9 @@ use node::Postoffice;
 use tokio::sync::{mpsc, Notify};
 use tracing::debug;
 use van_core::config::{CollectiveAlgorithm as Algorithm, CollectiveSettings};
-use van_core::{Config, Message, NodeId};
+use van_core::{Config, Message, NodeId, VanKind};
 
+use crate::element::Element;
 use crate::error::{CollectiveError, Result};
 use generation::{Membership, Protocol, TICK};
 use p2p::Mailbox;
@@ -403,10 +404,9 @@ impl Shared {
     }
 
     /// The mesh `op` goes over: its generation's, for a collective (point-to-point messages
-    /// stay on the vans, so a send never waits for its receiver) small enough
-    /// ([`crate::mesh::MAX_BYTES`]: every rank decides alike, its buffer being the same).
+    /// stay on the vans, so a send never waits for its receiver).
     fn mesh_for(&self, op: &Op) -> Option<Arc<crate::mesh::Mesh>> {
-        (op.bytes <= crate::mesh::MAX_BYTES && op.kind != OpKind::PointToPoint)
+        (op.kind != OpKind::PointToPoint)
             .then(|| self.mesh(op.generation))
             .flatten()
     }
@@ -419,7 +419,8 @@ impl Shared {
         }
     }
 
-    /// Sends one slice of collective `op` to the member of rank `to`.
+    /// Sends one slice of collective `op` to the member of rank `to`: bytes already in a
+    /// message (a slice received, forwarded as it came).
     pub(crate) async fn send(
         &self,
         op: &Op,
@@ -429,10 +430,29 @@ impl Shared {
         data: Bytes,
     ) -> Result<()> {
         if let Some(mesh) = self.mesh_for(op) {
-            return mesh.send(op, to, hop, slice, data);
+            return mesh.send(op, to, hop, slice, crate::mesh::Data::Owned(data));
         }
         let msg = op.message(self.me, self.options.customer_id, to, hop, slice, data);
         self.po.send(msg).await.map_err(|e| op.send_failed(to, e))
+    }
+
+    /// Sends one slice of collective `op`, `values`, to the member of rank `to`. Over the
+    /// mesh the socket takes them from the caller's memory (copied only if it cannot take
+    /// them all at once); to a van, a copy (see [`to_bytes`]).
+    pub(crate) async fn send_values<T: Element>(
+        &self,
+        op: &Op,
+        to: usize,
+        hop: usize,
+        slice: usize,
+        values: &[T],
+    ) -> Result<()> {
+        if let Some(mesh) = self.mesh_for(op) {
+            let data = crate::mesh::Data::Borrowed(bytemuck::cast_slice(values));
+            return mesh.send(op, to, hop, slice, data);
+        }
+        let data = to_bytes(self, op, to, values);
+        self.send(op, to, hop, slice, data).await
     }
 
     /// Receives one slice of collective `op` from the member of rank `from`: its bytes,
@@ -621,4 +641,21 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::Receiver<Message>)
             }
         }
     }
+}
+
+/// A copy of `values` as message bytes for the member of rank `to`: in memory its van sends
+/// without another copy when it has some (the shared-memory arena, registered RDMA memory),
+/// else in a reused buffer.
+fn to_bytes<T: Element>(shared: &Shared, op: &Op, to: usize, values: &[T]) -> Bytes {
+    let bytes: &[u8] = bytemuck::cast_slice(values);
+    let zero_copy = matches!(
+        shared.po.van_for(op.members[to]),
+        Some(VanKind::Ipc | VanKind::Rdma)
+    );
+    if !zero_copy {
+        return shared.pool.copy(bytes);
+    }
+    let mut buf = shared.po.alloc(bytes.len());
+    buf.as_mut_slice().copy_from_slice(bytes);
+    buf.freeze()
 }

@@ -9,7 +9,7 @@
 use crate::comm::{Op, Shared};
 use crate::element::{copy_into, Element};
 use crate::error::{CollectiveError, Result};
-use crate::ring::{slices, to_bytes};
+use crate::ring::slices;
 
 /// Where each rank's block starts in a buffer cut into blocks of `counts` elements, and the
 /// total; an error unless `counts` has one entry per rank and they add up to `len`.
@@ -84,8 +84,7 @@ pub(crate) async fn all_to_all<T: Element>(
         // An empty block still travels (one empty slice): the receiver counts on it.
         let mut sent = false;
         for (s, range) in slices(block.clone(), per).enumerate() {
-            let data = to_bytes(shared, op, k, &input[range]);
-            shared.send(op, k, 0, s, data).await?;
+            shared.send_values(op, k, 0, s, &input[range]).await?;
             sent = true;
         }
         if !sent {
@@ -119,8 +118,9 @@ pub(crate) async fn send<T: Element>(
     let per = (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1);
     let mut sent = false;
     for (s, range) in slices(0..buf.len(), per).enumerate() {
-        let data = to_bytes(shared, op, to, &buf[range]);
-        shared.send(op, to, tag as usize, s, data).await?;
+        shared
+            .send_values(op, to, tag as usize, s, &buf[range])
+            .await?;
         sent = true;
     }
     if !sent {

@@ -83,9 +83,6 @@ use van_core::{NodeId, Role};
 pub use algorithm::{plan, Layout, RABENSEIFNER_MAX_BYTES};
 pub use comm::{CommOptions, Generation, APP_ID};
 
-/// Largest collective (whole buffer, bytes) that goes over a generation's TCP mesh; larger
-/// ones take the vans (see [`CommOptions::mesh`]).
-pub const MESH_MAX_BYTES: usize = mesh::MAX_BYTES;
 pub use element::{Element, ReduceOp};
 pub use error::{CollectiveError, Result};
 pub use half::{bf16, f16};

@@ -19,10 +19,21 @@ pub(crate) struct SendPool {
 impl SendPool {
     /// A copy of `data`, in a reused buffer when one is free.
     pub(crate) fn copy(self: &Arc<Self>, data: &[u8]) -> Bytes {
+        let mut vec = self.take();
+        vec.extend_from_slice(data);
+        self.wrap(vec)
+    }
+
+    /// An empty buffer, reused when one is free (its capacity kept).
+    pub(crate) fn take(&self) -> Vec<u8> {
         let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut vec = reused.unwrap_or_default();
         vec.clear();
-        vec.extend_from_slice(data);
+        vec
+    }
+
+    /// `vec` as `Bytes` that come back to this pool when the last of them is dropped.
+    pub(crate) fn wrap(self: &Arc<Self>, vec: Vec<u8>) -> Bytes {
         Bytes::from_owner(Recycled {
             vec,
             pool: Arc::downgrade(self),

@@ -11,9 +11,6 @@
 
 use std::ops::Range;
 
-use bytes::Bytes;
-use van_core::VanKind;
-
 use crate::comm::{Op, Shared};
 use crate::element::{copy_into, reduce_into, Element, ReduceOp};
 use crate::error::Result;
@@ -40,23 +37,6 @@ pub(crate) fn slices(range: Range<usize>, per: usize) -> impl Iterator<Item = Ra
 
 pub(crate) fn elements_per_slice<T: Element>(shared: &Shared) -> usize {
     (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1)
-}
-
-/// A copy of `values` as message bytes for the member of rank `to`: in memory its van sends
-/// without another copy when it has some (the shared-memory arena, registered RDMA memory),
-/// else in a reused buffer.
-pub(crate) fn to_bytes<T: Element>(shared: &Shared, op: &Op, to: usize, values: &[T]) -> Bytes {
-    let bytes: &[u8] = bytemuck::cast_slice(values);
-    let zero_copy = matches!(
-        shared.po.van_for(op.members[to]),
-        Some(VanKind::Ipc | VanKind::Rdma)
-    );
-    if !zero_copy {
-        return shared.pool.copy(bytes);
-    }
-    let mut buf = shared.po.alloc(bytes.len());
-    buf.as_mut_slice().copy_from_slice(bytes);
-    buf.freeze()
 }
 
 fn ring_neighbours(op: &Op) -> (usize, usize) {
@@ -121,8 +101,7 @@ pub(crate) async fn send<T: Element>(
     buf: &[T],
 ) -> Result<()> {
     for (s, range) in slices(0..buf.len(), elements_per_slice::<T>(shared)).enumerate() {
-        let data = to_bytes(shared, op, to, &buf[range]);
-        shared.send(op, to, hop, s, data).await?;
+        shared.send_values(op, to, hop, s, &buf[range]).await?;
     }
     Ok(())
 }
@@ -172,8 +151,9 @@ pub(crate) async fn reduce<T: Element>(
     let first: Vec<Range<usize>> = slices(chunk(len, n, (r + n - 1) % n), per).collect();
     let mut sent = 0;
     while sent < first.len().min(IN_FLIGHT_SLICES) {
-        let data = to_bytes(shared, op, right, &buf[first[sent].clone()]);
-        shared.send(op, right, 0, sent, data).await?;
+        shared
+            .send_values(op, right, 0, sent, &buf[first[sent].clone()])
+            .await?;
         sent += 1;
     }
     for hop in 0..hops {
@@ -197,23 +177,28 @@ pub(crate) async fn reduce<T: Element>(
                 Some(data)
             };
             if hop == 0 && sent < first.len() {
-                let data = to_bytes(shared, op, right, &buf[first[sent].clone()]);
-                shared.send(op, right, 0, sent, data).await?;
+                shared
+                    .send_values(op, right, 0, sent, &buf[first[sent].clone()])
+                    .await?;
                 sent += 1;
             }
             if hop + 1 < hops {
-                let data = match forward {
-                    Some(data) => data,
-                    None => to_bytes(shared, op, right, &buf[range]),
-                };
-                shared.send(op, right, hop + 1, s, data).await?;
+                match forward {
+                    Some(data) => shared.send(op, right, hop + 1, s, data).await?,
+                    None => {
+                        shared
+                            .send_values(op, right, hop + 1, s, &buf[range])
+                            .await?
+                    }
+                }
             }
         }
         // Chunks differ by at most one element, so hop 0 may have a slice more to send than
         // it received.
         while hop == 0 && sent < first.len() {
-            let data = to_bytes(shared, op, right, &buf[first[sent].clone()]);
-            shared.send(op, right, 0, sent, data).await?;
+            shared
+                .send_values(op, right, 0, sent, &buf[first[sent].clone()])
+                .await?;
             sent += 1;
         }
     }
@@ -242,8 +227,9 @@ pub(crate) async fn all_gather<T: Element>(
     let first: Vec<Range<usize>> = slices(0..m, per).collect();
     let mut sent = 0;
     while sent < first.len().min(IN_FLIGHT_SLICES) {
-        let data = to_bytes(shared, op, right, &input[first[sent].clone()]);
-        shared.send(op, right, 0, sent, data).await?;
+        shared
+            .send_values(op, right, 0, sent, &input[first[sent].clone()])
+            .await?;
         sent += 1;
     }
     for hop in 0..n - 1 {
@@ -253,8 +239,9 @@ pub(crate) async fn all_gather<T: Element>(
             let data = shared.recv(op, left, hop, s, range.len() * size).await?;
             copy_into(&mut out[at], &data);
             if hop == 0 && sent < first.len() {
-                let data = to_bytes(shared, op, right, &input[first[sent].clone()]);
-                shared.send(op, right, 0, sent, data).await?;
+                shared
+                    .send_values(op, right, 0, sent, &input[first[sent].clone()])
+                    .await?;
                 sent += 1;
             }
             if hop + 1 < n - 1 {
@@ -282,13 +269,12 @@ pub(crate) async fn broadcast<T: Element>(
     let len = buf.len();
     let distance = (op.rank + n - root) % n;
     for (s, range) in slices(0..len, per).enumerate() {
-        let data = if distance == 0 {
-            to_bytes(shared, op, right, &buf[range])
-        } else {
-            let data = shared.recv(op, left, 0, s, range.len() * size).await?;
-            copy_into(&mut buf[range], &data);
-            data
-        };
+        if distance == 0 {
+            shared.send_values(op, right, 0, s, &buf[range]).await?;
+            continue;
+        }
+        let data = shared.recv(op, left, 0, s, range.len() * size).await?;
+        copy_into(&mut buf[range], &data);
         if distance + 1 < n {
             shared.send(op, right, 0, s, data).await?;
         }

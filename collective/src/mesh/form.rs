@@ -135,8 +135,9 @@ async fn form(shared: &Shared, op: &Op) -> Result<Option<Arc<Mesh>>> {
                 members: op.members.clone(),
                 generation: op.generation,
                 spin,
-                // Frames are slices of collectives of at most `MAX_BYTES`.
-                max_payload: shared.options.slice_bytes.min(super::MAX_BYTES),
+                // Frames are slices.
+                max_payload: shared.options.slice_bytes,
+                pool: shared.pool.clone(),
                 links: Mutex::new(Links {
                     peers,
                     early: HashMap::new(),

@@ -6,13 +6,20 @@
 //! — four hand-offs between threads or tasks, each a kernel wake-up on an idle core (most of
 //! the time of a 4 KiB all-reduce over TCP on loopback went to `epoll_wait` wake-ups). Open
 //! MPI's TCP transport instead polls its sockets from the thread that runs the collective.
-//! The mesh does the same: the collective's own thread writes its slices straight from the
-//! buffers the algorithms hand over and reads its peers' without blocking, spinning for
-//! `VANS_COLLECTIVE_SPIN_US` (or yielding the core, when this host's ranks outnumber its
-//! cores) before it sleeps in `poll(2)`. The algorithms are the same ([`crate::ring`],
-//! [`crate::doubling`]): only [`Shared::send`](crate::comm::Shared) and `recv` change their
-//! path, so every rank gets the same bits either way. Only collectives of up to
-//! [`MAX_BYTES`] take the mesh: the latency-bound ones it is for.
+//! The mesh does the same: the collective's own thread writes its slices and reads its
+//! peers' without blocking, spinning for `VANS_COLLECTIVE_SPIN_US` (or yielding the core,
+//! when this host's ranks outnumber its cores) before it sleeps in `poll(2)`. The
+//! algorithms are the same ([`crate::ring`], [`crate::doubling`], [`crate::halving`]): only
+//! [`Shared::send`](crate::comm::Shared) and `recv` change their path, so every rank gets
+//! the same bits either way. Every collective of the generation takes the mesh, whatever its
+//! size; point-to-point messages stay on the vans.
+//!
+//! **Copies.** A slice of the caller's buffer goes to the socket from where it lies: the
+//! mesh copies only what the socket does not take at once (see [`Data`]). Frames are read
+//! into buffers that come back to a pool when the collective has consumed them: a fresh
+//! allocation per frame cost a page fault per 4 KiB written, and made the mesh three times
+//! slower than the vans at 1 MiB (`allreduce-bench`, 2 ranks: 0.77–0.83 ms against
+//! 0.21–0.38; with the pool 0.17, and 0.15 with sends from the caller's buffer).
 //!
 //! **Forming.** When a generation settles, its ranks (2 to [`MAX_RANKS`], not all on one
 //! host, over the `tcp` or `uring` van, with `VANS_COLLECTIVE_MESH` on and no cluster secret)
@@ -47,18 +54,11 @@ use van_core::NodeId;
 use crate::comm::p2p::Op;
 use crate::error::{CollectiveError, Result};
 use crate::spin::{Idle, Spin};
+pub(crate) use peer::Data;
 use peer::{Head, Peer};
 
 /// Largest generation that forms a mesh (each rank holds a connection to every other).
 pub(crate) const MAX_RANKS: usize = 64;
-/// Largest collective (whole buffer) that goes over the mesh; larger ones take the vans,
-/// whose reader and writer threads stream big buffers faster than one polling thread
-/// (`allreduce-bench`, TCP on loopback, 2 and 4 ranks: the mesh took 23 µs at 64 KiB on 2
-/// ranks where the vans took 83–105, but 650–900 µs at 1 MiB where they took 230–440).
-/// Measured again on 2 ranks with a core each, the mesh took 0.18–0.22 ms at 1 MiB in some
-/// runs and 0.56–0.86 ms in others (the two spinning ranks time-sharing a core), and was
-/// slower from 1 MiB on 4 ranks sharing 2 cores: so the vans keep these sizes.
-pub(crate) const MAX_BYTES: usize = 256 << 10;
 /// Longest single sleep in `poll` before the generation is checked again.
 const NAP: Duration = Duration::from_millis(10);
 
@@ -72,6 +72,8 @@ pub(crate) struct Mesh {
     links: Mutex<Links>,
     /// A duplicate of each connection's descriptor, by rank, to sleep on without the lock.
     watch: Vec<(usize, TcpStream)>,
+    /// Frame buffers, reused.
+    pool: std::sync::Arc<crate::pool::SendPool>,
 }
 
 /// A frame's key: sender's rank, collective number, hop, slice.
@@ -100,15 +102,15 @@ impl Mesh {
         }
     }
 
-    /// Queues `data` for `op`'s member `to` as slice `slice` of hop `hop` of `op`, and writes
-    /// what it can at once.
+    /// Sends `data` to `op`'s member `to` as slice `slice` of hop `hop` of `op`: writes what
+    /// the socket takes at once and queues the rest (see [`Peer::send`]).
     pub(crate) fn send(
         &self,
         op: &Op,
         to: usize,
         hop: usize,
         slice: usize,
-        data: Bytes,
+        data: Data<'_>,
     ) -> Result<()> {
         let head = Head {
             number: op.number,
@@ -117,7 +119,7 @@ impl Mesh {
             kind: op.kind as i32,
             tag: op.tag as u32,
             total: op.total as u64,
-            len: data.len() as u64,
+            len: data.bytes().len() as u64,
         };
         // The connections are by generation rank; an op among some ranks names its own.
         let to = op.ranks[to];
@@ -128,8 +130,7 @@ impl Mesh {
         if let Some(why) = &peer.broken {
             return Err(self.broken(to, why));
         }
-        peer.push(&head, data);
-        if let Err(e) = peer.flush() {
+        if let Err(e) = peer.send(&head, data, |bytes| self.pool.copy(bytes)) {
             peer.broken = Some(e.to_string());
             return Err(self.broken(to, &e.to_string()));
         }
@@ -155,11 +156,25 @@ impl Mesh {
             {
                 let mut links = self.lock();
                 if let Some((head, data)) = links.early.remove(&key) {
-                    return op.check_frame(member, len, head.kind, head.tag, head.total, data);
+                    return op.check_frame(
+                        member,
+                        len,
+                        head.kind,
+                        head.tag,
+                        head.total,
+                        self.pool.wrap(data),
+                    );
                 }
                 let progressed = self.drive(&mut links);
                 if let Some((head, data)) = links.early.remove(&key) {
-                    return op.check_frame(member, len, head.kind, head.tag, head.total, data);
+                    return op.check_frame(
+                        member,
+                        len,
+                        head.kind,
+                        head.tag,
+                        head.total,
+                        self.pool.wrap(data),
+                    );
                 }
                 if let Some(why) = links
                     .peers
@@ -255,9 +270,10 @@ impl Mesh {
                 continue;
             };
             let result = peer.flush().and_then(|wrote| {
-                let read = peer.read(self.max_payload, |head, data| {
-                    early.insert((q, head.number, head.hop, head.slice), (head, data));
-                })?;
+                let read =
+                    peer.read(self.max_payload, &mut || self.pool.take(), |head, data| {
+                        early.insert((q, head.number, head.hop, head.slice), (head, data));
+                    })?;
                 Ok(wrote || read)
             });
             match result {

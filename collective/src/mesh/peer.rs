@@ -62,6 +62,23 @@ impl Head {
     }
 }
 
+/// A frame's payload to send.
+pub(crate) enum Data<'a> {
+    /// Bytes the mesh may keep until they are written.
+    Owned(Bytes),
+    /// The caller's bytes: copied only if the socket does not take them at once.
+    Borrowed(&'a [u8]),
+}
+
+impl Data<'_> {
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            Data::Owned(bytes) => bytes,
+            Data::Borrowed(bytes) => bytes,
+        }
+    }
+}
+
 /// A frame to send: its header and payload, and how much of both is written.
 struct Outgoing {
     header: [u8; HEADER],
@@ -106,13 +123,35 @@ impl Peer {
         }
     }
 
-    /// Queues a frame.
-    pub(super) fn push(&mut self, head: &Head, payload: Bytes) {
+    /// Sends a frame: when no frame waits before it, writes as much as the socket takes at
+    /// once (borrowed bytes the socket takes are never copied), and queues the rest, `copy`
+    /// making a copy of borrowed bytes it must keep.
+    pub(super) fn send(
+        &mut self,
+        head: &Head,
+        data: Data<'_>,
+        copy: impl FnOnce(&[u8]) -> Bytes,
+    ) -> io::Result<()> {
+        let header = head.encode();
+        self.flush()?;
+        let mut written = 0;
+        if self.out.is_empty() {
+            written = write_frame(&self.stream, &header, data.bytes(), 0)?;
+            if written == HEADER + data.bytes().len() {
+                return Ok(());
+            }
+        }
+        let (payload, written) = match data {
+            Data::Owned(bytes) => (bytes, written),
+            Data::Borrowed(bytes) if written <= HEADER => (copy(bytes), written),
+            Data::Borrowed(bytes) => (copy(&bytes[written - HEADER..]), HEADER),
+        };
         self.out.push_back(Outgoing {
-            header: head.encode(),
+            header,
             payload,
-            written: 0,
+            written,
         });
+        Ok(())
     }
 
     /// Whether frames wait to be written.
@@ -124,26 +163,13 @@ impl Peer {
     pub(super) fn flush(&mut self) -> io::Result<bool> {
         let mut progressed = false;
         while let Some(front) = self.out.front_mut() {
-            let total = HEADER + front.payload.len();
-            let (head_part, body_part) = if front.written < HEADER {
-                (&front.header[front.written..], &front.payload[..])
-            } else {
-                (&[][..], &front.payload[front.written - HEADER..])
-            };
-            let parts = [IoSlice::new(head_part), IoSlice::new(body_part)];
-            match self.stream.write_vectored(&parts) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    progressed = true;
-                    front.written += n;
-                    if front.written == total {
-                        self.out.pop_front();
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+            let before = front.written;
+            front.written = write_frame(&self.stream, &front.header, &front.payload, before)?;
+            progressed |= front.written > before;
+            if front.written < HEADER + front.payload.len() {
+                break;
             }
+            self.out.pop_front();
         }
         Ok(progressed)
     }
@@ -154,6 +180,7 @@ impl Peer {
     pub(super) fn read(
         &mut self,
         max_payload: usize,
+        fresh: &mut dyn FnMut() -> Vec<u8>,
         mut deliver: impl FnMut(Head, Vec<u8>),
     ) -> io::Result<bool> {
         let mut progressed = false;
@@ -207,7 +234,7 @@ impl Peer {
                         })?;
                     self.reading = Reading::Payload {
                         head,
-                        bytes: Vec::with_capacity(len),
+                        bytes: fresh(),
                         want: len,
                     };
                 }
@@ -216,6 +243,31 @@ impl Peer {
             }
         }
     }
+}
+
+/// Writes a frame's bytes from `written` on (header, then payload) until they are all
+/// written or the socket would block; how many are written now.
+fn write_frame(
+    stream: &TcpStream,
+    header: &[u8; HEADER],
+    payload: &[u8],
+    mut written: usize,
+) -> io::Result<usize> {
+    let mut stream = stream;
+    while written < HEADER + payload.len() {
+        let (head_part, body_part) = match written.checked_sub(HEADER) {
+            None => (&header[written..], payload),
+            Some(at) => (&[][..], &payload[at..]),
+        };
+        match stream.write_vectored(&[IoSlice::new(head_part), IoSlice::new(body_part)]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 /// Reads from `stream` into the rest of `bytes`, up to `want` bytes in all, without zeroing

@@ -4,7 +4,7 @@ use std::net::{TcpListener, TcpStream};
 
 use bytes::Bytes;
 
-use super::peer::{Head, Peer};
+use super::peer::{Data, Head, Peer};
 
 fn pair() -> (Peer, Peer) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -36,13 +36,19 @@ fn frames_cross_in_order_whatever_their_size() {
     let mut sent = 0;
     for (i, &size) in sizes.iter().enumerate() {
         let payload: Vec<u8> = (0..size).map(|k| (k * 7 + i) as u8).collect();
-        a.push(&head(i as u64, size), Bytes::from(payload));
+        a.send(
+            &head(i as u64, size),
+            Data::Owned(Bytes::from(payload)),
+            |_| panic!("owned bytes are queued as they are"),
+        )
+        .unwrap();
     }
     // Both sides progress without blocking until every frame arrived.
     let start = std::time::Instant::now();
     while got.len() < sizes.len() {
         a.flush().unwrap();
-        b.read(4 << 20, |h, data| got.push((h, data))).unwrap();
+        b.read(4 << 20, &mut Vec::new, |h, data| got.push((h, data)))
+            .unwrap();
         assert!(
             start.elapsed().as_secs() < 30,
             "frames stuck: {} of {}",
@@ -64,11 +70,18 @@ fn frames_cross_in_order_whatever_their_size() {
 #[test]
 fn a_frame_longer_than_allowed_or_a_closed_peer_is_an_error() {
     let (mut a, mut b) = pair();
-    a.push(&head(1, 1000), Bytes::from(vec![0u8; 1000]));
+    a.send(
+        &head(1, 1000),
+        Data::Borrowed(&[0u8; 1000]),
+        Bytes::copy_from_slice,
+    )
+    .unwrap();
     while a.flush().unwrap() {}
     let start = std::time::Instant::now();
     let err = loop {
-        match b.read(999, |_, _| panic!("delivered an over-long frame")) {
+        match b.read(999, &mut Vec::new, |_, _| {
+            panic!("delivered an over-long frame")
+        }) {
             Ok(_) => assert!(start.elapsed().as_secs() < 10),
             Err(e) => break e,
         }
@@ -78,12 +91,60 @@ fn a_frame_longer_than_allowed_or_a_closed_peer_is_an_error() {
     drop(c);
     let start = std::time::Instant::now();
     let err = loop {
-        match d.read(100, |_, _| {}) {
+        match d.read(100, &mut Vec::new, |_, _| {}) {
             Ok(_) => assert!(start.elapsed().as_secs() < 10),
             Err(e) => break e,
         }
     };
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+}
+
+#[test]
+fn borrowed_bytes_the_socket_cannot_take_at_once_are_copied_before_send_returns() {
+    let (mut a, mut b) = pair();
+    // Larger than a loopback socket takes without its reader (a few MiB at most).
+    let size = 16 << 20;
+    let pattern = |frame: usize, k: usize| (k * 13 + frame * 5) as u8;
+    let mut copied = Vec::new();
+    for frame in 0..2 {
+        let mut source: Vec<u8> = (0..size).map(|k| pattern(frame, k)).collect();
+        a.send(&head(frame as u64, size), Data::Borrowed(&source), |rest| {
+            copied.push(rest.len());
+            Bytes::copy_from_slice(rest)
+        })
+        .unwrap();
+        // The caller may reuse its buffer at once: what the peer reads must not change.
+        source.fill(0xee);
+    }
+    // The first frame went partly straight from the caller's memory; the second, queued
+    // behind it, was copied whole.
+    assert_eq!(copied.len(), 2, "{copied:?}");
+    assert!(copied[0] > 0 && copied[0] < size, "{copied:?}");
+    assert_eq!(copied[1], size);
+    let mut got = Vec::new();
+    let mut fresh = 0;
+    let start = std::time::Instant::now();
+    while got.len() < 2 {
+        a.flush().unwrap();
+        let mut take = || {
+            fresh += 1;
+            Vec::new()
+        };
+        b.read(size, &mut take, |h, data| got.push((h, data)))
+            .unwrap();
+        assert!(start.elapsed().as_secs() < 30, "frames stuck");
+    }
+    assert_eq!(fresh, 2, "one buffer per frame from the pool");
+    for (frame, (h, data)) in got.iter().enumerate() {
+        assert_eq!(*h, head(frame as u64, size));
+        assert_eq!(data.len(), size);
+        let wrong = data
+            .iter()
+            .enumerate()
+            .position(|(k, &v)| v != pattern(frame, k));
+        assert_eq!(wrong, None, "frame {frame} differs");
+    }
+    assert!(!a.has_output());
 }
 
 #[test]

@@ -485,9 +485,10 @@ pub const VARIABLES: &[EnvVar] = &[
         name: "VANS_COLLECTIVE_MESH",
         default: "1",
         effect: "whether the workers of a generation that do not all share a host connect to \
-                 each other directly over TCP for their collectives of up to 256 KiB, \
-                 sending from and receiving into the collective's buffers, polling like \
-                 VANS_COLLECTIVE_SPIN_US says, instead of through the vans; only over tcp or \
+                 each other directly over TCP for their collectives (every size; \
+                 point-to-point messages stay on the vans), writing from the collective's \
+                 buffers, polling like VANS_COLLECTIVE_SPIN_US says, instead of through the \
+                 vans; only over tcp or \
                  uring, for up to 64 \
                  ranks, and never when the cluster authenticates (VANS_CLUSTER_SECRET): then \
                  every byte stays on the authenticated vans; 0 or 1",

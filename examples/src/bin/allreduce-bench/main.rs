@@ -415,10 +415,10 @@ fn explain(o: &Options) -> Result<(), BoxError> {
 }
 
 /// The message algorithm and path of an all-reduce of `bytes` among `ranks`: over a stream
-/// van the ranks' direct connections (the mesh) carry the small collectives.
+/// van the ranks' direct connections (the mesh) carry the collectives.
 fn by_messages(options: &collective::CommOptions, bytes: usize, ranks: usize) -> String {
     let algorithm = collective::plan(options, bytes, ranks, collective::Layout::Apart);
-    match options.mesh && bytes <= collective::MESH_MAX_BYTES {
+    match options.mesh {
         true => format!("{algorithm} (mesh)"),
         false => format!("{algorithm} (vans)"),
     }
