@@ -455,6 +455,36 @@ impl Shared {
         self.send(op, to, hop, slice, data).await
     }
 
+    /// Receives one slice of collective `op` from the member of rank `from` into `out` (as
+    /// [`recv`](Self::recv) checks it). Over the mesh a slice that has not come yet is read
+    /// straight into `out`; one that came as a message (over a van, or before it was asked
+    /// for) is copied, and its bytes returned, for a caller that forwards them as they are.
+    pub(crate) async fn recv_into<T: Element>(
+        &self,
+        op: &Op,
+        from: usize,
+        hop: usize,
+        slice: usize,
+        out: &mut [T],
+    ) -> Result<Option<Bytes>> {
+        let len = std::mem::size_of_val(out);
+        let data = match self.mesh_for(op) {
+            Some(mesh) => {
+                let deadline = Instant::now() + self.options.timeout;
+                let alive = || self.still(op.generation);
+                let into = bytemuck::cast_slice_mut::<T, u8>(out);
+                crate::spin::blocking(|| {
+                    mesh.recv(op, from, (hop, slice, len), Some(into), deadline, &alive)
+                })?
+            }
+            None => Some(self.recv(op, from, hop, slice, len).await?),
+        };
+        if let Some(data) = &data {
+            crate::element::copy_into(out, data);
+        }
+        Ok(data)
+    }
+
     /// Receives one slice of collective `op` from the member of rank `from`: its bytes,
     /// checked to be `len` bytes of the collective's element type and total. Fails when the
     /// generation ends first, or after the timeout.
@@ -469,9 +499,11 @@ impl Shared {
         if let Some(mesh) = self.mesh_for(op) {
             let deadline = Instant::now() + self.options.timeout;
             let alive = || self.still(op.generation);
+            // Without memory to land in, every frame comes back in a buffer.
             return crate::spin::blocking(|| {
-                mesh.recv(op, from, (hop, slice), len, deadline, &alive)
-            });
+                mesh.recv(op, from, (hop, slice, len), None, deadline, &alive)
+            })
+            .map(Option::unwrap_or_default);
         }
         let key = op.key(from, hop, slice);
         let deadline = tokio::time::Instant::now() + self.options.timeout;

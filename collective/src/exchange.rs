@@ -7,7 +7,7 @@
 //! two ranks meet in order whatever collectives run meanwhile.
 
 use crate::comm::{Op, Shared};
-use crate::element::{copy_into, Element};
+use crate::element::Element;
 use crate::error::{CollectiveError, Result};
 use crate::ring::slices;
 
@@ -70,7 +70,6 @@ pub(crate) async fn all_to_all<T: Element>(
     let n = op.size();
     let r = op.rank;
     let per = (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1);
-    let size = std::mem::size_of::<T>();
     out[recv[r]..recv[r + 1]].copy_from_slice(&input[send[r]..send[r + 1]]);
     // Each message carries its block's element count, which the receiver checks against its
     // own count for that peer: a block of another size is a Mismatch, never a silent prefix.
@@ -99,8 +98,7 @@ pub(crate) async fn all_to_all<T: Element>(
             continue;
         }
         for (s, range) in slices(block, per).enumerate() {
-            let data = shared.recv(op, k, 0, s, range.len() * size).await?;
-            copy_into(&mut out[range], &data);
+            shared.recv_into(op, k, 0, s, &mut out[range]).await?;
         }
     }
     Ok(())
@@ -140,16 +138,14 @@ pub(crate) async fn recv<T: Element>(
     buf: &mut [T],
 ) -> Result<()> {
     let per = (shared.options.slice_bytes / std::mem::size_of::<T>()).max(1);
-    let size = std::mem::size_of::<T>();
     if buf.is_empty() {
         shared.recv(op, from, tag as usize, 0, 0).await?;
         return Ok(());
     }
     for (s, range) in slices(0..buf.len(), per).enumerate() {
-        let data = shared
-            .recv(op, from, tag as usize, s, range.len() * size)
+        shared
+            .recv_into(op, from, tag as usize, s, &mut buf[range])
             .await?;
-        copy_into(&mut buf[range], &data);
     }
     Ok(())
 }

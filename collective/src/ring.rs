@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use crate::comm::{Op, Shared};
-use crate::element::{copy_into, reduce_into, Element, ReduceOp};
+use crate::element::{reduce_into, Element, ReduceOp};
 use crate::error::Result;
 
 /// Slices a rank sends ahead of what it has received in the first hop of a ring: enough
@@ -115,13 +115,16 @@ pub(crate) async fn receive<T: Element>(
     buf: &mut [T],
     combine: Combine,
 ) -> Result<()> {
-    let size = std::mem::size_of::<T>();
     for (s, range) in slices(0..buf.len(), elements_per_slice::<T>(shared)).enumerate() {
-        let data = shared.recv(op, from, hop, s, range.len() * size).await?;
         let out = &mut buf[range];
         match combine {
-            Combine::Copy => copy_into(out, &data),
-            Combine::Reduce(reduction) => reduce_into(out, &data, reduction),
+            Combine::Copy => {
+                shared.recv_into(op, from, hop, s, out).await?;
+            }
+            Combine::Reduce(reduction) => {
+                let data = shared.recv(op, from, hop, s, size_of_val(out)).await?;
+                reduce_into(out, &data, reduction);
+            }
         }
     }
     Ok(())
@@ -160,9 +163,8 @@ pub(crate) async fn reduce<T: Element>(
         // The chunk arriving at this hop; the one sent at hop + 1 is the same chunk.
         let c = (r + 2 * n - hop - 2) % n;
         for (s, range) in slices(chunk(len, n, c), per).enumerate() {
-            let bytes = range.len() * size;
-            let data = shared.recv(op, left, hop, s, bytes).await?;
             let forward = if hop < n - 1 {
+                let data = shared.recv(op, left, hop, s, range.len() * size).await?;
                 let out = &mut buf[range.clone()];
                 reduce_into(out, &data, reduction);
                 if hop == n - 2 && reduction == ReduceOp::Mean {
@@ -172,9 +174,10 @@ pub(crate) async fn reduce<T: Element>(
                 }
                 None
             } else {
-                copy_into(&mut buf[range.clone()], &data);
-                // Copied as it came: forward the received bytes themselves.
-                Some(data)
+                // Copied as it came: forwarded as it came when it came as a message.
+                shared
+                    .recv_into(op, left, hop, s, &mut buf[range.clone()])
+                    .await?
             };
             if hop == 0 && sent < first.len() {
                 shared
@@ -222,7 +225,6 @@ pub(crate) async fn all_gather<T: Element>(
     }
     let (right, left) = ring_neighbours(op);
     let per = elements_per_slice::<T>(shared);
-    let size = std::mem::size_of::<T>();
     // This rank's block, at most IN_FLIGHT_SLICES ahead of what arrives (as in `reduce`).
     let first: Vec<Range<usize>> = slices(0..m, per).collect();
     let mut sent = 0;
@@ -236,8 +238,9 @@ pub(crate) async fn all_gather<T: Element>(
         let block = (r + n - hop - 1) % n;
         for (s, range) in slices(0..m, per).enumerate() {
             let at = block * m + range.start..block * m + range.end;
-            let data = shared.recv(op, left, hop, s, range.len() * size).await?;
-            copy_into(&mut out[at], &data);
+            let data = shared
+                .recv_into(op, left, hop, s, &mut out[at.clone()])
+                .await?;
             if hop == 0 && sent < first.len() {
                 shared
                     .send_values(op, right, 0, sent, &input[first[sent].clone()])
@@ -245,7 +248,10 @@ pub(crate) async fn all_gather<T: Element>(
                 sent += 1;
             }
             if hop + 1 < n - 1 {
-                shared.send(op, right, hop + 1, s, data).await?;
+                match data {
+                    Some(data) => shared.send(op, right, hop + 1, s, data).await?,
+                    None => shared.send_values(op, right, hop + 1, s, &out[at]).await?,
+                }
             }
         }
     }
@@ -265,7 +271,6 @@ pub(crate) async fn broadcast<T: Element>(
     }
     let (right, left) = ring_neighbours(op);
     let per = elements_per_slice::<T>(shared);
-    let size = std::mem::size_of::<T>();
     let len = buf.len();
     let distance = (op.rank + n - root) % n;
     for (s, range) in slices(0..len, per).enumerate() {
@@ -273,10 +278,14 @@ pub(crate) async fn broadcast<T: Element>(
             shared.send_values(op, right, 0, s, &buf[range]).await?;
             continue;
         }
-        let data = shared.recv(op, left, 0, s, range.len() * size).await?;
-        copy_into(&mut buf[range], &data);
+        let data = shared
+            .recv_into(op, left, 0, s, &mut buf[range.clone()])
+            .await?;
         if distance + 1 < n {
-            shared.send(op, right, 0, s, data).await?;
+            match data {
+                Some(data) => shared.send(op, right, 0, s, data).await?,
+                None => shared.send_values(op, right, 0, s, &buf[range]).await?,
+            }
         }
     }
     Ok(())

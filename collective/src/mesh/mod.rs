@@ -55,7 +55,8 @@ use crate::comm::p2p::Op;
 use crate::error::{CollectiveError, Result};
 use crate::spin::{Idle, Spin};
 pub(crate) use peer::Data;
-use peer::{Head, Peer};
+use peer::{Head, Peer, Target};
+use rustix::event::{PollFd, PollFlags};
 
 /// Largest generation that forms a mesh (each rank holds a connection to every other).
 pub(crate) const MAX_RANKS: usize = 64;
@@ -138,57 +139,59 @@ impl Mesh {
     }
 
     /// Receives slice `slice` of hop `hop` of `op` from its member `member` (checked to be
-    /// `len` bytes of the collective), driving every connection meanwhile; waits until
-    /// `deadline`, asking `alive` between sleeps.
+    /// `len` bytes of the collective: the key is hop, slice, length), driving every connection meanwhile; waits until
+    /// `deadline`, asking `alive` between sleeps. With `into` (`len` bytes), a frame that
+    /// has not come yet is read straight into it (`Ok(None)`); one that came before it was
+    /// asked for is returned (`Ok(Some)`), as are all without `into`.
+    ///
+    /// A frame landing in `into` holds the mesh until it is whole: only this call may write
+    /// to `into`. The waits meanwhile still drive every connection (reading the others'
+    /// frames into buffers, writing what is queued), so no rank waits on this one's lock:
+    /// the rest of the frame is on its way from a peer that writes its frames whole.
     pub(crate) fn recv(
         &self,
         op: &Op,
         member: usize,
-        (hop, slice): (usize, usize),
-        len: usize,
+        (hop, slice, len): (usize, usize, usize),
+        into: Option<&mut [u8]>,
         deadline: Instant,
         alive: &dyn Fn() -> Result<()>,
-    ) -> Result<Bytes> {
+    ) -> Result<Option<Bytes>> {
         let from = op.ranks[member];
         let key = (from, op.number, hop as u32, slice as u32);
+        let mut target = into.filter(|buf| buf.len() == len).map(|buf| Target {
+            key: (op.number, hop as u32, slice as u32),
+            buf,
+        });
         let mut idle = Idle::new(self.spin);
+        let mut held = None;
         loop {
-            {
-                let mut links = self.lock();
-                if let Some((head, data)) = links.early.remove(&key) {
-                    return op.check_frame(
-                        member,
-                        len,
-                        head.kind,
-                        head.tag,
-                        head.total,
-                        self.pool.wrap(data),
-                    );
-                }
-                let progressed = self.drive(&mut links);
-                if let Some((head, data)) = links.early.remove(&key) {
-                    return op.check_frame(
-                        member,
-                        len,
-                        head.kind,
-                        head.tag,
-                        head.total,
-                        self.pool.wrap(data),
-                    );
-                }
-                if let Some(why) = links
-                    .peers
-                    .get(from)
-                    .and_then(|p| p.as_ref()?.broken.clone())
-                {
-                    return Err(self.broken(from, &why));
-                }
-                if progressed {
-                    idle.reset();
-                    continue;
-                }
+            let mut links = held.take().unwrap_or_else(|| self.lock());
+            let mut landed = None;
+            let progressed = self.drive(&mut links, from, target.as_mut(), &mut landed);
+            if let Some(head) = landed {
+                // It landed because its length was `len`.
+                return op
+                    .check_head(member, len, head.kind, head.tag, head.total, len)
+                    .map(|()| None);
             }
-            self.rest(&mut idle, deadline, alive, || CollectiveError::RankFailed {
+            if let Some((head, data)) = links.early.remove(&key) {
+                let data = self.pool.wrap(data);
+                return op
+                    .check_frame(member, len, head.kind, head.tag, head.total, data)
+                    .map(Some);
+            }
+            let peer = links.peers.get(from).and_then(Option::as_ref);
+            if let Some(why) = peer.and_then(|p| p.broken.clone()) {
+                return Err(self.broken(from, &why));
+            }
+            let landing = peer.is_some_and(Peer::landing);
+            if progressed {
+                idle.reset();
+                held = landing.then_some(links);
+                continue;
+            }
+            let timed_out = || CollectiveError::RankFailed {
                 node: self.members[from],
                 rank: from,
                 generation: self.generation,
@@ -196,7 +199,20 @@ impl Mesh {
                     "no message of collective #{} within its timeout (VANS_COLLECTIVE_TIMEOUT)",
                     op.number
                 ),
-            })?;
+            };
+            if !landing {
+                drop(links);
+                self.rest(&mut idle, deadline, alive, None, timed_out)?;
+                continue;
+            }
+            if let Err(e) = self.rest(&mut idle, deadline, alive, Some(&links), timed_out) {
+                // The frame's end can land nowhere now: the connection is out of step.
+                if let Some(peer) = links.peers.get_mut(from).and_then(Option::as_mut) {
+                    peer.broken = Some(format!("a frame was cut short by this rank: {e}"));
+                }
+                return Err(e);
+            }
+            held = Some(links);
         }
     }
 
@@ -213,7 +229,7 @@ impl Mesh {
                 if !links.peers.iter().flatten().any(Peer::has_output) {
                     return Ok(());
                 }
-                let progressed = self.drive(&mut links);
+                let progressed = self.drive(&mut links, usize::MAX, None, &mut None);
                 let waiting = links.peers.iter().enumerate().find_map(|(q, p)| {
                     let p = p.as_ref()?;
                     p.has_output().then(|| (q, p.broken.clone()))
@@ -228,24 +244,28 @@ impl Mesh {
                     Some((q, None)) => q,
                 }
             };
-            self.rest(&mut idle, deadline, alive, || CollectiveError::RankFailed {
-                node: self.members[slow],
-                rank: slow,
-                generation: self.generation,
-                reason: "it read none of this rank's collective frames within the timeout \
+            self.rest(&mut idle, deadline, alive, None, || {
+                CollectiveError::RankFailed {
+                    node: self.members[slow],
+                    rank: slow,
+                    generation: self.generation,
+                    reason: "it read none of this rank's collective frames within the timeout \
                          (VANS_COLLECTIVE_TIMEOUT)"
-                    .into(),
+                        .into(),
+                }
             })?;
         }
     }
 
     /// A wait's turn when nothing moved: spin or yield while the budget lasts, then check
     /// the generation and sleep in `poll` (failing with `timed_out` past `deadline`).
+    /// `held`: the connections, when the caller holds them (else `sleep` looks).
     fn rest(
         &self,
         idle: &mut Idle,
         deadline: Instant,
         alive: &dyn Fn() -> Result<()>,
+        held: Option<&Links>,
         timed_out: impl FnOnce() -> CollectiveError,
     ) -> Result<()> {
         if idle.turn() {
@@ -256,24 +276,55 @@ impl Mesh {
         if now >= deadline {
             return Err(timed_out());
         }
-        self.sleep((deadline - now).min(NAP));
+        let nap = (deadline - now).min(NAP);
+        // Unless the caller holds the connections (a frame is landing in its memory), the
+        // sleep is on the duplicates in `watch`, without the lock, so the rank's other
+        // collectives (the embedded API runs several) go on meanwhile.
+        match held {
+            Some(links) => self.poll(&Self::wanted(links), nap),
+            None => {
+                let links = self.lock();
+                let wanted = Self::wanted(&links);
+                drop(links);
+                self.poll(&wanted, nap);
+            }
+        }
         Ok(())
     }
 
-    /// One pass over every connection: write what waits, read what came (into `early`).
-    /// Whether anything moved. A connection that fails is marked broken.
-    fn drive(&self, links: &mut Links) -> bool {
+    /// One pass over every connection: write what waits, read what came (into `early`;
+    /// from rank `from`, the frame `target` waits for into its memory, its head then in
+    /// `landed`). Whether anything moved. A connection that fails is marked broken.
+    fn drive(
+        &self,
+        links: &mut Links,
+        from: usize,
+        mut target: Option<&mut Target<'_>>,
+        landed: &mut Option<Head>,
+    ) -> bool {
         let Links { peers, early } = links;
         let mut progressed = false;
         for (q, slot) in peers.iter_mut().enumerate() {
             let Some(peer) = slot.as_mut().filter(|p| p.broken.is_none()) else {
                 continue;
             };
+            let target = match q == from {
+                true => target.as_deref_mut(),
+                false => None,
+            };
             let result = peer.flush().and_then(|wrote| {
-                let read =
-                    peer.read(self.max_payload, &mut || self.pool.take(), |head, data| {
-                        early.insert((q, head.number, head.hop, head.slice), (head, data));
-                    })?;
+                let mut fresh = || self.pool.take();
+                let read = peer.read(
+                    self.max_payload,
+                    &mut fresh,
+                    target,
+                    |head, data| match data {
+                        Some(data) => {
+                            early.insert((q, head.number, head.hop, head.slice), (head, data));
+                        }
+                        None => *landed = Some(head),
+                    },
+                )?;
                 Ok(wrote || read)
             });
             match result {
@@ -287,25 +338,25 @@ impl Mesh {
         progressed
     }
 
-    /// Sleeps in `poll` until a connection can be read (or written, where frames wait), or
-    /// `nap` passes. It polls the duplicates in `watch`, without the lock, so the rank's
-    /// other collectives (the embedded API runs several) go on meanwhile.
-    fn sleep(&self, nap: Duration) {
-        use rustix::event::{PollFd, PollFlags};
-        let wanted: Vec<Option<PollFlags>> = {
-            let links = self.lock();
-            links
-                .peers
-                .iter()
-                .map(|p| {
-                    let p = p.as_ref().filter(|p| p.broken.is_none())?;
-                    Some(match p.has_output() {
-                        true => PollFlags::IN | PollFlags::OUT,
-                        false => PollFlags::IN,
-                    })
+    /// What to wait for on each connection, by rank: reading, and writing where frames
+    /// wait (none for a broken one).
+    fn wanted(links: &Links) -> Vec<Option<PollFlags>> {
+        links
+            .peers
+            .iter()
+            .map(|p| {
+                let p = p.as_ref().filter(|p| p.broken.is_none())?;
+                Some(match p.has_output() {
+                    true => PollFlags::IN | PollFlags::OUT,
+                    false => PollFlags::IN,
                 })
-                .collect()
-        };
+            })
+            .collect()
+    }
+
+    /// Sleeps in `poll` on the duplicates in `watch` until a connection can do what `wanted`
+    /// says, or `nap` passes.
+    fn poll(&self, wanted: &[Option<PollFlags>], nap: Duration) {
         let mut fds: Vec<PollFd<'_>> = self
             .watch
             .iter()

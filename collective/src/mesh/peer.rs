@@ -99,6 +99,20 @@ enum Reading {
         bytes: Vec<u8>,
         want: usize,
     },
+    /// A payload read straight into the memory of the receiver waiting for it (a
+    /// [`Target`]), `have` bytes of it so far.
+    Direct {
+        head: Head,
+        have: usize,
+    },
+}
+
+/// The frame a receiver waits for, and where its payload may land: the receiver's memory,
+/// exactly its length.
+pub(super) struct Target<'a> {
+    /// The frame's collective number, hop and slice.
+    pub(super) key: (u64, u32, u32),
+    pub(super) buf: &'a mut [u8],
 }
 
 /// A connection to one peer rank (non-blocking).
@@ -176,32 +190,48 @@ impl Peer {
 
     /// Reads what it can without blocking, handing each whole frame to `deliver`; whether
     /// anything was read. A frame longer than `max_payload` is an error (a confused or
-    /// hostile peer cannot make this rank allocate at will).
+    /// hostile peer cannot make this rank allocate at will). Payloads are read into buffers
+    /// from `fresh`, except the one `target` waits for: it is read straight into the
+    /// target's memory and delivered without a buffer (`None`).
     pub(super) fn read(
         &mut self,
         max_payload: usize,
         fresh: &mut dyn FnMut() -> Vec<u8>,
-        mut deliver: impl FnMut(Head, Vec<u8>),
+        mut target: Option<&mut Target<'_>>,
+        mut deliver: impl FnMut(Head, Option<Vec<u8>>),
     ) -> io::Result<bool> {
         let mut progressed = false;
         loop {
             // A complete payload (an empty one at once) goes out before the next read.
-            if let Reading::Payload { bytes, want, .. } = &self.reading {
-                if bytes.len() == *want {
-                    let fresh = Reading::Header {
-                        bytes: [0; HEADER],
-                        have: 0,
-                    };
-                    if let Reading::Payload { head, bytes, .. } =
-                        std::mem::replace(&mut self.reading, fresh)
-                    {
-                        deliver(head, bytes);
+            let complete = match &self.reading {
+                Reading::Header { .. } => false,
+                Reading::Payload { bytes, want, .. } => bytes.len() == *want,
+                Reading::Direct { head, have } => *have as u64 == head.len,
+            };
+            if complete {
+                let next = Reading::Header {
+                    bytes: [0; HEADER],
+                    have: 0,
+                };
+                match std::mem::replace(&mut self.reading, next) {
+                    Reading::Payload { head, bytes, .. } => deliver(head, Some(bytes)),
+                    Reading::Direct { head, .. } => {
+                        // The target is filled: nothing more may land in it.
+                        target = None;
+                        deliver(head, None);
                     }
+                    Reading::Header { .. } => {}
                 }
             }
             let result = match &mut self.reading {
                 Reading::Header { bytes, have } => self.stream.read(&mut bytes[*have..]),
                 Reading::Payload { bytes, want, .. } => read_into(&self.stream, bytes, *want),
+                Reading::Direct { have, .. } => match target.as_deref_mut() {
+                    Some(target) => (&self.stream).read(&mut target.buf[*have..]),
+                    // Only the receiver whose memory it is may go on with a frame that
+                    // lands in place (it holds the mesh until the frame is whole).
+                    None => return Ok(progressed),
+                },
             };
             let n = match result {
                 Ok(0) => {
@@ -232,16 +262,28 @@ impl Peer {
                                 format!("a frame of {} bytes (at most {max_payload})", head.len),
                             )
                         })?;
-                    self.reading = Reading::Payload {
-                        head,
-                        bytes: fresh(),
-                        want: len,
+                    let lands = target.as_ref().is_some_and(|t| {
+                        t.key == (head.number, head.hop, head.slice) && t.buf.len() == len
+                    });
+                    self.reading = match lands {
+                        true => Reading::Direct { head, have: 0 },
+                        false => Reading::Payload {
+                            head,
+                            bytes: fresh(),
+                            want: len,
+                        },
                     };
                 }
                 // `read_into` grew the payload.
                 Reading::Payload { .. } => {}
+                Reading::Direct { have, .. } => *have += n,
             }
         }
+    }
+
+    /// Whether a frame is half read into a receiver's memory.
+    pub(super) fn landing(&self) -> bool {
+        matches!(self.reading, Reading::Direct { .. })
     }
 }
 

@@ -1,10 +1,16 @@
 //! Frames over real loopback sockets.
 
+use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::peer::{Data, Head, Peer};
+use super::peer::{Data, Head, Peer, Target};
+use super::{Links, Mesh};
+use crate::comm::p2p::{Op, OpKind};
+use crate::spin::Spin;
 
 fn pair() -> (Peer, Peer) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -47,8 +53,10 @@ fn frames_cross_in_order_whatever_their_size() {
     let start = std::time::Instant::now();
     while got.len() < sizes.len() {
         a.flush().unwrap();
-        b.read(4 << 20, &mut Vec::new, |h, data| got.push((h, data)))
-            .unwrap();
+        b.read(4 << 20, &mut Vec::new, None, |h, data| {
+            got.push((h, data.unwrap()))
+        })
+        .unwrap();
         assert!(
             start.elapsed().as_secs() < 30,
             "frames stuck: {} of {}",
@@ -79,7 +87,7 @@ fn a_frame_longer_than_allowed_or_a_closed_peer_is_an_error() {
     while a.flush().unwrap() {}
     let start = std::time::Instant::now();
     let err = loop {
-        match b.read(999, &mut Vec::new, |_, _| {
+        match b.read(999, &mut Vec::new, None, |_, _| {
             panic!("delivered an over-long frame")
         }) {
             Ok(_) => assert!(start.elapsed().as_secs() < 10),
@@ -91,7 +99,7 @@ fn a_frame_longer_than_allowed_or_a_closed_peer_is_an_error() {
     drop(c);
     let start = std::time::Instant::now();
     let err = loop {
-        match d.read(100, &mut Vec::new, |_, _| {}) {
+        match d.read(100, &mut Vec::new, None, |_, _| {}) {
             Ok(_) => assert!(start.elapsed().as_secs() < 10),
             Err(e) => break e,
         }
@@ -130,8 +138,10 @@ fn borrowed_bytes_the_socket_cannot_take_at_once_are_copied_before_send_returns(
             fresh += 1;
             Vec::new()
         };
-        b.read(size, &mut take, |h, data| got.push((h, data)))
-            .unwrap();
+        b.read(size, &mut take, None, |h, data| {
+            got.push((h, data.unwrap()))
+        })
+        .unwrap();
         assert!(start.elapsed().as_secs() < 30, "frames stuck");
     }
     assert_eq!(fresh, 2, "one buffer per frame from the pool");
@@ -148,6 +158,70 @@ fn borrowed_bytes_the_socket_cannot_take_at_once_are_copied_before_send_returns(
 }
 
 #[test]
+fn the_awaited_frame_lands_in_the_receivers_memory_and_others_in_buffers() {
+    let (mut a, mut b) = pair();
+    let size = 3 << 20;
+    let payload =
+        |number: u64| -> Vec<u8> { (0..size).map(|k| (k as u64 * 3 + number) as u8).collect() };
+    // Frame 1 before the awaited frame 2; frame 3 after it has the same hop and slice
+    // but another number.
+    for number in [1, 2, 3] {
+        let data = Bytes::from(payload(number));
+        a.send(&head(number, size), Data::Owned(data), |_| unreachable!())
+            .unwrap();
+    }
+    let mut memory = vec![0u8; size];
+    let mut target = Target {
+        key: (2, 1, 2),
+        buf: &mut memory,
+    };
+    let (mut buffered, mut landed) = (Vec::new(), Vec::new());
+    let start = std::time::Instant::now();
+    while buffered.len() + landed.len() < 3 {
+        a.flush().unwrap();
+        b.read(
+            size,
+            &mut Vec::new,
+            Some(&mut target),
+            |h, data| match data {
+                Some(data) => buffered.push((h.number, data)),
+                None => landed.push(h.number),
+            },
+        )
+        .unwrap();
+        assert!(start.elapsed().as_secs() < 30, "frames stuck");
+    }
+    assert_eq!(landed, [2]);
+    assert_eq!(buffered.len(), 2);
+    assert_eq!(buffered[0], (1, payload(1)));
+    assert_eq!(buffered[1], (3, payload(3)));
+    assert!(memory == payload(2), "the landed frame differs");
+    assert!(!b.landing());
+    // A target of another length is not landed in: the frame comes in a buffer.
+    a.send(
+        &head(4, 100),
+        Data::Borrowed(&[7; 100]),
+        Bytes::copy_from_slice,
+    )
+    .unwrap();
+    let mut short = [0u8; 99];
+    let mut target = Target {
+        key: (4, 1, 2),
+        buf: &mut short,
+    };
+    let mut got = None;
+    while got.is_none() {
+        b.read(size, &mut Vec::new, Some(&mut target), |_, data| {
+            got = Some(data)
+        })
+        .unwrap();
+        assert!(start.elapsed().as_secs() < 30, "frame stuck");
+    }
+    assert_eq!(got, Some(Some(vec![7; 100])));
+    assert_eq!(short, [0; 99]);
+}
+
+#[test]
 fn headers_round_trip() {
     let h = Head {
         number: u64::MAX - 3,
@@ -159,4 +233,104 @@ fn headers_round_trip() {
         len: 12345,
     };
     assert_eq!(Head::decode(&h.encode()), h);
+}
+
+/// Rank `me` of two, its one connection `stream` to the other.
+fn mesh(me: usize, stream: TcpStream, max_payload: usize) -> Mesh {
+    let watch = vec![(1 - me, stream.try_clone().unwrap())];
+    let mut peers = vec![None, None];
+    peers[1 - me] = Some(super::form::ready(stream).unwrap());
+    Mesh {
+        members: vec![10, 11],
+        generation: 1,
+        spin: Spin::Busy(Duration::from_micros(50)),
+        max_payload,
+        pool: Arc::default(),
+        links: Mutex::new(Links {
+            peers,
+            early: HashMap::new(),
+        }),
+        watch,
+    }
+}
+
+/// Collective `number` of two ranks, `total` bytes, as rank `rank`.
+fn op(number: u64, rank: usize, total: usize) -> Op {
+    Op {
+        kind: OpKind::AllReduce,
+        generation: 1,
+        members: vec![10, 11],
+        ranks: vec![0, 1],
+        rank,
+        number,
+        tag: 7,
+        total,
+        bytes: total,
+        shm_ticket: None,
+        hosts: None,
+    }
+}
+
+#[test]
+fn concurrent_collectives_land_their_own_frames_and_nothing_else() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    let slice = 512 << 10;
+    let (sender, receiver) = (Arc::new(mesh(0, a, slice)), Arc::new(mesh(1, b, slice)));
+    let (collectives, slices) = (4u64, 6);
+    let total = slice * slices;
+    let value = |number: u64, k: usize| (k as u64 * 31 + number * 7) as u8;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Each collective on a thread of its own on both ranks, as the embedded API runs them;
+    // odd collectives receive into their buffers, even ones take the frames' buffers.
+    let senders: Vec<_> = (1..=collectives)
+        .map(|number| {
+            let sender = Arc::clone(&sender);
+            std::thread::spawn(move || {
+                let op = op(number, 0, total);
+                let data: Vec<u8> = (0..total).map(|k| value(number, k)).collect();
+                for (s, part) in data.chunks(slice).enumerate() {
+                    sender.send(&op, 1, 0, s, Data::Borrowed(part)).unwrap();
+                }
+                sender.flush(deadline, &|| Ok(())).unwrap();
+            })
+        })
+        .collect();
+    let receivers: Vec<_> = (1..=collectives)
+        .map(|number| {
+            let receiver = Arc::clone(&receiver);
+            std::thread::spawn(move || {
+                let op = op(number, 1, total);
+                let mut got = vec![0u8; total];
+                for (s, part) in got.chunks_mut(slice).enumerate() {
+                    let len = part.len();
+                    let into = (number % 2 == 1).then_some(&mut *part);
+                    let came = receiver.recv(&op, 0, (0, s, len), into, deadline, &|| Ok(()));
+                    if let Some(data) = came.unwrap() {
+                        part.copy_from_slice(&data);
+                    }
+                }
+                (number, got)
+            })
+        })
+        .collect();
+    for t in senders {
+        t.join().unwrap();
+    }
+    for t in receivers {
+        let (number, got) = t.join().unwrap();
+        let wrong = got
+            .iter()
+            .enumerate()
+            .position(|(k, &v)| v != value(number, k));
+        assert_eq!(wrong, None, "collective #{number} differs");
+    }
+    let links = receiver.lock();
+    assert!(links.early.is_empty(), "frames left over");
+    assert!(links
+        .peers
+        .iter()
+        .flatten()
+        .all(|p| !p.landing() && p.broken.is_none()));
 }
