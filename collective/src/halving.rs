@@ -32,7 +32,7 @@ pub(crate) async fn allreduce<T: Element>(
     buf: &mut [T],
     reduction: ReduceOp,
 ) -> Result<()> {
-    let (n, r) = (op.size(), op.rank);
+    let n = op.size();
     if n == 1 || buf.is_empty() {
         return Ok(());
     }
@@ -44,14 +44,38 @@ pub(crate) async fn allreduce<T: Element>(
     if !fold_in(shared, op, buf, reduction, last).await? {
         return Ok(());
     }
-    let len = buf.len();
-    // The elements of blocks `lo..hi` (never empty: halves of a power of two).
-    let span = |(lo, hi): (usize, usize)| -> Range<usize> {
-        chunk(len, p, lo).start..chunk(len, p, hi - 1).end
-    };
-    // Halving: the blocks this rank still reduces, `lo..hi`.
+    let held = halve(shared, op, buf, reduction, p, 1).await?;
+    if reduction == ReduceOp::Mean {
+        let reduced = span(buf.len(), p, held);
+        for v in buf[reduced].iter_mut() {
+            *v = v.divide(n);
+        }
+    }
+    double(shared, op, buf, p, held, steps + 1).await?;
+    fold_out(shared, op, buf, last).await
+}
+
+/// The elements of blocks `lo..hi` of `p` of a buffer of `len` (never empty: halves of a
+/// power of two).
+fn span(len: usize, p: usize, (lo, hi): (usize, usize)) -> Range<usize> {
+    chunk(len, p, lo).start..chunk(len, p, hi - 1).end
+}
+
+/// The halving steps among ranks `0..p` (`p` a power of two, this rank among them), hops
+/// `first_hop..`: afterwards this rank holds block `rank` of `p` reduced over the `p` ranks;
+/// returns that block as `(rank, rank + 1)`.
+async fn halve<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &mut [T],
+    reduction: ReduceOp,
+    p: usize,
+    first_hop: usize,
+) -> Result<(usize, usize)> {
+    let (r, len) = (op.rank, buf.len());
+    // The blocks this rank still reduces, `lo..hi`.
     let (mut lo, mut hi) = (0, p);
-    for step in 0..steps {
+    for step in 0..p.trailing_zeros() as usize {
         let d = p >> (step + 1);
         let partner = r ^ d;
         let mid = lo + (hi - lo) / 2;
@@ -59,46 +83,77 @@ pub(crate) async fn allreduce<T: Element>(
             0 => ((lo, mid), (mid, hi)),
             _ => ((mid, hi), (lo, mid)),
         };
-        send(shared, op, partner, step + 1, &buf[span(give)]).await?;
-        let mine = &mut buf[span(keep)];
-        receive(
-            shared,
-            op,
-            partner,
-            step + 1,
-            mine,
-            Combine::Reduce(reduction),
-        )
-        .await?;
+        let hop = first_hop + step;
+        send(shared, op, partner, hop, &buf[span(len, p, give)]).await?;
+        let mine = &mut buf[span(len, p, keep)];
+        receive(shared, op, partner, hop, mine, Combine::Reduce(reduction)).await?;
         (lo, hi) = keep;
     }
-    if reduction == ReduceOp::Mean {
-        for v in buf[span((lo, hi))].iter_mut() {
-            *v = v.divide(n);
-        }
-    }
-    // Doubling: the blocks this rank holds reduced, `lo..hi`, twice as many each step.
-    for step in 0..steps {
+    Ok((lo, hi))
+}
+
+/// The doubling steps among ranks `0..p` (`p` a power of two, this rank among them), hops
+/// `first_hop..`, from this rank holding blocks `held` of `p`: the partners swap what they
+/// hold, twice as much each step, until every rank holds every block.
+async fn double<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &mut [T],
+    p: usize,
+    held: (usize, usize),
+    first_hop: usize,
+) -> Result<()> {
+    let (r, len) = (op.rank, buf.len());
+    let (mut lo, mut hi) = held;
+    for step in 0..p.trailing_zeros() as usize {
         let d = 1 << step;
         let partner = r ^ d;
         let theirs = match r & d {
             0 => (hi, hi + (hi - lo)),
             _ => (lo - (hi - lo), lo),
         };
-        let hop = steps + step + 1;
-        send(shared, op, partner, hop, &buf[span((lo, hi))]).await?;
-        receive(
-            shared,
-            op,
-            partner,
-            hop,
-            &mut buf[span(theirs)],
-            Combine::Copy,
-        )
-        .await?;
+        let hop = first_hop + step;
+        send(shared, op, partner, hop, &buf[span(len, p, (lo, hi))]).await?;
+        let into = &mut buf[span(len, p, theirs)];
+        receive(shared, op, partner, hop, into, Combine::Copy).await?;
         (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
     }
-    fold_out(shared, op, buf, last).await
+    Ok(())
+}
+
+/// Reduce-scatter of `buf` by recursive halving, on a power of two of ranks: rank `r` ends
+/// with chunk `r` ([`chunk`]) reduced, each element in the order [`reference()`] spells out
+/// (without the fold).
+pub(crate) async fn reduce_scatter<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &mut [T],
+    reduction: ReduceOp,
+) -> Result<()> {
+    let n = op.size();
+    debug_assert!(n.is_power_of_two());
+    let held = halve(shared, op, buf, reduction, n, 0).await?;
+    if reduction == ReduceOp::Mean {
+        let reduced = span(buf.len(), n, held);
+        for v in buf[reduced].iter_mut() {
+            *v = v.divide(n);
+        }
+    }
+    Ok(())
+}
+
+/// All-gather by recursive doubling, on a power of two of ranks: `out` is `n` blocks of
+/// `input.len()` elements; block `i` ends as rank `i`'s input.
+pub(crate) async fn all_gather<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    input: &[T],
+    out: &mut [T],
+) -> Result<()> {
+    let (n, r, m) = (op.size(), op.rank, input.len());
+    debug_assert!(n.is_power_of_two());
+    out[r * m..(r + 1) * m].copy_from_slice(input);
+    double(shared, op, out, n, (r, r + 1), 0).await
 }
 
 /// The total Rabenseifner's algorithm computes from each rank's value, in its order: the

@@ -84,6 +84,72 @@ pub(crate) async fn direct<T: Element>(
     Ok(())
 }
 
+/// Reduce-scatter of a small buffer in one step, as [`direct`] all-reduces: every rank
+/// sends each other rank that rank's chunk, and reduces the chunks it receives for its own in
+/// rank order. One message latency instead of the ring's `n - 1`.
+pub(crate) async fn direct_reduce_scatter<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    buf: &mut [T],
+    reduction: ReduceOp,
+) -> Result<()> {
+    let (n, r, len) = (op.size(), op.rank, buf.len());
+    if n == 1 {
+        return Ok(());
+    }
+    for k in (1..n).map(|d| (r + d) % n) {
+        send(shared, op, k, 0, &buf[chunk(len, n, k)]).await?;
+    }
+    let own = chunk(len, n, r);
+    let mine: Vec<T> = buf[own.clone()].to_vec();
+    let out = &mut buf[own];
+    for k in 0..n {
+        if k == r {
+            if k != 0 {
+                reduce_into(out, bytemuck::cast_slice(&mine), reduction);
+            }
+            continue;
+        }
+        let combine = match k {
+            0 => Combine::Copy,
+            _ => Combine::Reduce(reduction),
+        };
+        receive(shared, op, k, 0, out, combine).await?;
+    }
+    if reduction == ReduceOp::Mean {
+        for v in out.iter_mut() {
+            *v = v.divide(n);
+        }
+    }
+    Ok(())
+}
+
+/// All-gather of small blocks in one step: every rank sends its block to every other.
+pub(crate) async fn direct_all_gather<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    input: &[T],
+    out: &mut [T],
+) -> Result<()> {
+    let (n, r, m) = (op.size(), op.rank, input.len());
+    out[r * m..(r + 1) * m].copy_from_slice(input);
+    for k in (1..n).map(|d| (r + d) % n) {
+        send(shared, op, k, 0, input).await?;
+    }
+    for k in (1..n).map(|d| (r + n - d) % n) {
+        receive(
+            shared,
+            op,
+            k,
+            0,
+            &mut out[k * m..(k + 1) * m],
+            Combine::Copy,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// What [`receive`] does with each slice.
 pub(crate) enum Combine {
     /// Copy it into place.

@@ -27,6 +27,9 @@ fn options() -> CommOptions {
     CommOptions {
         // Many slices per chunk, so the pipeline really pipelines.
         slice_bytes: 4096,
+        // A worker whose check panics leaves the others waiting for it: they fail after
+        // this, not after the default 300 s.
+        timeout: std::time::Duration::from_secs(20),
         ..CommOptions::default()
     }
 }
@@ -114,6 +117,11 @@ async fn collectives(
     for i in mine {
         assert_eq!(rs[i], i as i32 * factor, "reduce_scatter at {i}");
     }
+    // A mean reduce-scatter truncates once: rank q contributes q + 1 at every element.
+    let mut rm: Vec<i64> = vec![r as i64 + 1; 13];
+    let mine = comm.reduce_scatter(&mut rm, ReduceOp::Mean).await?;
+    let mean = (1..=n as i64).sum::<i64>() / n as i64;
+    assert!(rm[mine].iter().all(|&v| v == mean), "mean reduce_scatter");
     // All-gather, with an empty input too.
     let input: Vec<f64> = (0..3).map(|i| (r * 10 + i) as f64).collect();
     let mut out = vec![0.0; 3 * n];

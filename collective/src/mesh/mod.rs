@@ -15,8 +15,10 @@
 //! size; point-to-point messages stay on the vans.
 //!
 //! **Copies.** A slice of the caller's buffer goes to the socket from where it lies: the
-//! mesh copies only what the socket does not take at once (see [`Data`]). Frames are read
-//! into buffers that come back to a pool when the collective has consumed them: a fresh
+//! mesh copies only what the socket does not take at once (see [`Data`]). A frame its
+//! receiver waits for, to copy into place, is read straight into place (`recv` with
+//! `into`). Other frames are read into buffers that come back to a pool when the collective
+//! has consumed them: a fresh
 //! allocation per frame cost a page fault per 4 KiB written, and made the mesh three times
 //! slower than the vans at 1 MiB (`allreduce-bench`, 2 ranks: 0.77–0.83 ms against
 //! 0.21–0.38; with the pool 0.17, and 0.15 with sends from the caller's buffer).

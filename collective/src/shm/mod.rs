@@ -36,7 +36,7 @@
 //! its piece; broadcast has the root
 //! copy in and the others copy out. Each chunk's first publication carries the collective's
 //! signature (number, kind, element type, length), checked by the ranks that wait for it:
-//! ranks that disagree fail with [`CollectiveError::Mismatch`] instead of mixing buffers.
+//! ranks that disagree fail with [`CollectiveError::Mismatch`](crate::CollectiveError::Mismatch) instead of mixing buffers.
 //!
 //! A rank on a current-thread tokio runtime votes against the segment: its waits would
 //! stop its vans' writers (see `spin::can_block`).
@@ -54,7 +54,7 @@
 //! ticket order ([`turns::Turns`]), since they share the slots.
 //!
 //! Without shared memory compiled in (no `ipc` feature, or not Linux) only [`Collective`]
-//! and a [`run`] that never takes this path remain.
+//! and a [`run`](fn@run) that never takes this path remain.
 #[cfg(all(feature = "ipc", target_os = "linux"))]
 mod gather;
 #[cfg(all(feature = "ipc", target_os = "linux"))]

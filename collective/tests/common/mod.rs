@@ -22,11 +22,18 @@ where
                 po.finalize().await?;
                 return Ok(None);
             }
-            let result = body(po.clone()).await;
+            // On a task of its own, so a check that panics still lets this node finalize
+            // (the others would wait for it forever) and fails the run.
+            let result = tokio::spawn(body(po.clone())).await;
             po.finalize().await?;
-            result
-                .map(Some)
-                .map_err(|e| node::PsError::InvalidArgument(format!("collective failed: {e}")))
+            match result {
+                Ok(result) => result
+                    .map(Some)
+                    .map_err(|e| node::PsError::InvalidArgument(format!("collective failed: {e}"))),
+                Err(e) => Err(node::PsError::InvalidArgument(format!(
+                    "the worker's checks failed: {e}"
+                ))),
+            }
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
