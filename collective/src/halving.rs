@@ -55,8 +55,8 @@ pub(crate) async fn allreduce<T: Element>(
     fold_out(shared, op, buf, last).await
 }
 
-/// The elements of blocks `lo..hi` of `p` of a buffer of `len` (never empty: halves of a
-/// power of two).
+/// The elements of blocks `lo..hi` of `p` of a buffer of `len` (`lo < hi`: halves of a
+/// power of two; empty only when the buffer has fewer elements than blocks).
 fn span(len: usize, p: usize, (lo, hi): (usize, usize)) -> Range<usize> {
     chunk(len, p, lo).start..chunk(len, p, hi - 1).end
 }

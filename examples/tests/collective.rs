@@ -103,7 +103,7 @@ fn every_collective_with(workers: usize, tcp: bool, env: &[(&str, &str)]) -> Vec
 fn every_collective_on_two_three_and_four_ranks_over_tcp() {
     for workers in [2, 3, 4] {
         let outputs = every_collective_with(workers, true, &[("RUST_LOG", "collective=info")]);
-        // Ranks that do not share memory connect directly for their small collectives.
+        // Ranks that do not share memory connect directly for their collectives.
         for text in &outputs {
             assert!(
                 text.contains(&format!("go over a TCP mesh ({workers} ranks")),

@@ -95,6 +95,16 @@ impl Mesh {
         self.links.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lock, for a call from a task of the runtime: a call that holds it may keep it
+    /// while a frame lands, so a wait moves this thread's other tasks elsewhere.
+    fn lock_in_task(&self) -> MutexGuard<'_, Links> {
+        match self.links.try_lock() {
+            Ok(links) => links,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => crate::spin::blocking(|| self.lock()),
+        }
+    }
+
     /// The error of a broken connection to rank `q`.
     fn broken(&self, q: usize, why: &str) -> CollectiveError {
         CollectiveError::RankFailed {
@@ -126,7 +136,7 @@ impl Mesh {
         };
         // The connections are by generation rank; an op among some ranks names its own.
         let to = op.ranks[to];
-        let mut links = self.lock();
+        let mut links = self.lock_in_task();
         let Some(peer) = links.peers.get_mut(to).and_then(Option::as_mut) else {
             return Err(self.broken(to, "no connection"));
         };
@@ -141,15 +151,16 @@ impl Mesh {
     }
 
     /// Receives slice `slice` of hop `hop` of `op` from its member `member` (checked to be
-    /// `len` bytes of the collective: the key is hop, slice, length), driving every connection meanwhile; waits until
+    /// `len` bytes of the collective), driving every connection meanwhile; waits until
     /// `deadline`, asking `alive` between sleeps. With `into` (`len` bytes), a frame that
     /// has not come yet is read straight into it (`Ok(None)`); one that came before it was
     /// asked for is returned (`Ok(Some)`), as are all without `into`.
     ///
     /// A frame landing in `into` holds the mesh until it is whole: only this call may write
-    /// to `into`. The waits meanwhile still drive every connection (reading the others'
-    /// frames into buffers, writing what is queued), so no rank waits on this one's lock:
-    /// the rest of the frame is on its way from a peer that writes its frames whole.
+    /// to `into`. This rank's other collectives wait for it; its waits meanwhile still drive
+    /// every connection (reading the others' frames into buffers, writing what is queued), so
+    /// no other rank waits on this one's lock, and the rest of the frame is on its way from a
+    /// peer that queues what its socket does not take at once.
     pub(crate) fn recv(
         &self,
         op: &Op,
@@ -161,14 +172,33 @@ impl Mesh {
     ) -> Result<Option<Bytes>> {
         let from = op.ranks[member];
         let key = (from, op.number, hop as u32, slice as u32);
+        // A frame lands only if its header is exactly what this rank expects: a mismatch
+        // comes in a buffer of its own, and fails the check below without touching `into`.
+        let expected = Head {
+            number: op.number,
+            hop: hop as u32,
+            slice: slice as u32,
+            kind: op.kind as i32,
+            tag: op.tag as u32,
+            total: op.total as u64,
+            len: len as u64,
+        };
         let mut target = into.filter(|buf| buf.len() == len).map(|buf| Target {
-            key: (op.number, hop as u32, slice as u32),
+            head: expected,
             buf,
         });
         let mut idle = Idle::new(self.spin);
         let mut held = None;
+        let came = |(head, data): (Head, Vec<u8>)| {
+            let data = self.pool.wrap(data);
+            op.check_frame(member, len, head.kind, head.tag, head.total, data)
+                .map(Some)
+        };
         loop {
             let mut links = held.take().unwrap_or_else(|| self.lock());
+            if let Some(frame) = links.early.remove(&key) {
+                return came(frame);
+            }
             let mut landed = None;
             let progressed = self.drive(&mut links, from, target.as_mut(), &mut landed);
             if let Some(head) = landed {
@@ -177,11 +207,8 @@ impl Mesh {
                     .check_head(member, len, head.kind, head.tag, head.total, len)
                     .map(|()| None);
             }
-            if let Some((head, data)) = links.early.remove(&key) {
-                let data = self.pool.wrap(data);
-                return op
-                    .check_frame(member, len, head.kind, head.tag, head.total, data)
-                    .map(Some);
+            if let Some(frame) = links.early.remove(&key) {
+                return came(frame);
             }
             let peer = links.peers.get(from).and_then(Option::as_ref);
             if let Some(why) = peer.and_then(|p| p.broken.clone()) {
@@ -372,11 +399,12 @@ impl Mesh {
         let _ = rustix::event::poll(&mut fds, Some(&timeout));
     }
 
-    /// Shuts every connection: the peers' waits end with this rank named (it left).
+    /// Shuts every connection: the peers' waits end with this rank named (it left). Through
+    /// the duplicates in `watch`, without the lock: a call that holds it (a frame landing)
+    /// asks the generation, whose lock the caller of this one holds.
     pub(crate) fn shut(&self) {
-        let links = self.lock();
-        for peer in links.peers.iter().flatten() {
-            let _ = peer.stream.shutdown(std::net::Shutdown::Both);
+        for (_, stream) in &self.watch {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
         }
     }
 }

@@ -110,8 +110,8 @@ enum Reading {
 /// The frame a receiver waits for, and where its payload may land: the receiver's memory,
 /// exactly its length.
 pub(super) struct Target<'a> {
-    /// The frame's collective number, hop and slice.
-    pub(super) key: (u64, u32, u32),
+    /// The header the frame must have, to the bit (its length `buf`'s).
+    pub(super) head: Head,
     pub(super) buf: &'a mut [u8],
 }
 
@@ -262,9 +262,9 @@ impl Peer {
                                 format!("a frame of {} bytes (at most {max_payload})", head.len),
                             )
                         })?;
-                    let lands = target.as_ref().is_some_and(|t| {
-                        t.key == (head.number, head.hop, head.slice) && t.buf.len() == len
-                    });
+                    let lands = target
+                        .as_ref()
+                        .is_some_and(|t| t.head == head && t.buf.len() == len);
                     self.reading = match lands {
                         true => Reading::Direct { head, have: 0 },
                         false => Reading::Payload {

@@ -172,7 +172,7 @@ fn the_awaited_frame_lands_in_the_receivers_memory_and_others_in_buffers() {
     }
     let mut memory = vec![0u8; size];
     let mut target = Target {
-        key: (2, 1, 2),
+        head: head(2, size),
         buf: &mut memory,
     };
     let (mut buffered, mut landed) = (Vec::new(), Vec::new());
@@ -197,28 +197,29 @@ fn the_awaited_frame_lands_in_the_receivers_memory_and_others_in_buffers() {
     assert_eq!(buffered[1], (3, payload(3)));
     assert!(memory == payload(2), "the landed frame differs");
     assert!(!b.landing());
-    // A target of another length is not landed in: the frame comes in a buffer.
-    a.send(
-        &head(4, 100),
-        Data::Borrowed(&[7; 100]),
-        Bytes::copy_from_slice,
-    )
-    .unwrap();
-    let mut short = [0u8; 99];
-    let mut target = Target {
-        key: (4, 1, 2),
-        buf: &mut short,
-    };
-    let mut got = None;
-    while got.is_none() {
-        b.read(size, &mut Vec::new, Some(&mut target), |_, data| {
-            got = Some(data)
-        })
-        .unwrap();
-        assert!(start.elapsed().as_secs() < 30, "frame stuck");
+    // A frame whose header differs from the target's in anything (here its length, then
+    // its element tag) does not land: it comes in a buffer, and the memory stays as it was.
+    let mut other_tag = head(5, 100);
+    other_tag.tag += 1;
+    for (sent, expected) in [(head(4, 100), head(4, 99)), (other_tag, head(5, 100))] {
+        a.send(&sent, Data::Borrowed(&[7; 100]), Bytes::copy_from_slice)
+            .unwrap();
+        let mut memory = vec![0u8; expected.len as usize];
+        let mut target = Target {
+            head: expected,
+            buf: &mut memory,
+        };
+        let mut got = None;
+        while got.is_none() {
+            b.read(size, &mut Vec::new, Some(&mut target), |_, data| {
+                got = Some(data)
+            })
+            .unwrap();
+            assert!(start.elapsed().as_secs() < 30, "frame stuck");
+        }
+        assert_eq!(got, Some(Some(vec![7; 100])));
+        assert!(memory.iter().all(|&v| v == 0));
     }
-    assert_eq!(got, Some(Some(vec![7; 100])));
-    assert_eq!(short, [0; 99]);
 }
 
 #[test]
@@ -333,4 +334,57 @@ fn concurrent_collectives_land_their_own_frames_and_nothing_else() {
         .iter()
         .flatten()
         .all(|p| !p.landing() && p.broken.is_none()));
+}
+
+#[test]
+fn shutting_a_mesh_ends_a_landing_frame_without_waiting_for_its_lock() {
+    use std::io::Write;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut raw = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    let total = 1 << 20;
+    let receiver = Arc::new(mesh(1, b, total));
+    // Half a frame: the receiver lands it and holds the mesh for the rest.
+    let head = Head {
+        number: 1,
+        hop: 0,
+        slice: 0,
+        kind: OpKind::AllReduce as i32,
+        tag: 7,
+        total: total as u64,
+        len: total as u64,
+    };
+    raw.write_all(&head.encode()).unwrap();
+    raw.write_all(&vec![1u8; total / 2]).unwrap();
+    let landing = {
+        let receiver = Arc::clone(&receiver);
+        std::thread::spawn(move || {
+            let mut memory = vec![0u8; total];
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let into = Some(&mut memory[..]);
+            let op = op(1, 1, total);
+            receiver
+                .recv(&op, 0, (0, 0, total), into, deadline, &|| Ok(()))
+                .map(|_| ())
+        })
+    };
+    let start = Instant::now();
+    while receiver.links.try_lock().is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never landing");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The generation ends (as `Shared::changed` shuts it, holding the generation's lock,
+    // which the landing call asks between its sleeps): the shut must not wait for the frame.
+    let shut = Instant::now();
+    receiver.shut();
+    assert!(
+        shut.elapsed() < Duration::from_secs(5),
+        "shut waited for the lock"
+    );
+    let err = landing.join().unwrap().unwrap_err();
+    assert!(
+        matches!(err, crate::CollectiveError::RankFailed { rank: 0, .. }),
+        "{err}"
+    );
+    drop(raw);
 }

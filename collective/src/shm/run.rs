@@ -382,13 +382,17 @@ struct Through<'a> {
 impl Through<'_> {
     /// Runs `work` on the group (blocking this thread) as a collective of `kind` (with the
     /// local op's number, element type and length: its signature), and names whoever
-    /// stopped it.
+    /// stopped it. First writes what this rank still has queued on the mesh (the shares
+    /// between hosts): the group's waits drive no sockets, and a rank of another host could
+    /// wait for those frames while this rank waits for a rank of its own host that waits for
+    /// that one.
     fn phase(
         &self,
         kind: u64,
         work: impl FnOnce(&mut Rounds<'_>) -> std::result::Result<(), signal::Stopped>,
     ) -> Result<()> {
         let (shared, call, group) = (self.shared, self.local, self.group);
+        shared.flush_mesh(call.generation)?;
         let deadline = std::time::Instant::now() + shared.options.timeout;
         let failed = |q: usize, reason: String| CollectiveError::RankFailed {
             node: call.members[q],

@@ -72,6 +72,19 @@ async fn check(po: &Postoffice) -> Result<(), BoxError> {
     {
         return Err(fail("i64 sum"));
     }
+    // Larger than a socket takes at once (8 MiB): frames go partly queued and land in parts,
+    // and between hosts a share's last frames must be written before the shared-memory phase.
+    let big = 2 << 20;
+    let mut e: Vec<f32> = (0..big).map(|i| (i % 1000 + r) as f32).collect();
+    for _ in 0..2 {
+        comm.allreduce(&mut e, ReduceOp::Max).await?;
+    }
+    if e.iter()
+        .enumerate()
+        .any(|(i, v)| *v != (i % 1000 + n - 1) as f32)
+    {
+        return Err(fail("8 MiB f32 max"));
+    }
     let mut f: Vec<f32> = (0..1001).map(|i| i as f32 * (r + 1) as f32).collect();
     comm.allreduce(&mut f, ReduceOp::Max).await?;
     if f.iter().enumerate().any(|(i, v)| *v != (i * n) as f32) {
