@@ -411,6 +411,11 @@ impl Shared {
             .flatten()
     }
 
+    /// Whether `op` goes over its generation's mesh (else the vans).
+    pub(crate) fn over_mesh(&self, op: &Op) -> bool {
+        self.mesh_for(op).is_some()
+    }
+
     /// The mesh of `generation`, if it has one.
     fn mesh(&self, generation: u64) -> Option<Arc<crate::mesh::Mesh>> {
         match &self.lock().mesh {
