@@ -411,9 +411,10 @@ impl Shared {
             .flatten()
     }
 
-    /// Whether `op` goes over its generation's mesh (else the vans).
-    pub(crate) fn over_mesh(&self, op: &Op) -> bool {
-        self.mesh_for(op).is_some()
+    /// How the waits of `op` go, when it goes over its generation's mesh (`None`: over the
+    /// vans): spinning, when every rank of the machine has a core, or yielding.
+    pub(crate) fn mesh_waits(&self, op: &Op) -> Option<crate::spin::Spin> {
+        self.mesh_for(op).map(|mesh| mesh.spin())
     }
 
     /// The mesh of `generation`, if it has one.

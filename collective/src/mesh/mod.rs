@@ -105,6 +105,11 @@ impl Mesh {
         }
     }
 
+    /// What a wait does before it sleeps.
+    pub(crate) fn spin(&self) -> Spin {
+        self.spin
+    }
+
     /// The error of a broken connection to rank `q`.
     fn broken(&self, q: usize, why: &str) -> CollectiveError {
         CollectiveError::RankFailed {
