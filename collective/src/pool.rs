@@ -9,13 +9,23 @@ use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
-/// Buffers kept for reuse (each up to a slice: 64 × 256 KiB by default).
-const KEEP: usize = 64;
+/// Bytes of buffers kept for reuse: up to what a collective had in flight at once. A ring
+/// over the mesh holds about a rank's chunk of frames of the next hop while it finishes the
+/// current one (128 MiB for a 256 MiB all-reduce on 2 ranks); returned to the system, that
+/// memory is faulted in again by the next collective of the size.
+const KEEP_BYTES: usize = 256 << 20;
 
 /// A pool of send and frame buffers; see the [module docs](self).
 #[derive(Default)]
 pub(crate) struct SendPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
+}
+
+/// The buffers kept, and their capacity in all.
+#[derive(Default)]
+struct Free {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
 impl SendPool {
@@ -28,7 +38,12 @@ impl SendPool {
 
     /// An empty buffer, reused when one is free (its capacity kept).
     pub(crate) fn take(&self) -> Vec<u8> {
-        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let reused = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            let vec = free.buffers.pop();
+            free.bytes -= vec.as_ref().map_or(0, Vec::capacity);
+            vec
+        };
         let mut vec = reused.unwrap_or_default();
         vec.clear();
         vec
@@ -59,8 +74,10 @@ impl Drop for Recycled {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.upgrade() {
             let mut free = pool.free.lock().unwrap_or_else(|e| e.into_inner());
-            if free.len() < KEEP {
-                free.push(std::mem::take(&mut self.vec));
+            let bytes = free.bytes + self.vec.capacity();
+            if bytes <= KEEP_BYTES {
+                free.buffers.push(std::mem::take(&mut self.vec));
+                free.bytes = bytes;
             }
         }
     }
@@ -84,8 +101,32 @@ mod tests {
         let c = b.slice(1..);
         drop(b);
         assert_eq!(&c[..], &[5]);
-        assert!(pool.free.lock().map(|f| f.is_empty()).unwrap_or(false));
+        assert!(pool
+            .free
+            .lock()
+            .map(|f| f.buffers.is_empty())
+            .unwrap_or(false));
         drop(c);
-        assert_eq!(pool.free.lock().map(|f| f.len()).unwrap_or(0), 1);
+        assert_eq!(pool.free.lock().map(|f| f.buffers.len()).unwrap_or(0), 1);
+    }
+
+    #[test]
+    fn the_pool_keeps_buffers_up_to_its_byte_budget() {
+        let pool = Arc::new(SendPool::default());
+        // Capacity only: the pages are never touched.
+        let third = KEEP_BYTES / 3 + 1;
+        let held: Vec<Bytes> = (0..3)
+            .map(|_| pool.wrap(Vec::with_capacity(third)))
+            .collect();
+        drop(held);
+        let kept = |pool: &SendPool| {
+            let free = pool.free.lock().unwrap_or_else(|e| e.into_inner());
+            (free.buffers.len(), free.bytes)
+        };
+        assert_eq!(kept(&pool), (2, 2 * third));
+        // Taking one gives its bytes back to the budget.
+        let vec = pool.take();
+        assert!(vec.capacity() >= third && vec.is_empty());
+        assert_eq!(kept(&pool), (1, third));
     }
 }
