@@ -418,24 +418,35 @@ impl Through<'_> {
             work(&mut rounds)
         });
         result.map_err(|stopped| match stopped {
-            signal::Stopped::Failed(e) => e,
-            // Why another rank gave up: a process gone names itself; else what this node's
-            // membership knows; else what the rank that gave up saw.
-            signal::Stopped::Aborted(failed_rank) => gone()
-                .or_else(|| shared.still(call.generation).err())
-                // The abort word names a generation rank (perhaps on another host).
-                .unwrap_or_else(|| match failed_rank.filter(|&q| q < self.whole.size()) {
-                    Some(q) => CollectiveError::RankFailed {
+            signal::Stopped::Failed(e) => {
+                // The host's other ranks stop too, naming the same rank: by the time they
+                // look, this one may have exited as well, and a gone process would name
+                // itself.
+                if let CollectiveError::RankFailed { rank, .. } = &e {
+                    group.abort(Some(*rank));
+                }
+                e
+            }
+            // Why another rank gave up: the rank it saw fail (the abort word names a
+            // generation rank, perhaps on another host); else a process gone; else what
+            // this node's membership knows.
+            signal::Stopped::Aborted(failed_rank) => {
+                let named = failed_rank.filter(|&q| q < self.whole.size()).map(|q| {
+                    CollectiveError::RankFailed {
                         node: self.whole.members[q],
                         rank: q,
                         generation: call.generation,
                         reason: "another rank on this host saw it fail".into(),
-                    },
-                    None => CollectiveError::MembershipChanged {
+                    }
+                });
+                named
+                    .or_else(gone)
+                    .or_else(|| shared.still(call.generation).err())
+                    .unwrap_or_else(|| CollectiveError::MembershipChanged {
                         generation: call.generation,
                         reason: "a rank on this host left the generation".into(),
-                    },
-                }),
+                    })
+            }
             signal::Stopped::Mismatch(q) => CollectiveError::Mismatch {
                 rank: call.ranks[q],
                 node: call.members[q],
