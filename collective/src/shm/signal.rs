@@ -65,10 +65,13 @@ impl Signals<'_> {
     }
 
     /// Tells every rank to stop waiting (this one left the generation, because rank
-    /// `failed` did, when known).
+    /// `failed` did, when known). The first word set stays: a rank that ends the generation
+    /// afterwards (not knowing why) does not erase the failed rank's name.
     pub(super) fn abort(&self, failed: Option<usize>) {
         let word = failed.map_or(u32::MAX, |q| u32::try_from(q + 1).unwrap_or(u32::MAX));
-        self.abort.store(word, Ordering::Release);
+        let _ = self
+            .abort
+            .compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire);
         self.wake();
     }
 
