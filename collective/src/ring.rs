@@ -81,10 +81,24 @@ pub(crate) async fn direct<T: Element>(
     for k in (1..n).map(|d| (r + d) % n) {
         send(shared, op, k, 0, &mine).await?;
     }
+    in_rank_order(shared, op, buf, &mine, reduction).await
+}
+
+/// Every rank's contribution to `out` combined in rank order (the same bits wherever it is
+/// done): rank 0's copied in, then each other's reduced in (this rank's own from `mine`), and
+/// a mean divided at the end.
+async fn in_rank_order<T: Element>(
+    shared: &Shared,
+    op: &Op,
+    out: &mut [T],
+    mine: &[T],
+    reduction: ReduceOp,
+) -> Result<()> {
+    let (n, r) = (op.size(), op.rank);
     for k in 0..n {
         if k == r {
             if k != 0 {
-                reduce_into(buf, bytemuck::cast_slice(&mine), reduction);
+                reduce_into(out, bytemuck::cast_slice(mine), reduction);
             }
             continue;
         }
@@ -92,10 +106,10 @@ pub(crate) async fn direct<T: Element>(
             0 => Combine::Copy,
             _ => Combine::Reduce(reduction),
         };
-        receive(shared, op, k, 0, buf, combine).await?;
+        receive(shared, op, k, 0, out, combine).await?;
     }
     if reduction == ReduceOp::Mean {
-        for v in buf.iter_mut() {
+        for v in out.iter_mut() {
             *v = v.divide(n);
         }
     }
@@ -120,26 +134,7 @@ pub(crate) async fn direct_reduce_scatter<T: Element>(
     }
     let own = chunk(len, n, r);
     let mine: Vec<T> = buf[own.clone()].to_vec();
-    let out = &mut buf[own];
-    for k in 0..n {
-        if k == r {
-            if k != 0 {
-                reduce_into(out, bytemuck::cast_slice(&mine), reduction);
-            }
-            continue;
-        }
-        let combine = match k {
-            0 => Combine::Copy,
-            _ => Combine::Reduce(reduction),
-        };
-        receive(shared, op, k, 0, out, combine).await?;
-    }
-    if reduction == ReduceOp::Mean {
-        for v in out.iter_mut() {
-            *v = v.divide(n);
-        }
-    }
-    Ok(())
+    in_rank_order(shared, op, &mut buf[own], &mine, reduction).await
 }
 
 /// All-gather of small blocks in one step: every rank sends its block to every other.
