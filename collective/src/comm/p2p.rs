@@ -262,21 +262,6 @@ impl Op {
         total: u64,
         data: impl Into<Bytes>,
     ) -> Result<Bytes> {
-        let data = data.into();
-        self.check_head(from, len, kind, tag, total, data.len())?;
-        Ok(data)
-    }
-
-    /// [`check_frame`](Self::check_frame) of a payload of `got` bytes, wherever it is.
-    pub(crate) fn check_head(
-        &self,
-        from: usize,
-        len: usize,
-        kind: i32,
-        tag: u32,
-        total: u64,
-        got: usize,
-    ) -> Result<()> {
         let (node, rank) = (self.members[from], self.ranks[from]);
         let mismatch = |reason: String| CollectiveError::Mismatch { rank, node, reason };
         let kind = kind.checked_add(KIND_DATA).and_then(OpKind::from_head);
@@ -299,12 +284,14 @@ impl Op {
                 self.total
             )));
         }
-        if got != len {
+        let data = data.into();
+        if data.len() != len {
             return Err(mismatch(format!(
-                "a slice of {got} bytes where {len} were expected"
+                "a slice of {} bytes where {len} were expected",
+                data.len()
             )));
         }
-        Ok(())
+        Ok(data)
     }
 }
 
