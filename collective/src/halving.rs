@@ -45,12 +45,7 @@ pub(crate) async fn allreduce<T: Element>(
         return Ok(());
     }
     let held = halve(shared, op, buf, reduction, p, 1).await?;
-    if reduction == ReduceOp::Mean {
-        let reduced = span(buf.len(), p, held);
-        for v in buf[reduced].iter_mut() {
-            *v = v.divide(n);
-        }
-    }
+    mean_of(buf, p, held, reduction, n);
     double(shared, op, buf, p, held, steps + 1).await?;
     fold_out(shared, op, buf, last).await
 }
@@ -59,6 +54,17 @@ pub(crate) async fn allreduce<T: Element>(
 /// power of two; empty only when the buffer has fewer elements than blocks).
 fn span(len: usize, p: usize, (lo, hi): (usize, usize)) -> Range<usize> {
     chunk(len, p, lo).start..chunk(len, p, hi - 1).end
+}
+
+/// A mean's division by the `ranks` contributions, of the blocks `held` of `p` that this
+/// rank reduced (nothing for another operator).
+fn mean_of<T: Element>(buf: &mut [T], p: usize, held: (usize, usize), op: ReduceOp, ranks: usize) {
+    if op == ReduceOp::Mean {
+        let reduced = span(buf.len(), p, held);
+        for v in buf[reduced].iter_mut() {
+            *v = v.divide(ranks);
+        }
+    }
 }
 
 /// The halving steps among ranks `0..p` (`p` a power of two, this rank among them), hops
@@ -133,12 +139,7 @@ pub(crate) async fn reduce_scatter<T: Element>(
     let n = op.size();
     debug_assert!(n.is_power_of_two());
     let held = halve(shared, op, buf, reduction, n, 0).await?;
-    if reduction == ReduceOp::Mean {
-        let reduced = span(buf.len(), n, held);
-        for v in buf[reduced].iter_mut() {
-            *v = v.divide(n);
-        }
-    }
+    mean_of(buf, n, held, reduction, n);
     Ok(())
 }
 
