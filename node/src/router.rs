@@ -147,6 +147,12 @@ impl Router {
         Ok(None)
     }
 
+    /// The memory of the first van whose buffers co-located processes can map where they
+    /// are ([`Van::shared_region`]).
+    pub fn shared_region(&self) -> Option<van_core::buf::SharedRegion> {
+        self.vans.iter().find_map(|van| van.shared_region())
+    }
+
     /// Binds every van and delivers into `inbox`; returns the endpoints to announce.
     pub async fn bind(
         &self,

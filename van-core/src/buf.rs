@@ -36,6 +36,29 @@ unsafe impl Send for SharedBuf {}
 // SAFETY: `&SharedBuf` only gives `&[u8]` (via `as_slice`), which is sound to share.
 unsafe impl Sync for SharedBuf {}
 
+/// The memory a van shares with co-located processes (the IPC van's arena), as a process
+/// on the same host can map it: through `/proc/<pid>/fd/<fd>`, a sealed memfd mapped at
+/// `start` in this process for `len` bytes. Buffers from [`Van::alloc`](crate::Van::alloc)
+/// that lie in it can be read by such a process where they are, without a copy (the
+/// collective crate's shared-memory all-reduce does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedRegion {
+    /// The memfd's descriptor number in this process.
+    pub fd: i32,
+    /// Where this process maps it (an address, for comparisons only).
+    pub start: usize,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl SharedRegion {
+    /// The offset of `len` bytes at `at` in the region, when they lie wholly in it.
+    pub fn offset_of(&self, at: *const u8, len: usize) -> Option<usize> {
+        let offset = (at as usize).checked_sub(self.start)?;
+        (offset.checked_add(len)? <= self.len).then_some(offset)
+    }
+}
+
 impl SharedBuf {
     /// A zeroed buffer in ordinary memory: what callers use when no van offers memory it
     /// can send without copying. Any van sends it (by copying).
@@ -178,5 +201,19 @@ mod tests {
         buf.as_mut_slice()[4] = 9;
         assert_eq!(&buf.freeze()[..], &[0, 0, 0, 0, 9]);
         assert!(SharedBuf::heap(0).freeze().is_empty());
+    }
+
+    #[test]
+    fn a_region_locates_only_what_lies_wholly_in_it() {
+        let region = SharedRegion {
+            fd: 3,
+            start: 4096,
+            len: 8192,
+        };
+        assert_eq!(region.offset_of(4096 as *const u8, 8192), Some(0));
+        assert_eq!(region.offset_of(8192 as *const u8, 16), Some(4096));
+        assert_eq!(region.offset_of(8192 as *const u8, 4097), None);
+        assert_eq!(region.offset_of(4095 as *const u8, 1), None);
+        assert_eq!(region.offset_of(usize::MAX as *const u8, 2), None);
     }
 }

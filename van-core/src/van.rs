@@ -377,6 +377,13 @@ pub trait Van: Send + Sync {
         let _ = len;
         Ok(None)
     }
+
+    /// The memory [`alloc`](Self::alloc) carves its buffers from, when co-located processes
+    /// can map it where it is (see [`SharedRegion`](crate::buf::SharedRegion)); `None` (the
+    /// default) for any other van.
+    fn shared_region(&self) -> Option<crate::buf::SharedRegion> {
+        None
+    }
 }
 
 /// The future of [`Van::send`] and [`Van::send_batch`] as `async_trait` boxes it.
@@ -423,6 +430,9 @@ impl<V: Van + ?Sized> Van for Arc<V> {
     }
     fn alloc(&self, len: usize) -> Result<Option<crate::SharedBuf>, VanError> {
         (**self).alloc(len)
+    }
+    fn shared_region(&self) -> Option<crate::buf::SharedRegion> {
+        (**self).shared_region()
     }
 }
 

@@ -532,6 +532,15 @@ impl Van for IpcVan {
             .map_err(|e| io_error("IPC arena", e))
     }
 
+    fn shared_region(&self) -> Option<van_core::buf::SharedRegion> {
+        let segment = self.shared.arena.get()?.segment();
+        Some(van_core::buf::SharedRegion {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&segment.fd()),
+            start: segment.as_ptr() as usize,
+            len: segment.len(),
+        })
+    }
+
     fn forget(&self, peer: van_core::NodeId) {
         self.shared.links.forget(peer);
     }

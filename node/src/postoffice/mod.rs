@@ -690,6 +690,14 @@ impl Postoffice {
         SharedBuf::heap(len)
     }
 
+    /// The memory [`alloc`](Self::alloc) takes its buffers from when they are in a van's
+    /// shared memory (the IPC van's arena), as a co-located process can map it: the
+    /// collective crate's shared-memory all-reduce reads such buffers where they lie, so a
+    /// buffer from `alloc` is not copied in. `None` without such a van.
+    pub fn shared_region(&self) -> Option<van_core::buf::SharedRegion> {
+        self.inner.router.shared_region()
+    }
+
     /// Sends a data message to its recipient (`msg.meta.recipient`) over the van the router
     /// picks for that peer, connecting first if needed, for applications registered with
     /// [`register_customer`](Self::register_customer). A broken connection is
