@@ -128,6 +128,12 @@ fn every_collective_on_three_ranks_over_shared_memory() {
             text.contains("go through shared memory (3 ranks"),
             "no shared-memory group:\n{text}"
         );
+        // Each rank mapped the others' arenas, so buffers from `Postoffice::alloc` are read
+        // in place.
+        assert!(
+            text.contains("in a rank's shared arena are read in place"),
+            "arenas not mapped:\n{text}"
+        );
     }
 }
 

@@ -14,7 +14,8 @@ use crate::spin::Spin;
 const MAGIC: u64 = u64::from_le_bytes(*b"vanscoll");
 /// Header words: magic, token, ranks and slot bytes at 0, 8, 16, 24; abort, sleepers and
 /// the futex word each on its own cache line; then one line per rank: its progress counter
-/// and, per slot parity, the signature of the collective whose chunk it wrote there.
+/// and, per slot parity, the signature of the collective whose chunk it wrote there and
+/// where an all-reduce's chunk lies (see [`Rounds::publish_from`]).
 const ABORT: usize = 64;
 const SLEEPERS: usize = 128;
 const EPOCH: usize = 192;
@@ -37,7 +38,33 @@ pub(crate) struct Group {
     pub(super) step: AtomicU64,
     /// Chunks this rank put through, for the slot parity.
     pub(super) chunks: AtomicU64,
+    /// The ranks' shared arenas, where buffers from `Postoffice::alloc` lie.
+    pub(super) arenas: Arenas,
 }
+
+/// The ranks' shared arenas (the IPC van's memory, which `Postoffice::alloc` hands out): a
+/// rank whose all-reduce chunk lies in its arena publishes where, instead of copying it into
+/// its slot, and the others read it there ([`super::reduce`]).
+#[derive(Default)]
+pub(crate) struct Arenas {
+    /// This rank's arena, as it maps it.
+    pub(super) mine: Option<van_core::buf::SharedRegion>,
+    /// Every other rank's arena, as this rank maps it (`None` for this rank, or a rank
+    /// without one).
+    pub(super) theirs: Vec<Option<Segment>>,
+}
+
+impl Arenas {
+    /// Where `part` lies in this rank's arena, when it does.
+    pub(super) fn offset_of<T>(&self, part: &[T]) -> Option<u64> {
+        let bytes = std::mem::size_of_val(part);
+        let offset = self.mine?.offset_of(part.as_ptr().cast(), bytes)?;
+        Some(offset as u64)
+    }
+}
+
+/// The origin word of a chunk copied into its rank's slot.
+pub(super) const IN_SLOT: u64 = u64::MAX;
 
 impl Group {
     fn word<T>(&self, offset: usize) -> &T {
@@ -68,6 +95,48 @@ impl Group {
     /// The signature rank `q` wrote for its chunk in slots of `parity`.
     fn signature(&self, q: usize, parity: usize) -> &AtomicU64 {
         self.word::<AtomicU64>(STEPS + q * LINE + 8 + 8 * parity)
+    }
+
+    /// Where rank `q`'s all-reduce chunk of `parity` lies: [`IN_SLOT`], or its offset in
+    /// `q`'s arena.
+    fn origin(&self, q: usize, parity: usize) -> &AtomicU64 {
+        self.word::<AtomicU64>(STEPS + q * LINE + 24 + 8 * parity)
+    }
+
+    /// Where rank `q`'s all-reduce chunk of `parity`, `len` elements, lies, as published
+    /// (after the chunk's first wait): its slot, or a place in its arena, which must lie
+    /// wholly in the arena as this rank maps it. `own` is where this rank's own chunk lies
+    /// when it published an offset.
+    ///
+    /// # Errors
+    ///
+    /// [`Stopped::Corrupt`] for an offset that is not in `q`'s arena.
+    pub(super) fn source<T>(
+        &self,
+        q: usize,
+        parity: usize,
+        len: usize,
+        own: *mut T,
+    ) -> Result<*const T, Stopped> {
+        let origin = self.origin(q, parity).load(Ordering::Relaxed);
+        if origin == IN_SLOT {
+            return Ok(self.slot(q, parity) as *const T);
+        }
+        if q == self.rank {
+            return Ok(own.cast_const());
+        }
+        let arena = self.arenas.theirs.get(q).and_then(Option::as_ref);
+        let bytes = len.saturating_mul(std::mem::size_of::<T>());
+        match (arena, usize::try_from(origin)) {
+            (Some(arena), Ok(at))
+                if at.checked_add(bytes).is_some_and(|end| end <= arena.len())
+                    && at % std::mem::align_of::<T>() == 0 =>
+            {
+                // `wrapping_add` keeps this safe; the bounds were checked above.
+                Ok(arena.as_ptr().wrapping_add(at) as *const T)
+            }
+            _ => Err(Stopped::Corrupt(q)),
+        }
     }
 
     /// Stops every rank's waits in this group (the generation ended for this one), naming
@@ -117,6 +186,7 @@ impl Group {
             spin,
             step: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
+            arenas: Arenas::default(),
         })
     }
 
@@ -193,6 +263,15 @@ impl<'g> Rounds<'g> {
         self.step += 1;
         self.signals.publish(self.g.rank, self.step);
         self.g.step.store(self.step, Ordering::Relaxed);
+    }
+
+    /// Publishes the first step of an all-reduce chunk of `parity`, which lies in this
+    /// rank's slot (`origin` `None`) or at offset `origin` of its arena.
+    pub(super) fn publish_from(&mut self, parity: usize, origin: Option<u64>) {
+        self.g
+            .origin(self.g.rank, parity)
+            .store(origin.unwrap_or(IN_SLOT), Ordering::Relaxed);
+        self.publish(Some(parity));
     }
 
     /// Waits until every rank published this step; with `parity`, checks their signatures.

@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use rustix::fs::{Mode, OFlags};
 use tracing::{debug, info};
+use van_core::buf::SharedRegion;
 use van_core::config::CollectiveAlgorithm as Algorithm;
 use van_ipc::Segment;
 
-use super::group::{self, layout, Group, Rounds, LINE};
+use super::group::{self, layout, Arenas, Group, Rounds, LINE};
 use super::turns::Formed;
 use super::{gather, reduce, signal, Collective};
 use crate::comm::{Op, OpKind, Shared};
@@ -21,8 +22,9 @@ use crate::spin::Spin;
 /// The op numbers of the two exchanges that form a group: apart from the collectives' and
 /// the point-to-point messages'.
 const FORM_OP: u64 = 1 << 62;
-/// Words per rank in the first exchange: pid, pid namespace, descriptor, token, length.
-const ROW: usize = 5;
+/// Words per rank in the first exchange: pid, pid namespace, descriptor, token, length,
+/// and the rank's arena's descriptor and length.
+const ROW: usize = 7;
 
 /// Slot size: the slice size, whole cache lines.
 fn slot_bytes(shared: &Shared) -> usize {
@@ -36,10 +38,12 @@ struct Row {
     fd: i64,
     token: i64,
     len: i64,
+    arena_fd: i64,
+    arena_len: i64,
 }
 
 impl Row {
-    fn mine(created: Option<&(Group, u64)>) -> Row {
+    fn mine(created: Option<&(Group, u64)>, arena: Option<SharedRegion>) -> Row {
         let (fd, token, len) = match created {
             Some((group, token)) => (
                 i64::from(std::os::fd::AsRawFd::as_raw_fd(&group.segment.fd())),
@@ -54,7 +58,21 @@ impl Row {
             fd,
             token,
             len,
+            arena_fd: arena.map_or(0, |a| i64::from(a.fd)),
+            arena_len: arena.map_or(0, |a| a.len as i64),
         }
+    }
+
+    fn words(&self) -> [i64; ROW] {
+        [
+            self.pid,
+            self.pid_namespace,
+            self.fd,
+            self.token,
+            self.len,
+            self.arena_fd,
+            self.arena_len,
+        ]
     }
 
     fn read(table: &[i64], q: usize) -> Row {
@@ -65,6 +83,8 @@ impl Row {
             fd: w[2],
             token: w[3],
             len: w[4],
+            arena_fd: w[5],
+            arena_len: w[6],
         }
     }
 }
@@ -118,28 +138,35 @@ pub(crate) async fn form(
         _ => None,
     };
     let mut table = vec![0i64; ROW * n];
-    let mine = Row::mine(created.as_ref());
-    table[r * ROW..(r + 1) * ROW].copy_from_slice(&[
-        mine.pid,
-        mine.pid_namespace,
-        mine.fd,
-        mine.token,
-        mine.len,
-    ]);
+    let arena = shared.po.shared_region();
+    table[r * ROW..(r + 1) * ROW].copy_from_slice(&Row::mine(created.as_ref(), arena).words());
     let exchange = call.internal(FORM_OP).carrying::<i64>(table.len());
     crate::ring::direct(shared, &exchange, &mut table, ReduceOp::Sum).await?;
     let attached = match crate::spin::can_block() {
         true => attach(shared, call, &table, created, spin),
         false => Err("this rank runs on a current-thread runtime, which must not block".into()),
     };
-    let mut agree = vec![i32::from(attached.is_ok())];
-    let vote = call.internal(FORM_OP + 1).carrying::<i32>(1);
+    // Whether this rank mapped every other rank's arena (see `attach_arenas`).
+    let arenas = match &attached {
+        Ok(_) => attach_arenas(call, &table, arena),
+        Err(_) => None,
+    };
+    let mut agree = vec![i32::from(attached.is_ok()), i32::from(arenas.is_some())];
+    let vote = call.internal(FORM_OP + 1).carrying::<i32>(2);
     crate::ring::direct(shared, &vote, &mut agree, ReduceOp::Min).await?;
     Ok(match (attached, agree[0]) {
-        (Ok(group), 1) => {
+        (Ok(mut group), 1) => {
+            // Buffers are read in the ranks' arenas only when every rank mapped every arena.
+            let in_place = match (agree[1], arenas) {
+                (1, Some(arenas)) => {
+                    group.arenas = arenas;
+                    "; all-reduce buffers in a rank's shared arena are read in place"
+                }
+                _ => "",
+            };
             info!(
                 "collectives of generation {} go through shared memory ({n} ranks, slots of \
-                 {slot} bytes, spinning {:?})",
+                 {slot} bytes, spinning {:?}){in_place}",
                 call.generation, group.spin
             );
             Ok(Arc::new(group))
@@ -175,7 +202,7 @@ fn attach(
     let mut group = match created {
         Some((group, _)) => group,
         None => {
-            let segment = open_peer(first.pid, first.fd)?;
+            let segment = open_peer(first.pid, first.fd, "rank 0's segment")?;
             let group = Group::new(segment, r, n, slot, Vec::new(), spin)?;
             group.check_header(first.token as u64)?;
             group
@@ -185,15 +212,53 @@ fn attach(
     Ok(group)
 }
 
-/// Opens the memfd `fd` of process `pid` (same user, same pid namespace).
-pub(super) fn open_peer(pid: i64, fd: i64) -> std::result::Result<Segment, String> {
+/// Maps every other rank's shared arena (the memory `Postoffice::alloc` hands out, which
+/// its all-reduces then read in place), checking each is a sealed memfd of the length its
+/// rank said. `None` when one cannot be mapped: then no rank's arena is used. Ranks without
+/// an arena are `None` in the list, as is this rank.
+fn attach_arenas(call: &Op, table: &[i64], mine: Option<SharedRegion>) -> Option<Arenas> {
+    let (n, r) = (call.size(), call.rank);
+    let mut theirs = Vec::with_capacity(n);
+    for q in 0..n {
+        let row = Row::read(table, q);
+        if q == r || row.arena_fd <= 0 || row.arena_len <= 0 {
+            theirs.push(None);
+            continue;
+        }
+        let mapped = open_peer(row.pid, row.arena_fd, "arena").and_then(|arena| {
+            match arena.len() as i64 == row.arena_len {
+                true => Ok(arena),
+                false => Err(format!(
+                    "its arena is {} bytes, not {}",
+                    arena.len(),
+                    row.arena_len
+                )),
+            }
+        });
+        match mapped {
+            Ok(arena) => theirs.push(Some(arena)),
+            Err(why) => {
+                debug!(
+                    "generation {}: rank {}'s shared arena is not read in place: {why}",
+                    call.generation, call.ranks[q]
+                );
+                return None;
+            }
+        }
+    }
+    Some(Arenas { mine, theirs })
+}
+
+/// Opens the memfd `fd` of process `pid` (same user, same pid namespace): rank 0's group
+/// `segment`, or a rank's `arena`.
+pub(super) fn open_peer(pid: i64, fd: i64, what: &str) -> std::result::Result<Segment, String> {
     let path = format!("/proc/{pid}/fd/{fd}");
     // Non-blocking: if the descriptor were anything but the memfd, opening it must not
     // wait (a FIFO); `Segment::open` then refuses whatever is not a sealed memfd.
     let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
     let file = rustix::fs::open(&path, flags, Mode::empty())
-        .map_err(|e| format!("cannot open rank 0's segment at {path}: {e}"))?;
-    Segment::open(file).map_err(|e| format!("rank 0's segment at {path}: {e}"))
+        .map_err(|e| format!("cannot open the {what} at {path}: {e}"))?;
+    Segment::open(file).map_err(|e| format!("the {what} at {path}: {e}"))
 }
 
 /// Whether process `pid` is gone (or a zombie waiting to be reaped).
@@ -459,6 +524,14 @@ impl Through<'_> {
                     call.number
                 ),
             },
+            signal::Stopped::Corrupt(q) => {
+                // The rank waits for this one's reduction, which will not come.
+                group.abort(Some(call.ranks[q]));
+                failed(
+                    q,
+                    "it published an all-reduce chunk outside its shared arena".into(),
+                )
+            }
             signal::Stopped::TimedOut(q) => failed(
                 q,
                 format!(

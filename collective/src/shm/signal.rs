@@ -55,6 +55,8 @@ pub(super) enum Stopped {
     TimedOut(usize),
     /// Rank `.0` runs another collective (or another length or element type) here.
     Mismatch(usize),
+    /// Rank `.0` published a chunk that does not lie in its arena.
+    Corrupt(usize),
 }
 
 impl Signals<'_> {

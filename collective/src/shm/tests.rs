@@ -33,7 +33,7 @@ fn groups(n: usize, spin: Spin) -> Vec<Group> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&first.segment.fd());
     let mut all = vec![first];
     for r in 1..n {
-        let segment = open_peer(i64::from(std::process::id()), i64::from(fd)).unwrap();
+        let segment = open_peer(i64::from(std::process::id()), i64::from(fd), "segment").unwrap();
         let group = Group::new(segment, r, n, SLOT, pids.clone(), spin).unwrap();
         group.check_header(7).unwrap();
         all.push(group);
@@ -296,6 +296,174 @@ fn ranks_running_different_collectives_fail_with_the_rank_named() {
         assert!(matches!(
             other.join().unwrap(),
             Err(signal::Stopped::Mismatch(0))
+        ));
+    });
+}
+
+/// Bytes of each rank's arena in the tests: room for a 4 KiB offset and the largest buffer.
+const ARENA: usize = 1 << 20;
+/// Marks slot bytes nobody wrote.
+const UNTOUCHED: u8 = 0xab;
+
+/// `n` groups whose ranks with `in_arena` have an arena (every other rank maps it, through
+/// `/proc`, as ranks in other processes do), with every slot filled with `UNTOUCHED`.
+fn arena_groups(in_arena: &[bool]) -> (Vec<Group>, Vec<Option<Segment>>) {
+    let n = in_arena.len();
+    let mut groups = groups(n, Spin::Busy(Duration::ZERO));
+    let arenas: Vec<Option<Segment>> = in_arena
+        .iter()
+        .map(|&has| has.then(|| Segment::create("arena", ARENA).unwrap()))
+        .collect();
+    for g in &mut groups {
+        let theirs = arenas
+            .iter()
+            .enumerate()
+            .map(|(q, arena)| {
+                let arena = arena.as_ref().filter(|_| q != g.rank)?;
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&arena.fd());
+                Some(open_peer(i64::from(std::process::id()), i64::from(fd), "arena").unwrap())
+            })
+            .collect();
+        let mine = arenas[g.rank]
+            .as_ref()
+            .map(|arena| van_core::buf::SharedRegion {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&arena.fd()),
+                start: arena.as_ptr() as usize,
+                len: arena.len(),
+            });
+        g.arenas = group::Arenas { mine, theirs };
+        for parity in 0..2 {
+            // SAFETY: the slot is inside the mapping; no rank runs yet.
+            unsafe { std::ptr::write_bytes(g.slot(g.rank, parity), UNTOUCHED, SLOT) };
+        }
+    }
+    (groups, arenas)
+}
+
+/// `len` elements at 4 KiB into `arena`, or on the heap.
+///
+/// # Safety
+///
+/// Nothing else may use those bytes of the arena while the slice lives.
+unsafe fn buffer<'a>(arena: Option<&'a Segment>, len: usize) -> Box<dyn AsMut<[f64]> + 'a> {
+    struct InArena<'a>(&'a mut [f64]);
+    impl AsMut<[f64]> for InArena<'_> {
+        fn as_mut(&mut self) -> &mut [f64] {
+            self.0
+        }
+    }
+    match arena {
+        Some(arena) => {
+            assert!(4096 + len * 8 <= arena.len());
+            // SAFETY: in bounds and aligned (page-aligned mapping); the caller vouches for
+            // exclusive use.
+            let at = unsafe { arena.as_ptr().add(4096) } as *mut f64;
+            Box::new(InArena(unsafe { std::slice::from_raw_parts_mut(at, len) }))
+        }
+        None => Box::new(vec![0f64; len]),
+    }
+}
+
+#[test]
+fn buffers_in_an_arena_are_read_in_place_with_the_same_bits() {
+    // Ranks 0 and 2 in their arenas, rank 1 not: chunks of each kind meet in every share.
+    let in_arena = [true, false, true];
+    let n = in_arena.len();
+    let (groups, arenas) = arena_groups(&in_arena);
+    // Three whole slots and a small remainder; two slots and a large remainder.
+    let lengths = [3 * 8192 + 7, 2 * 8192 + 3000];
+    std::thread::scope(|s| {
+        for g in &groups {
+            let arena = arenas[g.rank].as_ref();
+            s.spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                for (number, len) in lengths.into_iter().enumerate() {
+                    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+                        // SAFETY: only this thread uses its arena.
+                        let mut buf = unsafe { buffer(arena, len) };
+                        let buf = buf.as_mut().as_mut();
+                        buf.iter_mut()
+                            .enumerate()
+                            .for_each(|(i, v)| *v = value(g.rank, i));
+                        let number = number as u64 + 1;
+                        assert!(allreduce(g, number, buf, op, deadline, &|| Ok(())).is_ok());
+                        check(n, len, op, buf, value);
+                    }
+                }
+            });
+        }
+    });
+    // A rank in its arena wrote only small chunks (copied in whole) and its reduced shares
+    // of the large ones into its slots; the other copied every chunk in.
+    for (g, &placed) in groups.iter().zip(&in_arena) {
+        let mut written = vec![false; SLOT];
+        for len in lengths {
+            for part in crate::ring::slices(0..len, SLOT / 8) {
+                let m = part.len();
+                let bytes = match m * 8 <= reduce::SMALL_BYTES {
+                    true => 0..m * 8,
+                    false => {
+                        let share = crate::ring::chunk(m, n, g.rank);
+                        share.start * 8..share.end * 8
+                    }
+                };
+                written[bytes].iter_mut().for_each(|w| *w = true);
+            }
+        }
+        for parity in 0..2 {
+            // SAFETY: the slots are inside the mapping; no rank runs now.
+            let slot = unsafe { std::slice::from_raw_parts(g.slot(g.rank, parity), SLOT) };
+            let untouched = slot
+                .iter()
+                .zip(&written)
+                .all(|(&b, &w)| w || b == UNTOUCHED);
+            assert_eq!(untouched, placed, "rank {}'s slot {parity}", g.rank);
+        }
+    }
+}
+
+#[test]
+fn a_chunk_published_outside_its_arena_is_refused() {
+    let (mut groups, arenas) = arena_groups(&[true, true]);
+    // Rank 1 says its arena starts an arena's length earlier than it does: the offsets it
+    // publishes lie past the end of the mapping rank 0 reads.
+    if let Some(mine) = groups[1].arenas.mine.as_mut() {
+        mine.start -= ARENA;
+        mine.len += ARENA;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let len = 3 * 8192;
+    std::thread::scope(|s| {
+        let (first, second) = groups.split_at(1);
+        let (arenas0, arenas1) = (arenas[0].as_ref(), arenas[1].as_ref());
+        let other = s.spawn(move || {
+            // SAFETY: only this thread uses rank 1's arena.
+            let mut buf = unsafe { buffer(arenas1, len) };
+            allreduce(
+                &second[0],
+                1,
+                buf.as_mut().as_mut(),
+                ReduceOp::Sum,
+                deadline,
+                &|| Ok(()),
+            )
+        });
+        // SAFETY: only this thread uses rank 0's arena.
+        let mut buf = unsafe { buffer(arenas0, len) };
+        let mine = allreduce(
+            &first[0],
+            1,
+            buf.as_mut().as_mut(),
+            ReduceOp::Sum,
+            deadline,
+            &|| Ok(()),
+        );
+        assert!(matches!(mine, Err(signal::Stopped::Corrupt(1))), "{mine:?}");
+        // What the caller does with it: every waiter stops, naming rank 1.
+        first[0].abort(Some(1));
+        assert!(matches!(
+            other.join().unwrap(),
+            Err(signal::Stopped::Aborted(Some(1)))
         ));
     });
 }

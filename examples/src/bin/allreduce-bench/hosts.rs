@@ -81,6 +81,8 @@ fn spawn(
         .args(["--sizes", &sizes.join(",")])
         .args(["--collectives", &o.collectives.join(",")])
         .args(["--iters", &o.iters.to_string()])
+        .args(o.alloc.then_some("--alloc"))
+        .envs(o.alloc.then(|| crate::arena_for(o)))
         .env("DMLC_ROLE", role)
         .env("DMLC_NUM_SERVER", "1")
         .env("DMLC_NUM_WORKER", n.to_string())

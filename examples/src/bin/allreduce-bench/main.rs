@@ -214,6 +214,10 @@ async fn run_vans(o: &Options, n: usize, van: &str) -> Result<Vec<Row>, BoxError
         "--iters".into(),
         o.iters.to_string(),
     ];
+    if o.alloc {
+        spec.args.push("--alloc".into());
+        spec.env.push(arena_for(o));
+    }
     spec.env.push(("DMLC_ENABLE_RDMA".into(), "0".into()));
     spec.env
         .push((OUT_ENV.into(), out.to_string_lossy().into_owned()));
@@ -227,6 +231,13 @@ async fn run_vans(o: &Options, n: usize, van: &str) -> Result<Vec<Row>, BoxError
         .map_err(|e| format!("rank 0 left no results in {out:?}: {e}"))?;
     let _ = std::fs::remove_file(&out);
     mpi::parse_rows(&text, van)
+}
+
+/// With `--alloc`, an IPC arena that holds the largest buffer beside the default arena.
+pub(crate) fn arena_for(o: &Options) -> (String, String) {
+    let largest = o.sizes.iter().copied().max().unwrap_or(0);
+    let bytes = largest + van_core::config::DEFAULT_IPC_ARENA_BYTES;
+    ("VANS_IPC_ARENA_BYTES".into(), bytes.to_string())
 }
 
 fn size_label(bytes: usize) -> String {

@@ -24,7 +24,8 @@ pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
                 sizes,
                 collectives,
                 iters,
-            } => bench(&po, sizes, collectives, *iters).await,
+                alloc,
+            } => bench(&po, sizes, collectives, *iters, *alloc).await,
         };
         if let Err(e) = result {
             po.stop().await;
@@ -84,6 +85,22 @@ async fn check(po: &Postoffice) -> Result<(), BoxError> {
         .any(|(i, v)| *v != (i % 1000 + n - 1) as f32)
     {
         return Err(fail("8 MiB f32 max"));
+    }
+    // A buffer from `Postoffice::alloc`: over shared memory, in the IPC van's arena, whose
+    // chunks the other ranks read where they lie. A length no rank count divides.
+    let mut shared = po.alloc(150_001 * 8);
+    let z: &mut [f64] = bytemuck::try_cast_slice_mut(shared.as_mut_slice())
+        .map_err(|e| format!("a buffer from Postoffice::alloc: {e}"))?;
+    z.iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = (i % 1000 * (r + 1)) as f64);
+    comm.allreduce(z, ReduceOp::Sum).await?;
+    let factor: usize = (1..=n).sum();
+    if z.iter()
+        .enumerate()
+        .any(|(i, v)| *v != (i % 1000 * factor) as f64)
+    {
+        return Err(fail("f64 sum of a buffer from Postoffice::alloc"));
     }
     let mut f: Vec<f32> = (0..1001).map(|i| i as f32 * (r + 1) as f32).collect();
     comm.allreduce(&mut f, ReduceOp::Max).await?;
@@ -250,12 +267,14 @@ async fn elastic(po: &Postoffice, steps: u64, len: usize, pause: Duration) -> Re
 }
 
 /// Times each collective (f32; sums) at each size; rank 0 (a broadcast's last rank, which
-/// receives) prints one JSON line per case.
+/// receives) prints one JSON line per case. With `alloc`, all-reduce buffers come from
+/// `Postoffice::alloc`.
 async fn bench(
     po: &Postoffice,
     sizes: &[usize],
     collectives: &[String],
     iters: usize,
+    alloc: bool,
 ) -> Result<(), BoxError> {
     let mut comm = Communicator::new(po).await?;
     let (r, n) = (comm.rank().unwrap_or(usize::MAX), comm.size());
@@ -267,7 +286,23 @@ async fn bench(
                 "allgather" | "reducescatter" => bytes / 4 / n * n,
                 _ => bytes / 4,
             };
-            let mut buf = vec![1.0f32; len];
+            let mut shared = (alloc && name == "allreduce").then(|| po.alloc(len * 4));
+            if shared.as_ref().is_some_and(|b| b.van().is_none()) && r == 0 {
+                eprintln!("allreduce-bench: no shared buffer of {bytes} bytes: the heap's");
+            }
+            let mut heap = match shared {
+                Some(_) => Vec::new(),
+                None => vec![1.0f32; len],
+            };
+            let buf: &mut [f32] = match shared.as_mut() {
+                Some(shared) => {
+                    let buf = bytemuck::try_cast_slice_mut(shared.as_mut_slice())
+                        .map_err(|e| format!("a buffer from Postoffice::alloc: {e}"))?;
+                    buf.fill(1.0);
+                    buf
+                }
+                None => &mut heap,
+            };
             let input = vec![1.0f32; len / n];
             // Fewer rounds for large buffers, at least 5.
             let rounds = (iters * (1 << 20) / bytes.max(1 << 20)).max(5);
@@ -282,12 +317,12 @@ async fn bench(
                 }
                 let t = Instant::now();
                 match name.as_str() {
-                    "allgather" => comm.all_gather(&input, &mut buf).await?,
+                    "allgather" => comm.all_gather(&input, buf).await?,
                     "reducescatter" => {
-                        comm.reduce_scatter(&mut buf, ReduceOp::Sum).await?;
+                        comm.reduce_scatter(buf, ReduceOp::Sum).await?;
                     }
-                    "broadcast" => comm.broadcast(&mut buf, 0).await?,
-                    _ => comm.allreduce(&mut buf, ReduceOp::Sum).await?,
+                    "broadcast" => comm.broadcast(buf, 0).await?,
+                    _ => comm.allreduce(buf, ReduceOp::Sum).await?,
                 }
                 if round >= 2 {
                     times.push(t.elapsed().as_secs_f64());

@@ -44,6 +44,12 @@ pub(crate) struct Options {
     /// ranks do).
     #[arg(long, default_value = "1", value_parser = examples::cli::positive)]
     pub threads: usize,
+    /// Take vans' all-reduce buffers from `Postoffice::alloc` (the IPC van's shared arena,
+    /// made large enough for the largest size) instead of the heap: over ipc, the
+    /// shared-memory all-reduce then reads each rank's buffer where it lies instead of
+    /// copying it in.
+    #[arg(long)]
+    pub alloc: bool,
     /// Also draw bus bandwidth against size to this PNG.
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
@@ -90,6 +96,9 @@ pub(crate) enum NodeMode {
         collectives: Vec<String>,
         #[arg(long, default_value = "50")]
         iters: usize,
+        /// All-reduce buffers from `Postoffice::alloc`.
+        #[arg(long)]
+        alloc: bool,
     },
 }
 
