@@ -47,6 +47,11 @@ impl Idle {
         }
     }
 
+    /// Whether the budget is spent: the wait sleeps between looks now.
+    pub(crate) fn spent(&self) -> bool {
+        self.since.elapsed() >= self.spin.budget()
+    }
+
     /// Something moved: the budget starts again.
     pub(crate) fn reset(&mut self) {
         self.since = Instant::now();

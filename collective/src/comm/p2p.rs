@@ -26,6 +26,18 @@ const KIND_DATA: i32 = FIRST_DATA_KIND;
 /// The `op` numbers of point-to-point messages: above every collective's.
 const P2P_OP: u64 = 1 << 63;
 
+/// The `op` numbers of a hierarchical all-reduce's exchanges between hosts: this plus the
+/// collective's number (apart from the collectives' and the point-to-point messages', and
+/// from the forming exchanges', which set bit 61 or 62).
+pub(crate) const HIER_OP: u64 = 1 << 60;
+
+/// The collective call an exchange numbered `number` belongs to: its number, for the
+/// collectives' own exchanges and a hierarchical all-reduce's between hosts; `None` for the
+/// forming exchanges and point-to-point messages.
+pub(crate) fn call_of(number: u64) -> Option<u64> {
+    (number >> 61 == 0).then_some(number & !HIER_OP)
+}
+
 /// Which collective a data message belongs to (checked on receipt: every rank must call
 /// the same collectives in the same order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,7 +66,12 @@ impl OpKind {
         })
     }
 
-    fn name(self) -> &'static str {
+    /// The kind a frame's header names, if any.
+    pub(crate) fn from_frame(kind: i32) -> Option<OpKind> {
+        OpKind::from_head(kind.checked_add(KIND_DATA)?)
+    }
+
+    pub(crate) fn name(self) -> &'static str {
         match self {
             OpKind::AllReduce => "allreduce",
             OpKind::Broadcast => "broadcast",
@@ -264,8 +281,7 @@ impl Op {
     ) -> Result<Bytes> {
         let (node, rank) = (self.members[from], self.ranks[from]);
         let mismatch = |reason: String| CollectiveError::Mismatch { rank, node, reason };
-        let kind = kind.checked_add(KIND_DATA).and_then(OpKind::from_head);
-        if kind != Some(self.kind) {
+        if OpKind::from_frame(kind) != Some(self.kind) {
             return Err(mismatch(format!(
                 "it runs another collective as #{} where this rank runs {}",
                 self.number,

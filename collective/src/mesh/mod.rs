@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use van_core::NodeId;
 
-use crate::comm::p2p::Op;
+use crate::comm::p2p::{Op, OpKind};
 use crate::error::{CollectiveError, Result};
 use crate::spin::{Idle, Spin};
 pub(crate) use peer::Data;
@@ -216,6 +216,13 @@ impl Mesh {
                 return Err(self.broken(from, &why));
             }
             let landing = peer.is_some_and(Peer::landing);
+            // Once the wait sleeps: a rank that runs something else as this call says so
+            // with its frames (at most one look per sleep).
+            if !progressed && idle.spent() {
+                if let Some(e) = self.stray(&links, op) {
+                    return Err(e);
+                }
+            }
             if progressed {
                 idle.reset();
                 held = landing.then_some(links);
@@ -226,8 +233,9 @@ impl Mesh {
                 rank: from,
                 generation: self.generation,
                 reason: format!(
-                    "no message of collective #{} within its timeout (VANS_COLLECTIVE_TIMEOUT)",
-                    op.number
+                    "no message of {} #{} within its timeout (VANS_COLLECTIVE_TIMEOUT)",
+                    op.kind.name(),
+                    crate::comm::p2p::call_of(op.number).unwrap_or(op.number)
                 ),
             };
             if !landing {
@@ -285,6 +293,39 @@ impl Mesh {
                 }
             })?;
         }
+    }
+
+    /// A frame that came for the same call as `op` but of another collective, kind, element
+    /// type or length, as a [`CollectiveError::Mismatch`] naming its sender. Within a host
+    /// the shared segment's signatures catch such ranks; between hosts, a rank whose
+    /// all-reduce goes hierarchically sends its share's exchange under another number than
+    /// a rank that runs another collective as the same call, and each would otherwise wait
+    /// for the other's frames until the timeout.
+    fn stray(&self, links: &Links, op: &Op) -> Option<CollectiveError> {
+        let call = crate::comm::p2p::call_of(op.number)?;
+        let expected = frame_head(op, (0, 0), 0);
+        let (&(q, ..), (head, _)) = links.early.iter().find(|(_, (head, _))| {
+            let same = (head.number, head.kind, head.tag, head.total)
+                == (expected.number, expected.kind, expected.tag, expected.total);
+            crate::comm::p2p::call_of(head.number) == Some(call) && !same
+        })?;
+        let what = |number: u64, kind: i32, tag: u32, total: u64| {
+            let kind = OpKind::from_frame(kind).map_or("an unknown collective", OpKind::name);
+            let place = match number == call {
+                true => "",
+                false => " (a hierarchical all-reduce's exchange between hosts)",
+            };
+            format!("{kind}{place} of {total} elements of type tag {tag}")
+        };
+        Some(CollectiveError::Mismatch {
+            rank: q,
+            node: self.members[q],
+            reason: format!(
+                "it runs {} as collective #{call}, where this rank runs {}",
+                what(head.number, head.kind, head.tag, head.total),
+                what(op.number, expected.kind, expected.tag, expected.total)
+            ),
+        })
     }
 
     /// A wait's turn when nothing moved: spin or yield while the budget lasts, then check

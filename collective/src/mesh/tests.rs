@@ -388,3 +388,62 @@ fn shutting_a_mesh_ends_a_landing_frame_without_waiting_for_its_lock() {
     );
     drop(raw);
 }
+
+#[test]
+fn a_rank_that_runs_something_else_as_the_same_call_is_a_mismatch() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    let (sender, receiver) = (mesh(0, a, 4096), mesh(1, b, 4096));
+    let hier = crate::comm::p2p::HIER_OP;
+    // What rank 0 sends as call #5, call #6 and call #7 (its 4096 bytes as one slice).
+    let mut gather = op(5, 0, 4096);
+    gather.kind = OpKind::AllGather;
+    let longer = op(hier | 6, 0, 8192);
+    let next = op(8, 0, 4096);
+    for sent in [&gather, &longer, &next] {
+        sender
+            .send(sent, 1, 0, 0, Data::Borrowed(&[1u8; 4096]))
+            .unwrap();
+    }
+    sender
+        .flush(Instant::now() + Duration::from_secs(10), &|| Ok(()))
+        .unwrap();
+    let wait = |number: u64, millis: u64| {
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(millis);
+        let mut into = vec![0u8; 4096];
+        let got = receiver.recv(
+            &op(number, 1, 4096),
+            0,
+            (0, 0, 4096),
+            Some(&mut into),
+            deadline,
+            &|| Ok(()),
+        );
+        (got, started.elapsed())
+    };
+    // Rank 1 runs call #5 as a hierarchical all-reduce's exchange: rank 0's all-gather is
+    // named at once, not after the timeout.
+    match wait(hier | 5, 30_000) {
+        (Err(crate::CollectiveError::Mismatch { rank, reason, .. }), took) => {
+            assert_eq!(rank, 0);
+            assert!(reason.contains("all_gather of 4096"), "{reason}");
+            assert!(reason.contains("hierarchical"), "{reason}");
+            assert!(took < Duration::from_secs(5), "{took:?}");
+        }
+        (other, _) => panic!("expected a mismatch, got {other:?}"),
+    }
+    // Call #6 between hosts with another length, where this rank runs it among all ranks.
+    match wait(6, 30_000) {
+        (Err(crate::CollectiveError::Mismatch { reason, .. }), _) => {
+            assert!(reason.contains("of 8192 elements"), "{reason}");
+        }
+        (other, _) => panic!("expected a mismatch, got {other:?}"),
+    }
+    // A frame of a later call is no mismatch: call #7 waits out its deadline.
+    assert!(matches!(
+        wait(7, 200).0,
+        Err(crate::CollectiveError::RankFailed { rank: 0, .. })
+    ));
+}

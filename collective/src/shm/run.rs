@@ -12,6 +12,7 @@ use van_ipc::Segment;
 use super::group::{self, layout, Arenas, Group, Rounds, LINE};
 use super::turns::Formed;
 use super::{gather, reduce, signal, Collective};
+use crate::comm::p2p::HIER_OP;
 use crate::comm::{Op, OpKind, Shared};
 use crate::element::{Element, ReduceOp};
 use crate::error::{CollectiveError, Result};
@@ -282,10 +283,6 @@ pub(super) fn process_gone(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// The numbers of a hierarchical all-reduce's exchanges between hosts: this plus the
-/// collective's number (apart from the collectives', the point-to-point messages' and the
-/// forming exchanges').
-const HIER_OP: u64 = 1 << 60;
 /// The op number of the hosts' vote on their groups (see [`run`]).
 const HOSTS_VOTE: u64 = FORM_OP + 2;
 /// Marks the signatures of a hierarchical all-reduce's phases in shared memory.
