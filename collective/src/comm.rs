@@ -222,6 +222,11 @@ impl Shared {
         deadline: tokio::time::Instant,
         mut ready: impl FnMut(&mut State) -> Option<T>,
     ) -> Option<T> {
+        // Most waits are over at once (a collective's turn through shared memory, its
+        // mesh): no waiter is registered for those.
+        if let Some(answer) = ready(&mut self.lock()) {
+            return Some(answer);
+        }
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);

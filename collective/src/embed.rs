@@ -308,12 +308,13 @@ impl CommHandle {
 
     /// [`Communicator::barrier`].
     pub fn barrier(&self) -> Numbered<()> {
-        let call = match self.shared().begin(OpKind::Barrier, |_, _| Ok(())) {
+        let call = match self
+            .shared()
+            .begin_carrying::<i32>(OpKind::Barrier, 1, |_, _| Ok(()))
+        {
             Ok(call) => call,
             Err(e) => return refused(&self.node, e),
         };
-        let size = call.size();
-        let call = call.carrying::<i32>(size);
         let shared = Arc::clone(self.shared());
         let me = self.node.id();
         self.launch(call.generation, async move {

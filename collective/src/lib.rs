@@ -302,11 +302,13 @@ impl Communicator {
         Self::guarded(&self.shared, call.generation, run).await
     }
 
-    /// Returns once every rank has called it.
+    /// Returns once every rank has called it: an all-reduce of one token per rank, through
+    /// shared memory when every rank shares this host (the ranks spin there, as around their
+    /// other collectives, instead of sleeping on messages).
     pub async fn barrier(&mut self) -> Result<()> {
-        let call = self.shared.begin(OpKind::Barrier, |_, _| Ok(()))?;
-        let size = call.size();
-        let call = call.carrying::<i32>(size);
+        let call = self
+            .shared
+            .begin_carrying::<i32>(OpKind::Barrier, 1, |_, _| Ok(()))?;
         let run = run_barrier(&self.shared, &call, self.shared.me);
         Self::guarded(&self.shared, call.generation, run).await
     }
@@ -332,7 +334,12 @@ async fn through_shared_memory<T: Element>(
 ) -> Result<bool> {
     match call.shm_ticket {
         Some(ticket) => shm::run(shared, call, ticket, what).await,
-        None if shared.options.algorithm == Algorithm::Shm && call.size() > 1 && call.total > 0 => {
+        // A barrier goes by messages where it must: it carries no buffer to share.
+        None if shared.options.algorithm == Algorithm::Shm
+            && call.size() > 1
+            && call.total > 0
+            && call.kind != comm::OpKind::Barrier =>
+        {
             Err(CollectiveError::InvalidArgument(
                 "VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share this host's memory \
                  (another host, shared memory disabled, or this build lacks the ipc feature)"
@@ -434,16 +441,19 @@ pub(crate) async fn run_broadcast<T: Element>(
 /// A barrier of a numbered collective (carrying one `i32` per rank): an all-reduce of one
 /// token per rank, so each rank hears from all.
 pub(crate) async fn run_barrier(shared: &comm::Shared, call: &comm::Op, me: NodeId) -> Result<()> {
-    let size = call.size();
-    let mut token = vec![1i32; size];
-    ring::reduce(shared, call, &mut token, ReduceOp::Sum, 2).await?;
-    let expected = size as i32;
-    match token.iter().all(|&v| v == expected) {
+    // Every rank's result holds every rank's token: none returns before all have called.
+    let mut token = [1i32];
+    let what = shm::Collective::AllReduce(&mut token[..], ReduceOp::Sum);
+    if !through_shared_memory(shared, call, what).await? {
+        algorithm::run_by_messages(shared, call, &mut token, ReduceOp::Sum).await?;
+    }
+    let expected = call.size() as i32;
+    match token[0] == expected {
         true => Ok(()),
         false => Err(CollectiveError::Mismatch {
             rank: call.rank,
             node: me,
-            reason: format!("barrier tokens {token:?}, expected {expected} each"),
+            reason: format!("barrier tokens summed to {}, expected {expected}", token[0]),
         }),
     }
 }

@@ -27,7 +27,16 @@ impl Spin {
 /// threads, other processes): the awaited rank may be waiting behind them for the other core.
 /// Without it, two ranks spinning on two cores stalled for milliseconds whenever a third
 /// thread needed one.
-const OFFER: Duration = Duration::from_micros(20);
+///
+/// The awaited rank may also wait on this very core: a rank woken from a sleep (a barrier
+/// over the vans, say) is often placed on its waker's core, and two ranks then take turns on
+/// one core, each spinning until it offers the core, until the kernel moves one. Offered
+/// every 20 µs, each wait cost 20 µs there: `allreduce-bench --van ipc --ranks 2` had runs
+/// whose every 4 KiB all-reduce took 46 µs instead of 0.9 (and 128 KiB 52 instead of 8).
+/// Every 5 µs it is 15–20 µs, and no slower when the ranks have a core each. (Offering
+/// the core at every turn once an offer was taken measured twice as slow at every size:
+/// this process's other threads take many.)
+const OFFER: Duration = Duration::from_micros(5);
 
 /// The spinning phase of one wait: since when it has waited without progress, and when it
 /// last offered its core. Shared by the shared-memory waits and the mesh's.

@@ -38,6 +38,7 @@ async fn collectives(
     po: &Postoffice,
     options: CommOptions,
 ) -> collective::Result<(usize, Vec<u64>)> {
+    let customer = options.customer_id;
     let mut comm = Communicator::with_options(po, options).await?;
     let (r, n) = (comm.rank().unwrap_or(usize::MAX), comm.size());
     assert_eq!(n as u32, po.num_workers());
@@ -147,8 +148,25 @@ async fn collectives(
         assert!(comm.all_gather(&input, &mut out[1..]).await.is_err());
     }
     comm.barrier().await?;
+    // No rank leaves a barrier before every rank reached it: the last rank arrives late.
+    let key = (n, customer);
+    if r == n - 1 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    *ARRIVED.lock().unwrap().entry(key).or_default() += 1;
+    comm.barrier().await?;
+    let arrived = ARRIVED.lock().unwrap()[&key];
+    assert_eq!(
+        arrived, n,
+        "rank {r} left the barrier with {arrived} of {n} ranks there"
+    );
     Ok((r, bits))
 }
+
+/// Ranks that reached the second barrier, by rank count and customer id (the tests of
+/// each rank count run at once, in this process).
+static ARRIVED: std::sync::Mutex<std::collections::BTreeMap<(usize, i32), usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 fn run(workers: u32) {
     let seen = common::on_each_worker(workers, worker);

@@ -58,9 +58,9 @@ impl Turns {
     }
 
     /// A ticket for a collective of `kind` of the generation, when it goes through shared
-    /// memory: with `algorithm` `auto` or `shm`, an all-reduce, all-gather, reduce-scatter
-    /// or broadcast of a generation on this host alone; with `auto` or `hier`, an all-reduce
-    /// of one whose hosts each run the same number of ranks (with those hosts).
+    /// memory: with `algorithm` `auto` or `shm`, an all-reduce, all-gather, reduce-scatter,
+    /// broadcast or barrier of a generation on this host alone; with `auto` or `hier`, an
+    /// all-reduce of one whose hosts each run the same number of ranks (with those hosts).
     pub(crate) fn ticket(
         &mut self,
         po: &Postoffice,
@@ -81,7 +81,7 @@ impl Turns {
                 Algorithm::Direct | Algorithm::Doubling | Algorithm::Rabenseifner | Algorithm::Ring,
                 _,
             ) => return None,
-            (_, _, OpKind::Barrier | OpKind::AllToAll | OpKind::PointToPoint) => return None,
+            (_, _, OpKind::AllToAll | OpKind::PointToPoint) => return None,
             (Placement::OneHost, Algorithm::Auto | Algorithm::Shm, _) => None,
             (Placement::Hosts(hosts), Algorithm::Auto | Algorithm::Hier, OpKind::AllReduce) => {
                 Some(Arc::clone(hosts))

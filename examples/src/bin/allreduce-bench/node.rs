@@ -177,6 +177,16 @@ async fn check(po: &Postoffice) -> Result<(), BoxError> {
         return Err(fail("broadcast"));
     }
     comm.barrier().await?;
+    // A barrier holds every rank until the last comes: here the last rank comes 200 ms
+    // late (the others left the barrier above within milliseconds of each other).
+    if r == n - 1 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let waited = Instant::now();
+    comm.barrier().await?;
+    if r != n - 1 && waited.elapsed() < Duration::from_millis(100) {
+        return Err(fail("barrier: left before the last rank came"));
+    }
     println!("collective check ok: rank {r} of {n}");
     Ok(())
 }
