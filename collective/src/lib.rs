@@ -438,8 +438,8 @@ pub(crate) async fn run_broadcast<T: Element>(
     ring::broadcast(shared, call, buf, root).await
 }
 
-/// A barrier of a numbered collective (carrying one `i32` per rank): an all-reduce of one
-/// token per rank, so each rank hears from all.
+/// A barrier of a numbered collective (carrying one `i32`): an all-reduce of each rank's
+/// token, so each rank hears from all.
 pub(crate) async fn run_barrier(shared: &comm::Shared, call: &comm::Op, me: NodeId) -> Result<()> {
     // Every rank's result holds every rank's token: none returns before all have called.
     let mut token = [1i32];

@@ -274,6 +274,18 @@ impl<'g> Rounds<'g> {
         self.publish(Some(parity));
     }
 
+    /// Fails when a rank aborted: after reads of another rank's buffer (in its arena), so
+    /// that a rank that gave up, and aborted before its caller got the buffer back, never
+    /// has its caller's new bytes taken for its chunk (the fence orders the reads before
+    /// the look, as the aborting rank's orders its abort before its return).
+    pub(super) fn check_abort(&self) -> Result<(), Stopped> {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        match self.signals.aborted() {
+            Some(failed) => Err(Stopped::Aborted(failed)),
+            None => Ok(()),
+        }
+    }
+
     /// Waits until every rank published this step; with `parity`, checks their signatures.
     pub(super) fn wait_all(&self, parity: Option<usize>) -> Result<(), Stopped> {
         let (g, s) = (self.g, &self.signals);

@@ -1,6 +1,7 @@
 //! Collectives through shared memory, for a generation whose ranks all share this host:
-//! all-reduce, all-gather, reduce-scatter and broadcast with no messages and no van, and no
-//! copy but one into the segment and one out of it. For a generation on several hosts with
+//! all-reduce, all-gather, reduce-scatter, broadcast and barrier with no messages and no van,
+//! and no copy but one into the segment and one out of it (none in for an all-reduce's buffer
+//! in the IPC van's arena, from `Postoffice::alloc`). For a generation on several hosts with
 //! the same number of ranks on each, each host's ranks form a group of their own, and the
 //! all-reduce goes hierarchically (`run::hierarchical`): a reduce-scatter through the host's
 //! group, an all-reduce of each share between the hosts by messages, an all-gather through
@@ -9,24 +10,28 @@
 //! **The group.** On a generation's first such collective, rank 0 creates a sealed memfd
 //! segment ([`van_ipc::Segment`]) and the ranks exchange, over the vans (two small direct
 //! all-reduces numbered apart from the collectives'), a row each: process id, pid namespace,
-//! and rank 0's descriptor number and a random token. Every other rank opens the memfd
-//! through `/proc/<pid>/fd/<fd>` (the same user may), checks the seals, the length and the
-//! token, and all say whether they got it; only if every rank did does the generation use
-//! the segment (across hosts, each host's ranks vote on their group, then the hosts vote:
-//! every rank takes the same path). Otherwise (different pid namespaces, a `/proc` that refuses) it takes the
-//! message algorithms, or fails when `VANS_COLLECTIVE_ALGO=shm` asked for shared memory. A
+//! rank 0's descriptor number and a random token, and the descriptor number and length of
+//! the rank's IPC arena. Every other rank opens the memfd through `/proc/<pid>/fd/<fd>` (the
+//! same user may), checks the seals, the length and the token, and all say whether they got
+//! it (and, on one host, whether they mapped every rank's arena too); only if every rank did
+//! does the generation use the segment (across hosts, each host's ranks vote on their group,
+//! then the hosts vote: every rank takes the same path). Otherwise (different pid
+//! namespaces, a `/proc` that refuses) it takes the message algorithms, or fails when
+//! `VANS_COLLECTIVE_ALGO=shm` asked for shared memory. A
 //! memfd has no name: a crash leaves nothing in `/dev/shm`, and the memory goes with the
 //! last rank that maps it. A new generation makes a new segment.
 //!
 //! **The segment** ([`group`]). A header (magic, token, ranks, slot size; the abort word,
-//! the sleepers and the futex word; a cache line per rank with its progress counter and the
-//! signatures of its last two chunks), then two slots per rank of
+//! the sleepers and the futex word; a cache line per rank with its progress counter and, for
+//! its last two chunks, their signatures and where an all-reduce's chunk lies), then two
+//! slots per rank of
 //! [`CommOptions::slice_bytes`](crate::CommOptions::slice_bytes) each.
 //!
 //! **The algorithms** ([`reduce`], [`gather`]). A buffer goes through in chunks of a slot;
 //! each chunk's slots alternate between the two of each rank, so a rank writes the next chunk
 //! while others still read the last, and it rewrites a slot only after it saw every rank move
-//! past it. All-reduce: every rank copies its chunk into its slot and publishes; then, for
+//! past it. All-reduce: every rank copies its chunk into its slot (or, from 16 KiB in a
+//! buffer up to 8 MiB in its arena, says where it lies) and publishes; then, for
 //! chunks up to [`reduce::SMALL_BYTES`], every rank reduces all the slots into its own buffer
 //! (one wait); above, rank `r` reduces share `r` of every slot into its own slot, publishes,
 //! and every rank copies the reduced shares out (two waits, `1/n` of the reduction each).

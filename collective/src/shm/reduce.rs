@@ -13,8 +13,11 @@
 //! A chunk read where it lies, in its rank's buffer in the arena, takes its slot's place
 //! for the reduction only: rank `r` reads share `r` of it between the two waits, and its
 //! rank writes the chunk (copying the reduced shares out of the slots) only after the
-//! second, when every rank has published that its reads are done. So the caller gets its
-//! buffer back with nobody reading it, and no third wait is needed.
+//! second, when every rank has published that its reads are done. So a caller whose call
+//! succeeds gets its buffer back with nobody reading it, and no third wait is needed. A
+//! rank that fails after publishing a chunk in place aborts the group before its caller
+//! gets the buffer back (`Through::phase`), and a rank that read such a chunk looks at the
+//! abort word after its reads: what it read is then not used, and it fails too.
 
 use super::group::{Group, Rounds};
 use super::signal::Stopped;
@@ -106,10 +109,12 @@ pub(super) fn allreduce<T: Element>(
         let sources = (0..n)
             .map(|q| g.source::<T>(q, parity, m, own))
             .collect::<Result<Vec<_>, _>>()?;
+        let in_others = (0..n).any(|q| q != r && sources[q] != g.slot(q, parity) as *const T);
         // SAFETY: `len` elements from `start` of `q`'s chunk, within it (`start + len <=
         // m`; `source` checked an arena's bounds); nobody writes a chunk's share `r` before
         // this rank publishes (a chunk in a buffer is written by its rank after the second
-        // wait; a slot's share `r` by this rank, after its reads).
+        // wait; a slot's share `r` by this rank, after its reads), unless its rank failed
+        // meanwhile, and then the abort word says so before what was read is used.
         let share_of = |q: usize, start: usize, len: usize| unsafe {
             std::slice::from_raw_parts(sources[q].add(start), len)
         };
@@ -128,6 +133,11 @@ pub(super) fn allreduce<T: Element>(
                 let mine = (g.slot(r, parity) as *mut T).add(start);
                 std::ptr::copy_nonoverlapping(scratch.as_ptr(), mine, len);
             }
+        }
+        // A rank that gave up after publishing may have its buffer back: what was read of
+        // it is not used.
+        if in_others {
+            rounds.check_abort()?;
         }
         rounds.publish(None);
         rounds.wait_all(None)?;

@@ -59,7 +59,8 @@ impl Row {
             fd,
             token,
             len,
-            arena_fd: arena.map_or(0, |a| i64::from(a.fd)),
+            // -1: no arena (0 is a descriptor like any other).
+            arena_fd: arena.map_or(-1, |a| i64::from(a.fd)),
             arena_len: arena.map_or(0, |a| a.len as i64),
         }
     }
@@ -109,11 +110,14 @@ fn pid_namespace() -> i64 {
 }
 
 /// Forms the group of `call`'s generation (see the [module docs](self)): `Ok(Err(why))`
-/// when the ranks cannot share memory, `Err` when the exchange itself failed.
+/// when the ranks cannot share memory, `Err` when the exchange itself failed. With
+/// `in_place` (a one-host group, whose all-reduces read buffers in the ranks' arenas), the
+/// ranks also map each other's arenas.
 pub(crate) async fn form(
     shared: &Shared,
     call: &Op,
     spin: Spin,
+    in_place: bool,
 ) -> Result<std::result::Result<Arc<Group>, String>> {
     let (n, r) = (call.size(), call.rank);
     let slot = slot_bytes(shared);
@@ -149,8 +153,8 @@ pub(crate) async fn form(
     };
     // Whether this rank mapped every other rank's arena (see `attach_arenas`).
     let arenas = match &attached {
-        Ok(_) => attach_arenas(call, &table, arena),
-        Err(_) => None,
+        Ok(_) if in_place => attach_arenas(call, &table, arena),
+        _ => None,
     };
     let mut agree = vec![i32::from(attached.is_ok()), i32::from(arenas.is_some())];
     let vote = call.internal(FORM_OP + 1).carrying::<i32>(2);
@@ -158,16 +162,20 @@ pub(crate) async fn form(
     Ok(match (attached, agree[0]) {
         (Ok(mut group), 1) => {
             // Buffers are read in the ranks' arenas only when every rank mapped every arena.
-            let in_place = match (agree[1], arenas) {
+            let reads = match (agree[1], arenas) {
                 (1, Some(arenas)) => {
+                    let any = arenas.mine.is_some() || arenas.theirs.iter().any(Option::is_some);
                     group.arenas = arenas;
-                    "; all-reduce buffers in a rank's shared arena are read in place"
+                    match any {
+                        true => "; all-reduce buffers in a rank's shared arena are read in place",
+                        false => "",
+                    }
                 }
                 _ => "",
             };
             info!(
                 "collectives of generation {} go through shared memory ({n} ranks, slots of \
-                 {slot} bytes, spinning {:?}){in_place}",
+                 {slot} bytes, spinning {:?}){reads}",
                 call.generation, group.spin
             );
             Ok(Arc::new(group))
@@ -222,7 +230,7 @@ fn attach_arenas(call: &Op, table: &[i64], mine: Option<SharedRegion>) -> Option
     let mut theirs = Vec::with_capacity(n);
     for q in 0..n {
         let row = Row::read(table, q);
-        if q == r || row.arena_fd <= 0 || row.arena_len <= 0 {
+        if q == r || row.arena_fd < 0 || row.arena_len <= 0 {
             theirs.push(None);
             continue;
         }
@@ -316,7 +324,7 @@ pub(crate) async fn run<T: Element>(
             // Ranks on this machine but in other namespaces share its cores too.
             let machine = crate::hosts::on_this_machine(&shared.po, &call.members);
             let spin = crate::spin::policy(shared.options.spin, machine);
-            let mut formed = form(shared, local, spin).await?;
+            let mut formed = form(shared, local, spin, call.hosts.is_none()).await?;
             // Each host voted on its own group; every rank of the generation must take the
             // same path (through the hosts' groups, or by messages), so the hosts vote too.
             if call.hosts.is_some() {
@@ -342,7 +350,11 @@ pub(crate) async fn run<T: Element>(
     };
     let group = match group {
         Ok(group) => group,
-        Err(why) if matches!(shared.options.algorithm, Algorithm::Shm | Algorithm::Hier) => {
+        // A barrier carries no buffer to share: it goes by messages where it must.
+        Err(why)
+            if matches!(shared.options.algorithm, Algorithm::Shm | Algorithm::Hier)
+                && call.kind != OpKind::Barrier =>
+        {
             return Err(CollectiveError::InvalidArgument(format!(
                 "VANS_COLLECTIVE_ALGO={}, but the ranks cannot share memory: {why}",
                 shared.options.algorithm
@@ -482,16 +494,25 @@ impl Through<'_> {
             let mut rounds = Rounds::new(group, signature, deadline, &alive);
             work(&mut rounds)
         });
-        result.map_err(|stopped| match stopped {
-            signal::Stopped::Failed(e) => {
-                // The host's other ranks stop too, naming the same rank: by the time they
-                // look, this one may have exited as well, and a gone process would name
-                // itself.
-                if let CollectiveError::RankFailed { rank, .. } = &e {
+        // Every failure but an abort (whose word is set) aborts the group before the caller
+        // gets its buffer back: the others stop too, and one that read this rank's buffer
+        // in place does not use what it read (see `reduce`).
+        if let Err(stopped) = &result {
+            match stopped {
+                signal::Stopped::Aborted(_) => {}
+                // Naming the rank that failed: by the time the others look, this one may
+                // have exited as well, and a gone process would name itself.
+                signal::Stopped::Failed(CollectiveError::RankFailed { rank, .. }) => {
                     group.abort(Some(*rank));
                 }
-                e
+                signal::Stopped::Corrupt(q) | signal::Stopped::TimedOut(q) => {
+                    group.abort(Some(call.ranks[*q]));
+                }
+                signal::Stopped::Failed(_) | signal::Stopped::Mismatch(_) => group.abort(None),
             }
+        }
+        result.map_err(|stopped| match stopped {
+            signal::Stopped::Failed(e) => e,
             // Why another rank gave up: the rank it saw fail (the abort word names a
             // generation rank, perhaps on another host); else a process gone; else what
             // this node's membership knows.
@@ -521,14 +542,10 @@ impl Through<'_> {
                     call.number
                 ),
             },
-            signal::Stopped::Corrupt(q) => {
-                // The rank waits for this one's reduction, which will not come.
-                group.abort(Some(call.ranks[q]));
-                failed(
-                    q,
-                    "it published an all-reduce chunk outside its shared arena".into(),
-                )
-            }
+            signal::Stopped::Corrupt(q) => failed(
+                q,
+                "it published an all-reduce chunk outside its shared arena".into(),
+            ),
             signal::Stopped::TimedOut(q) => failed(
                 q,
                 format!(

@@ -87,7 +87,7 @@ impl Signals<'_> {
     }
 
     /// `Some` once a rank aborted: the failed rank, when it knew.
-    fn aborted(&self) -> Option<Option<usize>> {
+    pub(super) fn aborted(&self) -> Option<Option<usize>> {
         match self.abort.load(Ordering::Acquire) {
             0 => None,
             u32::MAX => Some(None),

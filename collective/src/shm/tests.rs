@@ -467,3 +467,26 @@ fn a_chunk_published_outside_its_arena_is_refused() {
         ));
     });
 }
+
+#[test]
+fn a_rank_that_read_a_buffer_of_a_rank_that_gave_up_does_not_use_it() {
+    // Rank 1's chunk lies in its arena; rank 1 publishes it and its reduction, then gives
+    // up (its caller gets the buffer back). Rank 0's waits all pass, but what it read of
+    // rank 1's buffer may be its caller's new bytes: it must fail, not return them.
+    let (groups, _arenas) = arena_groups(&[false, true]);
+    let len = SLOT / 8;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let signature = group::signature(1, 0, f64::TAG, len as u64);
+    let alive = || Ok(());
+    let mut rounds = Rounds::new(&groups[1], signature, deadline, &alive);
+    let parity = rounds.next_chunk();
+    rounds.publish_from(parity, Some(4096));
+    rounds.publish(None);
+    groups[1].abort(Some(1));
+    let mut buf = vec![1f64; len];
+    let mine = allreduce(&groups[0], 1, &mut buf, ReduceOp::Sum, deadline, &alive);
+    assert!(
+        matches!(mine, Err(signal::Stopped::Aborted(Some(1)))),
+        "{mine:?}"
+    );
+}
