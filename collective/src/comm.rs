@@ -139,6 +139,9 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     /// Woken whenever a message arrives or the status changes.
     notify: Notify,
+    /// One more than the last generation whose mesh settled as none (all ranks on one host,
+    /// or none wanted): its collectives find that without the lock.
+    no_mesh: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -163,6 +166,7 @@ impl Shared {
                 mesh: (0, MeshState::Formed(None)),
             }),
             notify: Notify::new(),
+            no_mesh: Default::default(),
         });
         (shared, queue)
     }
@@ -216,17 +220,18 @@ impl Shared {
     }
 
     /// Waits until `ready` has an answer (asked under the lock, at once and whenever a
-    /// message arrives or the status changes), or `deadline` passes (`None`).
+    /// message arrives or the status changes), or `timeout` passes (`None`).
     async fn wait_until<T>(
         &self,
-        deadline: tokio::time::Instant,
+        timeout: Duration,
         mut ready: impl FnMut(&mut State) -> Option<T>,
     ) -> Option<T> {
         // Most waits are over at once (a collective's turn through shared memory, its
-        // mesh): no waiter is registered for those.
+        // mesh): no waiter is registered for those, and the clock is not read.
         if let Some(answer) = ready(&mut self.lock()) {
             return Some(answer);
         }
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -327,12 +332,9 @@ impl Shared {
     /// Waits for the next generation this node is a member of (or returns the current one
     /// when it is active).
     pub(crate) async fn settle(&self, timeout: Duration) -> Result<Generation> {
-        let deadline = tokio::time::Instant::now() + timeout;
         self.protocol
             .rejoin(&mut self.lock().membership, Instant::now());
-        let settled = self
-            .wait_until(deadline, |st| st.membership.settled())
-            .await;
+        let settled = self.wait_until(timeout, |st| st.membership.settled()).await;
         let generation = settled.unwrap_or_else(|| {
             Err(CollectiveError::SettleTimeout {
                 waited: timeout,
@@ -346,6 +348,9 @@ impl Shared {
     /// common case, answered under one lock), to be formed by the caller (the first task
     /// of this rank to ask, given the op to form it with), or being formed by another task.
     pub(crate) fn claim_mesh(&self, generation: u64) -> MeshClaim {
+        if self.no_mesh.load(std::sync::atomic::Ordering::Relaxed) == generation + 1 {
+            return MeshClaim::Settled;
+        }
         let mut st = self.lock();
         match st.mesh {
             (g, MeshState::Formed(_)) if g >= generation => return MeshClaim::Settled,
@@ -370,6 +375,11 @@ impl Shared {
         let mut st = self.lock();
         if st.mesh.0 == generation {
             let mesh = mesh.filter(|_| st.membership.still(generation).is_ok());
+            if mesh.is_none() {
+                // A generation's mesh, once settled, is never formed again.
+                self.no_mesh
+                    .store(generation + 1, std::sync::atomic::Ordering::Relaxed);
+            }
             st.mesh.1 = MeshState::Formed(mesh);
         }
         drop(st);
@@ -379,8 +389,7 @@ impl Shared {
     /// Waits until the mesh of `generation` is formed (or not) by another task of this
     /// rank, or the generation ends.
     pub(crate) async fn mesh_settled(&self, generation: u64) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + self.options.timeout;
-        let settled = self.wait_until(deadline, |st| {
+        let settled = self.wait_until(self.options.timeout, |st| {
             if let Err(e) = st.membership.still(generation) {
                 return Some(Err(e));
             }
@@ -424,6 +433,9 @@ impl Shared {
 
     /// The mesh of `generation`, if it has one.
     fn mesh(&self, generation: u64) -> Option<Arc<crate::mesh::Mesh>> {
+        if self.no_mesh.load(std::sync::atomic::Ordering::Relaxed) == generation + 1 {
+            return None;
+        }
         match &self.lock().mesh {
             (g, MeshState::Formed(Some(mesh))) if *g == generation => Some(Arc::clone(mesh)),
             _ => None,
@@ -517,8 +529,7 @@ impl Shared {
             .map(Option::unwrap_or_default);
         }
         let key = op.key(from, hop, slice);
-        let deadline = tokio::time::Instant::now() + self.options.timeout;
-        let arrived = self.wait_until(deadline, |st| match st.mailbox().take(&key) {
+        let arrived = self.wait_until(self.options.timeout, |st| match st.mailbox().take(&key) {
             Some(msg) => Some(Ok(msg)),
             None => st.membership.still(op.generation).err().map(Err),
         });
@@ -558,8 +569,7 @@ impl Shared {
     /// (or the generation ends); the turn passes on when the returned guard drops.
     #[cfg(all(feature = "ipc", target_os = "linux"))]
     pub(crate) async fn shm_turn(&self, op: &Op, ticket: u64) -> Result<ShmTurn<'_>> {
-        let deadline = tokio::time::Instant::now() + self.options.timeout;
-        let turn = self.wait_until(deadline, |st| {
+        let turn = self.wait_until(self.options.timeout, |st| {
             if let Err(e) = st.membership.still(op.generation) {
                 return Some(Err(e));
             }

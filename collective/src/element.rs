@@ -212,6 +212,24 @@ pub(crate) fn combine_slice<T: Element>(acc: &mut [T], other: &[T], op: ReduceOp
     }
 }
 
+/// Combines `first` into `acc` with `first` on the left (`acc[i] = first[i] ⊕ acc[i]`, over
+/// the shorter of the two): the same order as copying `first` into `acc` and combining
+/// `acc`'s old values into it, without the copy.
+pub(crate) fn combine_slice_after<T: Element>(acc: &mut [T], first: &[T], op: ReduceOp) {
+    #[inline(always)]
+    fn each<T: Element>(acc: &mut [T], first: &[T], op: ReduceOp) {
+        for (a, b) in acc.iter_mut().zip(first) {
+            *a = b.combine(*a, op);
+        }
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => each(acc, first, ReduceOp::Sum),
+        ReduceOp::Min => each(acc, first, ReduceOp::Min),
+        ReduceOp::Max => each(acc, first, ReduceOp::Max),
+        ReduceOp::Product => each(acc, first, ReduceOp::Product),
+    }
+}
+
 /// Copies `incoming` (the bytes of `out.len()` elements, in any alignment) into `out`.
 pub(crate) fn copy_into<T: Element>(out: &mut [T], incoming: &[u8]) {
     bytemuck::cast_slice_mut::<T, u8>(out).copy_from_slice(incoming);
@@ -220,6 +238,19 @@ pub(crate) fn copy_into<T: Element>(out: &mut [T], incoming: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn combining_after_keeps_the_first_operand_first() {
+        // Two NaNs of different payloads: a sum keeps one of them, by operand order (on
+        // x86, the first's), so the order shows in the bits.
+        let (a, b) = (f32::from_bits(0x7fc0_0001), f32::from_bits(0x7fc0_0002));
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Product] {
+            let mut acc = [b, 2.0];
+            combine_slice_after(&mut acc, &[a, 3.0], op);
+            assert_eq!(acc[0].to_bits(), a.combine(b, op).to_bits(), "{op:?}");
+            assert_eq!(acc[1], 3.0f32.combine(2.0, op), "{op:?}");
+        }
+    }
 
     #[test]
     fn combines_each_type_and_operator() {

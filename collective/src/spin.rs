@@ -61,6 +61,11 @@ impl Idle {
         self.since.elapsed() >= self.spin.budget()
     }
 
+    /// When the wait began (or, after [`reset`](Self::reset), last moved).
+    pub(crate) fn started(&self) -> Instant {
+        self.since
+    }
+
     /// Something moved: the budget starts again.
     pub(crate) fn reset(&mut self) {
         self.since = Instant::now();

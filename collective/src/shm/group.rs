@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use van_ipc::Segment;
 
-use std::time::Instant;
+use std::time::Duration;
 
 use super::signal::{Signals, Stopped};
 use crate::error::CollectiveError;
@@ -21,6 +21,8 @@ const SLEEPERS: usize = 128;
 const EPOCH: usize = 192;
 const STEPS: usize = 256;
 pub(super) const LINE: usize = 64;
+/// `u64` words in a rank's line: its progress counter first.
+pub(super) const WORDS_PER_LINE: usize = LINE / 8;
 const PAGE: usize = 4096;
 
 /// A generation's shared segment, mapped by this rank.
@@ -75,10 +77,16 @@ impl Group {
     }
 
     pub(super) fn signals(&self) -> Signals<'_> {
+        // SAFETY: the ranks' lines lie within the header (`layout` sized it), start at a
+        // multiple of 8 and hold `u64` words only; atomics may be shared with other processes.
+        let lines = unsafe {
+            std::slice::from_raw_parts(
+                self.segment.as_ptr().add(STEPS) as *const AtomicU64,
+                self.size * WORDS_PER_LINE,
+            )
+        };
         Signals {
-            steps: (0..self.size)
-                .map(|q| self.word::<AtomicU64>(STEPS + q * LINE))
-                .collect(),
+            lines,
             abort: self.word::<AtomicU32>(ABORT),
             sleepers: self.word::<AtomicU32>(SLEEPERS),
             epoch: self.word::<AtomicU32>(EPOCH),
@@ -226,7 +234,8 @@ pub(super) struct Rounds<'g> {
     signals: Signals<'g>,
     signature: u64,
     step: u64,
-    deadline: Instant,
+    /// How long each wait may take (`VANS_COLLECTIVE_TIMEOUT`).
+    timeout: Duration,
     alive: &'g dyn Fn() -> Result<(), CollectiveError>,
 }
 
@@ -234,7 +243,7 @@ impl<'g> Rounds<'g> {
     pub(super) fn new(
         g: &'g Group,
         signature: u64,
-        deadline: Instant,
+        timeout: Duration,
         alive: &'g dyn Fn() -> Result<(), CollectiveError>,
     ) -> Rounds<'g> {
         Rounds {
@@ -242,7 +251,7 @@ impl<'g> Rounds<'g> {
             signals: g.signals(),
             signature,
             step: g.step.load(Ordering::Relaxed),
-            deadline,
+            timeout,
             alive,
         }
     }
@@ -289,7 +298,7 @@ impl<'g> Rounds<'g> {
     /// Waits until every rank published this step; with `parity`, checks their signatures.
     pub(super) fn wait_all(&self, parity: Option<usize>) -> Result<(), Stopped> {
         let (g, s) = (self.g, &self.signals);
-        s.wait_all(g.rank, self.step, g.spin, self.deadline, self.alive)?;
+        s.wait_all(g.rank, self.step, g.spin, self.timeout, self.alive)?;
         match parity {
             Some(p) => self.check(0..g.size, p),
             None => Ok(()),
@@ -302,7 +311,7 @@ impl<'g> Rounds<'g> {
         let ranks = std::iter::once(q).filter(|&q| q != g.rank);
         for q in ranks.clone() {
             self.signals
-                .wait_one(q, self.step, g.spin, self.deadline, self.alive)?;
+                .wait_one(q, self.step, g.spin, self.timeout, self.alive)?;
         }
         self.check(ranks, parity)
     }

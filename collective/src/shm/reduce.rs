@@ -21,7 +21,7 @@
 
 use super::group::{Group, Rounds};
 use super::signal::Stopped;
-use crate::element::{combine_slice, Element, ReduceOp};
+use crate::element::{combine_slice, combine_slice_after, Element, ReduceOp};
 use crate::ring::{chunk, slices};
 
 /// Chunks up to this many bytes are reduced whole by every rank (one wait); larger ones a
@@ -94,9 +94,16 @@ pub(super) fn allreduce<T: Element>(
         rounds.publish_from(parity, origin);
         rounds.wait_all(Some(parity))?;
         if small {
+            // `slot 0 ⊕ slot 1 ⊕ …` into `part`, which holds this rank's own slot: rank 0
+            // combines the others into it, rank 1 combines slot 0 in on the left, any other
+            // starts from a copy of slot 0.
             // SAFETY (each view): all of every slot; nobody writes slots of this parity now.
-            part.copy_from_slice(unsafe { view(g, 0, parity, 0, m) });
-            for q in 1..n {
+            match r {
+                0 => {}
+                1 => combine_slice_after(part, unsafe { view(g, 0, parity, 0, m) }, op),
+                _ => part.copy_from_slice(unsafe { view(g, 0, parity, 0, m) }),
+            }
+            for q in (1..n).filter(|&q| q != 1 || r != 1) {
                 combine_slice(part, unsafe { view(g, q, parity, 0, m) }, op);
             }
             if op == ReduceOp::Mean {

@@ -470,7 +470,6 @@ impl Through<'_> {
         if self.whole.hosts.is_some() {
             shared.flush_mesh(call.generation)?;
         }
-        let deadline = std::time::Instant::now() + shared.options.timeout;
         let failed = |q: usize, reason: String| CollectiveError::RankFailed {
             node: call.members[q],
             rank: call.ranks[q],
@@ -491,7 +490,7 @@ impl Through<'_> {
         };
         let signature = group::signature(call.number, kind, call.tag, call.total as u64);
         let result = crate::spin::blocking(|| {
-            let mut rounds = Rounds::new(group, signature, deadline, &alive);
+            let mut rounds = Rounds::new(group, signature, shared.options.timeout, &alive);
             work(&mut rounds)
         });
         // Every failure but an abort (whose word is set) aborts the group before the caller

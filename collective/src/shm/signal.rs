@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 
+use super::group::WORDS_PER_LINE;
 use crate::error::CollectiveError;
 use crate::spin::{Idle, Spin};
 use rustix::thread::futex;
@@ -33,8 +34,9 @@ const NAP: Duration = Duration::from_millis(10);
 
 /// The words of a group's header, in shared memory (see the module docs).
 pub(super) struct Signals<'a> {
-    /// Rank `q`'s progress: the number of phases it has finished.
-    pub(super) steps: Vec<&'a AtomicU64>,
+    /// The ranks' lines, rank `q`'s from word `q * WORDS_PER_LINE`, its progress (the
+    /// number of phases it has finished) first.
+    pub(super) lines: &'a [AtomicU64],
     /// Non-zero once a rank gave up on the generation: every waiter stops. The failed rank
     /// plus one when the one that gave up knew it, else `u32::MAX`.
     pub(super) abort: &'a AtomicU32,
@@ -42,6 +44,18 @@ pub(super) struct Signals<'a> {
     pub(super) sleepers: &'a AtomicU32,
     /// The futex word sleepers wait on; bumped by a publisher that sees a sleeper.
     pub(super) epoch: &'a AtomicU32,
+}
+
+impl Signals<'_> {
+    /// Rank `q`'s progress counter.
+    fn step(&self, q: usize) -> &AtomicU64 {
+        &self.lines[q * WORDS_PER_LINE]
+    }
+
+    /// How many ranks.
+    fn ranks(&self) -> usize {
+        self.lines.len() / WORDS_PER_LINE
+    }
 }
 
 /// Why a wait ended without its condition.
@@ -62,7 +76,7 @@ pub(super) enum Stopped {
 impl Signals<'_> {
     /// Publishes that rank `rank` finished phase `step`, waking sleepers if there are any.
     pub(super) fn publish(&self, rank: usize, step: u64) {
-        self.steps[rank].store(step, Ordering::Release);
+        self.step(rank).store(step, Ordering::Release);
         self.wake();
     }
 
@@ -96,17 +110,18 @@ impl Signals<'_> {
     }
 
     /// Waits until every rank but `me` has finished phase `step`: spinning or yielding as
-    /// `spin` says, then sleeping in naps, asking `alive` after each, until `deadline`.
+    /// `spin` says, then sleeping in naps, asking `alive` after each, each wait for a rank
+    /// for up to `timeout`.
     pub(super) fn wait_all(
         &self,
         me: usize,
         step: u64,
         spin: Spin,
-        deadline: Instant,
+        timeout: Duration,
         alive: &dyn Fn() -> Result<(), CollectiveError>,
     ) -> Result<(), Stopped> {
-        for q in (0..self.steps.len()).filter(|&q| q != me) {
-            self.wait_one(q, step, spin, deadline, alive)?;
+        for q in (0..self.ranks()).filter(|&q| q != me) {
+            self.wait_one(q, step, spin, timeout, alive)?;
         }
         Ok(())
     }
@@ -117,10 +132,11 @@ impl Signals<'_> {
         q: usize,
         step: u64,
         spin: Spin,
-        deadline: Instant,
+        timeout: Duration,
         alive: &dyn Fn() -> Result<(), CollectiveError>,
     ) -> Result<(), Stopped> {
-        let done = || self.steps[q].load(Ordering::Acquire) >= step;
+        let done = || self.step(q).load(Ordering::Acquire) >= step;
+        // Most waits end here, or in the spin below: the clock is read once there.
         if done() {
             return Ok(());
         }
@@ -141,7 +157,7 @@ impl Signals<'_> {
             }
         }
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let result = self.sleep_until(q, &done, deadline, alive);
+        let result = self.sleep_until(q, &done, idle.started() + timeout, alive);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         result
     }

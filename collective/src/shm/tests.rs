@@ -53,7 +53,7 @@ fn allreduce<T: Element>(
     let mut rounds = Rounds::new(
         g,
         group::signature(number, 0, T::TAG, buf.len() as u64),
-        deadline,
+        deadline.saturating_duration_since(Instant::now()),
         alive,
     );
     reduce::allreduce(&mut rounds, buf, op)
@@ -240,7 +240,7 @@ fn all_gather_reduce_scatter_and_broadcast_give_every_rank_the_right_values() {
                         Rounds::new(
                             &g,
                             group::signature(number, kind, 4, len as u64),
-                            deadline,
+                            deadline.saturating_duration_since(Instant::now()),
                             &alive,
                         )
                     };
@@ -478,7 +478,8 @@ fn a_rank_that_read_a_buffer_of_a_rank_that_gave_up_does_not_use_it() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let signature = group::signature(1, 0, f64::TAG, len as u64);
     let alive = || Ok(());
-    let mut rounds = Rounds::new(&groups[1], signature, deadline, &alive);
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    let mut rounds = Rounds::new(&groups[1], signature, timeout, &alive);
     let parity = rounds.next_chunk();
     rounds.publish_from(parity, Some(4096));
     rounds.publish(None);
