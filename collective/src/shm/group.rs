@@ -7,7 +7,7 @@ use van_ipc::Segment;
 
 use std::time::Duration;
 
-use super::signal::{Signals, Stopped};
+use super::signal::{Signals, Stopped, WORDS_PER_LINE};
 use crate::error::CollectiveError;
 use crate::spin::Spin;
 
@@ -21,8 +21,8 @@ const SLEEPERS: usize = 128;
 const EPOCH: usize = 192;
 const STEPS: usize = 256;
 pub(super) const LINE: usize = 64;
-/// `u64` words in a rank's line: its progress counter first.
-pub(super) const WORDS_PER_LINE: usize = LINE / 8;
+// The signals read a rank's line as `u64` words.
+const _: () = assert!(LINE == WORDS_PER_LINE * 8);
 const PAGE: usize = 4096;
 
 /// A generation's shared segment, mapped by this rank.

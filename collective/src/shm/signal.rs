@@ -24,10 +24,13 @@ use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 
-use super::group::WORDS_PER_LINE;
 use crate::error::CollectiveError;
 use crate::spin::{Idle, Spin};
 use rustix::thread::futex;
+
+/// `u64` words in a rank's line of the segment's header (64 bytes), its progress counter
+/// first.
+pub(super) const WORDS_PER_LINE: usize = 8;
 
 /// Longest single sleep before the waiter checks the generation and the peers again.
 const NAP: Duration = Duration::from_millis(10);
