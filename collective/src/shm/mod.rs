@@ -30,7 +30,7 @@
 //! **The algorithms** ([`reduce`], [`gather`]). A buffer goes through in chunks of a slot;
 //! each chunk's slots alternate between the two of each rank, so a rank writes the next chunk
 //! while others still read the last, and it rewrites a slot only after it saw every rank move
-//! past it. All-reduce: every rank copies its chunk into its slot (or, from 16 KiB in a
+//! past it. All-reduce: every rank copies its chunk into its slot (or, above 16 KiB in a
 //! buffer up to 8 MiB in its arena, says where it lies) and publishes; then, for
 //! chunks up to [`reduce::SMALL_BYTES`], every rank reduces all the slots into its own buffer
 //! (one wait); above, rank `r` reduces share `r` of every slot into its own slot, publishes,
