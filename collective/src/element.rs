@@ -198,35 +198,32 @@ pub(crate) fn reduce_into<T: Element>(acc: &mut [T], incoming: &[u8], op: Reduce
 /// shorter of the two). One loop per operator, each a plain element-wise loop the compiler
 /// vectorises: the operator is not looked at per element.
 pub(crate) fn combine_slice<T: Element>(acc: &mut [T], other: &[T], op: ReduceOp) {
-    #[inline(always)]
-    fn each<T: Element>(acc: &mut [T], other: &[T], op: ReduceOp) {
-        for (a, b) in acc.iter_mut().zip(other) {
-            *a = a.combine(*b, op);
-        }
-    }
-    match op {
-        ReduceOp::Sum | ReduceOp::Mean => each(acc, other, ReduceOp::Sum),
-        ReduceOp::Min => each(acc, other, ReduceOp::Min),
-        ReduceOp::Max => each(acc, other, ReduceOp::Max),
-        ReduceOp::Product => each(acc, other, ReduceOp::Product),
-    }
+    combine_in_order::<T, false>(acc, other, op);
 }
 
 /// Combines `first` into `acc` with `first` on the left (`acc[i] = first[i] ⊕ acc[i]`, over
 /// the shorter of the two): the same order as copying `first` into `acc` and combining
 /// `acc`'s old values into it, without the copy.
 pub(crate) fn combine_slice_after<T: Element>(acc: &mut [T], first: &[T], op: ReduceOp) {
+    combine_in_order::<T, true>(acc, first, op);
+}
+
+/// [`combine_slice`] (`OTHER_FIRST` false) and [`combine_slice_after`] (true).
+fn combine_in_order<T: Element, const OTHER_FIRST: bool>(acc: &mut [T], other: &[T], op: ReduceOp) {
     #[inline(always)]
-    fn each<T: Element>(acc: &mut [T], first: &[T], op: ReduceOp) {
-        for (a, b) in acc.iter_mut().zip(first) {
-            *a = b.combine(*a, op);
+    fn each<T: Element, const OTHER_FIRST: bool>(acc: &mut [T], other: &[T], op: ReduceOp) {
+        for (a, b) in acc.iter_mut().zip(other) {
+            *a = match OTHER_FIRST {
+                true => b.combine(*a, op),
+                false => a.combine(*b, op),
+            };
         }
     }
     match op {
-        ReduceOp::Sum | ReduceOp::Mean => each(acc, first, ReduceOp::Sum),
-        ReduceOp::Min => each(acc, first, ReduceOp::Min),
-        ReduceOp::Max => each(acc, first, ReduceOp::Max),
-        ReduceOp::Product => each(acc, first, ReduceOp::Product),
+        ReduceOp::Sum | ReduceOp::Mean => each::<T, OTHER_FIRST>(acc, other, ReduceOp::Sum),
+        ReduceOp::Min => each::<T, OTHER_FIRST>(acc, other, ReduceOp::Min),
+        ReduceOp::Max => each::<T, OTHER_FIRST>(acc, other, ReduceOp::Max),
+        ReduceOp::Product => each::<T, OTHER_FIRST>(acc, other, ReduceOp::Product),
     }
 }
 
