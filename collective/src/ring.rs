@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use crate::comm::{Op, Shared};
-use crate::element::{reduce_into, Element, ReduceOp};
+use crate::element::{combine_slice, reduce_into, Element, ReduceOp};
 use crate::error::Result;
 use crate::spin::Spin;
 
@@ -98,7 +98,7 @@ async fn in_rank_order<T: Element>(
     for k in 0..n {
         if k == r {
             if k != 0 {
-                reduce_into(out, bytemuck::cast_slice(mine), reduction);
+                combine_slice(out, mine, reduction);
             }
             continue;
         }
