@@ -71,6 +71,8 @@ pub(super) fn allreduce<T: Element>(
     let size = std::mem::size_of::<T>();
     let mut scratch: Vec<T> = Vec::new();
     let placeable = std::mem::size_of_val(buf) <= IN_PLACE_MAX_BYTES;
+    // Where each rank's chunk lies, for the chunk at hand (reused from chunk to chunk).
+    let mut sources: Vec<*const T> = Vec::with_capacity(n);
     for range in slices(0..buf.len(), g.slot_bytes / size) {
         let m = range.len();
         let part = &mut buf[range];
@@ -113,9 +115,10 @@ pub(super) fn allreduce<T: Element>(
         }
         // Until the copy-out, this rank's chunk is only read, through `own`.
         let own = part.as_mut_ptr();
-        let sources = (0..n)
-            .map(|q| g.source::<T>(q, parity, m, own))
-            .collect::<Result<Vec<_>, _>>()?;
+        sources.clear();
+        for q in 0..n {
+            sources.push(g.source::<T>(q, parity, m, own)?);
+        }
         let in_others = (0..n).any(|q| q != r && sources[q] != g.slot(q, parity) as *const T);
         // SAFETY: `len` elements from `start` of `q`'s chunk, within it (`start + len <=
         // m`; `source` checked an arena's bounds); nobody writes a chunk's share `r` before
