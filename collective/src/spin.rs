@@ -34,8 +34,8 @@ impl Spin {
 /// every 20 µs, each wait cost 20 µs there: `allreduce-bench --van ipc --ranks 2` had runs
 /// whose every 4 KiB all-reduce took 46 µs instead of 0.9 (and 128 KiB 52 instead of 8).
 /// Every 5 µs it is 15–20 µs, and no slower when the ranks have a core each. (Offering
-/// the core at every turn once an offer was taken measured twice as slow at every size:
-/// this process's other threads take many.)
+/// the core at every turn once an offer was taken measured the same as this in 16
+/// alternating runs, the stalled state included.)
 const OFFER: Duration = Duration::from_micros(5);
 
 /// The spinning phase of one wait: since when it has waited without progress, and when it
