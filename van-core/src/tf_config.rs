@@ -24,7 +24,7 @@
 //! | this task's entry `cluster[type][index]` | `DMLC_NODE_HOST` = its host |
 //! | `chief:0`, or `worker:0` without a chief | hosts the scheduler **in addition to** its own role, listening on its cluster address: `DMLC_PS_ROOT_URI`/`DMLC_PS_ROOT_PORT` = that address ([`TfConfig::hosts_scheduler`]) |
 //! | `rpc_layer` containing `verbs` or `rdma` | `DMLC_ENABLE_RDMA=1` |
-//! | `rpc_layer` `grpc`, `grpc+seastar`, `grpc+mpi`, `star_server`, `star_server_lite` or absent | `DMLC_ENABLE_RDMA=0` (the stream van, TCP by default) |
+//! | `rpc_layer` `grpc`, `grpc+vans`, `grpc+vans+push`, `grpc+seastar`, `grpc+mpi`, `star_server`, `star_server_lite` or absent | `DMLC_ENABLE_RDMA=0` (the stream van, TCP by default) |
 //!
 //! Any other `rpc_layer` is an error listing the accepted values. [`TfConfig::dmlc_vars`]
 //! gives the whole `DMLC_*` set; [`Config`](crate::Config) uses `TF_CONFIG` only for the
@@ -64,12 +64,15 @@ const WORKER_TYPES: &[&str] = &["chief", "master", "worker"];
 /// `rpc_layer` values that keep the stream van.
 const STREAM_RPC_LAYERS: &[&str] = &[
     "grpc",
+    "grpc+vans",
+    "grpc+vans+push",
     "grpc+seastar",
     "grpc+mpi",
     "star_server",
     "star_server_lite",
 ];
-const RPC_LAYER_EXPECTED: &str = "`grpc`, `grpc+seastar`, `grpc+mpi`, `star_server`, \
+const RPC_LAYER_EXPECTED: &str = "`grpc`, `grpc+vans`, `grpc+vans+push`, `grpc+seastar`, \
+     `grpc+mpi`, `star_server`, \
      `star_server_lite` (the stream van) or a value containing `verbs` or `rdma` such as \
      `grpc+verbs` (the RDMA van)";
 

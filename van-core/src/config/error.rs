@@ -66,4 +66,30 @@ pub enum ConfigError {
         /// What is wrong.
         error: Box<EndpointMapError>,
     },
+    /// A TensorFlow server's endpoint map does not map a task of its cluster: add the
+    /// task's line (`control address=data address`) to the file.
+    #[error(
+        "endpoint map {path} has no line for task {task} (its address {address}); with an \
+         endpoint map every task's address needs one: add `{address}=host:port`"
+    )]
+    EndpointMapMissesTask {
+        /// The file.
+        path: String,
+        /// The task, `job:index`.
+        task: String,
+        /// Its address in the cluster.
+        address: String,
+    },
+    /// No port above the scheduler's task's is free for the scheduler of TensorFlow
+    /// servers: give it one in an endpoint map.
+    #[error(
+        "no port above {address} (task {task}, which hosts the scheduler) is left for the \
+         scheduler; write an endpoint map (.endpoint_map) giving each task's data address"
+    )]
+    NoSchedulerPort {
+        /// The task hosting the scheduler, `job:index`.
+        task: String,
+        /// Its address in the cluster.
+        address: String,
+    },
 }

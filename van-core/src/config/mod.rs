@@ -85,6 +85,7 @@ mod rank; // `VANS_RANK`: a node's rank within its role, announced as a task of 
 pub(crate) mod rdma; // `RdmaMode`, `RdmaFallback`, `RdmaSettings` (also read by `tf_config`)
 mod reader; // `Vars`: the variables given, and typed reads of one of them
 mod tensorflow; // `TF_CONFIG` and the endpoint map
+mod tf_server; // `VANS_TF_SERVER`: where vans listens beside a TensorFlow server
 mod van_knobs; // the variables that tune the vans: IPC, polling, io_uring, RDMA
 mod variables; // `VARIABLES`: every variable, its default and effect
 

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::error::ConfigError;
 use super::reader::Vars;
+use super::tf_server::{data_addresses, CLUSTER_VARS};
 use super::variables::known_name;
 use crate::endpoint_map::EndpointMap;
 use crate::message::{Role, TfTask};
@@ -28,6 +29,8 @@ impl Vars {
     /// Fills the `DMLC_*` variables that `TF_CONFIG` stands for and that are not set
     /// explicitly; returns what else `TF_CONFIG` says of this process.
     pub(super) fn apply_tf_config(&mut self) -> Result<FromTfConfig, ConfigError> {
+        // A TensorFlow server's cluster decides the node's place, whatever else says.
+        let tf_server = self.flag("VANS_TF_SERVER")?.unwrap_or(false);
         let Some(json) = self.get("TF_CONFIG") else {
             return Ok(FromTfConfig::default());
         };
@@ -35,11 +38,17 @@ impl Vars {
         if crate::tf_config::declares_no_cluster(json) {
             return Ok(FromTfConfig::default());
         }
+        let json = json.to_owned();
         let wrap = |error| ConfigError::TfConfig {
             value: json.chars().take(1000).collect(),
             error: Box::new(error),
         };
-        let tf = TfConfig::parse(json).map_err(wrap)?;
+        let tf = TfConfig::parse(&json).map_err(wrap)?;
+        if tf_server {
+            for var in CLUSTER_VARS {
+                self.map.remove(var);
+            }
+        }
         let derived = tf
             .dmlc_vars_except(|var| self.map.contains_key(var))
             .map_err(wrap)?;
@@ -55,6 +64,20 @@ impl Vars {
             if let Some(var) = known_name(var) {
                 self.map.insert(var, value);
             }
+        }
+        if tf_server {
+            let map = self.endpoint_map()?;
+            let path = self
+                .get("VANS_ENDPOINT_MAP")
+                .unwrap_or(DEFAULT_ENDPOINT_MAP);
+            let data = data_addresses(&tf, &json, map.as_ref().map(|map| (map, path)))?;
+            self.map.insert("DMLC_PS_ROOT_URI", data.scheduler.host);
+            self.map
+                .insert("DMLC_PS_ROOT_PORT", data.scheduler.port.to_string());
+            if self.get("DMLC_INTERFACE").is_none() {
+                self.map.insert("DMLC_NODE_HOST", data.own.host);
+            }
+            self.map.insert("DMLC_PORT", data.own.port.to_string());
         }
         let task = tf.role().ok().filter(|_| role_from_tf).map(|role| {
             let task = TfTask {

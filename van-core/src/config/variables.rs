@@ -386,6 +386,17 @@ pub const VARIABLES: &[EnvVar] = &[
                  Seastar and StarServer deployments; a missing or invalid file is an error",
     },
     EnvVar {
+        name: "VANS_TF_SERVER",
+        default: "0",
+        effect: "`1`: this process runs a TensorFlow server on its TF_CONFIG address (set by \
+                 `vans.tensorflow`'s `grpc+vans` server plugin): TF_CONFIG alone decides the \
+                 role, the counts and the root address (DMLC_ROLE, DMLC_NUM_*, \
+                 DMLC_PS_ROOT_*, DMLC_NODE_HOST, DMLC_PORT and VANS_RANK are ignored), and \
+                 vans listens on the endpoint map's data addresses (which must name every \
+                 task) or, without one, the scheduler on the first port above its task's \
+                 that no task uses on that host",
+    },
+    EnvVar {
         name: "VANS_RDMA_FALLBACK",
         default: "none",
         effect: "what a node does when DMLC_ENABLE_RDMA asks for RDMA and it cannot be used (no \
