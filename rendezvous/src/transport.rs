@@ -337,6 +337,19 @@ impl MgrInner {
         step_id: i64,
         key: &ParsedKey,
     ) {
+        if self.options.protocol == Protocol::Push {
+            // The requester pulls: it would wait for a value this node pushes elsewhere.
+            let status = RemoteStatus {
+                code: StatusCode::InvalidArgument,
+                message: format!(
+                    "node {} runs the push protocol and serves no RecvTensor request, but {} \
+                     pulls; every task of the job must run the same protocol",
+                    self.me,
+                    peer_name(from)
+                ),
+            };
+            return self.respond(from, request, step_id, Err(status));
+        }
         let Some(step) = self.find_for_peer(step_id) else {
             let status = RemoteStatus {
                 code: StatusCode::Aborted,
@@ -431,6 +444,19 @@ impl MgrInner {
 
     /// A value pushed by its producer: into the step's table here.
     fn accept_push(self: &Arc<Self>, from: NodeId, step_id: i64, key: ParsedKey, value: Received) {
+        if self.options.protocol == Protocol::Pull {
+            // This node's receives ask the producer, which pushes instead: fail the step
+            // rather than let them wait for an answer that never comes.
+            let reason = format!(
+                "it runs the push protocol, node {} the pull protocol; every task of the job \
+                 must run the same protocol",
+                self.me
+            );
+            if let Some(step) = self.find_for_peer(step_id) {
+                step.start_abort(remote_error(step_id, key.full_key(), from, reason));
+            }
+            return;
+        }
         match self.route(&key) {
             Ok(route) if route.dst == self.me && route.src == from => {}
             Ok(route) => {

@@ -698,3 +698,54 @@ async fn a_step_cleaned_up_again_after_reuse_stays_refused() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tasks_running_different_protocols_fail_with_a_message_instead_of_waiting() {
+    // The server pushes, the worker pulls.
+    let errors = pair(|po| async move {
+        let me = po.my_id();
+        let protocol = if me == SERVER {
+            Protocol::Push
+        } else {
+            Protocol::Pull
+        };
+        let mgr = RendezvousMgr::new(&po, protocol).await.map_err(failed)?;
+        let mut errors = Vec::new();
+        for step_id in [1, 2] {
+            let step = mgr.find(step_id);
+            step.initialize().map_err(failed)?;
+            if me == WORKER {
+                // Step 1: the worker asks the server, which pushes and serves no request.
+                // Step 2: a receive of the worker's own is waiting when the server's push
+                // arrives: the push fails the step.
+                let waited = match step_id {
+                    1 => key(SERVER, WORKER, "a"),
+                    _ => key(WORKER, WORKER, "never sent"),
+                };
+                let receive = step.recv(&waited);
+                po.barrier(TASKS).await?;
+                let error = receive.await.err().map(|e| e.to_string());
+                errors.push(error.unwrap_or_default());
+            } else {
+                po.barrier(TASKS).await?;
+                if step_id == 2 {
+                    step.send(&key(SERVER, WORKER, "b"), value(2, "b", 8), false)
+                        .map_err(failed)?;
+                }
+            }
+            po.barrier(TASKS).await?;
+            mgr.cleanup(step_id);
+        }
+        po.finalize().await?;
+        Ok(errors)
+    })
+    .await;
+    let worker = errors.into_iter().flatten().collect::<Vec<_>>();
+    assert_eq!(worker.len(), 2);
+    for error in worker {
+        assert!(
+            error.contains("push protocol") && error.contains("same protocol"),
+            "{error}"
+        );
+    }
+}
