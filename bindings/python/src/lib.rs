@@ -15,6 +15,9 @@
 //! - `logging`: the Rust code's log records, queued for Python's `logging` (`vans._logging`).
 
 use pyo3::prelude::*;
+// The C ABI (`vans.h`): linked into this module, whose `vans_*` symbols the TensorFlow server
+// plugin of `vans.tensorflow` is linked against.
+use vans as _;
 
 mod bench;
 mod buffer;

@@ -1,5 +1,16 @@
-"""vans for TensorFlow: ops that pull and push embedding rows from vans table servers, and a
-Keras layer over them.
+"""vans for TensorFlow: TensorFlow's own runtime over vans (server protocols), ops that pull
+and push embedding rows from vans table servers, and a Keras layer over them.
+
+Importing this module registers the server protocols of :data:`PROTOCOLS` with TensorFlow
+(:func:`load_server_plugin`): ``tf.distribute.Server(cluster, job_name=..., task_index=...,
+protocol="grpc+vans")`` (or ``rpc_layer="grpc+vans"`` in ``TF_CONFIG`` and the distribution
+strategies) is TensorFlow's gRPC server whose steps send their cross-task tensors over vans:
+``grpc+vans`` and its alias ``grpc+seastar`` pull them (the consumer asks the producer's
+task), ``grpc+vans+push`` and its aliases ``star_server`` and ``star_server_lite`` push them
+(the producer delivers into the consumer's step). Each task's process runs one vans node,
+whose cluster is the server's (the task of ``chief:0``, else ``worker:0``, also hosts the
+scheduler); ``.endpoint_map`` in the launch directory gives vans' addresses as in the
+Seastar and StarServer deployments.
 
 The ops (``VansPull``, ``VansPush``, ``VansPushPull``) are C++ kernels built on first use
 against the installed TensorFlow (``tf.sysconfig``'s flags, the system C++ compiler) and
@@ -19,6 +30,7 @@ writes each server's answer straight into the op's output tensor.
   ``tf.function`` and in ``model.fit`` (:class:`SyncCallback` calls ``step``).
 """
 
+import ctypes
 import hashlib
 import os
 import pathlib
@@ -36,32 +48,67 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
 
 import vans
 
-__all__ = ["ShardedEmbedding", "SyncCallback", "load_ops", "pull", "push", "push_pull"]
+__all__ = ["PROTOCOLS", "ShardedEmbedding", "SyncCallback", "load_ops", "load_server_plugin",
+           "pull", "push", "push_pull", "runtime_stats"]
 
-_SOURCE = pathlib.Path(__file__).with_name("vans_ops.cc")
+_HERE = pathlib.Path(__file__).resolve().parent
 _lock = threading.Lock()
 _ops = None
+_server = None
+
+# The server plugin's protocol names (vans_server.cc registers them): the vans rendezvous
+# protocol of each. Pull: the consumer asks the producer's task (TensorFlow's RecvTensor,
+# Seastar); push: the producer delivers into the consumer's step (StarServer).
+PROTOCOLS = {
+    "grpc+vans": "pull",
+    "grpc+vans+push": "push",
+    "grpc+seastar": "pull",
+    "star_server": "push",
+    "star_server_lite": "push",
+}
 
 
-def _build(target):
-    """Compiles the op library into ``target`` (atomically: a build at a time wins)."""
+def _native_library():
+    """The vans extension module's file: the C ABI (``vans.h``) the server plugin calls."""
+    return pathlib.Path(vans._native.__file__).resolve()
+
+
+def _build(source, target, extra):
+    """Compiles ``source`` into the shared library ``target`` against the installed
+    TensorFlow, with ``extra`` flags (atomically: a build at a time wins)."""
     cxx = shlex.split(os.environ.get("CXX", "c++"))
     flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = pathlib.Path(tmp) / target.name
-        cmd = [*cxx, "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations", str(_SOURCE),
-               "-o", str(out), *flags]
+        cmd = [*cxx, "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations", str(source),
+               "-o", str(out), *flags, *extra]
         try:
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         except FileNotFoundError:
             raise RuntimeError(
-                f"vans.tensorflow: no C++ compiler ({cxx[0]}) to build its ops; install g++ "
-                "(apt install g++) or set CXX") from None
+                f"vans.tensorflow: no C++ compiler ({cxx[0]}) to build {source.name}; install "
+                "g++ (apt install g++) or set CXX") from None
         if run.returncode != 0:
-            raise RuntimeError(f"vans.tensorflow: building the ops failed:\n{' '.join(cmd)}\n"
-                               f"{run.stderr[-4000:]}")
+            raise RuntimeError(f"vans.tensorflow: building {source.name} failed:\n"
+                               f"{' '.join(cmd)}\n{run.stderr[-4000:]}")
         os.replace(out, target)
+
+
+def _cached(source, extra, inputs=()):
+    """The library built from ``source`` for this TensorFlow, these flags and the contents
+    of ``source`` and ``inputs``: built on first use, then cached (in ``VANS_TF_OPS_DIR``,
+    default ``~/.cache/vans/tf-ops``)."""
+    key = hashlib.sha256(source.read_bytes() + tf.__version__.encode()
+                         + " ".join(tf.sysconfig.get_compile_flags() + extra).encode())
+    for path in inputs:
+        key.update(pathlib.Path(path).read_bytes())
+    cache = pathlib.Path(os.environ.get("VANS_TF_OPS_DIR")
+                         or pathlib.Path.home() / ".cache" / "vans" / "tf-ops")
+    target = cache / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        _build(source, target, extra)
+    return target
 
 
 def load_ops():
@@ -69,16 +116,37 @@ def load_ops():
     global _ops
     with _lock:
         if _ops is None:
-            key = hashlib.sha256(_SOURCE.read_bytes()
-                                 + tf.__version__.encode()
-                                 + " ".join(tf.sysconfig.get_compile_flags()).encode())
-            cache = pathlib.Path(os.environ.get("VANS_TF_OPS_DIR")
-                                 or pathlib.Path.home() / ".cache" / "vans" / "tf-ops")
-            target = cache / f"vans_ops-{key.hexdigest()[:16]}.so"
-            if not target.exists():
-                _build(target)
-            _ops = tf.load_op_library(str(target))
+            _ops = tf.load_op_library(str(_cached(_HERE / "vans_ops.cc", [])))
         return _ops
+
+
+def runtime_stats():
+    """What this process's TensorFlow servers moved over vans so far: tensors ``sent`` and
+    ``received``, ``received_bytes`` (headers included) and ``copied_bytes`` (copied from
+    received frames into TensorFlow's tensors: one per byte of a plain tensor)."""
+    out = (ctypes.c_uint64 * 4)()
+    ctypes.CDLL(str(load_server_plugin())).vans_tf_stats(out)
+    return dict(zip(("sent", "received", "received_bytes", "copied_bytes"), out))
+
+
+def load_server_plugin():
+    """Registers the server factories of :data:`PROTOCOLS` with TensorFlow (done when
+    ``vans.tensorflow`` is imported): the plugin is built on first use against this
+    TensorFlow and this vans, then cached. Its servers are TensorFlow's gRPC servers whose
+    cross-task tensors go over vans (see the book's chapter "TensorFlow's runtime over
+    vans")."""
+    global _server
+    with _lock:
+        if _server is None:
+            native = _native_library()
+            lib_dir = pathlib.Path(tf.sysconfig.get_lib())
+            header = _HERE / "include" / "vans.h"
+            extra = [f"-I{header.parent}", str(native), f"-Wl,-rpath,{native.parent}",
+                     str(lib_dir / "libtensorflow_cc.so.2"), f"-Wl,-rpath,{lib_dir}"]
+            library = _cached(_HERE / "vans_server.cc", extra, [header])
+            tf.load_library(str(library))
+            _server = library
+        return _server
 
 
 def _attrs(worker, dim, cmd):
@@ -231,3 +299,6 @@ class SyncCallback(tf.keras.callbacks.Callback):
         """Steps every layer (sync mode: barrier, apply, barrier)."""
         for layer in self.layers:
             layer.step()
+
+
+load_server_plugin()

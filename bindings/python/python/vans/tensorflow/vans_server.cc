@@ -1,0 +1,556 @@
+// TensorFlow's runtime over vans: server factories for the protocols "grpc+vans" (pull, as
+// TensorFlow's RecvTensor and Seastar), "grpc+vans+push" (push, as DeepRec's StarServer) and
+// the seeds' names "grpc+seastar", "star_server" and "star_server_lite".
+//
+// Built by vans.tensorflow against the installed TensorFlow (tf.sysconfig's flags) and the
+// vans extension module, whose C ABI (vans.h) it calls; loaded with tf.load_library, which
+// runs the registration below.
+//
+// A server of these protocols is TensorFlow's own gRPC server (made by the "grpc" factory:
+// the master, worker and eager services stay on gRPC), with one change made before it
+// starts: its WorkerEnv's rendezvous manager is a VansRendezvousMgr. Every tensor a step
+// sends to another task goes into the vans rendezvous of this process's vans node, and every
+// receive of a tensor produced by another task asks vans for it: the consumer's node pulls it
+// from the producer's (pull) or finds it delivered there (push). Tensors between devices of
+// one task stay in TensorFlow's local rendezvous.
+//
+// Who else holds the replaced manager: nothing. GrpcServer::Init creates it and stores it in
+// the WorkerEnv only; the worker service, the graph manager, the session manager and the
+// eager service read `worker_env->rendezvous_mgr` when they need it, and none runs before
+// Start(). The replaced one has served no step, so it is deleted at once; the GrpcServer's
+// destructor deletes its successor as it would have deleted it.
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/common_runtime/device_mgr.h"
+#include "tensorflow/core/distributed_runtime/base_rendezvous_mgr.h"
+#include "tensorflow/core/distributed_runtime/server_lib.h"
+#include "tensorflow/core/distributed_runtime/worker_env.h"
+#include "tensorflow/core/framework/cancellation.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor.pb.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/platform/threadpool.h"
+#include "tensorflow/core/protobuf/cluster.pb.h"
+#include "tensorflow/core/protobuf/tensorflow_server.pb.h"
+#include "vans.h"
+
+extern char** environ;
+
+namespace vans_tf {
+namespace {
+
+using tensorflow::BaseRemoteRendezvous;
+using tensorflow::BaseRendezvousMgr;
+using tensorflow::DataType;
+using tensorflow::Device;
+using tensorflow::DeviceNameUtils;
+using tensorflow::Rendezvous;
+using tensorflow::RendezvousMgrInterface;
+using tensorflow::ServerDef;
+using tensorflow::ServerFactory;
+using tensorflow::ServerInterface;
+using tensorflow::Tensor;
+using tensorflow::TensorProto;
+using tensorflow::TensorShape;
+using tensorflow::WorkerEnv;
+using Status = absl::Status;
+
+// The protocol names this plugin serves, and the vans rendezvous protocol of each.
+struct ProtocolName {
+  const char* name;
+  int protocol;
+};
+constexpr ProtocolName kProtocols[] = {
+    {"grpc+vans", VANS_RENDEZVOUS_PULL},
+    {"grpc+vans+push", VANS_RENDEZVOUS_PUSH},
+    {"grpc+seastar", VANS_RENDEZVOUS_PULL},
+    {"star_server", VANS_RENDEZVOUS_PUSH},
+    {"star_server_lite", VANS_RENDEZVOUS_PUSH},
+};
+
+// The header a tensor travels with, before its bytes (little-endian, as every machine
+// TensorFlow's CPU wheels run on):
+//   u32 magic "VTF1" | u32 dtype | u32 dims | u32 flags | i64 dim size * dims | bytes
+// Flag bit 0: the bytes are a serialized TensorProto (strings, variants, resources),
+// otherwise the tensor's buffer as is.
+constexpr uint32_t kMagic = 0x31465456;  // "VTF1"
+constexpr uint32_t kFlagProto = 1;
+constexpr size_t kFixedHeader = 16;
+// TensorShape's own bound on dimensions.
+constexpr uint32_t kMaxDims = 254;
+
+// What crossed vans in this process, for tests and the benchmark (vans_tf_stats).
+struct Counters {
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> received_bytes{0};
+  std::atomic<uint64_t> copied_bytes{0};
+};
+Counters counters;
+
+std::string LastError() {
+  const char* error = vans_last_error();
+  return error == nullptr ? std::string("unknown error") : std::string(error);
+}
+
+// The task a device name belongs to: "/job:ps/replica:0/task:0".
+std::string TaskOf(const DeviceNameUtils::ParsedName& device) {
+  return tensorflow::strings::StrCat("/job:", device.job, "/replica:", device.replica,
+                                     "/task:", device.task);
+}
+
+// A vans failure of a receive, as the TensorFlow status recovery expects: a task that died
+// or stopped is Unavailable (MonitoredTrainingSession and the coordinator retry those), an
+// ended step Aborted, a bad argument InvalidArgument.
+Status FromVans(int status, const std::string& error, const std::string& what) {
+  std::string message = tensorflow::strings::StrCat("vans: ", what, ": ", error);
+  switch (status) {
+    case VANS_ERR_INVALID_ARGUMENT:
+      return tensorflow::errors::InvalidArgument(message);
+    case VANS_ERR_RENDEZVOUS:
+      return tensorflow::errors::Aborted(message);
+    default:
+      return tensorflow::errors::Unavailable(message);
+  }
+}
+
+void WriteU32(char* at, uint32_t value) { std::memcpy(at, &value, 4); }
+uint32_t ReadU32(const char* at) {
+  uint32_t value;
+  std::memcpy(&value, at, 4);
+  return value;
+}
+
+// The header and bytes of `val` in one buffer (one copy of the tensor's bytes: vans then
+// sends the buffer as it is). A dead tensor travels as a header alone.
+Status Encode(const Tensor& val, bool is_dead, std::unique_ptr<char[]>* out, size_t* len) {
+  std::string proto_bytes;
+  const char* data = nullptr;
+  size_t data_len = 0;
+  uint32_t flags = 0;
+  const uint32_t dims = is_dead ? 0 : static_cast<uint32_t>(val.dims());
+  if (!is_dead) {
+    if (tensorflow::DataTypeCanUseMemcpy(val.dtype())) {
+      auto bytes = val.tensor_data();
+      data = bytes.data();
+      data_len = bytes.size();
+    } else {
+      TensorProto proto;
+      val.AsProtoTensorContent(&proto);
+      if (!proto.SerializeToString(&proto_bytes)) {
+        return tensorflow::errors::Internal("vans: a ", DataTypeString(val.dtype()),
+                                            " tensor did not serialize");
+      }
+      data = proto_bytes.data();
+      data_len = proto_bytes.size();
+      flags |= kFlagProto;
+    }
+  }
+  const size_t header = kFixedHeader + 8 * static_cast<size_t>(dims);
+  *len = header + data_len;
+  out->reset(new char[*len]);
+  char* at = out->get();
+  WriteU32(at, kMagic);
+  WriteU32(at + 4, is_dead ? 0 : static_cast<uint32_t>(val.dtype()));
+  WriteU32(at + 8, dims);
+  WriteU32(at + 12, flags);
+  for (uint32_t i = 0; i < dims; i++) {
+    const int64_t size = val.dim_size(static_cast<int>(i));
+    std::memcpy(at + kFixedHeader + 8 * i, &size, 8);
+  }
+  if (data_len > 0) std::memcpy(at + header, data, data_len);
+  return Status();
+}
+
+// The tensor in `bytes` (as Encode wrote it), allocated by `allocator`: its bytes are copied
+// once, from the received frame into the tensor. Checks every length first.
+Status Decode(const char* bytes, size_t len, tensorflow::Allocator* allocator, Tensor* out) {
+  if (len < kFixedHeader || ReadU32(bytes) != kMagic) {
+    return tensorflow::errors::DataLoss("vans: a received tensor has no vans header (",
+                                        len, " bytes); do both tasks run the same protocol?");
+  }
+  const uint32_t dtype = ReadU32(bytes + 4);
+  const uint32_t dims = ReadU32(bytes + 8);
+  const uint32_t flags = ReadU32(bytes + 12);
+  if (dims > kMaxDims || len < kFixedHeader + 8 * static_cast<size_t>(dims)) {
+    return tensorflow::errors::DataLoss("vans: a received tensor's header claims ", dims,
+                                        " dimensions in ", len, " bytes");
+  }
+  const size_t header = kFixedHeader + 8 * static_cast<size_t>(dims);
+  const char* data = bytes + header;
+  const size_t data_len = len - header;
+  if (flags & kFlagProto) {
+    TensorProto proto;
+    if (data_len > static_cast<size_t>(INT32_MAX) ||
+        !proto.ParseFromArray(data, static_cast<int>(data_len)) ||
+        !out->FromProto(allocator, proto)) {
+      return tensorflow::errors::DataLoss("vans: a received tensor's TensorProto (",
+                                          data_len, " bytes) does not parse");
+    }
+    return Status();
+  }
+  if (!tensorflow::DataType_IsValid(static_cast<int>(dtype)) ||
+      !tensorflow::DataTypeCanUseMemcpy(static_cast<DataType>(dtype)) ||
+      tensorflow::DataTypeSize(static_cast<DataType>(dtype)) == 0) {
+    return tensorflow::errors::DataLoss("vans: a received tensor has data type ", dtype,
+                                        ", which does not travel as bytes");
+  }
+  std::vector<int64_t> sizes(dims);
+  for (uint32_t i = 0; i < dims; i++) std::memcpy(&sizes[i], bytes + kFixedHeader + 8 * i, 8);
+  TensorShape shape;
+  Status built = TensorShape::BuildTensorShape(sizes, &shape);
+  if (!built.ok()) {
+    return tensorflow::errors::DataLoss("vans: a received tensor's shape: ", built.message());
+  }
+  const DataType type = static_cast<DataType>(dtype);
+  const uint64_t expected =
+      static_cast<uint64_t>(shape.num_elements()) * tensorflow::DataTypeSize(type);
+  if (expected != data_len) {
+    return tensorflow::errors::DataLoss("vans: a received ", DataTypeString(type), " tensor of ",
+                                        shape.DebugString(), " carries ", data_len,
+                                        " bytes instead of ", expected);
+  }
+  Tensor tensor(allocator, type, shape);
+  if (data_len > 0) std::memcpy(const_cast<char*>(tensor.tensor_data().data()), data, data_len);
+  counters.copied_bytes.fetch_add(data_len, std::memory_order_relaxed);
+  *out = std::move(tensor);
+  return Status();
+}
+
+// What every step's rendezvous of one server shares: the vans node and its rendezvous.
+struct Shared {
+  vans_node* node = nullptr;
+  vans_rendezvous* rendezvous = nullptr;
+  std::string protocol;
+
+  ~Shared() {
+    vans_rendezvous_free(rendezvous);
+    if (node != nullptr) vans_node_stop(node);
+    vans_node_free(node);
+  }
+};
+
+class VansRemoteRendezvous : public BaseRemoteRendezvous {
+ public:
+  VansRemoteRendezvous(const WorkerEnv* env, int64_t step_id, std::shared_ptr<Shared> shared)
+      : BaseRemoteRendezvous(env, step_id), shared_(std::move(shared)) {}
+
+  Status Send(const ParsedKey& key, const Rendezvous::Args& args, const Tensor& val,
+              bool is_dead) override {
+    if (IsSameWorker(key.src, key.dst)) {
+      return BaseRemoteRendezvous::Send(key, args, val, is_dead);
+    }
+    if (aborted_.load(std::memory_order_acquire)) {
+      return tensorflow::errors::Aborted("vans: step ", step_id_, " was aborted");
+    }
+    if (key.src.type != "CPU" || key.dst.type != "CPU") {
+      return tensorflow::errors::Unimplemented(
+          "vans: ", shared_->protocol, " carries tensors between CPU devices; ",
+          key.src_device, " -> ", key.dst_device, " is not (use protocol=\"grpc\")");
+    }
+    std::unique_ptr<char[]> buffer;
+    size_t len = 0;
+    TF_RETURN_IF_ERROR(Encode(val, is_dead, &buffer, &len));
+    const std::string full_key(key.FullKey());
+    char* lent = buffer.release();
+    // vans keeps the buffer until it was sent (or dropped), then releases it.
+    const int status = vans_rendezvous_send(
+        shared_->rendezvous, step_id_, full_key.c_str(), lent, len, is_dead,
+        [](void* bytes) { delete[] static_cast<char*>(bytes); }, lent);
+    if (status != VANS_OK) {
+      return FromVans(status, LastError(),
+                      tensorflow::strings::StrCat("sending ", key.edge_name, " to ",
+                                                  TaskOf(key.dst)));
+    }
+    counters.sent.fetch_add(1, std::memory_order_relaxed);
+    return Status();
+  }
+
+  void StartAbort(const Status& status) override {
+    BaseRemoteRendezvous::StartAbort(status);
+    // The step's vans table goes too: its pending receives fail, values kept for other
+    // tasks are dropped. Once is enough.
+    if (!aborted_.exchange(true, std::memory_order_acq_rel)) {
+      vans_rendezvous_cleanup(shared_->rendezvous, step_id_);
+    }
+  }
+
+ protected:
+  void RecvFromRemoteAsync(const ParsedKey& parsed, const Rendezvous::Args& args,
+                           DoneCallback done) override {
+    if (parsed.src.type != "CPU" || parsed.dst.type != "CPU") {
+      done(tensorflow::errors::Unimplemented(
+               "vans: ", shared_->protocol, " carries tensors between CPU devices; ",
+               parsed.src_device, " -> ", parsed.dst_device, " is not (use protocol=\"grpc\")"),
+           Args(), args, Tensor(), false);
+      return;
+    }
+    Device* device = nullptr;
+    Status found = env_->device_mgr->LookupDevice(parsed.dst_device, &device);
+    if (!found.ok()) {
+      done(found, Args(), args, Tensor(), false);
+      return;
+    }
+    // The pending receive holds a reference: the step's rendezvous outlives it.
+    this->Ref();
+    auto pending = std::make_shared<Pending>(
+        tsl::core::RefCountPtr<VansRemoteRendezvous>(this),
+        device->GetAllocator(args.alloc_attrs), args, std::move(done),
+        std::string(parsed.edge_name), TaskOf(parsed.src));
+    // A cancelled step (the master saw another partition fail) ends the receive at once,
+    // as RpcRemoteRendezvous's calls do; vans' answer, if one still comes, is dropped.
+    if (auto* manager = args.cancellation_manager) {
+      pending->cancellation = manager;
+      pending->token = manager->get_cancellation_token();
+      const bool registered = manager->RegisterCallback(pending->token, [pending]() {
+        pending->Finish(tensorflow::errors::Cancelled(pending->What(), ": the step was cancelled"),
+                        nullptr, false);
+      });
+      if (!registered) {
+        pending->cancellation = nullptr;
+        pending->Finish(tensorflow::errors::Cancelled(pending->What(), ": the step was cancelled"),
+                        nullptr, false);
+        return;
+      }
+    }
+    const std::string full_key(parsed.FullKey());
+    auto* owned = new std::shared_ptr<Pending>(pending);
+    const int status = vans_rendezvous_recv_async(shared_->rendezvous, step_id_,
+                                                  full_key.c_str(), &Received, owned);
+    if (status != VANS_OK) {
+      // `Received` is never called: finish here.
+      delete owned;
+      pending->Finish(FromVans(status, LastError(), pending->What()), nullptr, false);
+    }
+  }
+
+ private:
+  // A receive in flight, finished once: by vans' answer (on a TensorFlow compute thread) or
+  // by the step's cancellation, whichever comes first.
+  struct Pending {
+    Pending(tsl::core::RefCountPtr<VansRemoteRendezvous> rendezvous,
+            tensorflow::Allocator* allocator, const Rendezvous::Args& args, DoneCallback done,
+            std::string name, std::string task)
+        : rendezvous(std::move(rendezvous)),
+          allocator(allocator),
+          args(args),
+          done(std::move(done)),
+          name(std::move(name)),
+          task(std::move(task)) {}
+
+    tsl::core::RefCountPtr<VansRemoteRendezvous> rendezvous;
+    tensorflow::Allocator* allocator;
+    Rendezvous::Args args;
+    DoneCallback done;
+    std::string name;
+    std::string task;
+    tensorflow::CancellationManager* cancellation = nullptr;
+    tensorflow::CancellationToken token = tensorflow::CancellationManager::kInvalidToken;
+    std::atomic<bool> finished{false};
+
+    std::string What() const {
+      return tensorflow::strings::StrCat("receiving ", name, " from ", task);
+    }
+
+    // Decodes `value` (when the receive succeeded) and runs `done`, the first time only;
+    // frees the buffer either way.
+    void Finish(Status status, vans_buffer* value, bool is_dead) {
+      if (finished.exchange(true, std::memory_order_acq_rel)) {
+        vans_buffer_free(value);
+        return;
+      }
+      // From vans' side: the cancellation callback must not run any more (from the
+      // cancellation's side it is running, and this fails harmlessly).
+      if (cancellation != nullptr) cancellation->TryDeregisterCallback(token);
+      Tensor tensor;
+      if (status.ok()) {
+        counters.received.fetch_add(1, std::memory_order_relaxed);
+        counters.received_bytes.fetch_add(vans_buffer_len(value), std::memory_order_relaxed);
+      }
+      if (status.ok() && !is_dead) {
+        status = Decode(static_cast<const char*>(vans_buffer_data(value)),
+                        vans_buffer_len(value), allocator, &tensor);
+        if (!status.ok()) status = tensorflow::errors::DataLoss(What(), ": ", status.message());
+      }
+      vans_buffer_free(value);
+      done(status, Args(), args, tensor, is_dead);
+    }
+  };
+
+  // vans' completion, on a vans I/O thread: hands the rest to TensorFlow's compute pool, so
+  // decoding and the executor's work never hold up vans.
+  static void Received(void* user_data, int status, vans_buffer* value, bool is_dead) {
+    std::shared_ptr<Pending> pending = std::move(*static_cast<std::shared_ptr<Pending>*>(user_data));
+    delete static_cast<std::shared_ptr<Pending>*>(user_data);
+    Status result;
+    if (status != VANS_OK) result = FromVans(status, LastError(), pending->What());
+    pending->rendezvous->env_->compute_pool->Schedule(
+        [pending, result, value, is_dead]() { pending->Finish(result, value, is_dead); });
+  }
+
+  std::shared_ptr<Shared> shared_;
+  std::atomic<bool> aborted_{false};
+};
+
+class VansRendezvousMgr : public BaseRendezvousMgr {
+ public:
+  VansRendezvousMgr(const WorkerEnv* env, std::shared_ptr<Shared> shared)
+      : BaseRendezvousMgr(env), shared_(std::move(shared)) {}
+
+ protected:
+  tsl::core::RefCountPtr<BaseRemoteRendezvous> Create(int64_t step_id,
+                                                      const WorkerEnv* env) override {
+    return tsl::core::RefCountPtr<BaseRemoteRendezvous>(
+        new VansRemoteRendezvous(env, step_id, shared_));
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+// `text` as a JSON string.
+std::string Quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The TF_CONFIG of `def`: its cluster (a job whose tasks are 0..n-1 as a list, any other as
+// an object from index to address), its task and its protocol.
+std::string TfConfig(const ServerDef& def) {
+  std::string json = "{\"cluster\": {";
+  bool first_job = true;
+  for (const auto& job : def.cluster().job()) {
+    std::map<int, std::string> tasks(job.tasks().begin(), job.tasks().end());
+    bool dense = tasks.empty() || (tasks.begin()->first == 0 &&
+                                   tasks.rbegin()->first == static_cast<int>(tasks.size()) - 1);
+    json += first_job ? "" : ", ";
+    first_job = false;
+    json += Quoted(job.name()) + (dense ? ": [" : ": {");
+    bool first_task = true;
+    for (const auto& [index, address] : tasks) {
+      json += first_task ? "" : ", ";
+      first_task = false;
+      if (!dense) json += Quoted(std::to_string(index)) + ": ";
+      json += Quoted(address);
+    }
+    json += dense ? "]" : "}";
+  }
+  json += "}, \"task\": {\"type\": " + Quoted(def.job_name()) +
+          ", \"index\": " + std::to_string(def.task_index()) +
+          "}, \"rpc_layer\": " + Quoted(def.protocol()) + "}";
+  return json;
+}
+
+// Starts this task's vans node (blocking until every task's joined) and its rendezvous.
+Status StartVans(const ServerDef& def, int protocol, Shared* shared) {
+  vans_config* config = nullptr;
+  if (vans_config_new(&config) != VANS_OK) {
+    return tensorflow::errors::Internal("vans: ", LastError());
+  }
+  std::unique_ptr<vans_config, void (*)(vans_config*)> owned(config, vans_config_free);
+  // The process's vans variables (the cluster secret, DMLC_ENABLE_RDMA, PS_VERBOSE, ...);
+  // names vans does not read are refused, and skipped. The cluster comes from the ServerDef.
+  bool map_named = false;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; entry++) {
+    const char* eq = std::strchr(*entry, '=');
+    if (eq == nullptr) continue;
+    const std::string name(*entry, eq - *entry);
+    if (name == "TF_CONFIG") continue;
+    if (vans_config_set(config, name.c_str(), eq + 1) == VANS_OK) {
+      map_named = map_named || name == "VANS_ENDPOINT_MAP";
+    }
+  }
+  // The launch directory's .endpoint_map, as the Seastar and StarServer deployments read it.
+  if (!map_named && std::ifstream(".endpoint_map").good()) {
+    vans_config_set(config, "VANS_ENDPOINT_MAP", ".endpoint_map");
+  }
+  const std::string tf_config = TfConfig(def);
+  if (vans_config_set(config, "TF_CONFIG", tf_config.c_str()) != VANS_OK ||
+      vans_config_set(config, "VANS_TF_SERVER", "1") != VANS_OK) {
+    return tensorflow::errors::Internal("vans: ", LastError());
+  }
+  const std::string task =
+      tensorflow::strings::StrCat("/job:", def.job_name(), "/task:", def.task_index());
+  int status = vans_node_start(config, &shared->node);
+  if (status != VANS_OK) {
+    const std::string what = tensorflow::strings::StrCat(
+        "task ", task, " could not join the vans cluster of protocol ", def.protocol(),
+        " (every task must run a server with the same protocol)");
+    return status == VANS_ERR_CONFIG ? tensorflow::errors::InvalidArgument(
+                                           "vans: ", what, ": ", LastError())
+                                     : FromVans(status, LastError(), what);
+  }
+  status = vans_rendezvous_start(shared->node, protocol, &shared->rendezvous);
+  if (status != VANS_OK) return FromVans(status, LastError(), "starting the rendezvous");
+  return Status();
+}
+
+class VansServerFactory : public ServerFactory {
+ public:
+  explicit VansServerFactory(const ProtocolName& protocol) : protocol_(protocol) {}
+
+  bool AcceptsOptions(const ServerDef& def) override { return def.protocol() == protocol_.name; }
+
+  Status NewServer(const ServerDef& def, const Options& options,
+                   std::unique_ptr<ServerInterface>* out) override {
+    // TensorFlow's own gRPC server, for everything but the tensors.
+    ServerDef grpc_def = def;
+    grpc_def.set_protocol("grpc");
+    ServerFactory* grpc = nullptr;
+    TF_RETURN_IF_ERROR(ServerFactory::GetFactory(grpc_def, &grpc));
+    std::unique_ptr<ServerInterface> server;
+    TF_RETURN_IF_ERROR(grpc->NewServer(grpc_def, options, &server));
+    auto shared = std::make_shared<Shared>();
+    shared->protocol = protocol_.name;
+    TF_RETURN_IF_ERROR(StartVans(def, protocol_.protocol, shared.get()));
+    WorkerEnv* env = server->worker_env();
+    RendezvousMgrInterface* replaced = env->rendezvous_mgr;
+    env->rendezvous_mgr = new VansRendezvousMgr(env, std::move(shared));
+    delete replaced;
+    *out = std::move(server);
+    return Status();
+  }
+
+ private:
+  const ProtocolName protocol_;
+};
+
+const bool registered = [] {
+  for (const ProtocolName& protocol : kProtocols) {
+    ServerFactory::Register(protocol.name, new VansServerFactory(protocol));
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace vans_tf
+
+// Tensors this process sent and received over vans, the bytes received (headers included)
+// and the bytes copied from received frames into tensors, in that order, into `out[4]`.
+extern "C" __attribute__((visibility("default"))) void vans_tf_stats(uint64_t* out) {
+  out[0] = vans_tf::counters.sent.load(std::memory_order_relaxed);
+  out[1] = vans_tf::counters.received.load(std::memory_order_relaxed);
+  out[2] = vans_tf::counters.received_bytes.load(std::memory_order_relaxed);
+  out[3] = vans_tf::counters.copied_bytes.load(std::memory_order_relaxed);
+}

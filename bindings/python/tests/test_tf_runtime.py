@@ -1,0 +1,212 @@
+"""TensorFlow's own runtime over vans (vans.tensorflow's server protocols): real TensorFlow
+servers as processes on 127.0.0.1 (tf_scripts/tf_job.py), each task a process of its own.
+Every protocol trains the same graphs to the same bits as plain gRPC; a ps task killed with
+SIGKILL fails the client's step with an error naming it; the seed's ``.endpoint_map``;
+bad maps and mixed protocols are errors, not hangs."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import vans
+
+HERE = pathlib.Path(__file__).resolve().parent
+JOB = HERE / "tf_scripts" / "tf_job.py"
+VANS_PROTOCOLS = ["grpc+vans", "grpc+vans+push", "grpc+seastar", "star_server",
+                  "star_server_lite"]
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                                reason="TensorFlow is not installed")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin():
+    """Builds the server plugin once (every task process would otherwise build it)."""
+    run = subprocess.run([sys.executable, "-c", "import vans.tensorflow"],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+def cluster_spec(num_ps, num_workers):
+    """Addresses on 127.0.0.1 for ``num_ps`` ps and ``num_workers`` worker tasks."""
+    return {"ps": [f"127.0.0.1:{vans.free_port()}" for _ in range(num_ps)],
+            "worker": [f"127.0.0.1:{vans.free_port()}" for _ in range(num_workers)]}
+
+
+class Job:
+    """The task processes of one job; worker:0 is the client."""
+
+    def __init__(self, tmp_path, protocol, model="dense", steps=5, num_ps=2, num_workers=2,
+                 protocols=None, env=None, cwd=None, spec=None):
+        self.out = tmp_path / f"{protocol}-{model}.npz"
+        self.spec = spec or cluster_spec(num_ps, num_workers)
+        self.procs = {}
+        environment = {k: v for k, v in os.environ.items()
+                       if not k.startswith(("DMLC_", "TF_CONFIG"))}
+        environment.update(env or {})
+        environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        for job, addresses in self.spec.items():
+            for task in range(len(addresses)):
+                p = (protocols or {}).get((job, task), protocol)
+                self.procs[(job, task)] = subprocess.Popen(
+                    [sys.executable, str(JOB), "--cluster", json.dumps(self.spec),
+                     "--job", job, "--task", str(task), "--protocol", p, "--model", model,
+                     "--steps", str(steps), "--out", str(self.out)],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    env=environment, cwd=cwd or tmp_path)
+
+    def client(self):
+        return self.procs[("worker", 0)]
+
+    def wait(self, timeout=300):
+        """worker:0's exit status and output."""
+        try:
+            out, _ = self.client().communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.client().kill()
+            out, _ = self.client().communicate()
+            pytest.fail(f"worker:0 did not finish in {timeout} s:\n{out[-4000:]}")
+        return self.client().returncode, out
+
+    def result(self):
+        code, out = self.wait()
+        assert code == 0, out[-6000:]
+        with np.load(self.out) as data:
+            return {k: data[k] for k in data.files}
+
+    def close(self):
+        """Kills every task still serving; returns the outputs of all."""
+        outputs = {}
+        for key, proc in self.procs.items():
+            if proc.poll() is None:
+                proc.kill()
+            out, _ = proc.communicate(timeout=60)
+            outputs[key] = out or ""
+        return outputs
+
+
+@pytest.fixture
+def jobs():
+    started = []
+    yield started
+    for job in started:
+        job.close()
+
+
+def train(jobs, tmp_path, protocol, **kwargs):
+    job = Job(tmp_path, protocol, **kwargs)
+    jobs.append(job)
+    return job.result()
+
+
+@pytest.mark.parametrize("model", ["dense", "sparse"])
+def test_every_protocol_trains_to_the_same_bits_as_grpc(jobs, tmp_path, model):
+    expected = train(jobs, tmp_path, "grpc", model=model)
+    assert np.all(np.isfinite(expected["losses"]))
+    assert expected["losses"][-1] < expected["losses"][0]
+    # Plain gRPC moves no tensor over vans; every vans protocol moves the client's.
+    assert expected.pop("received") == 0
+    for protocol in VANS_PROTOCOLS[:2] if model == "sparse" else VANS_PROTOCOLS:
+        got = train(jobs, tmp_path, protocol, model=model)
+        assert got.pop("received") > 0, protocol
+        assert got.keys() == expected.keys()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{protocol} {name}")
+
+
+def wait_for_line(proc, text, timeout=120):
+    """Reads ``proc``'s output until a line contains ``text``; returns what was read."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    pytest.fail(f"never saw {text!r}:\n{''.join(seen)[-4000:]}")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "grpc+vans", "grpc+vans+push"])
+def test_a_ps_task_killed_mid_training_fails_the_step_naming_it(jobs, tmp_path, protocol):
+    job = Job(tmp_path, protocol, steps=1_000_000)
+    jobs.append(job)
+    wait_for_line(job.client(), "step 3:")
+    killed = time.monotonic()
+    job.procs[("ps", 1)].send_signal(signal.SIGKILL)
+    code, out = job.wait(timeout=120)
+    took = time.monotonic() - killed
+    assert code != 0, out[-3000:]
+    assert "/job:ps/replica:0/task:1" in out, out[-3000:]
+    assert took < 30, f"the step failed {took:.1f} s after the kill:\n{out[-3000:]}"
+
+
+def test_the_seeds_endpoint_map_runs_a_seastar_script_unchanged(jobs, tmp_path):
+    """Seed 000: "Use grpc+seastar you have to create .endpoint_map file in launch dir",
+    one ``grpc address=seastar address`` line per task. vans listens where it says."""
+    spec = cluster_spec(2, 2)
+    data = {}
+    lines = ["# grpc ports = vans ports, as the seed's example"]
+    for addresses in spec.values():
+        for address in addresses:
+            data[address] = f"127.0.0.1:{vans.free_port()}"
+            lines.append(f"{address}={data[address]}")
+    (tmp_path / ".endpoint_map").write_text("\n".join(lines) + "\n")
+    job = Job(tmp_path, "grpc+seastar", spec=spec)
+    jobs.append(job)
+    result = job.result()
+    assert result["received"] > 0
+    # The serving tasks' vans nodes listen on their data ports (worker:0's, the scheduler's,
+    # went with its process).
+    for address in spec["ps"] + spec["worker"][1:]:
+        host, port = data[address].split(":")
+        socket.create_connection((host, int(port)), timeout=10).close()
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{first}=127.0.0.1:1\n", ["has no line for task", ".endpoint_map"]),
+    ("{first}=127.0.0.1:1\nnot a mapping\n", ["line 2", ".endpoint_map"]),
+])
+def test_a_bad_endpoint_map_is_an_error_naming_the_file(jobs, tmp_path, content, expected):
+    spec = cluster_spec(1, 1)
+    (tmp_path / ".endpoint_map").write_text(content.format(first=spec["worker"][0]))
+    job = Job(tmp_path, "grpc+vans", spec=spec)
+    jobs.append(job)
+    code, out = job.wait(timeout=120)
+    assert code != 0
+    for text in expected:
+        assert text in out, out[-3000:]
+    if "task" in expected[0]:
+        assert "ps:0" in out and spec["ps"][0] in out, out[-3000:]
+
+
+def test_tasks_of_a_pull_and_a_push_protocol_fail_with_a_message(jobs, tmp_path):
+    job = Job(tmp_path, "grpc+vans", protocols={("ps", 0): "star_server",
+                                                 ("ps", 1): "star_server"})
+    jobs.append(job)
+    code, out = job.wait(timeout=120)
+    assert code != 0
+    assert "same protocol" in out, out[-3000:]
+
+
+def test_a_task_without_vans_fails_the_others_start_with_a_message(jobs, tmp_path):
+    job = Job(tmp_path, "grpc+vans", protocols={("worker", 0): "grpc"},
+              env={"VANS_BOOTSTRAP_TIMEOUT_SECS": "5"})
+    jobs.append(job)
+    ps = job.procs[("ps", 0)]
+    try:
+        out, _ = ps.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ps:0 still waits for the task that runs plain grpc")
+    assert ps.returncode != 0
+    assert "could not join the vans cluster" in out and "same protocol" in out, out[-3000:]
