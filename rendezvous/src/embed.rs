@@ -63,13 +63,24 @@ impl RendezvousHandle {
     /// Makes `value` available under `key` in step `step_id`; never blocks. Fails on a
     /// malformed key, a key whose source device is not this task, or an aborted step.
     pub fn send(&self, step_id: i64, key: &str, value: Bytes, is_dead: bool) -> node::Result<()> {
+        let value = Received {
+            value,
+            is_dead,
+            header: Bytes::new(),
+        };
+        self.send_received(step_id, key, value)
+    }
+
+    /// [`send`](Self::send) of a value with its header ([`Received::header`]), which reaches
+    /// the receiver beside the value: neither is copied into the other.
+    pub fn send_received(&self, step_id: i64, key: &str, value: Received) -> node::Result<()> {
         let parsed = parse_key(key).map_err(|e| PsError::InvalidArgument(e.to_string()))?;
         // The manager spawns its sends onto the node's runtime: enter it (without blocking).
         let runtime = self.node.runtime();
         let _context = runtime.enter();
         let step = self.mgr.find(step_id);
         step.initialize().map_err(PsError::from)?;
-        step.send(&parsed, value, is_dead).map_err(PsError::from)
+        step.send_received(&parsed, value).map_err(PsError::from)
     }
 
     /// Receives the value under `key` in step `step_id`, from whichever task produces it.

@@ -395,7 +395,14 @@ fn dropped(key: &ParsedKey) -> RendezvousError {
 
 impl Rendezvous for LocalRendezvous {
     fn send(&self, key: &ParsedKey, value: Bytes, is_dead: bool) -> Result<(), RendezvousError> {
-        self.send_str(key.full_key(), Received { value, is_dead })
+        self.send_str(
+            key.full_key(),
+            Received {
+                value,
+                is_dead,
+                header: Bytes::new(),
+            },
+        )
     }
 
     fn recv_async(&self, key: &ParsedKey, done: DoneCallback) {

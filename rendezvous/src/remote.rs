@@ -686,29 +686,12 @@ impl Rendezvous for RemoteRendezvous {
     /// to the destination's task (or this table, when the destination is here). Never
     /// blocks; before [`initialize`](RemoteRendezvous::initialize) the send is queued.
     fn send(&self, key: &ParsedKey, value: Bytes, is_dead: bool) -> Result<(), RendezvousError> {
-        if let Some(status) = self.status() {
-            return Err(status);
-        }
-        let (mgr, route) = self.route(key)?;
-        if route.src != mgr.me() {
-            return Err(RendezvousError::InvalidArgument(format!(
-                "step {}: node {} sends `{key}`, but its source device is on node {}",
-                self.step_id,
-                mgr.me(),
-                route.src
-            )));
-        }
-        drop(mgr);
-        let call = Deferred::Send {
-            key: key.clone(),
-            value: Received { value, is_dead },
-            route,
+        let value = Received {
+            value,
+            is_dead,
+            header: Bytes::new(),
         };
-        match self.gate(call) {
-            Ok(Some(Deferred::Send { key, value, route })) => self.run_send(&key, value, route),
-            Ok(_) => self.status().map_or(Ok(()), Err),
-            Err(error) => Err(error),
-        }
+        self.send_received(key, value)
     }
 
     fn recv_async(&self, key: &ParsedKey, done: DoneCallback) {
@@ -741,6 +724,36 @@ impl Rendezvous for RemoteRendezvous {
         let (tx, rx) = oneshot::channel();
         self.recv_internal(key, Done::Channel(tx), None);
         RecvFuture::new(key.full_key(), rx)
+    }
+}
+
+impl RemoteRendezvous {
+    /// [`send`](Rendezvous::send) of a value with its header ([`Received::header`]), which
+    /// travels beside the value to the receiver, neither copied into the other.
+    pub fn send_received(&self, key: &ParsedKey, value: Received) -> Result<(), RendezvousError> {
+        if let Some(status) = self.status() {
+            return Err(status);
+        }
+        let (mgr, route) = self.route(key)?;
+        if route.src != mgr.me() {
+            return Err(RendezvousError::InvalidArgument(format!(
+                "step {}: node {} sends `{key}`, but its source device is on node {}",
+                self.step_id,
+                mgr.me(),
+                route.src
+            )));
+        }
+        drop(mgr);
+        let call = Deferred::Send {
+            key: key.clone(),
+            value,
+            route,
+        };
+        match self.gate(call) {
+            Ok(Some(Deferred::Send { key, value, route })) => self.run_send(&key, value, route),
+            Ok(_) => self.status().map_or(Ok(()), Err),
+            Err(error) => Err(error),
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! | command (`meta.head`) | `meta.request` | `meta.request_id` | body text | data segments |
 //! | --- | --- | --- | --- | --- |
 //! | 1 RecvTensor request | true | the requester's id | key | none |
-//! | 1 RecvTensor response | false | echoed | empty, or the error | the value (one), or none on error |
-//! | 2 PushTensor | true | 0 | key | the value (one) |
+//! | 1 RecvTensor response | false | echoed | empty, or the error | the value, or none on error |
+//! | 2 PushTensor | true | 0 | key | the value |
 //! | 3 CancelRecv | true | the request to cancel | empty | none |
 //! | 4 Goodbye | true | 0 | why (the header's step id is 0) | none |
 //!
@@ -15,14 +15,15 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 1 | format version, [`VERSION`] |
-//! | 1 | 1 | flags: bit 0 = the tensor is dead |
+//! | 1 | 1 | flags: bit 0 = the tensor is dead; bit 1 = the value has a header |
 //! | 2 | 1 | status of a response: 0 ok, 1 aborted, 2 invalid argument, 3 failed |
 //! | 3 | 1 | reserved, 0 |
 //! | 4 | 8 | step id (`i64`) |
 //! | 12 | … | key (requests, pushes) or error text (failed responses) |
 //!
-//! The tensor's bytes are the message's data segment, as given to `send`: no copy on the way
-//! out beyond what the van does, and the receiver gets a slice of the received frame.
+//! The tensor's bytes are the message's last data segment, as given to `send`: no copy on the
+//! way out beyond what the van does, and the receiver gets a slice of the received frame. A
+//! value with a header ([`Received::header`]) carries it as the segment before.
 //! Decoding checks every length first and never panics; a bad message is a
 //! [`MessageError`].
 
@@ -49,6 +50,7 @@ pub const CANCEL_RECV: i32 = 3;
 pub const GOODBYE: i32 = 4;
 
 const FLAG_DEAD: u8 = 1;
+const FLAG_HEADER: u8 = 2;
 
 /// The status of a failed RecvTensor response, as sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -172,18 +174,27 @@ fn body(step_id: i64, flags: u8, status: u8, text: &str) -> Bytes {
     out.freeze()
 }
 
+/// The flags of `value`, and its segments: the header (when it has one), then the bytes.
+fn value_parts(value: Received) -> (u8, Parts) {
+    let mut flags = if value.is_dead { FLAG_DEAD } else { 0 };
+    let data = if value.header.is_empty() {
+        smallvec![value.value]
+    } else {
+        flags |= FLAG_HEADER;
+        smallvec![value.header, value.value]
+    };
+    (flags, data)
+}
+
 fn message(
     head: i32,
     request: bool,
     request_id: i32,
     body: Bytes,
-    value: Option<Bytes>,
+    data: Parts,
     address: Address,
 ) -> Message {
-    let (data, data_types) = match value {
-        Some(value) => (smallvec![value], smallvec![DataType::U8]),
-        None => (Parts::new(), DataTypes::new()),
-    };
+    let data_types: DataTypes = data.iter().map(|_| DataType::U8).collect();
     Message {
         meta: Meta {
             head,
@@ -204,7 +215,7 @@ fn message(
 /// A RecvTensor request for `key` of `step_id`.
 pub(crate) fn recv_request(request_id: i32, step_id: i64, key: &str, address: Address) -> Message {
     let body = body(step_id, 0, 0, key);
-    message(RECV_TENSOR, true, request_id, body, None, address)
+    message(RECV_TENSOR, true, request_id, body, Parts::new(), address)
 }
 
 /// The answer to RecvTensor request `request_id`.
@@ -216,41 +227,34 @@ pub(crate) fn recv_response(
 ) -> Message {
     match result {
         Ok(value) => {
-            let flags = if value.is_dead { FLAG_DEAD } else { 0 };
+            let (flags, data) = value_parts(value);
             let body = body(step_id, flags, 0, "");
-            message(
-                RECV_TENSOR,
-                false,
-                request_id,
-                body,
-                Some(value.value),
-                address,
-            )
+            message(RECV_TENSOR, false, request_id, body, data, address)
         }
         Err(status) => {
             let body = body(step_id, 0, status.code.to_wire(), &status.message);
-            message(RECV_TENSOR, false, request_id, body, None, address)
+            message(RECV_TENSOR, false, request_id, body, Parts::new(), address)
         }
     }
 }
 
 /// The value of `key` of `step_id`, pushed to its consumer.
 pub(crate) fn push(step_id: i64, key: &str, value: Received, address: Address) -> Message {
-    let flags = if value.is_dead { FLAG_DEAD } else { 0 };
+    let (flags, data) = value_parts(value);
     let body = body(step_id, flags, 0, key);
-    message(PUSH_TENSOR, true, 0, body, Some(value.value), address)
+    message(PUSH_TENSOR, true, 0, body, data, address)
 }
 
 /// The withdrawal of RecvTensor request `request_id`.
 pub(crate) fn cancel(request_id: i32, step_id: i64, address: Address) -> Message {
     let body = body(step_id, 0, 0, "");
-    message(CANCEL_RECV, true, request_id, body, None, address)
+    message(CANCEL_RECV, true, request_id, body, Parts::new(), address)
 }
 
 /// The goodbye of a manager that was dropped, saying why.
 pub(crate) fn goodbye(reason: &str, address: Address) -> Message {
     let body = body(0, 0, 0, reason);
-    message(GOODBYE, true, 0, body, None, address)
+    message(GOODBYE, true, 0, body, Parts::new(), address)
 }
 
 /// The step id and text of a peer's body whose header can be read (long enough, of this
@@ -350,6 +354,17 @@ impl RendezvousMessage {
         let step_id = i64::from_le_bytes(step);
         let text = std::str::from_utf8(&body[HEADER_LEN..]).map_err(|_| MessageError::NotUtf8)?;
         let is_dead = flags & FLAG_DEAD != 0;
+        // A value's segments: its header first when the flag says it has one.
+        let value_segments = 1 + usize::from(flags & FLAG_HEADER != 0);
+        let value = |data: &mut Parts| {
+            let value = data.pop().unwrap_or_default();
+            let header = data.pop().unwrap_or_default();
+            Received {
+                value,
+                is_dead,
+                header,
+            }
+        };
         let segments = |command: &'static str, expected: usize| {
             if data.len() == expected {
                 Ok(())
@@ -373,9 +388,8 @@ impl RendezvousMessage {
             (RECV_TENSOR, false) => {
                 let result = match status {
                     None => {
-                        segments("RecvTensor response", 1)?;
-                        let value = data.pop().unwrap_or_default();
-                        Ok(Received { value, is_dead })
+                        segments("RecvTensor response", value_segments)?;
+                        Ok(value(&mut data))
                     }
                     Some(code) => {
                         segments("failed RecvTensor response", 0)?;
@@ -392,13 +406,12 @@ impl RendezvousMessage {
                 }
             }
             (PUSH_TENSOR, _) => {
-                segments("PushTensor", 1)?;
+                segments("PushTensor", value_segments)?;
                 let key = parse_key(text)?;
-                let value = data.pop().unwrap_or_default();
                 RendezvousMessage::Push {
                     step_id,
                     key,
-                    value: Received { value, is_dead },
+                    value: value(&mut data),
                 }
             }
             (CANCEL_RECV, _) => {
@@ -444,12 +457,16 @@ mod tests {
     }
 
     fn message() -> impl Strategy<Value = RendezvousMessage> {
-        let value = (proptest::collection::vec(any::<u8>(), 0..64), any::<bool>()).prop_map(
-            |(v, is_dead)| Received {
+        let value = (
+            proptest::collection::vec(any::<u8>(), 0..64),
+            any::<bool>(),
+            proptest::collection::vec(any::<u8>(), 0..16),
+        )
+            .prop_map(|(v, is_dead, h)| Received {
                 value: Bytes::from(v),
                 is_dead,
-            },
-        );
+                header: Bytes::from(h),
+            });
         let status = (0..3u8, ".{0,40}").prop_map(|(c, message)| RemoteStatus {
             code: [
                 StatusCode::Aborted,
@@ -533,6 +550,7 @@ mod tests {
             value: Received {
                 value: Bytes::from_static(b"v"),
                 is_dead: false,
+                header: Bytes::new(),
             },
         }
         .encode(ADDRESS);
@@ -607,6 +625,7 @@ mod tests {
             value: Received {
                 value: value.clone(),
                 is_dead: true,
+                header: Bytes::new(),
             },
         }
         .encode(ADDRESS);

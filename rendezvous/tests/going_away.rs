@@ -252,6 +252,7 @@ async fn a_pushed_value_that_does_not_decode_fails_its_receive_at_once() {
                 let value = Received {
                     value: Bytes::from_static(b"lost"),
                     is_dead: false,
+                    header: Bytes::new(),
                 };
                 let push = RendezvousMessage::Push {
                     step_id,

@@ -255,13 +255,18 @@ impl std::fmt::Display for ParsedKey {
     }
 }
 
-/// A received tensor: its bytes and TensorFlow's dead-tensor flag.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A received tensor: its bytes, TensorFlow's dead-tensor flag, and the header its sender
+/// gave it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Received {
     /// The tensor's bytes.
     pub value: Bytes,
     /// Whether the tensor is dead (produced by an untaken branch).
     pub is_dead: bool,
+    /// What describes the bytes, sent beside them so that neither is copied into the other
+    /// (TensorFlow's data type and shape, from `vans.tensorflow`'s server plugin); empty
+    /// unless the sender gave one.
+    pub header: Bytes,
 }
 
 /// Why a rendezvous operation failed.

@@ -716,6 +716,26 @@ int vans_rendezvous_send(const struct vans_rendezvous *rendezvous,
                          vans_release release,
                          void *release_user_data);
 
+// Like `vans_rendezvous_send`, with a header: `header_len` bytes at `header` (copied before
+// this returns; at most 64 KiB) that describe the tensor, such as its data type and shape.
+// The header reaches the receiver beside the tensor's bytes (`vans_buffer_header`), so
+// neither is copied into the other. Ownership of `data` and `release` as for
+// `vans_rendezvous_send`. Thread-safety: any thread.
+//
+// # Safety
+//
+// As `vans_rendezvous_send`; `header` readable for `header_len` bytes (NULL when 0).
+int vans_rendezvous_send_with_header(const struct vans_rendezvous *rendezvous,
+                                     int64_t step_id,
+                                     const char *key,
+                                     const void *header,
+                                     size_t header_len,
+                                     const void *data,
+                                     size_t len,
+                                     bool is_dead,
+                                     vans_release release,
+                                     void *release_user_data);
+
 // Receives the tensor under `key` in step `step_id` (TensorFlow's `Recv`), blocking until it
 // arrives, the step is cleaned up or aborted (`VANS_ERR_RENDEZVOUS`), the node stops, or
 // `timeout_ms` milliseconds pass (0: no limit; `VANS_ERR_TIMEOUT`, and a value arriving
@@ -796,6 +816,15 @@ const void *vans_buffer_data(const struct vans_buffer *buffer);
 //
 // `buffer` must be a live buffer or NULL.
 size_t vans_buffer_len(const struct vans_buffer *buffer);
+
+// The header the sender gave the tensor in `buffer` (`vans_rendezvous_send_with_header`):
+// its first byte, with its length in `*len` (0, and any non-NULL address, when it gave
+// none, or for a NULL buffer). Valid until `vans_buffer_free`. Thread-safety: any thread.
+//
+// # Safety
+//
+// `buffer` must be a live buffer or NULL; `len` writable or NULL.
+const void *vans_buffer_header(const struct vans_buffer *buffer, size_t *len);
 
 // Releases a library-owned buffer; NULL is ignored. Thread-safety: any thread, once.
 //

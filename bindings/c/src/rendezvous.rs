@@ -17,6 +17,10 @@ use crate::error::{guard, guard_value, report, set_last_error, Failure, VANS_ERR
 use crate::node::Node;
 use crate::{VANS_RENDEZVOUS_PULL, VANS_RENDEZVOUS_PUSH};
 
+/// Largest header `vans_rendezvous_send_with_header` takes: it describes a tensor, it is not
+/// one (TensorFlow's shapes have at most 254 dimensions).
+const MAX_HEADER_BYTES: usize = 64 << 10;
+
 /// A node's rendezvous; opaque to C. Thread-safe.
 #[derive(Debug)]
 pub struct Rendezvous {
@@ -28,6 +32,16 @@ pub struct Rendezvous {
 #[derive(Debug)]
 pub struct Buffer {
     bytes: Bytes,
+    header: Bytes,
+}
+
+impl From<Received> for Buffer {
+    fn from(received: Received) -> Buffer {
+        Buffer {
+            bytes: received.value,
+            header: received.header,
+        }
+    }
 }
 
 /// Called once when the library no longer needs a buffer lent to `vans_rendezvous_send`:
@@ -199,6 +213,61 @@ pub unsafe extern "C" fn vans_rendezvous_send(
     })
 }
 
+/// Like `vans_rendezvous_send`, with a header: `header_len` bytes at `header` (copied before
+/// this returns; at most 64 KiB) that describe the tensor, such as its data type and shape.
+/// The header reaches the receiver beside the tensor's bytes (`vans_buffer_header`), so
+/// neither is copied into the other. Ownership of `data` and `release` as for
+/// `vans_rendezvous_send`. Thread-safety: any thread.
+///
+/// # Safety
+///
+/// As `vans_rendezvous_send`; `header` readable for `header_len` bytes (NULL when 0).
+#[no_mangle]
+pub unsafe extern "C" fn vans_rendezvous_send_with_header(
+    rendezvous: *const Rendezvous,
+    step_id: i64,
+    key: *const c_char,
+    header: *const c_void,
+    header_len: usize,
+    data: *const c_void,
+    len: usize,
+    is_dead: bool,
+    release: Release,
+    release_user_data: *mut c_void,
+) -> c_int {
+    guard("vans_rendezvous_send_with_header", || {
+        // Taken first, so that `release` runs (when this owner drops) whatever fails below.
+        let lent = release.map(|release| LentUntilRelease::new(release, release_user_data));
+        // SAFETY: live or NULL by the caller's contract.
+        let rendezvous = unsafe { args::handle(rendezvous, "rendezvous") }?;
+        // SAFETY: NUL-terminated or NULL by the caller's contract.
+        let key = unsafe { key_text(key) }?;
+        if header_len > MAX_HEADER_BYTES {
+            return Err(Failure::invalid(format!(
+                "a header of {header_len} bytes is over the {MAX_HEADER_BYTES} allowed"
+            )));
+        }
+        let header = match header_len {
+            0 => Bytes::new(),
+            // SAFETY: readable for `header_len` bytes by the caller's contract.
+            _ => Bytes::copy_from_slice(unsafe {
+                args::slice(header.cast::<u8>(), header_len, "header")
+            }?),
+        };
+        let value = match lent {
+            Some(lent) => lent.into_bytes(data, len, "data")?,
+            // SAFETY: readable for `len` bytes by the caller's contract (NULL is refused).
+            None => Bytes::copy_from_slice(unsafe { args::slice(data.cast::<u8>(), len, "data") }?),
+        };
+        let value = Received {
+            value,
+            is_dead,
+            header,
+        };
+        Ok(rendezvous.handle.send_received(step_id, key, value)?)
+    })
+}
+
 /// Starts receiving `key` in step `step_id`.
 ///
 /// # Safety
@@ -253,9 +322,7 @@ pub unsafe extern "C" fn vans_rendezvous_recv(
             // SAFETY: non-null and writable by the caller's contract.
             unsafe { is_dead.write(received.is_dead) };
         }
-        let buffer = Buffer {
-            bytes: received.value,
-        };
+        let buffer = Buffer::from(received);
         // SAFETY: writable by the caller's contract.
         unsafe { args::write_handle(value, "value", buffer) }
     })
@@ -342,10 +409,9 @@ pub unsafe extern "C" fn vans_rendezvous_recv_async(
             let user_data = user_data;
             let outcome = catch_unwind(AssertUnwindSafe(|| match result {
                 Ok(received) => {
-                    let value = Box::into_raw(Box::new(Buffer {
-                        bytes: received.value,
-                    }));
-                    (VANS_OK, value, received.is_dead)
+                    let is_dead = received.is_dead;
+                    let value = Box::into_raw(Box::new(Buffer::from(received)));
+                    (VANS_OK, value, is_dead)
                 }
                 Err(error) => (report(Err(error.into())), std::ptr::null_mut(), false),
             }));
@@ -411,6 +477,29 @@ pub unsafe extern "C" fn vans_buffer_len(buffer: *const Buffer) -> usize {
     guard_value("vans_buffer_len", 0, || {
         // SAFETY: live or NULL by the caller's contract.
         unsafe { buffer.as_ref() }.map_or(0, |buffer| buffer.bytes.len())
+    })
+}
+
+/// The header the sender gave the tensor in `buffer` (`vans_rendezvous_send_with_header`):
+/// its first byte, with its length in `*len` (0, and any non-NULL address, when it gave
+/// none, or for a NULL buffer). Valid until `vans_buffer_free`. Thread-safety: any thread.
+///
+/// # Safety
+///
+/// `buffer` must be a live buffer or NULL; `len` writable or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn vans_buffer_header(
+    buffer: *const Buffer,
+    len: *mut usize,
+) -> *const c_void {
+    guard_value("vans_buffer_header", std::ptr::null(), || {
+        // SAFETY: live or NULL by the caller's contract.
+        let header = unsafe { buffer.as_ref() }.map_or(&[][..], |buffer| &buffer.header[..]);
+        if !len.is_null() {
+            // SAFETY: writable by the caller's contract (checked non-NULL).
+            unsafe { len.write(header.len()) };
+        }
+        header.as_ptr().cast()
     })
 }
 

@@ -24,8 +24,8 @@ pub const VARIABLES: &[EnvVar] = &[
                  DMLC_NUM_WORKER (chief + worker tasks), DMLC_NUM_SERVER (ps tasks), DMLC_PS_ROOT_URI and \
                  DMLC_PS_ROOT_PORT (the address of chief:0, else worker:0, whose process also \
                  hosts the scheduler), DMLC_NODE_HOST (this task's host) and DMLC_ENABLE_RDMA \
-                 (`rpc_layer` containing `verbs` or `rdma`: 1; `grpc`, `grpc+seastar`, \
-                 `grpc+mpi`, `star_server`, unset: 0) that is not set explicitly; explicit \
+                 (`rpc_layer` containing `verbs` or `rdma`: 1; `grpc`, `grpc+vans`, \
+                 `grpc+vans+push`, `grpc+seastar`, `grpc+mpi`, `star_server`, unset: 0) that is not set explicitly; explicit \
                  DMLC_* variables win; a job listed sparsely (`{\"1\": \"host:port\"}`, \
                  Kubeflow's dynamic workers) cannot supply its count: set DMLC_NUM_WORKER \
                  (or DMLC_NUM_SERVER)",

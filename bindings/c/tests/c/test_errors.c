@@ -27,6 +27,8 @@ static void without_a_node(void) {
                  "rendezvous is NULL");
     EXPECT(vans_buffer_len(NULL) == 0);
     EXPECT(vans_buffer_data(NULL) == NULL);
+    size_t header_len = 1;
+    EXPECT(vans_buffer_header(NULL, &header_len) != NULL && header_len == 0);
     vans_node_free(NULL);
     vans_worker_free(NULL);
     vans_buffer_free(NULL);

@@ -10,6 +10,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "check.h"
@@ -45,9 +46,15 @@ static void run_server(vans_rendezvous *rdv) {
             pong[i] = in[len - 1 - i];
         }
         vans_buffer_free(ping);
-        /* Lent without a copy: the library frees it when it is done with it. */
+        /* Lent without a copy: the library frees it when it is done with it. Step 0's pong
+         * carries a header beside it. */
         key(server_id, worker_id, "pong", (uint64_t)step, k, sizeof k);
-        CHECK(vans_rendezvous_send(rdv, step, k, pong, len, false, free, pong));
+        if (step == 0) {
+            CHECK(vans_rendezvous_send_with_header(rdv, step, k, "pong header", 11, pong, len,
+                                                   false, free, pong));
+        } else {
+            CHECK(vans_rendezvous_send(rdv, step, k, pong, len, false, free, pong));
+        }
     }
     static unsigned char big[BIG];
     key(server_id, worker_id, "big", 0, k, sizeof k);
@@ -127,6 +134,9 @@ static void run_worker(vans_rendezvous *rdv, const char *protocol) {
             CHECK(vans_rendezvous_recv(rdv, step, k, 0, &value, NULL));
             EXPECT(vans_buffer_len(value) == len);
             expect_pong(ping[step], vans_buffer_data(value), len);
+            size_t header_len = 0;
+            const char *header = vans_buffer_header(value, &header_len);
+            EXPECT(header_len == 11 && memcmp(header, "pong header", 11) == 0);
             vans_buffer_free(value);
         } else if (step == 1) {
             size_t got = 0;
@@ -140,6 +150,8 @@ static void run_worker(vans_rendezvous *rdv, const char *protocol) {
             EXPECT(received_status == VANS_OK);
             EXPECT(vans_buffer_len(received_value) == len);
             expect_pong(ping[step], vans_buffer_data(received_value), len);
+            size_t header_len = 1;
+            EXPECT(vans_buffer_header(received_value, &header_len) != NULL && header_len == 0);
             vans_buffer_free(received_value);
         }
         CHECK(vans_rendezvous_cleanup(rdv, step));
