@@ -3,7 +3,8 @@
 # (maturin, release profile), installs it into a virtual environment under target/ with torch,
 # and runs the pytest suite (real clusters of processes on 127.0.0.1, the training examples on
 # small configurations, the book's Python and PyTorch snippets, vans.torch against Gloo,
-# vans.tensorflow's ops and Keras layer; tensorflow-cpu is installed there too).
+# vans.tensorflow's ops, Keras layer and server protocols; tensorflow-cpu and tf-keras are
+# installed there too).
 #   VANS_PY_VENV=DIR   the virtual environment (default target/py-venv; made when missing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -31,6 +32,14 @@ if ! "$venv/bin/python" -c "import tensorflow" >/dev/null 2>&1; then
     start=$(date +%s)
     "$venv/bin/python" -m pip install --quiet "tensorflow-cpu>=2.15"
     echo "== python: tensorflow-cpu installed in $(( $(date +%s) - start ))s"
+fi
+# Keras 2 (tf_keras), for model.fit under ParameterServerStrategy in tests/test_tf_runtime.py:
+# Keras 3 has no such strategy. Without its dependencies: they would pull the `tensorflow`
+# package over `tensorflow-cpu`; the version matches the installed TensorFlow's.
+if ! "$venv/bin/python" -c "import tf_keras" >/dev/null 2>&1; then
+    tf_minor=$("$venv/bin/python" -c "import tensorflow as tf; print('.'.join(tf.__version__.split('.')[:2]))" 2>/dev/null)
+    echo "== python: installing tf-keras~=$tf_minor.0 into $venv (pip install --no-deps)"
+    "$venv/bin/python" -m pip install --quiet --no-deps "tf-keras~=$tf_minor.0"
 fi
 echo "== python: building and installing the wheel (pip install ./bindings/python[test,plot,torch])"
 start=$(date +%s)

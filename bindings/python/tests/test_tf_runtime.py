@@ -21,6 +21,7 @@ import vans
 
 HERE = pathlib.Path(__file__).resolve().parent
 JOB = HERE / "tf_scripts" / "tf_job.py"
+PSS = HERE / "tf_scripts" / "tf_pss.py"
 VANS_PROTOCOLS = ["grpc+vans", "grpc+vans+push", "grpc+seastar", "star_server",
                   "star_server_lite"]
 
@@ -43,12 +44,15 @@ def cluster_spec(num_ps, num_workers):
 
 
 class Job:
-    """The task processes of one job; worker:0 is the client."""
+    """The task processes of one job; ``client`` (default worker:0) trains, the others
+    serve."""
 
     def __init__(self, tmp_path, protocol, model="dense", steps=5, num_ps=2, num_workers=2,
-                 protocols=None, env=None, cwd=None, spec=None):
+                 protocols=None, env=None, cwd=None, spec=None, script=JOB, client=None):
         self.out = tmp_path / f"{protocol}-{model}.npz"
         self.spec = spec or cluster_spec(num_ps, num_workers)
+        self.client_task = client or ("worker", 0)
+        model_args = ["--model", model] if script == JOB else ["--loop", model]
         self.procs = {}
         environment = {k: v for k, v in os.environ.items()
                        if not k.startswith(("DMLC_", "TF_CONFIG"))}
@@ -58,23 +62,23 @@ class Job:
             for task in range(len(addresses)):
                 p = (protocols or {}).get((job, task), protocol)
                 self.procs[(job, task)] = subprocess.Popen(
-                    [sys.executable, str(JOB), "--cluster", json.dumps(self.spec),
-                     "--job", job, "--task", str(task), "--protocol", p, "--model", model,
+                    [sys.executable, str(script), "--cluster", json.dumps(self.spec),
+                     "--job", job, "--task", str(task), "--protocol", p, *model_args,
                      "--steps", str(steps), "--out", str(self.out)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                     env=environment, cwd=cwd or tmp_path)
 
     def client(self):
-        return self.procs[("worker", 0)]
+        return self.procs[self.client_task]
 
     def wait(self, timeout=300):
-        """worker:0's exit status and output."""
+        """The client's exit status and output."""
         try:
             out, _ = self.client().communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.client().kill()
             out, _ = self.client().communicate()
-            pytest.fail(f"worker:0 did not finish in {timeout} s:\n{out[-4000:]}")
+            pytest.fail(f"the client did not finish in {timeout} s:\n{out[-4000:]}")
         return self.client().returncode, out
 
     def result(self):
@@ -210,3 +214,27 @@ def test_a_task_without_vans_fails_the_others_start_with_a_message(jobs, tmp_pat
         pytest.fail("ps:0 still waits for the task that runs plain grpc")
     assert ps.returncode != 0
     assert "could not join the vans cluster" in out and "same protocol" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_parameter_server_strategy_trains_to_the_same_bits_as_grpc(jobs, tmp_path, loop):
+    if loop == "fit" and importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("model.fit under ParameterServerStrategy needs Keras 2: pip install tf-keras")
+    spec = {"chief": [f"127.0.0.1:{vans.free_port()}"],
+            "worker": [f"127.0.0.1:{vans.free_port()}"],
+            "ps": [f"127.0.0.1:{vans.free_port()}" for _ in range(2)]}
+    results = {}
+    for protocol in ["grpc", "grpc+vans", "grpc+vans+push"]:
+        spec = {job: [f"127.0.0.1:{vans.free_port()}" for _ in tasks]
+                for job, tasks in spec.items()}
+        job = Job(tmp_path, protocol, model=loop, spec=spec, script=PSS, client=("chief", 0))
+        jobs.append(job)
+        results[protocol] = job.result()
+        job.close()
+    expected = results.pop("grpc")
+    assert expected.pop("received") == 0
+    for protocol, got in results.items():
+        assert got.pop("received") > 0, protocol
+        assert got.keys() == expected.keys()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{protocol} {name}")

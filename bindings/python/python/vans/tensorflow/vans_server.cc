@@ -77,14 +77,16 @@ constexpr ProtocolName kProtocols[] = {
     {"star_server_lite", VANS_RENDEZVOUS_PUSH},
 };
 
-// The header a tensor travels with, before its bytes (little-endian, as every machine
-// TensorFlow's CPU wheels run on):
-//   u32 magic "VTF1" | u32 dtype | u32 dims | u32 flags | i64 dim size * dims | bytes
+// The header a tensor travels with, beside its bytes (vans_rendezvous_send_with_header;
+// little-endian, as every machine TensorFlow's CPU wheels run on):
+//   u32 magic "VTF1" | u32 dtype | u32 dims | u32 flags | i64 dim size * dims
 // Flag bit 0: the bytes are a serialized TensorProto (strings, variants, resources),
 // otherwise the tensor's buffer as is.
 constexpr uint32_t kMagic = 0x31465456;  // "VTF1"
 constexpr uint32_t kFlagProto = 1;
 constexpr size_t kFixedHeader = 16;
+// Received tensors up to this size are finished on the vans thread that received them.
+constexpr size_t kInlineBytes = 64 << 10;
 // TensorShape's own bound on dimensions.
 constexpr uint32_t kMaxDims = 254;
 
@@ -130,35 +132,49 @@ uint32_t ReadU32(const char* at) {
   return value;
 }
 
-// The header and bytes of `val` in one buffer (one copy of the tensor's bytes: vans then
-// sends the buffer as it is). A dead tensor travels as a header alone.
-Status Encode(const Tensor& val, bool is_dead, std::unique_ptr<char[]>* out, size_t* len) {
-  std::string proto_bytes;
-  const char* data = nullptr;
-  size_t data_len = 0;
-  uint32_t flags = 0;
+// What a tensor travels as: its header, and its bytes, lent to vans until `release` runs
+// (the tensor's own buffer, kept alive by a reference; no copy), or none for a dead tensor.
+struct Encoded {
+  std::string header;
+  const void* data = "";
+  size_t len = 0;
+  void (*release)(void*) = nullptr;
+  void* lent = nullptr;
+};
+
+// `val` as it travels. Plain tensors lend their buffer; strings, variants and resources are
+// serialized as a TensorProto (which is then what is lent).
+Status Encode(const Tensor& val, bool is_dead, Encoded* out) {
   const uint32_t dims = is_dead ? 0 : static_cast<uint32_t>(val.dims());
+  uint32_t flags = 0;
   if (!is_dead) {
     if (tensorflow::DataTypeCanUseMemcpy(val.dtype())) {
       auto bytes = val.tensor_data();
-      data = bytes.data();
-      data_len = bytes.size();
+      if (!bytes.empty()) {
+        auto* kept = new Tensor(val);
+        out->data = bytes.data();
+        out->len = bytes.size();
+        out->lent = kept;
+        out->release = [](void* tensor) { delete static_cast<Tensor*>(tensor); };
+      }
     } else {
       TensorProto proto;
       val.AsProtoTensorContent(&proto);
-      if (!proto.SerializeToString(&proto_bytes)) {
+      auto* serialized = new std::string();
+      if (!proto.SerializeToString(serialized)) {
+        delete serialized;
         return tensorflow::errors::Internal("vans: a ", DataTypeString(val.dtype()),
                                             " tensor did not serialize");
       }
-      data = proto_bytes.data();
-      data_len = proto_bytes.size();
+      out->data = serialized->data();
+      out->len = serialized->size();
+      out->lent = serialized;
+      out->release = [](void* bytes) { delete static_cast<std::string*>(bytes); };
       flags |= kFlagProto;
     }
   }
-  const size_t header = kFixedHeader + 8 * static_cast<size_t>(dims);
-  *len = header + data_len;
-  out->reset(new char[*len]);
-  char* at = out->get();
+  out->header.resize(kFixedHeader + 8 * static_cast<size_t>(dims));
+  char* at = out->header.data();
   WriteU32(at, kMagic);
   WriteU32(at + 4, is_dead ? 0 : static_cast<uint32_t>(val.dtype()));
   WriteU32(at + 8, dims);
@@ -167,27 +183,26 @@ Status Encode(const Tensor& val, bool is_dead, std::unique_ptr<char[]>* out, siz
     const int64_t size = val.dim_size(static_cast<int>(i));
     std::memcpy(at + kFixedHeader + 8 * i, &size, 8);
   }
-  if (data_len > 0) std::memcpy(at + header, data, data_len);
   return Status();
 }
 
-// The tensor in `bytes` (as Encode wrote it), allocated by `allocator`: its bytes are copied
-// once, from the received frame into the tensor. Checks every length first.
-Status Decode(const char* bytes, size_t len, tensorflow::Allocator* allocator, Tensor* out) {
-  if (len < kFixedHeader || ReadU32(bytes) != kMagic) {
+// The tensor whose header is `header` and whose bytes are `data`, allocated by `allocator`:
+// the bytes are copied once, from the received frame into the tensor. Checks every length
+// first.
+Status Decode(const char* header, size_t header_len, const char* data, size_t data_len,
+              tensorflow::Allocator* allocator, Tensor* out) {
+  if (header_len < kFixedHeader || ReadU32(header) != kMagic) {
     return tensorflow::errors::DataLoss("vans: a received tensor has no vans header (",
-                                        len, " bytes); do both tasks run the same protocol?");
+                                        header_len, " bytes); do both tasks run the same "
+                                        "protocol and the same vans?");
   }
-  const uint32_t dtype = ReadU32(bytes + 4);
-  const uint32_t dims = ReadU32(bytes + 8);
-  const uint32_t flags = ReadU32(bytes + 12);
-  if (dims > kMaxDims || len < kFixedHeader + 8 * static_cast<size_t>(dims)) {
+  const uint32_t dtype = ReadU32(header + 4);
+  const uint32_t dims = ReadU32(header + 8);
+  const uint32_t flags = ReadU32(header + 12);
+  if (dims > kMaxDims || header_len != kFixedHeader + 8 * static_cast<size_t>(dims)) {
     return tensorflow::errors::DataLoss("vans: a received tensor's header claims ", dims,
-                                        " dimensions in ", len, " bytes");
+                                        " dimensions in ", header_len, " bytes");
   }
-  const size_t header = kFixedHeader + 8 * static_cast<size_t>(dims);
-  const char* data = bytes + header;
-  const size_t data_len = len - header;
   if (flags & kFlagProto) {
     TensorProto proto;
     if (data_len > static_cast<size_t>(INT32_MAX) ||
@@ -205,7 +220,7 @@ Status Decode(const char* bytes, size_t len, tensorflow::Allocator* allocator, T
                                         ", which does not travel as bytes");
   }
   std::vector<int64_t> sizes(dims);
-  for (uint32_t i = 0; i < dims; i++) std::memcpy(&sizes[i], bytes + kFixedHeader + 8 * i, 8);
+  for (uint32_t i = 0; i < dims; i++) std::memcpy(&sizes[i], header + kFixedHeader + 8 * i, 8);
   TensorShape shape;
   Status built = TensorShape::BuildTensorShape(sizes, &shape);
   if (!built.ok()) {
@@ -257,15 +272,14 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
           "vans: ", shared_->protocol, " carries tensors between CPU devices; ",
           key.src_device, " -> ", key.dst_device, " is not (use protocol=\"grpc\")");
     }
-    std::unique_ptr<char[]> buffer;
-    size_t len = 0;
-    TF_RETURN_IF_ERROR(Encode(val, is_dead, &buffer, &len));
+    Encoded encoded;
+    TF_RETURN_IF_ERROR(Encode(val, is_dead, &encoded));
     const std::string full_key(key.FullKey());
-    char* lent = buffer.release();
-    // vans keeps the buffer until it was sent (or dropped), then releases it.
-    const int status = vans_rendezvous_send(
-        shared_->rendezvous, step_id_, full_key.c_str(), lent, len, is_dead,
-        [](void* bytes) { delete[] static_cast<char*>(bytes); }, lent);
+    // vans keeps the tensor's buffer until it was sent (or dropped), then releases it.
+    const int status = vans_rendezvous_send_with_header(
+        shared_->rendezvous, step_id_, full_key.c_str(), encoded.header.data(),
+        encoded.header.size(), encoded.data, encoded.len, is_dead, encoded.release,
+        encoded.lent);
     if (status != VANS_OK) {
       return FromVans(status, LastError(),
                       tensorflow::strings::StrCat("sending ", key.edge_name, " to ",
@@ -377,7 +391,10 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
         counters.received_bytes.fetch_add(vans_buffer_len(value), std::memory_order_relaxed);
       }
       if (status.ok() && !is_dead) {
-        status = Decode(static_cast<const char*>(vans_buffer_data(value)),
+        size_t header_len = 0;
+        const void* header = vans_buffer_header(value, &header_len);
+        status = Decode(static_cast<const char*>(header), header_len,
+                        static_cast<const char*>(vans_buffer_data(value)),
                         vans_buffer_len(value), allocator, &tensor);
         if (!status.ok()) status = tensorflow::errors::DataLoss(What(), ": ", status.message());
       }
@@ -386,13 +403,19 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
     }
   };
 
-  // vans' completion, on a vans I/O thread: hands the rest to TensorFlow's compute pool, so
-  // decoding and the executor's work never hold up vans.
+  // vans' completion, on a vans I/O thread. A small tensor is finished right here, as
+  // gRPC's completion threads finish RecvTensor calls: its copy is short, and the executor
+  // runs only inexpensive kernels inline (it hands expensive ones to its pool). A large one
+  // goes to TensorFlow's compute pool, so its copy never holds up vans.
   static void Received(void* user_data, int status, vans_buffer* value, bool is_dead) {
     std::shared_ptr<Pending> pending = std::move(*static_cast<std::shared_ptr<Pending>*>(user_data));
     delete static_cast<std::shared_ptr<Pending>*>(user_data);
     Status result;
     if (status != VANS_OK) result = FromVans(status, LastError(), pending->What());
+    if (value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
+      pending->Finish(result, value, is_dead);
+      return;
+    }
     pending->rendezvous->env_->compute_pool->Schedule(
         [pending, result, value, is_dead]() { pending->Finish(result, value, is_dead); });
   }

@@ -1,0 +1,254 @@
+"""TensorFlow's runtime over gRPC and over vans, in one run: the same graphs on the same
+cluster shapes under ``grpc`` and each vans protocol, step time p50/p99 and the ratio to
+``grpc``, and the bytes copied per received tensor byte.
+
+    python -m vans.tensorflow.bench                       # every workload, both shapes
+    python -m vans.tensorflow.bench --workloads small --shapes 1x1 --steps 50 --json out.json
+
+Each cluster is real: one process per task (ps tasks and worker tasks, on 127.0.0.1), each a
+``tf.distribute.Server`` with the protocol under test; ``worker:0`` is the client and builds
+one tower per worker task (in-graph replication), so a step moves, per worker:
+
+- ``small``: 200 variables of 1 KiB on the ps tasks, each read by the worker;
+- ``16MiB``, ``64MiB``: one variable of that size on ps:0, read by the worker;
+- ``sparse``: an embedding lookup of 4,096 ids in a 100,000 x 32 float table partitioned over
+  the ps tasks, and its IndexedSlices gradient applied there (SGD).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+WORKLOADS = ["small", "16MiB", "64MiB", "sparse"]
+SHAPES = ["1x1", "2x4"]
+PROTOCOLS = ["grpc", "grpc+vans", "grpc+vans+push"]
+
+
+def build(workload, num_ps, num_workers):
+    """The fetches of one step of ``workload``."""
+    import tensorflow as tf
+
+    init = tf.compat.v1.random_normal_initializer(stddev=0.1, seed=1)
+    with tf.compat.v1.variable_scope(workload):
+        if workload == "small":
+            variables = []
+            for i in range(200):
+                with tf.device(f"/job:ps/task:{i % num_ps}"):
+                    variables.append(tf.compat.v1.get_variable(f"v{i}", [256],
+                                                               initializer=init))
+            reads = []
+            for w in range(num_workers):
+                with tf.device(f"/job:worker/task:{w}"):
+                    reads.append(tf.add_n([tf.reduce_sum(v) for v in variables]))
+            with tf.device("/job:worker/task:0"):
+                return tf.add_n(reads)
+        if workload.endswith("MiB"):
+            floats = int(workload[:-3]) * (1 << 20) // 4
+            with tf.device("/job:ps/task:0"):
+                big = tf.compat.v1.get_variable("big", [floats], initializer=init)
+            reads = []
+            for w in range(num_workers):
+                with tf.device(f"/job:worker/task:{w}"):
+                    reads.append(tf.reduce_sum(tf.identity(big)))
+            with tf.device("/job:worker/task:0"):
+                return tf.add_n(reads)
+        setter = tf.compat.v1.train.replica_device_setter(ps_tasks=num_ps, ps_device="/job:ps")
+        with tf.compat.v1.device(setter):
+            table = tf.compat.v1.get_variable(
+                "table", [100_000, 32], initializer=init,
+                partitioner=tf.compat.v1.fixed_size_partitioner(num_ps))
+        losses = []
+        for w in range(num_workers):
+            with tf.device(f"/job:worker/task:{w}"):
+                ids = tf.random.uniform([4096], 0, 100_000, dtype=tf.int64, seed=w)
+                losses.append(tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, ids))))
+        with tf.device("/job:worker/task:0"):
+            loss = tf.add_n(losses)
+            train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(
+                loss, colocate_gradients_with_ops=True)
+            with tf.control_dependencies([train]):
+                return tf.identity(loss)
+
+
+def client(args, server):
+    """worker:0: builds the workloads' graphs, times ``args.steps`` steps of each, prints one
+    JSON line per workload."""
+    import tensorflow as tf
+    import vans.tensorflow as vtf
+
+    tf.compat.v1.disable_eager_execution()
+    cluster = json.loads(args.cluster)
+    num_ps, num_workers = len(cluster["ps"]), len(cluster["worker"])
+    fetches = {w: build(w, num_ps, num_workers) for w in args.workloads.split(",")}
+    with tf.compat.v1.Session(server.target) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for workload, fetch in fetches.items():
+            for _ in range(args.warmup):
+                sess.run(fetch)
+            before = vtf.runtime_stats()
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                sess.run(fetch)
+                times.append(time.perf_counter() - start)
+            after = vtf.runtime_stats()
+            delta = {k: after[k] - before[k] for k in after}
+            print("RESULT " + json.dumps({
+                "workload": workload, "protocol": args.protocol,
+                "p50_ms": float(np.percentile(times, 50)) * 1e3,
+                "p99_ms": float(np.percentile(times, 99)) * 1e3,
+                "received": delta["received"], "received_bytes": delta["received_bytes"],
+                "copied_bytes": delta["copied_bytes"]}), flush=True)
+    os._exit(0)
+
+
+def task(args):
+    """One task's process: a server; worker:0 also the client."""
+    import tensorflow as tf
+    import vans.tensorflow  # noqa: F401  (registers the vans protocols)
+
+    server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(args.cluster)),
+                                  job_name=args.job, task_index=args.task,
+                                  protocol=args.protocol, start=True)
+    if (args.job, args.task) == ("worker", 0):
+        client(args, server)
+    server.join()
+
+
+def run_cluster(protocol, shape, workloads, steps, warmup):
+    """Runs one cluster of ``shape`` (``PSxWORKERS``) under ``protocol``; its result rows."""
+    import vans
+
+    num_ps, num_workers = (int(n) for n in shape.split("x"))
+    spec = {"ps": [f"127.0.0.1:{vans.free_port()}" for _ in range(num_ps)],
+            "worker": [f"127.0.0.1:{vans.free_port()}" for _ in range(num_workers)]}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "TF_CONFIG"))}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    procs = {}
+    for job, addresses in spec.items():
+        for index in range(len(addresses)):
+            procs[(job, index)] = subprocess.Popen(
+                [sys.executable, "-m", "vans.tensorflow.bench", "--task-of", json.dumps(spec),
+                 "--job", job, "--task", str(index), "--protocol", protocol,
+                 "--workloads", ",".join(workloads), "--steps", str(steps),
+                 "--warmup", str(warmup)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        out, _ = procs[("worker", 0)].communicate(timeout=1800)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    rows = [json.loads(line[len("RESULT "):]) for line in out.splitlines()
+            if line.startswith("RESULT ")]
+    if len(rows) != len(workloads):
+        raise RuntimeError(f"the {protocol} cluster {shape} failed:\n{out[-4000:]}")
+    for row in rows:
+        row["shape"] = shape
+    return rows
+
+
+def table(rows, protocols):
+    """The rows as a table a person reads: p50/p99 per protocol, each vans protocol's p50
+    ratio to grpc (above 1: faster than grpc), bytes copied per received byte."""
+    by = {(r["workload"], r["shape"], r["protocol"]): r for r in rows}
+    head = f"{'workload':<8} {'shape':<5}"
+    for p in protocols:
+        head += f" | {p + ' p50/p99 ms':>26}"
+        if p != "grpc":
+            head += f" {'x grpc':>6} {'copies/B':>8}"
+    lines = [head, "-" * len(head)]
+    keys = sorted({(r["workload"], r["shape"]) for r in rows},
+                  key=lambda k: (WORKLOADS.index(k[0]) if k[0] in WORKLOADS else 99, k[1]))
+    for workload, shape in keys:
+        line = f"{workload:<8} {shape:<5}"
+        base = by.get((workload, shape, "grpc"))
+        for p in protocols:
+            r = by.get((workload, shape, p))
+            if r is None:
+                line += f" | {'-':>26}" + ("" if p == "grpc" else f" {'-':>6} {'-':>8}")
+                continue
+            line += f" | {r['p50_ms']:>12.2f} / {r['p99_ms']:>9.2f}"
+            if p != "grpc":
+                ratio = base["p50_ms"] / r["p50_ms"] if base else float("nan")
+                copies = (r["copied_bytes"] / r["received_bytes"]
+                          if r["received_bytes"] else float("nan"))
+                line += f" {ratio:>6.2f} {copies:>8.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot(rows, protocols, path):
+    """Each vans protocol's speed-up over grpc per workload and shape, as a bar chart."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r["workload"], r["shape"], r["protocol"]): r for r in rows}
+    keys = sorted({(r["workload"], r["shape"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, len(keys) * 1.2), 4))
+    vans_protocols = [p for p in protocols if p != "grpc"]
+    width = 0.8 / max(1, len(vans_protocols))
+    for i, p in enumerate(vans_protocols):
+        ratios = [by[(w, s, "grpc")]["p50_ms"] / by[(w, s, p)]["p50_ms"]
+                  if (w, s, p) in by and (w, s, "grpc") in by else 0 for w, s in keys]
+        ax.bar([k + i * width for k in range(len(keys))], ratios, width, label=p)
+    ax.axhline(1, color="black", linewidth=0.8)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))])
+    ax.set_xticklabels([f"{w}\n{s}" for w, s in keys])
+    ax.set_ylabel("step time of grpc / protocol (p50)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        prog="python -m vans.tensorflow.bench", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help="comma-separated PSxWORKERS cluster shapes (default: 1x1,2x4)")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS),
+                        help="comma-separated; grpc first is the reference "
+                             "(default: grpc,grpc+vans,grpc+vans+push)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per workload")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="also plot the ratios (matplotlib)")
+    # A task of a cluster this benchmark started (internal).
+    parser.add_argument("--task-of", dest="cluster", help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--task", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--protocol", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.cluster:
+        task(args)
+        return
+    workloads = args.workloads.split(",")
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; expected some of {WORKLOADS}")
+    protocols = args.protocols.split(",")
+    rows = []
+    for shape in args.shapes.split(","):
+        for protocol in protocols:
+            print(f"== {protocol}, {shape} (ps x workers): {', '.join(workloads)}", flush=True)
+            rows += run_cluster(protocol, shape, workloads, args.steps, args.warmup)
+    print(table(rows, protocols))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.plot:
+        plot(rows, protocols, args.plot)
+
+
+if __name__ == "__main__":
+    main()
