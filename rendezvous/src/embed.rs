@@ -7,6 +7,7 @@
 //! [`send`](RendezvousHandle::send) never blocks; [`recv`](RendezvousHandle::recv) answers
 //! through a [`Call`] (await it anywhere, wait for it, or have a callback run).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -93,6 +94,48 @@ impl RendezvousHandle {
             step.initialize().map_err(PsError::from)?;
             step.recv(&parsed).await.map_err(PsError::from)
         })
+    }
+
+    /// Receives the value under `key` in step `step_id` as [`recv`](Self::recv) does, and
+    /// calls `done` once with the result: on the thread that completes the receive (a vans
+    /// I/O thread, with no task spawned for it), or on a task of the node's runtime when the
+    /// receive ends at once (the value was there, or the call failed) — never on the calling
+    /// thread before this returns. For callers that hand the result on (the C ABI, the
+    /// TensorFlow plugin), the cheapest receive.
+    pub fn recv_then(
+        &self,
+        step_id: i64,
+        key: &str,
+        done: impl FnOnce(node::Result<Received>) + Send + 'static,
+    ) {
+        let runtime = self.node.runtime();
+        // Set once `recv_async` has returned: an answer before that came on this thread.
+        let returned = Arc::new(AtomicBool::new(false));
+        let done = {
+            let returned = Arc::clone(&returned);
+            let runtime = runtime.clone();
+            move |result: node::Result<Received>| {
+                if returned.load(Ordering::Acquire) {
+                    done(result);
+                } else {
+                    drop(runtime.spawn(async move { done(result) }));
+                }
+            }
+        };
+        let parsed = match parse_key(key) {
+            Ok(parsed) => parsed,
+            Err(e) => return done(Err(PsError::InvalidArgument(e.to_string()))),
+        };
+        let _context = runtime.enter();
+        let step = self.mgr.find(step_id);
+        if let Err(e) = step.initialize() {
+            return done(Err(PsError::from(e)));
+        }
+        step.recv_async(
+            &parsed,
+            Box::new(move |result| done(result.map_err(PsError::from))),
+        );
+        returned.store(true, Ordering::Release);
     }
 
     /// Ends step `step_id` (TensorFlow's `Cleanup`): its pending receives fail, its table goes.

@@ -71,8 +71,13 @@ fn exchange(protocol: Protocol) {
         )
         .unwrap();
         let (tx, rx) = mpsc::sync_channel(4);
-        rdv.recv(step, &key(8, 9, "pong", step as u64))
-            .on_complete(move |r| tx.send(r).unwrap());
+        let pong_key = key(8, 9, "pong", step as u64);
+        if step % 2 == 0 {
+            rdv.recv(step, &pong_key)
+                .on_complete(move |r| tx.send(r).unwrap());
+        } else {
+            rdv.recv_then(step, &pong_key, move |r| tx.send(r).unwrap());
+        }
         let pong = rx.recv_timeout(Duration::from_secs(30)).unwrap().unwrap();
         let expected: Vec<u8> = ping.into_iter().rev().collect();
         assert_eq!(pong.value, expected);
@@ -87,6 +92,26 @@ fn exchange(protocol: Protocol) {
         rdv.recv(9, "nope").wait(),
         Err(PsError::InvalidArgument(_))
     ));
+    // recv_then of a value already here, and of a bad key: answered on the runtime, never on
+    // the calling thread.
+    let here = key(9, 9, "local", 0);
+    rdv.send(60, &here, Bytes::from_static(b"here"), false)
+        .unwrap();
+    for k in [here.as_str(), "nope"] {
+        let (tx, rx) = mpsc::sync_channel(1);
+        rdv.recv_then(60, k, move |r| {
+            tx.send((std::thread::current().id(), r)).unwrap()
+        });
+        let (thread, got) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_ne!(thread, std::thread::current().id());
+        match got {
+            Ok(value) => assert_eq!((k, &value.value[..]), (here.as_str(), &b"here"[..])),
+            Err(e) => assert!(
+                k == "nope" && matches!(e, PsError::InvalidArgument(_)),
+                "{e}"
+            ),
+        }
+    }
     // A receive pending when its step is cleaned up ends with the rendezvous' error.
     let pending = rdv.recv(100, &key(8, 9, "never", 0));
     std::thread::sleep(Duration::from_millis(50));

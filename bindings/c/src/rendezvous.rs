@@ -402,10 +402,12 @@ pub unsafe extern "C" fn vans_rendezvous_recv_async(
 ) -> c_int {
     guard("vans_rendezvous_recv_async", || {
         let done = done.ok_or_else(|| Failure::invalid("done is NULL"))?;
-        // SAFETY: forwarded contract.
-        let call = unsafe { receive(rendezvous, step_id, key) }?;
+        // SAFETY: live or NULL by the caller's contract.
+        let rendezvous = unsafe { args::handle(rendezvous, "rendezvous") }?;
+        // SAFETY: NUL-terminated or NULL by the caller's contract.
+        let key = unsafe { key_text(key) }?;
         let user_data = UserData(user_data);
-        call.on_complete(move |result| {
+        rendezvous.handle.recv_then(step_id, key, move |result| {
             let user_data = user_data;
             let outcome = catch_unwind(AssertUnwindSafe(|| match result {
                 Ok(received) => {
