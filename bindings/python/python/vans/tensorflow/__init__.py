@@ -31,6 +31,7 @@ writes each server's answer straight into the op's output tensor.
 """
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import pathlib
@@ -107,7 +108,13 @@ def _cached(source, extra, inputs=()):
                          or pathlib.Path.home() / ".cache" / "vans" / "tf-ops")
     target = cache / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
-        _build(source, target, extra)
+        cache.mkdir(parents=True, exist_ok=True)
+        # One build at a time across processes (a job's tasks import this at once): the
+        # others wait for it, then find the library built.
+        with open(cache / f"{target.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.exists():
+                _build(source, target, extra)
     return target
 
 

@@ -1,9 +1,11 @@
 """TensorFlow's runtime over gRPC and over vans, in one run: the same graphs on the same
 cluster shapes under ``grpc`` and each vans protocol, step time p50/p99 and the ratio to
-``grpc``, and the bytes copied per received tensor byte.
+``grpc``, and the bytes copied per received tensor byte; ``local`` runs the same graph in one
+process, the floor no transport can go below.
 
     python -m vans.tensorflow.bench                       # every workload, both shapes
     python -m vans.tensorflow.bench --workloads small --shapes 1x1 --steps 50 --json out.json
+    python -m vans.tensorflow.bench --rounds 3 --plot ratios.png  # interleaved, medians
 
 Each cluster is real: one process per task (ps tasks and worker tasks, on 127.0.0.1), each a
 ``tf.distribute.Server`` with the protocol under test; ``worker:0`` is the client and builds
@@ -26,48 +28,53 @@ import numpy as np
 
 WORKLOADS = ["small", "16MiB", "64MiB", "sparse"]
 SHAPES = ["1x1", "2x4"]
-PROTOCOLS = ["grpc", "grpc+vans", "grpc+vans+push"]
+PROTOCOLS = ["local", "grpc", "grpc+vans", "grpc+vans+push"]
 
 
-def build(workload, num_ps, num_workers):
-    """The fetches of one step of ``workload``."""
+def build(workload, num_ps, num_workers, local=False):
+    """The fetches of one step of ``workload``; ``local``: every op on this process's CPU
+    (the same graph with no transport at all)."""
     import tensorflow as tf
+
+    def device(job, task):
+        return "/device:CPU:0" if local else f"/job:{job}/task:{task}"
 
     init = tf.compat.v1.random_normal_initializer(stddev=0.1, seed=1)
     with tf.compat.v1.variable_scope(workload):
         if workload == "small":
             variables = []
             for i in range(200):
-                with tf.device(f"/job:ps/task:{i % num_ps}"):
+                with tf.device(device("ps", i % num_ps)):
                     variables.append(tf.compat.v1.get_variable(f"v{i}", [256],
                                                                initializer=init))
             reads = []
             for w in range(num_workers):
-                with tf.device(f"/job:worker/task:{w}"):
+                with tf.device(device("worker", w)):
                     reads.append(tf.add_n([tf.reduce_sum(v) for v in variables]))
-            with tf.device("/job:worker/task:0"):
+            with tf.device(device("worker", 0)):
                 return tf.add_n(reads)
         if workload.endswith("MiB"):
             floats = int(workload[:-3]) * (1 << 20) // 4
-            with tf.device("/job:ps/task:0"):
+            with tf.device(device("ps", 0)):
                 big = tf.compat.v1.get_variable("big", [floats], initializer=init)
             reads = []
             for w in range(num_workers):
-                with tf.device(f"/job:worker/task:{w}"):
+                with tf.device(device("worker", w)):
                     reads.append(tf.reduce_sum(tf.identity(big)))
-            with tf.device("/job:worker/task:0"):
+            with tf.device(device("worker", 0)):
                 return tf.add_n(reads)
-        setter = tf.compat.v1.train.replica_device_setter(ps_tasks=num_ps, ps_device="/job:ps")
+        setter = (device("ps", 0) if local else
+                  tf.compat.v1.train.replica_device_setter(ps_tasks=num_ps, ps_device="/job:ps"))
         with tf.compat.v1.device(setter):
             table = tf.compat.v1.get_variable(
                 "table", [100_000, 32], initializer=init,
                 partitioner=tf.compat.v1.fixed_size_partitioner(num_ps))
         losses = []
         for w in range(num_workers):
-            with tf.device(f"/job:worker/task:{w}"):
+            with tf.device(device("worker", w)):
                 ids = tf.random.uniform([4096], 0, 100_000, dtype=tf.int64, seed=w)
                 losses.append(tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, ids))))
-        with tf.device("/job:worker/task:0"):
+        with tf.device(device("worker", 0)):
             loss = tf.add_n(losses)
             train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(
                 loss, colocate_gradients_with_ops=True)
@@ -76,16 +83,17 @@ def build(workload, num_ps, num_workers):
 
 
 def client(args, server):
-    """worker:0: builds the workloads' graphs, times ``args.steps`` steps of each, prints one
-    JSON line per workload."""
+    """worker:0 (or, for the ``local`` reference, the only process): builds the workloads'
+    graphs, times ``args.steps`` steps of each, prints one JSON line per workload."""
     import tensorflow as tf
     import vans.tensorflow as vtf
 
     tf.compat.v1.disable_eager_execution()
     cluster = json.loads(args.cluster)
     num_ps, num_workers = len(cluster["ps"]), len(cluster["worker"])
-    fetches = {w: build(w, num_ps, num_workers) for w in args.workloads.split(",")}
-    with tf.compat.v1.Session(server.target) as sess:
+    local = server is None
+    fetches = {w: build(w, num_ps, num_workers, local) for w in args.workloads.split(",")}
+    with tf.compat.v1.Session(None if local else server.target) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for workload, fetch in fetches.items():
             for _ in range(args.warmup):
@@ -112,6 +120,8 @@ def task(args):
     import tensorflow as tf
     import vans.tensorflow  # noqa: F401  (registers the vans protocols)
 
+    if args.protocol == "local":
+        client(args, None)
     server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(args.cluster)),
                                   job_name=args.job, task_index=args.task,
                                   protocol=args.protocol, start=True)
@@ -132,6 +142,8 @@ def run_cluster(protocol, shape, workloads, steps, warmup):
     procs = {}
     for job, addresses in spec.items():
         for index in range(len(addresses)):
+            if protocol == "local" and (job, index) != ("worker", 0):
+                continue
             procs[(job, index)] = subprocess.Popen(
                 [sys.executable, "-m", "vans.tensorflow.bench", "--task-of", json.dumps(spec),
                  "--job", job, "--task", str(index), "--protocol", protocol,
@@ -154,46 +166,72 @@ def run_cluster(protocol, shape, workloads, steps, warmup):
     return rows
 
 
-def table(rows, protocols):
-    """The rows as a table a person reads: p50/p99 per protocol, each vans protocol's p50
-    ratio to grpc (above 1: faster than grpc), bytes copied per received byte."""
-    by = {(r["workload"], r["shape"], r["protocol"]): r for r in rows}
+def summarize(rows):
+    """One row per workload, shape and protocol: the medians over rounds of p50 and p99,
+    and the bytes copied per received byte over all rounds."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["shape"], r["protocol"]), []).append(r)
+    out = []
+    for (workload, shape, protocol), rs in groups.items():
+        received = sum(r["received_bytes"] for r in rs)
+        out.append({
+            "workload": workload, "shape": shape, "protocol": protocol, "rounds": len(rs),
+            "p50_ms": float(np.median([r["p50_ms"] for r in rs])),
+            "p99_ms": float(np.median([r["p99_ms"] for r in rs])),
+            "received": sum(r["received"] for r in rs), "received_bytes": received,
+            "copies_per_byte": (sum(r["copied_bytes"] for r in rs) / received
+                                if received else None)})
+    return out
+
+
+def _order(summary):
+    return sorted({(r["workload"], r["shape"]) for r in summary},
+                  key=lambda k: (WORKLOADS.index(k[0]) if k[0] in WORKLOADS else 99, k[1]))
+
+
+def table(summary, protocols):
+    """The summary as a table a person reads: p50/p99 per protocol, each vans protocol's
+    p50 ratio to grpc (above 1: faster than grpc) and bytes copied per received byte;
+    ``local`` is the same graph in one process, with no transport."""
+    by = {(r["workload"], r["shape"], r["protocol"]): r for r in summary}
     head = f"{'workload':<8} {'shape':<5}"
     for p in protocols:
-        head += f" | {p + ' p50/p99 ms':>26}"
-        if p != "grpc":
+        head += f" | {p + ' p50/p99 ms':>25}"
+        if p not in ("grpc", "local"):
             head += f" {'x grpc':>6} {'copies/B':>8}"
     lines = [head, "-" * len(head)]
-    keys = sorted({(r["workload"], r["shape"]) for r in rows},
-                  key=lambda k: (WORKLOADS.index(k[0]) if k[0] in WORKLOADS else 99, k[1]))
-    for workload, shape in keys:
+    for workload, shape in _order(summary):
         line = f"{workload:<8} {shape:<5}"
         base = by.get((workload, shape, "grpc"))
         for p in protocols:
             r = by.get((workload, shape, p))
+            extra = p not in ("grpc", "local")
             if r is None:
-                line += f" | {'-':>26}" + ("" if p == "grpc" else f" {'-':>6} {'-':>8}")
+                line += f" | {'-':>25}" + (f" {'-':>6} {'-':>8}" if extra else "")
                 continue
-            line += f" | {r['p50_ms']:>12.2f} / {r['p99_ms']:>9.2f}"
-            if p != "grpc":
+            line += f" | {r['p50_ms']:>11.2f} / {r['p99_ms']:>9.2f}"
+            if extra:
                 ratio = base["p50_ms"] / r["p50_ms"] if base else float("nan")
-                copies = (r["copied_bytes"] / r["received_bytes"]
-                          if r["received_bytes"] else float("nan"))
-                line += f" {ratio:>6.2f} {copies:>8.2f}"
+                copies = r["copies_per_byte"]
+                line += f" {ratio:>6.2f} {copies if copies is not None else float('nan'):>8.2f}"
         lines.append(line)
     return "\n".join(lines)
 
 
-def plot(rows, protocols, path):
+def plot(summary, protocols, path):
     """Each vans protocol's speed-up over grpc per workload and shape, as a bar chart."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib (or vans[plot])") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {(r["workload"], r["shape"], r["protocol"]): r for r in rows}
-    keys = sorted({(r["workload"], r["shape"]) for r in rows})
+    by = {(r["workload"], r["shape"], r["protocol"]): r for r in summary}
+    keys = _order(summary)
     fig, ax = plt.subplots(figsize=(max(6, len(keys) * 1.2), 4))
-    vans_protocols = [p for p in protocols if p != "grpc"]
+    vans_protocols = [p for p in protocols if p not in ("grpc", "local")]
     width = 0.8 / max(1, len(vans_protocols))
     for i, p in enumerate(vans_protocols):
         ratios = [by[(w, s, "grpc")]["p50_ms"] / by[(w, s, p)]["p50_ms"]
@@ -217,10 +255,14 @@ def main():
     parser.add_argument("--shapes", default=",".join(SHAPES),
                         help="comma-separated PSxWORKERS cluster shapes (default: 1x1,2x4)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS),
-                        help="comma-separated; grpc first is the reference "
-                             "(default: grpc,grpc+vans,grpc+vans+push)")
+                        help="comma-separated, of local (the same graph in one process, no "
+                             "transport), grpc (the reference) and the vans protocols "
+                             "(default: local,grpc,grpc+vans,grpc+vans+push)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per workload")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="clusters per protocol and shape, interleaved; the table shows "
+                             "the medians of their p50 and p99")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--plot", metavar="PNG", help="also plot the ratios (matplotlib)")
     # A task of a cluster this benchmark started (internal).
@@ -237,18 +279,28 @@ def main():
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; expected some of {WORKLOADS}")
     protocols = args.protocols.split(",")
+    shapes = args.shapes.split(",")
+    for shape in shapes:
+        parts = shape.split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            parser.error(f"shape {shape!r}: expected PSxWORKERS, such as 2x4")
     rows = []
-    for shape in args.shapes.split(","):
-        for protocol in protocols:
-            print(f"== {protocol}, {shape} (ps x workers): {', '.join(workloads)}", flush=True)
-            rows += run_cluster(protocol, shape, workloads, args.steps, args.warmup)
-    print(table(rows, protocols))
+    # Rounds interleave the protocols, so a slow moment of the machine touches all of them.
+    for round_ in range(args.rounds):
+        for shape in shapes:
+            for protocol in protocols:
+                print(f"== round {round_ + 1}/{args.rounds}: {protocol}, {shape} "
+                      f"(ps x workers): {', '.join(workloads)}", flush=True)
+                for row in run_cluster(protocol, shape, workloads, args.steps, args.warmup):
+                    row["round"] = round_
+                    rows.append(row)
+    summary = summarize(rows)
+    print(table(summary, protocols))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"summary": summary, "rows": rows}, f, indent=1)
     if args.plot:
-        plot(rows, protocols, args.plot)
-
+        plot(summary, protocols, args.plot)
 
 if __name__ == "__main__":
     main()
