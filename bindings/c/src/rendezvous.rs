@@ -197,20 +197,19 @@ pub unsafe extern "C" fn vans_rendezvous_send(
     release: Release,
     release_user_data: *mut c_void,
 ) -> c_int {
-    guard("vans_rendezvous_send", || {
-        // Taken first, so that `release` runs (when this owner drops) whatever fails below.
-        let lent = release.map(|release| LentUntilRelease::new(release, release_user_data));
-        // SAFETY: live or NULL by the caller's contract.
-        let rendezvous = unsafe { args::handle(rendezvous, "rendezvous") }?;
-        // SAFETY: NUL-terminated or NULL by the caller's contract.
-        let key = unsafe { key_text(key) }?;
-        let value = match lent {
-            Some(lent) => lent.into_bytes(data, len, "data")?,
-            // SAFETY: readable for `len` bytes by the caller's contract (NULL is refused).
-            None => Bytes::copy_from_slice(unsafe { args::slice(data.cast::<u8>(), len, "data") }?),
-        };
-        Ok(rendezvous.handle.send(step_id, key, value, is_dead)?)
-    })
+    // SAFETY: forwarded contract; no header.
+    unsafe {
+        send(
+            "vans_rendezvous_send",
+            rendezvous,
+            step_id,
+            key,
+            (std::ptr::null(), 0),
+            (data, len, is_dead),
+            release,
+            release_user_data,
+        )
+    }
 }
 
 /// Like `vans_rendezvous_send`, with a header: `header_len` bytes at `header` (copied before
@@ -235,7 +234,39 @@ pub unsafe extern "C" fn vans_rendezvous_send_with_header(
     release: Release,
     release_user_data: *mut c_void,
 ) -> c_int {
-    guard("vans_rendezvous_send_with_header", || {
+    // SAFETY: forwarded contract.
+    unsafe {
+        send(
+            "vans_rendezvous_send_with_header",
+            rendezvous,
+            step_id,
+            key,
+            (header, header_len),
+            (data, len, is_dead),
+            release,
+            release_user_data,
+        )
+    }
+}
+
+/// The sends: `header` (address and length) copied, `value` (data, length, dead flag) lent
+/// or copied as `release` says.
+///
+/// # Safety
+///
+/// The contract of `vans_rendezvous_send_with_header`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn send(
+    name: &str,
+    rendezvous: *const Rendezvous,
+    step_id: i64,
+    key: *const c_char,
+    (header, header_len): (*const c_void, usize),
+    (data, len, is_dead): (*const c_void, usize, bool),
+    release: Release,
+    release_user_data: *mut c_void,
+) -> c_int {
+    guard(name, || {
         // Taken first, so that `release` runs (when this owner drops) whatever fails below.
         let lent = release.map(|release| LentUntilRelease::new(release, release_user_data));
         // SAFETY: live or NULL by the caller's contract.
