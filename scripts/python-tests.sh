@@ -37,7 +37,7 @@ fi
 # Keras 3 has no such strategy. Without its dependencies: they would pull the `tensorflow`
 # package over `tensorflow-cpu`; the version matches the installed TensorFlow's.
 if ! "$venv/bin/python" -c "import tf_keras" >/dev/null 2>&1; then
-    tf_minor=$("$venv/bin/python" -c "import tensorflow as tf; print('.'.join(tf.__version__.split('.')[:2]))" 2>/dev/null)
+    tf_minor=$("$venv/bin/python" -c "import tensorflow as tf; print('.'.join(tf.__version__.split('.')[:2]))")
     echo "== python: installing tf-keras~=$tf_minor.0 into $venv (pip install --no-deps)"
     "$venv/bin/python" -m pip install --quiet --no-deps "tf-keras~=$tf_minor.0"
 fi
