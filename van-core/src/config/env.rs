@@ -183,7 +183,10 @@ impl Vars {
                 .parse()
                 .map_err(|_| self.invalid("VANS_UNPUSHED_KEYS", "`zeros` or `error`"))?;
         }
-        c.endpoint_map = self.endpoint_map()?;
+        c.endpoint_map = match tf.endpoint_map {
+            Some(map) => Some(map),
+            None => self.endpoint_map()?,
+        };
         self.van_knobs(&mut c)?;
         c.collective = CollectiveSettings::parse(|var| self.get(var))?;
         if let Some(on) = self.flag("VANS_COLLECTIVE_MESH")? {

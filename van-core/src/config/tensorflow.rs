@@ -19,6 +19,8 @@ pub(super) struct FromTfConfig {
     pub(super) hosts_scheduler: bool,
     /// Its task and the role that task maps to.
     pub(super) task: Option<(Role, TfTask)>,
+    /// The endpoint map, when a TensorFlow server's addresses needed it already (read once).
+    pub(super) endpoint_map: Option<EndpointMap>,
 }
 
 /// The endpoint map [`Config::from_env`](super::Config::from_env) reads from the current
@@ -65,8 +67,10 @@ impl Vars {
                 self.map.insert(var, value);
             }
         }
+        let mut endpoint_map = None;
         if tf_server {
-            let map = self.endpoint_map()?;
+            endpoint_map = self.endpoint_map()?;
+            let map = &endpoint_map;
             let path = self
                 .get("VANS_ENDPOINT_MAP")
                 .unwrap_or(DEFAULT_ENDPOINT_MAP);
@@ -89,6 +93,7 @@ impl Vars {
         Ok(FromTfConfig {
             hosts_scheduler: hosts,
             task,
+            endpoint_map,
         })
     }
 
