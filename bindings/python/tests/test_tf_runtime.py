@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import select
 import signal
 import socket
 import subprocess
@@ -48,7 +49,7 @@ class Job:
     serve."""
 
     def __init__(self, tmp_path, protocol, model="dense", steps=5, num_ps=2, num_workers=2,
-                 protocols=None, env=None, cwd=None, spec=None, script=JOB, client=None):
+                 protocols=None, env=None, spec=None, script=JOB, client=None):
         self.out = tmp_path / f"{protocol}-{model}.npz"
         self.spec = spec or cluster_spec(num_ps, num_workers)
         self.client_task = client or ("worker", 0)
@@ -66,7 +67,7 @@ class Job:
                      "--job", job, "--task", str(task), "--protocol", p, *model_args,
                      "--steps", str(steps), "--out", str(self.out)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    env=environment, cwd=cwd or tmp_path)
+                    env=environment, cwd=tmp_path)
 
     def client(self):
         return self.procs[self.client_task]
@@ -128,17 +129,23 @@ def test_every_protocol_trains_to_the_same_bits_as_grpc(jobs, tmp_path, model):
 
 
 def wait_for_line(proc, text, timeout=120):
-    """Reads ``proc``'s output until a line contains ``text``; returns what was read."""
-    seen = []
+    """Reads ``proc``'s output until it contains ``text``; returns what was read. Fails after
+    ``timeout`` seconds even when the process prints nothing more. Reads the pipe's file
+    descriptor itself, so no line waits unseen in a Python buffer while ``select`` sleeps."""
+    fd = proc.stdout.fileno()
+    seen = b""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
             break
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-    pytest.fail(f"never saw {text!r}:\n{''.join(seen)[-4000:]}")
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        seen += chunk
+    else:
+        return seen.decode(errors="replace")
+    pytest.fail(f"never saw {text!r}:\n{seen.decode(errors='replace')[-4000:]}")
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "grpc+vans", "grpc+vans+push"])
@@ -220,13 +227,11 @@ def test_a_task_without_vans_fails_the_others_start_with_a_message(jobs, tmp_pat
 def test_parameter_server_strategy_trains_to_the_same_bits_as_grpc(jobs, tmp_path, loop):
     if loop == "fit" and importlib.util.find_spec("tf_keras") is None:
         pytest.skip("model.fit under ParameterServerStrategy needs Keras 2: pip install tf-keras")
-    spec = {"chief": [f"127.0.0.1:{vans.free_port()}"],
-            "worker": [f"127.0.0.1:{vans.free_port()}"],
-            "ps": [f"127.0.0.1:{vans.free_port()}" for _ in range(2)]}
+    tasks = {"chief": 1, "worker": 1, "ps": 2}
     results = {}
     for protocol in ["grpc", "grpc+vans", "grpc+vans+push"]:
-        spec = {job: [f"127.0.0.1:{vans.free_port()}" for _ in tasks]
-                for job, tasks in spec.items()}
+        spec = {job: [f"127.0.0.1:{vans.free_port()}" for _ in range(count)]
+                for job, count in tasks.items()}
         job = Job(tmp_path, protocol, model=loop, spec=spec, script=PSS, client=("chief", 0))
         jobs.append(job)
         results[protocol] = job.result()

@@ -14,7 +14,6 @@ writes the losses and the final variables to ``--out`` (``.npz``).
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -25,7 +24,7 @@ DIM, HIDDEN = 32, 16
 VOCAB, EMBED, IDS = 1000, 8, 64
 
 
-def dense_tower(weights, worker, rng):
+def dense_tower(weights, rng):
     """A two-layer regression on this worker's batch; its loss."""
     w0, w1 = weights
     x = tf.constant(rng.standard_normal((8, DIM)).astype(np.float32))
@@ -40,7 +39,7 @@ def build(model, num_ps, num_workers, lr):
     rng = np.random.default_rng(11)
     init = tf.compat.v1.random_normal_initializer(stddev=0.3, seed=3)
     if model == "dense":
-        with tf.device(f"/job:ps/task:0"):
+        with tf.device("/job:ps/task:0"):
             w0 = tf.compat.v1.get_variable("w0", [DIM, HIDDEN], initializer=init)
         with tf.device(f"/job:ps/task:{num_ps - 1}"):
             w1 = tf.compat.v1.get_variable("w1", [HIDDEN, 1], initializer=init)
@@ -56,7 +55,7 @@ def build(model, num_ps, num_workers, lr):
     for i in range(num_workers):
         with tf.device(f"/job:worker/task:{i}"):
             if model == "dense":
-                losses.append(dense_tower(weights, i, rng))
+                losses.append(dense_tower(weights, rng))
             else:
                 ids = tf.constant(rng.integers(0, VOCAB, IDS), dtype=tf.int64)
                 target = tf.constant(rng.standard_normal((IDS, EMBED)).astype(np.float32))
@@ -107,7 +106,6 @@ def main():
     np.savez(args.out, losses=np.array(losses), received=stats["received"],
              **{f"v{i}": v for i, v in enumerate(final)})
     print("done", flush=True)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
