@@ -185,8 +185,10 @@ fn abuse_is_refused_or_bounded_and_the_master_goes_on_serving() {
         assert!(code == 404 || code == 400, "{path}: {code} {text}");
         assert!(!text.contains("root:"), "{path}: {text}");
     }
-    // Bodies: too large (2 MiB), not JSON, JSON of the wrong shape, a lying length.
-    let big = vec![b'x'; 2 << 20];
+    // Bodies: too large (16 MiB: more than the loopback's socket buffers hold, so the client
+    // is still writing when the answer is decided; the whole answer must still reach it),
+    // not JSON, JSON of the wrong shape, a lying length.
+    let big = vec![b'x'; 16 << 20];
     let mut request = format!(
         "POST /jobs HTTP/1.1\r\nHost: m\r\nConnection: close\r\nAuthorization: {auth}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -195,6 +197,14 @@ fn abuse_is_refused_or_bounded_and_the_master_goes_on_serving() {
     .into_bytes();
     request.extend_from_slice(&big);
     let (code, text) = raw(&master.addr, &request);
+    assert_eq!(code, 413, "{text}");
+    // A declared length past what the master drains: answered at once, before any body.
+    let request = format!(
+        "POST /jobs HTTP/1.1\r\nHost: m\r\nConnection: close\r\nAuthorization: {auth}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        1u64 << 30
+    );
+    let (code, text) = raw(&master.addr, request.as_bytes());
     assert_eq!(code, 413, "{text}");
     for body in ["{not json", "[1, 2, 3]", "{\"name\": 7}"] {
         let request = format!(

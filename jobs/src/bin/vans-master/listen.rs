@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
@@ -71,6 +71,12 @@ where
     drop(served);
 }
 
+/// A body over the limit is still read, and dropped, up to this many bytes before the 413
+/// goes out: a client that writes its whole request before reading (most do) would otherwise
+/// meet a reset in the middle of its write and never see the answer. This is the "lingering
+/// close" of nginx and Apache. A longer body is cut off at this point.
+const DRAIN_LIMIT: u64 = 64 << 20;
+
 /// Reads the whole body (at most `max_body` bytes) within the deadline before the handler
 /// runs: 408 when it does not come in time, 413 when it is too large.
 /// The router's layer under the token check (so no body is read for a caller without it).
@@ -84,18 +90,18 @@ pub(crate) async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > deadline.max_body as u64) {
+    if declared.is_some_and(|n| n > DRAIN_LIMIT) {
         return too_large(deadline);
     }
     let (parts, body) = request.into_parts();
-    let read = axum::body::to_bytes(body, deadline.max_body);
+    let read = read_limited(body, deadline.max_body);
     match tokio::time::timeout(deadline.read, read).await {
-        Ok(Ok(bytes)) => {
+        Ok(Some(bytes)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        // Over the limit (a chunked body) or cut off: no handler sees it.
-        Ok(Err(_)) => too_large(deadline),
+        // Over the limit (drained, or cut off past the drain limit): no handler sees it.
+        Ok(None) => too_large(deadline),
         Err(_) => (
             StatusCode::REQUEST_TIMEOUT,
             format!(
@@ -105,6 +111,27 @@ pub(crate) async fn read_body(
         )
             .into_response(),
     }
+}
+
+/// The body when it is at most `max` bytes; `None` when it is longer (read to its end, up to
+/// [`DRAIN_LIMIT`], and dropped) or broken off by the client.
+async fn read_limited(mut body: Body, max: usize) -> Option<Bytes> {
+    use http_body_util::BodyExt;
+    let mut kept = Vec::new();
+    let mut seen = 0u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.ok()?.into_data() else {
+            continue; // trailers
+        };
+        seen = seen.saturating_add(data.len() as u64);
+        if seen > DRAIN_LIMIT {
+            return None;
+        }
+        if seen <= max as u64 {
+            kept.extend_from_slice(&data);
+        }
+    }
+    (seen <= max as u64).then(|| Bytes::from(kept))
 }
 
 fn too_large(deadline: Deadline) -> Response {
