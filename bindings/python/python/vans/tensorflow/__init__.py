@@ -130,10 +130,13 @@ def load_ops():
 def runtime_stats():
     """What this process's TensorFlow servers moved over vans so far: tensors ``sent`` and
     ``received``, ``received_bytes`` (headers included) and ``copied_bytes`` (copied from
-    received frames into TensorFlow's tensors: one per byte of a plain tensor)."""
-    out = (ctypes.c_uint64 * 4)()
+    received frames into TensorFlow's tensors: one per byte of a plain tensor), and the
+    buffers of received tensors of 1 MiB and more: ``pool_allocated`` (new) and
+    ``pool_reused`` (recycled from tensors TensorFlow dropped, already mapped)."""
+    out = (ctypes.c_uint64 * 6)()
     ctypes.CDLL(str(load_server_plugin())).vans_tf_stats(out)
-    return dict(zip(("sent", "received", "received_bytes", "copied_bytes"), out))
+    return dict(zip(("sent", "received", "received_bytes", "copied_bytes",
+                     "pool_allocated", "pool_reused"), out))
 
 
 def load_server_plugin():

@@ -111,7 +111,9 @@ def client(args, server):
                 "p50_ms": float(np.percentile(times, 50)) * 1e3,
                 "p99_ms": float(np.percentile(times, 99)) * 1e3,
                 "received": delta["received"], "received_bytes": delta["received_bytes"],
-                "copied_bytes": delta["copied_bytes"]}), flush=True)
+                "copied_bytes": delta["copied_bytes"],
+                "pool_allocated": delta["pool_allocated"],
+                "pool_reused": delta["pool_reused"]}), flush=True)
     os._exit(0)
 
 
@@ -181,7 +183,10 @@ def summarize(rows):
             "p99_ms": float(np.median([r["p99_ms"] for r in rs])),
             "received": sum(r["received"] for r in rs), "received_bytes": received,
             "copies_per_byte": (sum(r["copied_bytes"] for r in rs) / received
-                                if received else None)})
+                                if received else None),
+            # Buffers of received tensors of 1 MiB and more: new, and recycled.
+            "pool_allocated": sum(r.get("pool_allocated", 0) for r in rs),
+            "pool_reused": sum(r.get("pool_reused", 0) for r in rs)})
     return out
 
 

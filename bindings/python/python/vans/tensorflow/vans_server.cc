@@ -27,7 +27,9 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tensorflow/core/common_runtime/device_mgr.h"
@@ -96,8 +98,86 @@ struct Counters {
   std::atomic<uint64_t> received{0};
   std::atomic<uint64_t> received_bytes{0};
   std::atomic<uint64_t> copied_bytes{0};
+  // RecvPool's buffers: newly allocated, and handed out again.
+  std::atomic<uint64_t> pool_allocated{0};
+  std::atomic<uint64_t> pool_reused{0};
 };
 Counters counters;
+
+// Received tensors from this size on get their memory from RecvPool.
+constexpr size_t kPooledBytes = 1 << 20;
+
+// Host buffers for large received tensors, recycled instead of returned to malloc.
+//
+// TensorFlow's CPU allocator is malloc. glibc gives a large block back to the kernel when it
+// is freed (an mmap of its own, or the top of a thread arena's heap, trimmed), so the next
+// large receive writes into fresh pages: the kernel maps and zeroes every 4 KiB of it in the
+// middle of the copy. With the compute pool's threads allocating and freeing, a 16 MiB tensor
+// per step spent more time in those page faults than in the copy. This pool keeps the buffers
+// of dropped tensors (at most kIdleBytes of them) and hands them out again, already mapped,
+// as vans' FramePool does for frames. It serves plain host memory only: a receive whose
+// tensor must be GPU-compatible (pinned) gets the device's allocator. (TensorFlow marks every
+// cross-task receive `nic_compatible`, memory an RDMA NIC could register; vans reads frames
+// into memory of its own, so that asks nothing of the tensor.)
+class RecvPool : public tensorflow::Allocator {
+ public:
+  // The one pool of the process; never destroyed (tensors may outlive static destructors).
+  static RecvPool* Get() {
+    static RecvPool* pool = new RecvPool();
+    return pool;
+  }
+
+  std::string Name() override { return "vans_recv_pool"; }
+
+  void* AllocateRaw(size_t alignment, size_t num_bytes) override {
+    if (alignment > kAlignment) return nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // The smallest idle buffer that fits, if it wastes at most a quarter of itself.
+      auto it = idle_.lower_bound(num_bytes);
+      if (it != idle_.end() && it->first - num_bytes <= it->first / 4) {
+        void* buffer = it->second;
+        idle_bytes_ -= it->first;
+        idle_.erase(it);
+        counters.pool_reused.fetch_add(1, std::memory_order_relaxed);
+        return buffer;
+      }
+    }
+    const size_t capacity = (num_bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* buffer = std::aligned_alloc(kAlignment, capacity);
+    if (buffer == nullptr) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    capacity_[buffer] = capacity;
+    counters.pool_allocated.fetch_add(1, std::memory_order_relaxed);
+    return buffer;
+  }
+
+  void DeallocateRaw(void* ptr) override {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = capacity_.find(ptr);
+    if (found == capacity_.end()) return;  // not ours: cannot happen
+    const size_t capacity = found->second;
+    if (idle_bytes_ + capacity <= kIdleBytes) {
+      idle_bytes_ += capacity;
+      idle_.emplace(capacity, ptr);
+      return;
+    }
+    capacity_.erase(found);
+    std::free(ptr);
+  }
+
+ private:
+  // A page: more than any alignment TensorFlow asks of host memory (64).
+  static constexpr size_t kAlignment = 4096;
+  // Idle bytes kept, at most: four 64 MiB tensors.
+  static constexpr size_t kIdleBytes = size_t{256} << 20;
+
+  std::mutex mu_;
+  std::multimap<size_t, void*> idle_;        // capacity -> buffer
+  std::unordered_map<void*, size_t> capacity_;  // every buffer of the pool, idle or in use
+  size_t idle_bytes_ = 0;
+};
 
 std::string LastError() {
   const char* error = vans_last_error();
@@ -186,11 +266,11 @@ Status Encode(const Tensor& val, bool is_dead, Encoded* out) {
   return Status();
 }
 
-// The tensor whose header is `header` and whose bytes are `data`, allocated by `allocator`:
-// the bytes are copied once, from the received frame into the tensor. Checks every length
-// first.
+// The tensor whose header is `header` and whose bytes are `data`, allocated by `allocator`
+// (from RecvPool when it is large and `pooled`): the bytes are copied once, from the
+// received frame into the tensor. Checks every length first.
 Status Decode(const char* header, size_t header_len, const char* data, size_t data_len,
-              tensorflow::Allocator* allocator, Tensor* out) {
+              tensorflow::Allocator* allocator, bool pooled, Tensor* out) {
   if (header_len < kFixedHeader || ReadU32(header) != kMagic) {
     return tensorflow::errors::DataLoss("vans: a received tensor has no vans header (",
                                         header_len, " bytes); do both tasks run the same "
@@ -234,7 +314,13 @@ Status Decode(const char* header, size_t header_len, const char* data, size_t da
                                         shape.DebugString(), " carries ", data_len,
                                         " bytes instead of ", expected);
   }
+  if (pooled && data_len >= kPooledBytes) allocator = RecvPool::Get();
   Tensor tensor(allocator, type, shape);
+  if (!tensor.IsInitialized()) {
+    return tensorflow::errors::ResourceExhausted("vans: no memory for a received ",
+                                                 DataTypeString(type), " tensor of ",
+                                                 shape.DebugString());
+  }
   if (data_len > 0) std::memcpy(const_cast<char*>(tensor.tensor_data().data()), data, data_len);
   counters.copied_bytes.fetch_add(data_len, std::memory_order_relaxed);
   *out = std::move(tensor);
@@ -395,7 +481,9 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
         const void* header = vans_buffer_header(value, &header_len);
         status = Decode(static_cast<const char*>(header), header_len,
                         static_cast<const char*>(vans_buffer_data(value)),
-                        vans_buffer_len(value), allocator, &tensor);
+                        vans_buffer_len(value), allocator,
+                        !args.alloc_attrs.gpu_compatible(),
+                        &tensor);
         if (!status.ok()) status = tensorflow::errors::DataLoss(What(), ": ", status.message());
       }
       vans_buffer_free(value);
@@ -570,10 +658,13 @@ const bool registered = [] {
 }  // namespace vans_tf
 
 // Tensors this process sent and received over vans, the bytes received (headers included)
-// and the bytes copied from received frames into tensors, in that order, into `out[4]`.
+// and the bytes copied from received frames into tensors, then RecvPool's new and reused
+// buffers, in that order, into `out[6]`.
 extern "C" __attribute__((visibility("default"))) void vans_tf_stats(uint64_t* out) {
   out[0] = vans_tf::counters.sent.load(std::memory_order_relaxed);
   out[1] = vans_tf::counters.received.load(std::memory_order_relaxed);
   out[2] = vans_tf::counters.received_bytes.load(std::memory_order_relaxed);
   out[3] = vans_tf::counters.copied_bytes.load(std::memory_order_relaxed);
+  out[4] = vans_tf::counters.pool_allocated.load(std::memory_order_relaxed);
+  out[5] = vans_tf::counters.pool_reused.load(std::memory_order_relaxed);
 }
