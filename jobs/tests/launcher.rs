@@ -41,12 +41,14 @@ struct Finished {
 
 impl Launcher {
     fn start(args: &[&str]) -> Launcher {
-        Launcher::start_with(args, false)
+        Launcher::start_with(args, false, &[])
     }
 
-    /// With `own_group`, the launcher leads a new process group, like a job a shell started.
-    fn start_with(args: &[&str], own_group: bool) -> Launcher {
+    /// With `own_group`, the launcher leads a new process group, like a job a shell started;
+    /// `env` is added to what the launcher inherits.
+    fn start_with(args: &[&str], own_group: bool, env: &[(&str, &str)]) -> Launcher {
         let mut command = Command::new(env!("CARGO_BIN_EXE_vans-launch"));
+        command.envs(env.iter().copied());
         if own_group {
             command.process_group(0);
         }
@@ -410,7 +412,7 @@ fn sigint_and_sigterm_stop_the_whole_job() {
             "-c",
             script,
         ];
-        let mut launcher = Launcher::start_with(&args, to_group);
+        let mut launcher = Launcher::start_with(&args, to_group, &[]);
         // The nodes are still running, so seeing their lines shows output is streamed.
         let ready: Vec<String> = node_names(2, 2)
             .into_iter()
@@ -612,4 +614,131 @@ fn a_missing_program_fails_with_its_name() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("DMLC_NUM_WORKER cannot be set"));
+}
+
+#[test]
+fn tensorflow_tasks_get_their_tf_config_and_end_with_the_chief() {
+    let pids = PidFile::new("tensorflow");
+    // Each task prints its TF_CONFIG and what is left of the ps-lite environment; every task
+    // but worker 0 (the chief) then serves until stopped, as TensorFlow's do.
+    let script = r#"
+        echo "$TF_CONFIG"
+        echo "role=${DMLC_ROLE:-none} root=${DMLC_PS_ROOT_PORT:-none} rank=${VANS_RANK:-none}"
+        echo $$ >> "$PIDS"
+        case "$TF_CONFIG" in
+            *'"index":0,"type":"worker"'*)
+                i=0
+                while [ "$(wc -l < "$PIDS")" -lt 4 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+                exit 0 ;;
+        esac
+        exec sleep 62
+    "#;
+    let args = [
+        "--tensorflow",
+        "-s",
+        "2",
+        "-w",
+        "2",
+        "--env",
+        &pids.env(),
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ];
+    let inherited = [
+        ("DMLC_ROLE", "server"),
+        ("DMLC_PS_ROOT_PORT", "1"),
+        ("VANS_RANK", "5"),
+    ];
+    let out = Launcher::start_with(&args, false, &inherited).finish();
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(out.elapsed < STOPPED_WITHIN, "took {:?}", out.elapsed);
+    // No scheduler, and one cluster: two ps tasks, two workers, four different ports.
+    assert!(!out.stdout.contains("[scheduler]"), "{}", out.stdout);
+    let configs: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .filter_map(|line| line.split_once("] {").map(|(_, json)| format!("{{{json}")))
+        .map(|json| serde_json::from_str(&json).unwrap())
+        .collect();
+    assert_eq!(configs.len(), 4, "{}", out.stdout);
+    let cluster = &configs[0]["cluster"];
+    let mut addresses: Vec<&str> = ["ps", "worker"]
+        .iter()
+        .flat_map(|kind| cluster[kind].as_array().unwrap())
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(addresses.len(), 4, "{cluster}");
+    assert!(addresses.iter().all(|a| a.starts_with("127.0.0.1:")));
+    addresses.sort_unstable();
+    addresses.dedup();
+    assert_eq!(addresses.len(), 4, "ports repeat: {cluster}");
+    let mut tasks: Vec<(String, u64)> = configs
+        .iter()
+        .map(|c| {
+            assert_eq!(&c["cluster"], cluster);
+            let task = &c["task"];
+            (
+                task["type"].as_str().unwrap().to_owned(),
+                task["index"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    tasks.sort();
+    let expected = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)];
+    assert_eq!(tasks, expected.map(|(k, i)| (k.to_owned(), i)));
+    // Inherited ps-lite variables are removed: only TF_CONFIG describes the cluster.
+    assert_eq!(
+        out.stdout.matches("role=none root=none rank=none").count(),
+        4,
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr.contains("worker 0, the chief, exited 0"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("(3 stopped by the launcher)"),
+        "{}",
+        out.stderr
+    );
+    let recorded = pids.pids();
+    assert_eq!(recorded.len(), 4, "pids {recorded:?}");
+    assert_all_gone(&recorded, 62);
+
+    // A failing worker fails the job, as any node does; --port has no meaning here.
+    let out = run(&[
+        "--tensorflow",
+        "-s",
+        "1",
+        "-w",
+        "2",
+        "--",
+        "/bin/sh",
+        "-c",
+        r#"case "$TF_CONFIG" in *'"index":1,"type":"worker"'*) exit 4;; esac; exec sleep 63"#,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("vans-launch: worker 1 exited with code 4"),
+        "{}",
+        out.stderr
+    );
+    let out = run(&[
+        "--tensorflow",
+        "-p",
+        "9999",
+        "-s",
+        "1",
+        "-w",
+        "1",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("no scheduler port"), "{}", out.stderr);
 }

@@ -14,7 +14,7 @@ use crate::node::{node_command, supervise, Exited, StopLevel};
 use crate::outcome::{LaunchError, LaunchReport, NodeExit};
 use crate::output::{forward_lines, say, Sink};
 use crate::signals::{next_signal, Signals};
-use crate::spec::{command_line, free_port, LaunchSpec};
+use crate::spec::{command_line, free_port, free_ports, tf_configs, LaunchSpec};
 
 /// After a node fails, how long the others may run on before they are stopped: long enough
 /// to notice the failure themselves and say so.
@@ -30,6 +30,9 @@ enum Cause {
     Failed(NodeExit),
     Timeout(Duration),
     Signal(&'static str),
+    /// TensorFlow: worker 0, the chief, exited 0, and the tasks left (ps tasks and workers
+    /// that serve until stopped) are stopped. The job succeeded.
+    ChiefDone,
 }
 
 /// Starts the nodes of `spec`, prints their output, and waits for all of them; see the
@@ -41,24 +44,39 @@ enum Cause {
 /// every node.
 pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
     spec.validate()?;
-    let port = match spec.root_port {
-        0 => free_port(&spec.root_uri)?,
-        port => port,
+    // A TensorFlow job has no scheduler port: each task listens on its own.
+    let (port, tf_configs) = match (spec.tensorflow, spec.root_port) {
+        (true, _) => {
+            let ports = free_ports(&spec.root_uri, spec.nodes().count())?;
+            (0, tf_configs(spec, &ports))
+        }
+        (false, 0) => (free_port(&spec.root_uri)?, Vec::new()),
+        (false, port) => (port, Vec::new()),
     };
     // Installed before the first spawn, so a Ctrl-C while spawning still stops every node.
     let mut signals = match spec.handle_signals {
         true => Some(Signals::install()?),
         false => None,
     };
-    say(format_args!(
-        "launching 1 scheduler, {}, {} on {}:{port}: {}",
-        plural(spec.num_servers, "server"),
-        plural(spec.num_workers, "worker"),
-        spec.root_uri,
-        command_line(spec)
-    ));
+    if spec.tensorflow {
+        say(format_args!(
+            "launching TensorFlow tasks, {} and {} on {} (TF_CONFIG): {}",
+            plural(spec.num_servers, "ps task"),
+            plural(spec.num_workers, "worker task"),
+            spec.root_uri,
+            command_line(spec)
+        ));
+    } else {
+        say(format_args!(
+            "launching 1 scheduler, {}, {} on {}:{port}: {}",
+            plural(spec.num_servers, "server"),
+            plural(spec.num_workers, "worker"),
+            spec.root_uri,
+            command_line(spec)
+        ));
+    }
     raise_fd_limit(spec);
-    let (mut job, mut exits) = Job::start(spec, port);
+    let (mut job, mut exits) = Job::start(spec, port, &tf_configs);
     let deadline = spec.timeout.map(|timeout| (job.start + timeout, timeout));
     while job.remaining > 0 {
         tokio::select! {
@@ -93,6 +111,8 @@ struct Job {
     stop: watch::Sender<StopLevel>,
     /// After a node failed: when the others get SIGTERM if they have not exited by then.
     settle_until: Option<Instant>,
+    /// A TensorFlow job, which ends when its chief (worker 0) does.
+    tensorflow: bool,
     // JoinSets abort their tasks when dropped, so a dropped `launch` drops every `Child`,
     // and `kill_on_drop` SIGKILLs it (the node only, not what it started).
     supervisors: JoinSet<()>,
@@ -101,7 +121,7 @@ struct Job {
 
 impl Job {
     /// Spawns the nodes in order; stops at the first that cannot be spawned.
-    fn start(spec: &LaunchSpec, port: u16) -> (Job, mpsc::Receiver<Exited>) {
+    fn start(spec: &LaunchSpec, port: u16, tf_configs: &[String]) -> (Job, mpsc::Receiver<Exited>) {
         let total = spec.nodes().count();
         let (stop, stop_rx) = watch::channel(StopLevel::Run);
         // One slot per node: each supervisor sends exactly once, so sends never wait.
@@ -113,12 +133,14 @@ impl Job {
             remaining: 0,
             cause: None,
             settle_until: None,
+            tensorflow: spec.tensorflow,
             stop,
             supervisors: JoinSet::new(),
             forwarders: JoinSet::new(),
         };
-        for (role, rank) in spec.nodes() {
-            let mut child = match node_command(spec, role, rank, port).spawn() {
+        for (index, (role, rank)) in spec.nodes().enumerate() {
+            let tf_config = tf_configs.get(index).map(String::as_str);
+            let mut child = match node_command(spec, role, rank, port, tf_config).spawn() {
                 Ok(child) => child,
                 Err(source) => {
                     let program = spec.program.clone();
@@ -175,6 +197,11 @@ impl Job {
             )),
             Cause::Signal(name) => say(format_args!(
                 "got {name}; stopping {remaining} (send it again to kill them at once)"
+            )),
+            Cause::ChiefDone => say(format_args!(
+                "worker 0, the chief, exited 0; stopping the {} left (they serve until \
+                 stopped)",
+                plural_count(self.remaining, "task")
             )),
         }
         let settle = matches!(cause, Cause::Failed(_));
@@ -235,6 +262,10 @@ impl Job {
             status,
             stopped_by_launcher,
         };
+        let chief = self.tensorflow && (role, rank) == (Role::Worker, 0);
+        if chief && status.success() && self.remaining > 0 {
+            self.stop(Cause::ChiefDone);
+        }
         if !status.success() && !stopped_by_launcher {
             match self.cause {
                 None => self.stop(Cause::Failed(exit.clone())),
@@ -292,6 +323,12 @@ impl Job {
             },
             Cause::Timeout(timeout) => LaunchError::Timeout(timeout),
             Cause::Signal(name) => LaunchError::Interrupted(name),
+            Cause::ChiefDone => {
+                say(format_args!(
+                    "worker 0, the chief, exited 0: the job succeeded"
+                ));
+                return Ok(LaunchReport { nodes, elapsed });
+            }
         })
     }
 }

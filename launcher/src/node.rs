@@ -33,11 +33,40 @@ pub(crate) struct Exited {
     pub(crate) killed_leftovers: bool,
 }
 
-/// The command that starts one node.
-pub(crate) fn node_command(spec: &LaunchSpec, role: Role, rank: u32, port: u16) -> Command {
+/// The ps-lite variables a TensorFlow task does without: inherited ones are removed, so that
+/// nothing but its `TF_CONFIG` describes the cluster.
+const PS_LITE_VARIABLES: [&str; 7] = [
+    "DMLC_ROLE",
+    "DMLC_NUM_SERVER",
+    "DMLC_NUM_WORKER",
+    "DMLC_PS_ROOT_URI",
+    "DMLC_PS_ROOT_PORT",
+    "DMLC_NODE_HOST",
+    "VANS_RANK",
+];
+
+/// The command that starts one node; `tf_config` for a TensorFlow task
+/// ([`LaunchSpec::tensorflow`]).
+pub(crate) fn node_command(
+    spec: &LaunchSpec,
+    role: Role,
+    rank: u32,
+    port: u16,
+    tf_config: Option<&str>,
+) -> Command {
     let mut command = Command::new(&spec.program);
+    command.args(&spec.args);
+    if let Some(tf_config) = tf_config {
+        for name in PS_LITE_VARIABLES {
+            command.env_remove(name);
+        }
+        command
+            .envs(spec.env.iter().map(|(key, value)| (key, value)))
+            .env("TF_CONFIG", tf_config)
+            .env("VANS_LAUNCH_RANK", rank.to_string());
+        return finish(command);
+    }
     command
-        .args(&spec.args)
         .env("DMLC_NUM_SERVER", spec.num_servers.to_string())
         .env("DMLC_NUM_WORKER", spec.num_workers.to_string())
         .env("DMLC_PS_ROOT_URI", &spec.root_uri)
@@ -57,6 +86,11 @@ pub(crate) fn node_command(spec: &LaunchSpec, role: Role, rank: u32, port: u16) 
     } else {
         command.env("VANS_RANK", rank.to_string());
     }
+    finish(command)
+}
+
+/// Output piped, a process group of its own, death with the launcher.
+fn finish(mut command: Command) -> Command {
     command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

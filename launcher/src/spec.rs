@@ -53,6 +53,14 @@ pub struct LaunchSpec {
     pub timeout: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when nodes are stopped; [`DEFAULT_GRACE`] by default.
     pub grace: Duration,
+    /// TensorFlow tasks instead of ps-lite nodes (false by default): no scheduler process;
+    /// the servers are the `ps` tasks and the workers the `worker` tasks of one `TF_CONFIG`
+    /// cluster, each listening on a free port of [`root_uri`](Self::root_uri), and no
+    /// `DMLC_*` variable is set. A TensorFlow server with a vans protocol hosts the vans
+    /// scheduler in one of its tasks. The job succeeds once worker 0, the chief, has exited
+    /// 0; the tasks left (ps tasks and workers that serve until stopped) are then stopped, as
+    /// under a TFJob's default success policy.
+    pub tensorflow: bool,
     /// Handle SIGINT and SIGTERM sent to this process (true by default). Once handled, tokio
     /// keeps those signals from terminating the process even after [`launch`](crate::launch) returns, so
     /// embedders with their own signal policy set this to false.
@@ -73,23 +81,39 @@ impl LaunchSpec {
             root_port: 0,
             timeout: None,
             grace: DEFAULT_GRACE,
+            tensorflow: false,
             handle_signals: true,
         }
     }
 
-    /// Every node in start order: the scheduler, the servers, the workers, with their ranks.
+    /// Every node in start order: the scheduler (unless [`tensorflow`](Self::tensorflow)),
+    /// the servers, the workers, with their ranks.
     pub(crate) fn nodes(&self) -> impl Iterator<Item = (Role, u32)> {
-        std::iter::once((Role::Scheduler, 0))
+        (!self.tensorflow)
+            .then_some((Role::Scheduler, 0))
+            .into_iter()
             .chain((0..self.num_servers).map(|rank| (Role::Server, rank)))
             .chain((0..self.num_workers).map(|rank| (Role::Worker, rank)))
     }
 
     pub(crate) fn validate(&self) -> Result<(), LaunchError> {
-        let total = u64::from(self.num_servers) + u64::from(self.num_workers) + 1;
+        let total = self.nodes().count() as u64;
         if total > u64::from(MAX_NODES) {
             return Err(LaunchError::InvalidSpec(format!(
                 "{total} nodes requested; a local launch starts at most {MAX_NODES}"
             )));
+        }
+        if self.tensorflow && self.root_port != 0 {
+            return Err(LaunchError::InvalidSpec(
+                "a TensorFlow job has no scheduler port to set (root_port / --port): each \
+                 task listens on a free port, named in its TF_CONFIG"
+                    .into(),
+            ));
+        }
+        if self.tensorflow && self.num_workers == 0 {
+            return Err(LaunchError::InvalidSpec(
+                "a TensorFlow job needs at least one worker task".into(),
+            ));
         }
         if self.program.as_os_str().is_empty() {
             return Err(LaunchError::InvalidSpec("no program given".into()));
@@ -103,6 +127,11 @@ impl LaunchSpec {
                     "invalid environment entry {key:?}={value:?}: names must be non-empty \
                      without '=' and neither may contain NUL"
                 )));
+            }
+            if self.tensorflow && key == "TF_CONFIG" {
+                return Err(LaunchError::InvalidSpec(
+                    "TF_CONFIG cannot be set: the launcher sets it per task".into(),
+                ));
             }
             if let Some((_, hint)) = RESERVED_ENV.iter().find(|(name, _)| name == key) {
                 return Err(LaunchError::InvalidSpec(format!(
@@ -127,6 +156,57 @@ pub(crate) fn free_port(uri: &str) -> Result<u16, LaunchError> {
         .ok_or_else(|| io_error(io::Error::new(io::ErrorKind::NotFound, "no address")))?;
     let listener = TcpListener::bind(address).map_err(io_error)?;
     Ok(listener.local_addr().map_err(io_error)?.port())
+}
+
+/// `count` ports that were free on `uri` a moment ago, all different: every one is held
+/// until the last is picked.
+pub(crate) fn free_ports(uri: &str, count: usize) -> Result<Vec<u16>, LaunchError> {
+    let io_error = |source| LaunchError::Io {
+        context: format!("could not pick {count} free ports on {uri}"),
+        source,
+    };
+    let address = (uri, 0)
+        .to_socket_addrs()
+        .map_err(io_error)?
+        .next()
+        .ok_or_else(|| io_error(io::Error::new(io::ErrorKind::NotFound, "no address")))?;
+    let held = (0..count)
+        .map(|_| TcpListener::bind(address))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io_error)?;
+    held.iter()
+        .map(|listener| Ok(listener.local_addr().map_err(io_error)?.port()))
+        .collect()
+}
+
+/// The `TF_CONFIG` of each server (`ps` task) and then each worker of `spec`, whose tasks
+/// listen on `ports` (in the same order) on the root URI.
+pub(crate) fn tf_configs(spec: &LaunchSpec, ports: &[u16]) -> Vec<String> {
+    let servers = spec.num_servers as usize;
+    let addresses = |ports: &[u16]| -> Vec<String> {
+        ports
+            .iter()
+            .map(|port| format!("{}:{port}", spec.root_uri))
+            .collect()
+    };
+    let (ps, workers) = ports.split_at(servers.min(ports.len()));
+    let mut cluster = serde_json::Map::new();
+    if !ps.is_empty() {
+        cluster.insert("ps".into(), addresses(ps).into());
+    }
+    cluster.insert("worker".into(), addresses(workers).into());
+    let tasks = (0..ps.len())
+        .map(|index| ("ps", index))
+        .chain((0..workers.len()).map(|index| ("worker", index)));
+    tasks
+        .map(|(kind, index)| {
+            serde_json::json!({
+                "cluster": cluster,
+                "task": { "type": kind, "index": index },
+            })
+            .to_string()
+        })
+        .collect()
 }
 
 /// Whether `uri` names this machine's loopback (`localhost`, 127.0.0.0/8, `::1`).

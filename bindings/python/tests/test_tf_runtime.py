@@ -128,6 +128,40 @@ def test_every_protocol_trains_to_the_same_bits_as_grpc(jobs, tmp_path, model):
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{protocol} {name}")
 
 
+def vans_launch():
+    """The ``vans-launch`` cargo built (the test command builds every binary before pytest)."""
+    root = HERE.parents[2]
+    for profile in ("debug", "release"):
+        path = root / "target" / profile / "vans-launch"
+        if path.exists():
+            return path
+    pytest.fail("no target/debug/vans-launch or target/release/vans-launch: "
+                "build it first (cargo build -p jobs --bin vans-launch)")
+
+
+def test_a_job_under_vans_launch_trains_to_the_same_bits_as_grpc(jobs, tmp_path):
+    expected = train(jobs, tmp_path, "grpc", steps=3)
+    expected.pop("received")
+    # The script as a launcher runs it: its task from TF_CONFIG, no --cluster/--job/--task.
+    out = tmp_path / "launched.npz"
+    environment = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("DMLC_", "TF_CONFIG"))}
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    run = subprocess.run(
+        [vans_launch(), "--tensorflow", "-s", "2", "-w", "2", "--timeout", "300", "--",
+         sys.executable, str(JOB), "--protocol", "grpc+vans", "--steps", "3", "--out", str(out)],
+        capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=400)
+    assert run.returncode == 0, run.stderr[-6000:] + run.stdout[-4000:]
+    assert "worker 0, the chief, exited 0" in run.stderr, run.stderr[-4000:]
+    assert "[worker 0] done" in run.stdout, run.stdout[-4000:]
+    with np.load(out) as data:
+        got = {k: data[k] for k in data.files}
+    assert got.pop("received") > 0
+    assert got.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
 def wait_for_line(proc, text, timeout=120):
     """Reads ``proc``'s output until it contains ``text``; returns what was read. Fails after
     ``timeout`` seconds even when the process prints nothing more. Reads the pipe's file

@@ -4,6 +4,13 @@
 //! vans-launch -s 2 -w 3 --env PS_VERBOSE=1 -- target/release/ps-bench --quick
 //! ```
 //!
+//! With `--tensorflow` the nodes are TensorFlow tasks instead (`ps` and `worker`, each with
+//! its `TF_CONFIG`; see `launcher::LaunchSpec::tensorflow`):
+//!
+//! ```text
+//! vans-launch --tensorflow -s 2 -w 2 -- python train.py   # protocol="grpc+vans" inside
+//! ```
+//!
 //! Every node gets the ps-lite environment (`DMLC_ROLE`, `DMLC_NUM_SERVER`, `DMLC_NUM_WORKER`,
 //! `DMLC_PS_ROOT_URI`, `DMLC_PS_ROOT_PORT`, ...) and its output is printed with a `[server 1] `
 //! style prefix. When a node fails, the timeout passes or Ctrl-C is pressed, every node is
@@ -60,6 +67,11 @@ struct Cli {
     /// time between SIGTERM and SIGKILL when stopping nodes (default: 3)
     #[arg(long, value_name = "SECS", value_parser = seconds, allow_negative_numbers = true)]
     grace: Option<Duration>,
+    /// TensorFlow tasks: N ps (-s) and N worker (-w) tasks, each with a TF_CONFIG naming
+    /// its task and a free port; no scheduler process and no DMLC_* variables. The job
+    /// succeeds once worker 0 (the chief) exits 0; the tasks left are then stopped
+    #[arg(long)]
+    tensorflow: bool,
     /// extra environment for every node (repeatable)
     #[arg(short = 'e', long = "env", value_name = "K=V", value_parser = key_value)]
     env: Vec<(String, String)>,
@@ -83,6 +95,7 @@ impl Cli {
         spec.root_port = self.port;
         spec.timeout = self.timeout;
         spec.grace = self.grace.unwrap_or(DEFAULT_GRACE);
+        spec.tensorflow = self.tensorflow;
         spec
     }
 }

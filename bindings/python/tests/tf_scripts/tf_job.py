@@ -9,6 +9,9 @@ writes the losses and the final variables to ``--out`` (``.npz``).
 
     python tf_job.py --cluster '{"ps": [...], "worker": [...]}' --job worker --task 0 \
         --protocol grpc+vans --model dense --steps 5 --out result.npz
+
+Without ``--cluster``, ``--job`` and ``--task`` the task comes from ``TF_CONFIG``, as a
+launcher sets it (``vans-launch --tensorflow``, a TFJob).
 """
 
 import argparse
@@ -70,14 +73,18 @@ def build(model, num_ps, num_workers, lr):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cluster", required=True, help="the cluster spec, as JSON")
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--task", type=int, required=True)
+    parser.add_argument("--cluster", help="the cluster spec, as JSON (default: TF_CONFIG's)")
+    parser.add_argument("--job", help="default: TF_CONFIG's task type")
+    parser.add_argument("--task", type=int, help="default: TF_CONFIG's task index")
     parser.add_argument("--protocol", required=True)
     parser.add_argument("--model", choices=["dense", "sparse"], default="dense")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", help="where worker:0 writes its results (.npz)")
     args = parser.parse_args()
+    if args.cluster is None:
+        config = json.loads(os.environ["TF_CONFIG"])
+        args.cluster = json.dumps(config["cluster"])
+        args.job, args.task = config["task"]["type"], int(config["task"]["index"])
     cluster = tf.train.ClusterSpec(json.loads(args.cluster))
     server = tf.distribute.Server(cluster, job_name=args.job, task_index=args.task,
                                   protocol=args.protocol, start=True)
