@@ -48,6 +48,14 @@ pub struct JobSpec {
     /// How often an elastic job's worker may be started again (`--max-restarts`).
     #[serde(default = "default_max_restarts")]
     pub max_restarts: u32,
+    /// TensorFlow tasks (`--tensorflow`): `ps_num` ps tasks (none for `AllReduce`) and
+    /// `worker_num` worker tasks, each with a `TF_CONFIG` naming its task, and no scheduler
+    /// task and no `DMLC_*` variable (a TensorFlow server with a vans protocol hosts the
+    /// scheduler itself). The job succeeds once `worker-0`, the chief, exits 0; the tasks
+    /// left are then stopped, as under a TFJob's default success policy. The local backend
+    /// only.
+    #[serde(default)]
+    pub tensorflow: bool,
 }
 
 /// [`JobSpec::max_restarts`] when not given.
@@ -58,11 +66,12 @@ fn default_max_restarts() -> u32 {
 }
 
 impl JobSpec {
-    /// Servers the cluster gets: `ps_num`, or one idle server for `AllReduce`.
+    /// Servers (ps tasks) the cluster gets: `ps_num`, or for `AllReduce` one idle server
+    /// (none for TensorFlow tasks).
     pub fn servers(&self) -> u32 {
         match self.strategy {
             Strategy::ParameterServer => self.ps_num,
-            Strategy::AllReduce => 1,
+            Strategy::AllReduce => u32::from(!self.tensorflow),
         }
     }
 
@@ -77,6 +86,13 @@ impl JobSpec {
         }
         if self.worker_num == 0 {
             return Err("worker_num must be at least 1".into());
+        }
+        if self.tensorflow && self.elastic {
+            return Err(
+                "a TensorFlow job cannot be elastic: a worker started again would \
+                        rejoin by vans' recovery, which TensorFlow's tasks do not use"
+                    .into(),
+            );
         }
         if self.strategy == Strategy::ParameterServer && self.ps_num == 0 {
             return Err("a ParameterServer job needs ps_num of at least 1".into());
@@ -104,10 +120,15 @@ impl JobSpec {
         Ok(())
     }
 
-    /// The tasks in rank order: (name, role, rank within the role).
+    /// The tasks in rank order: (name, role, rank within the role). TensorFlow jobs have no
+    /// scheduler, and their servers are named `ps-N`.
     pub fn tasks(&self) -> Vec<(String, &'static str, u32)> {
-        let mut tasks = vec![("scheduler".to_owned(), "scheduler", 0)];
-        tasks.extend((0..self.servers()).map(|r| (format!("server-{r}"), "server", r)));
+        let mut tasks = Vec::new();
+        if !self.tensorflow {
+            tasks.push(("scheduler".to_owned(), "scheduler", 0));
+        }
+        let server = if self.tensorflow { "ps" } else { "server" };
+        tasks.extend((0..self.servers()).map(|r| (format!("{server}-{r}"), "server", r)));
         tasks.extend((0..self.worker_num).map(|r| (format!("worker-{r}"), "worker", r)));
         tasks
     }
@@ -117,7 +138,8 @@ impl JobSpec {
     /// `root`, `NUM_WORKERS`, `VANS_TASK`, its `DMLC_ROLE`; servers and workers their
     /// `DMLC_PORT`, their index as `VANS_RANK` (so a worker's rank is its index) and a
     /// `TF_CONFIG` naming their task in the cluster of `address`es (for TensorFlow code);
-    /// `VANS_STRATEGY` for `AllReduce`. `address(task name, index)` is where that
+    /// `VANS_STRATEGY` for `AllReduce`. A TensorFlow job's tasks get `NUM_WORKERS`,
+    /// `VANS_TASK` and their `TF_CONFIG` only. `address(task name, index)` is where that
     /// task listens. The job's own `env` is not included.
     pub fn task_environments(
         &self,
@@ -136,8 +158,33 @@ impl JobSpec {
                 })
                 .collect()
         };
-        let cluster = serde_json::json!({ "ps": listed("server"), "worker": listed("worker") });
+        let mut cluster = serde_json::json!({ "ps": listed("server"), "worker": listed("worker") });
+        if self.tensorflow && self.servers() == 0 {
+            // TensorFlow reads an empty job as a job with no tasks: leave it out.
+            cluster = serde_json::json!({ "worker": listed("worker") });
+        }
         let var = |k: &str, v: String| (k.to_owned(), v);
+        let tf_config = |role: &str, rank: u32| {
+            let task_type = if role == "server" { "ps" } else { "worker" };
+            serde_json::json!({
+                "cluster": cluster,
+                "task": { "type": task_type, "index": rank },
+            })
+            .to_string()
+        };
+        if self.tensorflow {
+            return tasks
+                .iter()
+                .map(|(name, role, rank)| {
+                    let env = vec![
+                        var("NUM_WORKERS", self.worker_num.to_string()),
+                        var("VANS_TASK", format!("{}/{name}", self.name)),
+                        var("TF_CONFIG", tf_config(role, *rank)),
+                    ];
+                    (name.clone(), env)
+                })
+                .collect();
+        }
         tasks
             .iter()
             .enumerate()
@@ -157,12 +204,7 @@ impl JobSpec {
                     env.push(var("DMLC_PORT", address(name, i).1.to_string()));
                     // The rank is the task's index, as TF_CONFIG's task says.
                     env.push(var("VANS_RANK", rank.to_string()));
-                    let task_type = if *role == "server" { "ps" } else { "worker" };
-                    let tf = serde_json::json!({
-                        "cluster": cluster,
-                        "task": { "type": task_type, "index": rank },
-                    });
-                    env.push(var("TF_CONFIG", tf.to_string()));
+                    env.push(var("TF_CONFIG", tf_config(role, *rank)));
                 }
                 if self.strategy == Strategy::AllReduce {
                     env.push(var("VANS_STRATEGY", "AllReduce".to_owned()));

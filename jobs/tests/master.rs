@@ -322,3 +322,117 @@ fn an_elastic_job_starts_a_killed_worker_again_and_finishes() {
         "{replaced}"
     );
 }
+
+#[test]
+fn a_tensorflow_job_gets_tf_config_and_ends_with_its_chief() {
+    let _one = one_master();
+    let master = Master::start("local", &[]);
+    // Each task writes its TF_CONFIG and what is left of the ps-lite variables; the chief
+    // (worker-0) then exits 0 and the others serve until stopped, as TensorFlow's tasks do.
+    let script = r#"
+        echo "$TF_CONFIG"
+        echo "role=${DMLC_ROLE:-none} rank=${VANS_RANK:-none}"
+        case "$TF_CONFIG" in
+            *'"index":0,"type":"worker"'*) sleep 0.5; exit 0 ;;
+        esac
+        exec sleep 64
+    "#;
+    let tf = master.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--ps-num",
+        "2",
+        "--worker-num",
+        "2",
+        "--tensorflow",
+        "--task",
+        "tf",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    let text = common::text(&tf);
+    assert!(tf.status.success(), "{text}");
+    let status = job(&master, 1);
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let tasks = status["tasks"].as_array().unwrap();
+    let names: Vec<&str> = tasks.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["ps-0", "ps-1", "worker-0", "worker-1"], "{status}");
+    let states: Vec<&str> = tasks.iter().map(|t| t["state"].as_str().unwrap()).collect();
+    assert_eq!(
+        states,
+        ["stopped", "stopped", "succeeded", "stopped"],
+        "{status}"
+    );
+    let mut addresses = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let (code, log) = master.get("GET", &format!("/jobs/1/logs/{name}"), None);
+        assert_eq!(code, 200, "{log}");
+        let mut lines = log.lines();
+        let config: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        let (kind, index) = name.split_once('-').unwrap();
+        assert_eq!(config["task"]["type"], kind, "{log}");
+        assert_eq!(
+            config["task"]["index"],
+            index.parse::<u64>().unwrap(),
+            "{log}"
+        );
+        assert_eq!(lines.next(), Some("role=none rank=none"), "{log}");
+        let listed = &config["cluster"][kind][index.parse::<usize>().unwrap()];
+        addresses.push(listed.as_str().unwrap().to_owned());
+        assert_eq!(
+            config["cluster"]["ps"].as_array().unwrap().len(),
+            2,
+            "task {i}"
+        );
+        assert_eq!(config["cluster"]["worker"].as_array().unwrap().len(), 2);
+    }
+    addresses.sort();
+    addresses.dedup();
+    assert_eq!(addresses.len(), 4, "{addresses:?}");
+    assert!(master
+        .log()
+        .contains("job 1: worker-0, the chief, exited 0; stopping the tasks left"));
+
+    // Elastic TensorFlow jobs are refused, with the reason.
+    let refused = master.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--worker-num",
+        "1",
+        "--tensorflow",
+        "--elastic",
+        "--task",
+        "tf2",
+        "--",
+        "true",
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        common::text(&refused).contains("cannot be elastic"),
+        "{}",
+        common::text(&refused)
+    );
+    drop(master);
+
+    // Another backend refuses them before starting anything (sbatch is never called).
+    let slurm = Master::start("slurm", &[]);
+    let refused = slurm.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--worker-num",
+        "1",
+        "--tensorflow",
+        "--task",
+        "tf3",
+        "--",
+        "true",
+    ]);
+    assert!(!refused.status.success());
+    let text = common::text(&refused);
+    assert!(
+        text.contains("TensorFlow jobs (--tensorflow) run on the local backend"),
+        "{text}"
+    );
+}

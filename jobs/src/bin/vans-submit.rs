@@ -67,6 +67,10 @@ struct Options {
     /// Elastic: a worker that fails is started again in its place (local backend).
     #[arg(long)]
     elastic: bool,
+    /// TensorFlow tasks: ps and worker tasks with their TF_CONFIG, no scheduler task; the
+    /// job succeeds when worker-0 (the chief) exits 0 (local backend).
+    #[arg(long)]
+    tensorflow: bool,
     /// With --elastic: how often each worker may be started again.
     #[arg(long, default_value_t = jobs::DEFAULT_MAX_RESTARTS)]
     max_restarts: u32,
@@ -116,6 +120,7 @@ async fn submit(o: Options) -> Result<bool, BoxError> {
         env,
         elastic: o.elastic,
         max_restarts: o.max_restarts,
+        tensorflow: o.tensorflow,
     };
     spec.check()?;
     if o.dry_run {

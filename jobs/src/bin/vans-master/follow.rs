@@ -89,6 +89,7 @@ pub(crate) fn spawn(jobs: Jobs, id: u64, spec: &JobSpec, stop: Arc<AtomicBool>, 
     let restarts = Restarts {
         elastic: spec.elastic,
         max: spec.max_restarts,
+        tensorflow: spec.tensorflow,
     };
     // The job's state from its tasks' as the backend started them, before the first look.
     settle_job_state(&jobs, id);
@@ -99,6 +100,8 @@ pub(crate) fn spawn(jobs: Jobs, id: u64, spec: &JobSpec, stop: Arc<AtomicBool>, 
 struct Restarts {
     elastic: bool,
     max: u32,
+    /// A TensorFlow job: it ends, well, when `worker-0` (the chief) does.
+    tensorflow: bool,
 }
 
 async fn follow<W: Watch>(
@@ -110,10 +113,18 @@ async fn follow<W: Watch>(
 ) {
     let mut stopping = false;
     let mut failure: Option<String> = None;
+    // A TensorFlow job's chief has exited 0: the tasks left serve until stopped.
+    let mut chief_done = false;
     // The scheduler or a server has ended: a worker started again could not rejoin.
     let mut support_gone = false;
     loop {
-        if (stop.load(Ordering::Acquire) || failure.is_some()) && !stopping {
+        if (stop.load(Ordering::Acquire) || failure.is_some() || chief_done) && !stopping {
+            if chief_done && failure.is_none() {
+                eprintln!(
+                    "vans-master: job {id}: worker-0, the chief, exited 0; stopping the tasks \
+                     left (they serve until stopped)"
+                );
+            }
             stopping = true;
             if watch.stop().await {
                 break;
@@ -178,6 +189,7 @@ async fn follow<W: Watch>(
             if state == State::Failed && failure.is_none() {
                 failure = Some(format!("task {name} {}", seen.why));
             }
+            chief_done |= restarts.tensorflow && name == "worker-0" && state == State::Succeeded;
         }
         if let Some(why) = look.failed {
             failure.get_or_insert(why);
@@ -402,6 +414,7 @@ mod tests {
         let restarts = Restarts {
             elastic: spec.elastic,
             max: spec.max_restarts,
+            tensorflow: spec.tensorflow,
         };
         tokio::time::timeout(
             Duration::from_secs(10),
@@ -441,6 +454,27 @@ mod tests {
         assert_eq!(status.error, None);
         assert!(status.tasks.iter().all(|t| t.state == State::Succeeded));
         assert_eq!(calls, [Call::Look, Call::Look]);
+    }
+
+    #[tokio::test]
+    async fn a_tensorflow_job_ends_well_with_its_chief_and_the_rest_count_as_stopped() {
+        let (jobs, stop) = jobs(false);
+        jobs.update(1, |job| job.status.spec.tensorflow = true);
+        let mut chief_done = all(State::Running, None);
+        chief_done[2] = ("worker-0", State::Succeeded, Some(0));
+        // Killed by the stop: they end as failed, with SIGKILL's code.
+        let mut killed = all(State::Failed, Some(137));
+        killed[2] = ("worker-0", State::Succeeded, Some(0));
+        let (status, calls) = run(&jobs, stop, script(vec![chief_done, killed])).await;
+        assert_eq!(status.state, State::Succeeded);
+        assert_eq!(status.error, None);
+        let s = states(&status);
+        assert_eq!(s[2], ("worker-0".into(), State::Succeeded, Some(0), 0));
+        for i in [0, 1, 3] {
+            assert_eq!(s[i].1, State::Stopped, "{:?}", s[i]);
+        }
+        assert_eq!(calls.iter().filter(|c| **c == Call::Stop).count(), 1);
+        assert!(!calls.contains(&Call::CleanUp), "{calls:?}");
     }
 
     #[tokio::test]
