@@ -108,9 +108,33 @@ impl RendezvousHandle {
         key: &str,
         done: impl FnOnce(node::Result<Received>) + Send + 'static,
     ) {
+        self.recv_with(step_id, key, false, done);
+    }
+
+    /// [`recv_then`](Self::recv_then), except that a receive that ends at once (the value
+    /// was there, as it mostly is in push mode, or the call failed) calls `done` right here,
+    /// on the calling thread before this returns, instead of handing it to another thread.
+    /// For callers that hold no lock `done` takes (TensorFlow's `RecvAsync` allows its
+    /// callback to run inline, as its local rendezvous does).
+    pub fn recv_now_or_then(
+        &self,
+        step_id: i64,
+        key: &str,
+        done: impl FnOnce(node::Result<Received>) + Send + 'static,
+    ) {
+        self.recv_with(step_id, key, true, done);
+    }
+
+    fn recv_with(
+        &self,
+        step_id: i64,
+        key: &str,
+        inline: bool,
+        done: impl FnOnce(node::Result<Received>) + Send + 'static,
+    ) {
         let runtime = self.node.runtime();
         // Set once `recv_async` has returned: an answer before that came on this thread.
-        let returned = Arc::new(AtomicBool::new(false));
+        let returned = Arc::new(AtomicBool::new(inline));
         let done = {
             let returned = Arc::clone(&returned);
             let runtime = runtime.clone();

@@ -233,7 +233,7 @@ typedef int (*vans_handler)(void *user_data,
 typedef void (*vans_release)(void *user_data);
 
 // A receive's completion callback: `done(user_data, status, value, is_dead)` on a vans I/O
-// thread. On success `value` is the received tensor, owned by the callee (release it with
+// thread (or, with `vans_rendezvous_recv_async_inline`, on the calling thread). On success `value` is the received tensor, owned by the callee (release it with
 // `vans_buffer_free`, on any thread, whenever); on failure it is NULL and `vans_last_error()`
 // inside the callback describes the failure. Same rules as every callback: return quickly,
 // no blocking, no throw or `longjmp`.
@@ -792,6 +792,26 @@ int vans_rendezvous_recv_async(const struct vans_rendezvous *rendezvous,
                                const char *key,
                                vans_recv_callback done,
                                void *user_data);
+
+// As `vans_rendezvous_recv_async`, except that a receive that ends at once (the tensor is
+// already there, as it mostly is with the push protocol, or the receive fails) runs `done`
+// on the calling thread before this returns, instead of on a vans thread. That saves a
+// thread switch per such receive, for callers that hold no lock `done` takes (TensorFlow's
+// `RecvAsync` callbacks may run inline). Returns an error (and never calls `done`) only when
+// the arguments are invalid.
+//
+// Ownership: `user_data` is the caller's, handed back to `done`. Thread-safety: any thread,
+// callbacks included.
+//
+// # Safety
+//
+// `rendezvous` must be a live rendezvous or NULL; `key` a NUL-terminated string or NULL;
+// `done` and `user_data` as above.
+int vans_rendezvous_recv_async_inline(const struct vans_rendezvous *rendezvous,
+                                      int64_t step_id,
+                                      const char *key,
+                                      vans_recv_callback done,
+                                      void *user_data);
 
 // Ends step `step_id` (TensorFlow's `Cleanup`): its pending receives fail with
 // `VANS_ERR_RENDEZVOUS`, its table goes. Thread-safety: any thread, callbacks included.

@@ -4,7 +4,9 @@
  * and sends it back reversed as the pong, which the worker receives: into a library buffer,
  * into its own buffer, and by callback. Also: a lent (zero-copy) send gives its buffer back
  * through the release callback, a too-small receive buffer and a malformed key are errors
- * naming the problem, a receive times out, and cleaning up a step fails its pending receive.
+ * naming the problem, a receive times out, cleaning up a step fails its pending receive, and
+ * a tensor already there completes vans_rendezvous_recv_async_inline on the calling thread
+ * (vans_rendezvous_recv_async on another).
  *
  * Prints "rendezvous ok: <protocol>, N steps" on the worker.
  */
@@ -69,6 +71,7 @@ static int received = 0;
 static int received_status = 1;
 static vans_buffer *received_value = NULL;
 static char received_message[512];
+static pthread_t received_thread;
 
 static void on_release(void *user_data) {
     (void)user_data;
@@ -85,6 +88,7 @@ static void on_received(void *user_data, int status, vans_buffer *value, bool is
     received++;
     received_status = status;
     received_value = value;
+    received_thread = pthread_self();
     snprintf(received_message, sizeof received_message, "%s", vans_last_error());
     pthread_cond_broadcast(&changed);
     pthread_mutex_unlock(&lock);
@@ -200,6 +204,42 @@ static void run_worker(vans_rendezvous *rdv, const char *protocol) {
     EXPECT(received_value == NULL);
     printf("cleanup failed the receive as expected: %s\n", received_message);
     EXPECT(strstr(received_message, "abort") != NULL);
+
+    /* A tensor already in this task's table: the inline receive runs its callback on this
+     * thread before it returns; the other hands it to a vans thread. */
+    static unsigned char mine[5] = {1, 2, 3, 4, 5};
+    key(worker_id, worker_id, "mine", 0, k, sizeof k);
+    CHECK(vans_rendezvous_send(rdv, 200, k, mine, sizeof mine, false, NULL, NULL));
+    CHECK(vans_rendezvous_recv_async_inline(rdv, 200, k, on_received, NULL));
+    pthread_mutex_lock(&lock);
+    int done_before_return = received;
+    bool on_this_thread = pthread_equal(received_thread, pthread_self());
+    pthread_mutex_unlock(&lock);
+    EXPECT(done_before_return == 3 && on_this_thread);
+    EXPECT(received_status == VANS_OK && vans_buffer_len(received_value) == sizeof mine);
+    EXPECT(memcmp(vans_buffer_data(received_value), mine, sizeof mine) == 0);
+    vans_buffer_free(received_value);
+    CHECK(vans_rendezvous_send(rdv, 201, k, mine, sizeof mine, false, NULL, NULL));
+    CHECK(vans_rendezvous_recv_async(rdv, 201, k, on_received, NULL));
+    wait_count(&received, 4);
+    pthread_mutex_lock(&lock);
+    on_this_thread = pthread_equal(received_thread, pthread_self());
+    pthread_mutex_unlock(&lock);
+    EXPECT(!on_this_thread && received_status == VANS_OK);
+    vans_buffer_free(received_value);
+    /* A malformed key fails the receive at once: on this thread too. */
+    CHECK(vans_rendezvous_recv_async_inline(rdv, 202, "not;a;key", on_received, NULL));
+    pthread_mutex_lock(&lock);
+    done_before_return = received;
+    pthread_mutex_unlock(&lock);
+    EXPECT(done_before_return == 5 && received_status == VANS_ERR_INVALID_ARGUMENT);
+    EXPECT(received_value == NULL && strstr(received_message, "key") != NULL);
+    /* Invalid arguments are errors, and no callback runs. */
+    EXPECT_ERROR(vans_rendezvous_recv_async_inline(rdv, 202, k, NULL, NULL),
+                 VANS_ERR_INVALID_ARGUMENT, "done is NULL");
+    EXPECT(received == 5);
+    CHECK(vans_rendezvous_cleanup(rdv, 200));
+    CHECK(vans_rendezvous_cleanup(rdv, 201));
 
     printf("rendezvous ok: %s, %d steps\n", protocol, STEPS);
 }

@@ -424,8 +424,10 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
     }
     const std::string full_key(parsed.FullKey());
     auto* owned = new std::shared_ptr<Pending>(pending);
-    const int status = vans_rendezvous_recv_async(shared_->rendezvous, step_id_,
-                                                  full_key.c_str(), &Received, owned);
+    // A value already here (push mode, mostly) completes on this thread, as TensorFlow's
+    // local rendezvous completes its receives: no switch to a vans thread and back.
+    const int status = vans_rendezvous_recv_async_inline(shared_->rendezvous, step_id_,
+                                                         full_key.c_str(), &Received, owned);
     if (status != VANS_OK) {
       // `Received` is never called: finish here.
       delete owned;
@@ -491,10 +493,11 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
     }
   };
 
-  // vans' completion, on a vans I/O thread. A small tensor is finished right here, as
-  // gRPC's completion threads finish RecvTensor calls: its copy is short, and the executor
-  // runs only inexpensive kernels inline (it hands expensive ones to its pool). A large one
-  // goes to TensorFlow's compute pool, so its copy never holds up vans.
+  // vans' completion, on a vans I/O thread (or on the receiving thread, for a value already
+  // here). A small tensor is finished right here, as gRPC's completion threads finish
+  // RecvTensor calls: its copy is short, and the executor runs only inexpensive kernels
+  // inline (it hands expensive ones to its pool). A large one goes to TensorFlow's compute
+  // pool, so its copy never holds up vans.
   static void Received(void* user_data, int status, vans_buffer* value, bool is_dead) {
     std::shared_ptr<Pending> pending = std::move(*static_cast<std::shared_ptr<Pending>*>(user_data));
     delete static_cast<std::shared_ptr<Pending>*>(user_data);
