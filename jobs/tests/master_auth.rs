@@ -155,7 +155,12 @@ fn every_call_needs_the_token_and_vans_submit_presents_it() {
 #[test]
 fn abuse_is_refused_or_bounded_and_the_master_goes_on_serving() {
     let _one = ONE_MASTER.lock().unwrap_or_else(|e| e.into_inner());
-    let master = Master::start_with("local", &["--read-timeout", "2"], &[(TOKEN_ENV, TOKEN)]);
+    // Room for the 1,000 requests at once below (the cap itself is tested on its own).
+    let master = Master::start_with(
+        "local",
+        &["--read-timeout", "2", "--max-connections", "1100"],
+        &[(TOKEN_ENV, TOKEN)],
+    );
     let auth = bearer();
     let ran = master.submit(&[
         "--strategy",
@@ -367,4 +372,73 @@ fn over_tls_vans_submit_trusts_the_named_certificate_only() {
     let again = submit(Some(&cert));
     assert!(again.status.success(), "{}", common::text(&again));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn connections_beyond_the_cap_get_503_and_a_client_that_never_reads_is_cut_off() {
+    let _one = ONE_MASTER.lock().unwrap_or_else(|e| e.into_inner());
+    let master = Master::start_with(
+        "local",
+        &[
+            "--max-connections",
+            "2",
+            "--write-timeout",
+            "1",
+            "--read-timeout",
+            "60",
+        ],
+        &[],
+    );
+    // A task whose log (32 MiB) is far more than the loopback's socket buffers hold.
+    let ran = master.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--worker-num",
+        "1",
+        "--task",
+        "big",
+        "--",
+        "/bin/sh",
+        "-c",
+        "[ \"$DMLC_ROLE\" = worker ] && head -c 33554432 /dev/zero; exit 0",
+    ]);
+    assert!(ran.status.success(), "{}", common::text(&ran));
+
+    // Slot 1: asks for that log and never reads it. Slot 2: half a request, held open.
+    let mut stuck = TcpStream::connect(&master.addr).unwrap();
+    stuck
+        .write_all(b"GET /jobs/1/logs/worker-0 HTTP/1.1\r\nHost: m\r\n\r\n")
+        .unwrap();
+    let mut slow = TcpStream::connect(&master.addr).unwrap();
+    slow.write_all(b"GET /jobs HTTP/1.1\r\nHost: m\r\n")
+        .unwrap();
+    // The master accepts in order: the third connection finds both slots taken.
+    let (code, text) = get(&master.addr, "/jobs", None);
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains("too many connections"), "{text}");
+
+    // Within the write timeout (1 s) the stuck answer is cut off and its slot is free again,
+    // long before the half request's read timeout (60 s) would free the other.
+    let started = Instant::now();
+    loop {
+        let (code, text) = get(&master.addr, "/jobs", None);
+        if code == 200 {
+            assert!(text.contains("\"big\""), "{text}");
+            break;
+        }
+        assert_eq!(code, 503, "{text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the stuck connection still holds its slot"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // What the stuck client can still read ends well short of the 32 MiB.
+    stuck
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = stuck.read_to_end(&mut got);
+    assert!(got.len() < 32 << 20, "read {} bytes", got.len());
+    drop(slow);
 }

@@ -1,8 +1,15 @@
 //! The master's listener: every connection served by hyper with a deadline on the request
 //! (a client that sends half a request, or a body that never ends, is answered 408 or cut
-//! off, instead of holding a connection and a task for ever), optionally over TLS.
+//! off, instead of holding a connection and a task for ever) and on writing the answer (a
+//! client that never reads is cut off), at most so many connections at once (503 beyond),
+//! optionally over TLS.
 
+use std::future::Future;
+use std::io;
 use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -14,8 +21,10 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use jobs::BoxError;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::{sleep, Sleep};
 
 /// How long the headers and then the body of a request may take to arrive.
 #[derive(Debug, Clone, Copy)]
@@ -25,14 +34,30 @@ pub(crate) struct Deadline {
     pub(crate) max_body: usize,
 }
 
+/// What one connection may take: time to read a request, time to write an answer, and how
+/// many connections are served at once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) read: Duration,
+    pub(crate) write: Duration,
+    pub(crate) connections: usize,
+}
+
+/// The answer to a connection beyond [`Limits::connections`].
+const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n\
+Content-Type: text/plain\r\nContent-Length: 56\r\nRetry-After: 1\r\n\r\n\
+the master serves too many connections; try again later\n";
+
 /// Serves `router` on `listener` until the process ends; each connection over TLS when
 /// `tls` is given.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<Tls>,
-    read_timeout: Duration,
+    limits: Limits,
 ) -> Result<(), BoxError> {
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let read_timeout = limits.read;
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -44,8 +69,24 @@ pub(crate) async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Told so, without reading its request; over TLS there is no plain text to send.
+            if tls.is_none() {
+                tokio::spawn(async move {
+                    let mut stream = stream;
+                    let busy = async {
+                        stream.write_all(BUSY).await?;
+                        stream.shutdown().await
+                    };
+                    let _ = tokio::time::timeout(limits.write, busy).await;
+                });
+            }
+            continue;
+        };
         let (router, tls) = (router.clone(), tls.clone());
         tokio::spawn(async move {
+            let _slot = slot;
+            let stream = WriteDeadline::new(stream, limits.write);
             let Some(tls) = tls else {
                 return connection(stream, router, read_timeout).await;
             };
@@ -76,6 +117,95 @@ where
 /// meet a reset in the middle of its write and never see the answer. This is the "lingering
 /// close" of nginx and Apache. A longer body is cut off at this point.
 const DRAIN_LIMIT: u64 = 64 << 20;
+
+/// A stream whose writes fail with `TimedOut` once one has waited `limit` without any byte
+/// going out: a client that stops reading cannot hold its connection, and the task serving
+/// it, for ever.
+struct WriteDeadline<S> {
+    inner: S,
+    limit: Duration,
+    /// Armed while a write waits; dropped when bytes go out.
+    waiting: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        WriteDeadline {
+            inner,
+            limit,
+            waiting: None,
+        }
+    }
+
+    /// `poll`'s result, or `TimedOut` when it keeps waiting past the limit.
+    fn bounded<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(Pin<&mut S>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>>
+    where
+        S: Unpin,
+    {
+        match poll(Pin::new(&mut self.inner), cx) {
+            Poll::Ready(result) => {
+                self.waiting = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let limit = self.limit;
+                let waiting = self.waiting.get_or_insert_with(|| Box::pin(sleep(limit)));
+                match waiting.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client read nothing of the answer in time",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().bounded(cx, |s, cx| s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .bounded(cx, |s, cx| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().bounded(cx, |s, cx| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().bounded(cx, |s, cx| s.poll_shutdown(cx))
+    }
+}
 
 /// Reads the whole body (at most `max_body` bytes) within the deadline before the handler
 /// runs: 408 when it does not come in time, 413 when it is too large.
@@ -194,5 +324,22 @@ impl Tls {
     #[cfg(not(feature = "tls"))]
     async fn accept<S>(&self, _stream: S) -> std::io::Result<S> {
         match *self {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busy_answer_declares_its_own_length() {
+        let text = std::str::from_utf8(BUSY).unwrap_or_default();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or_default();
+        let declared = head
+            .lines()
+            .find_map(|line| line.strip_prefix("Content-Length: "))
+            .and_then(|n| n.parse::<usize>().ok());
+        assert_eq!(declared, Some(body.len()));
+        assert!(head.starts_with("HTTP/1.1 503 "));
     }
 }

@@ -15,7 +15,9 @@
 //! `VANS_MASTER_TOKEN` or `--token-file` (`vans-submit` reads the same). Without a token
 //! the master listens on loopback only: anyone who can reach it can run commands. A
 //! request body is at most 1 MiB, and a request's headers and then its body must each
-//! arrive within `--read-timeout` (10 s). `--tls-cert` and `--tls-key` (feature `tls`)
+//! arrive within `--read-timeout` (10 s); an answer the client stops reading is cut off after
+//! `--write-timeout` (30 s); beyond `--max-connections` (256) at once, a connection is
+//! answered 503 and closed. `--tls-cert` and `--tls-key` (feature `tls`)
 //! serve HTTPS; `vans-submit --master https://… --ca-file CERT` trusts it.
 //!
 //! Backends: `local` starts the tasks as processes on this machine (each with `DMLC_*`
@@ -74,6 +76,13 @@ struct Options {
     /// sends half a request is answered 408 or cut off after this, not held for ever.
     #[arg(long, default_value = "10", value_parser = seconds)]
     read_timeout: std::time::Duration,
+    /// Seconds an answer may take to be written once the client stops reading it: a client
+    /// that never reads is cut off after this, not held for ever.
+    #[arg(long, default_value = "30", value_parser = seconds)]
+    write_timeout: std::time::Duration,
+    /// Connections served at once; one more is answered 503 and closed (over TLS: closed).
+    #[arg(long, default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
     /// How jobs are started: local (processes on this machine), slurm, or kubernetes (a
     /// build with the `kubernetes` feature).
     #[arg(long, default_value = "local", value_parser = ["local", "slurm", "kubernetes"])]
@@ -494,5 +503,10 @@ async fn serve(o: Options) -> Result<(), BoxError> {
             "no token: loopback only"
         }
     );
-    listen::serve(listener, router, tls, deadline.read).await
+    let limits = listen::Limits {
+        read: o.read_timeout,
+        write: o.write_timeout,
+        connections: o.max_connections as usize,
+    };
+    listen::serve(listener, router, tls, limits).await
 }
