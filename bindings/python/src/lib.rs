@@ -53,7 +53,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launch::node_role, m)?)?;
     m.add_function(wrap_pyfunction!(server::table_spec, m)?)?;
     m.add_function(wrap_pyfunction!(server::table_initial_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(tf_api::_tf_api, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The `cmd` of a synchronous round push-pull (`ps::ROUND_CMD`): the built-in sum server
     // answers every worker with the sum of the round's pushes once all of them pushed.

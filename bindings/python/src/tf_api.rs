@@ -1,19 +1,24 @@
-//! The C entry points `vans.tensorflow`'s TensorFlow ops call: a table of functions whose
-//! address `_tf_api()` gives, and a worker's address (`Worker._address()`), passed to each op
-//! as attributes. The ops run on TensorFlow's threads, outside Python: each call blocks that
-//! thread until the servers answered (never holding the GIL), and pulls write each server's
-//! answer straight into the op's output tensor.
+//! The C entry points `vans.tensorflow`'s TensorFlow ops call: a table of functions the op
+//! library gets from `vans_tf_api()` (exported by this module, which the library links), and
+//! a worker named by its handle (`Worker._tf_handle()`), an op attribute. A graph carries only
+//! the handle, never an address: a graph built by hand, or by another process, can only name
+//! a worker this process registered, or fail with an error. The ops run on TensorFlow's
+//! threads, outside Python: each call blocks that thread until the servers answered (never
+//! holding the GIL), and pulls write each server's answer straight into the op's output
+//! tensor.
 
+use std::collections::BTreeMap;
 use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use ps::embed::Worker as EmbedWorker;
 use ps::KvPairs;
-use pyo3::prelude::*;
 
 /// The table's layout version; the ops refuse another.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// What an op's kernel calls. Every function returns 0, or 1 with a NUL-terminated message in
 /// `err` (at most `err_len` bytes).
@@ -23,7 +28,7 @@ pub(crate) struct TfApi {
     /// Pulls `n` sorted unique keys' values into `out` (`out_len` floats, the same number per
     /// key), with `cmd`.
     pull: unsafe extern "C" fn(
-        worker: *const EmbedWorker,
+        worker: u64,
         keys: *const u64,
         n: usize,
         out: *mut f32,
@@ -34,7 +39,7 @@ pub(crate) struct TfApi {
     ) -> i32,
     /// Pushes `vals` (`len` floats) for `n` sorted unique keys, with `cmd`, and waits.
     push: unsafe extern "C" fn(
-        worker: *const EmbedWorker,
+        worker: u64,
         keys: *const u64,
         n: usize,
         vals: *const f32,
@@ -46,7 +51,7 @@ pub(crate) struct TfApi {
     /// Pushes `vals` as `push` does, then pulls the updated rows into `out` as `pull` does,
     /// in one request per server.
     push_pull: unsafe extern "C" fn(
-        worker: *const EmbedWorker,
+        worker: u64,
         keys: *const u64,
         n: usize,
         vals: *const f32,
@@ -66,10 +71,47 @@ static TF_API: TfApi = TfApi {
     push_pull,
 };
 
-/// The address of the function table the TensorFlow ops call.
-#[pyfunction]
-pub(crate) fn _tf_api() -> usize {
-    std::ptr::addr_of!(TF_API) as usize
+/// The function table the TensorFlow ops call (exported: the op library links this module).
+#[no_mangle]
+pub(crate) extern "C" fn vans_tf_api() -> *const TfApi {
+    std::ptr::addr_of!(TF_API)
+}
+
+/// The workers the ops may name, by handle. Weak: an op whose `vans.Worker` is gone fails
+/// with an error instead of using freed memory.
+static WORKERS: Mutex<BTreeMap<u64, Weak<EmbedWorker>>> = Mutex::new(BTreeMap::new());
+/// The next handle: never 0, never reused.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+
+fn workers() -> std::sync::MutexGuard<'static, BTreeMap<u64, Weak<EmbedWorker>>> {
+    // Map operations only: a poisoned lock still holds a consistent map.
+    WORKERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A new handle for `worker`, which ops may name from now on (entries of dropped workers
+/// go as new ones come).
+pub(crate) fn register(worker: &Arc<EmbedWorker>) -> u64 {
+    let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+    let mut workers = workers();
+    workers.retain(|_, w| w.strong_count() > 0);
+    workers.insert(handle, Arc::downgrade(worker));
+    handle
+}
+
+/// The worker of `handle`, held for one call.
+fn worker(handle: u64) -> Result<Arc<EmbedWorker>, String> {
+    match workers().get(&handle) {
+        None => Err(format!(
+            "no vans worker has handle {handle} in this process (the op's `worker` \
+             attribute comes from vans.tensorflow's functions in the process that runs it; \
+             a graph built by hand or by another process cannot name one)"
+        )),
+        Some(weak) => weak.upgrade().ok_or_else(|| {
+            format!(
+                "the vans.Worker of handle {handle} is gone: keep it alive while its ops can run"
+            )
+        }),
+    }
 }
 
 /// An op's output tensor lent to a pull for the duration of one blocking call.
@@ -178,19 +220,17 @@ unsafe fn key_bytes(keys: *const u64, n: usize) -> Result<Bytes, String> {
 ///
 /// # Safety
 ///
-/// `worker` the address of a live worker (`Worker._address()`); `keys` readable for `n`
-/// values; `vals` readable for `len` floats and `out` writable for `out_len` floats (or
+/// `worker` any handle (checked); `keys` readable for `n` values; `vals` readable for `len` floats and `out` writable for `out_len` floats (or
 /// NULL: an error).
 unsafe fn run(
-    worker: *const EmbedWorker,
+    worker: u64,
     keys: *const u64,
     n: usize,
     vals: Option<(*const f32, usize)>,
     out: Option<(*mut f32, usize)>,
     cmd: i32,
 ) -> Result<(), String> {
-    // SAFETY: the caller's contract.
-    let worker = unsafe { worker.as_ref() }.ok_or("worker is NULL")?;
+    let worker = self::worker(worker)?;
     // SAFETY: the caller's contract.
     let keys = unsafe { key_bytes(keys, n) }?;
     if n == 0 {
@@ -247,7 +287,7 @@ unsafe fn pairs(keys: Bytes, vals: *const f32, len: usize) -> Result<KvPairs, St
 /// As [`run`]; `err` as [`report`].
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn pull(
-    worker: *const EmbedWorker,
+    worker: u64,
     keys: *const u64,
     n: usize,
     out: *mut f32,
@@ -269,7 +309,7 @@ unsafe extern "C" fn pull(
 /// As [`run`]; `err` as [`report`].
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn push(
-    worker: *const EmbedWorker,
+    worker: u64,
     keys: *const u64,
     n: usize,
     vals: *const f32,
@@ -291,7 +331,7 @@ unsafe extern "C" fn push(
 /// As [`run`]; `err` as [`report`].
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn push_pull(
-    worker: *const EmbedWorker,
+    worker: u64,
     keys: *const u64,
     n: usize,
     vals: *const f32,

@@ -3,6 +3,7 @@
 //! callback or awaited from asyncio.
 
 use ps::embed::KvNode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use node::embed::Call;
@@ -196,8 +197,10 @@ impl Request {
 /// Pushes and pulls values of one dtype (ps-lite's `KVWorker<Val>`).
 #[pyclass(module = "vans._native", frozen)]
 pub(crate) struct Worker {
-    pub(crate) inner: EmbedWorker,
+    pub(crate) inner: Arc<EmbedWorker>,
     node: Py<Node>,
+    /// Its handle for the TensorFlow ops, once asked for.
+    tf_handle: std::sync::OnceLock<u64>,
 }
 
 impl Worker {
@@ -248,8 +251,9 @@ impl Worker {
         let node = node_or_start(py, node, "worker", config)?;
         let call = node.get().handle.worker(dtype, app_id, customer_id);
         Ok(Worker {
-            inner: wait(py, call, None)?,
+            inner: Arc::new(wait(py, call, None)?),
             node: node.unbind(),
+            tf_handle: std::sync::OnceLock::new(),
         })
     }
 
@@ -265,10 +269,12 @@ impl Worker {
         buffer::dtype_name(self.inner.dtype())
     }
 
-    /// The address of this worker's Rust handle, for the ops of `vans.tensorflow` (valid for
-    /// as long as this object lives: keep it).
-    fn _address(&self) -> usize {
-        std::ptr::addr_of!(self.inner) as usize
+    /// This worker's handle for the ops of `vans.tensorflow` (their `worker` attribute): a
+    /// number, not an address, that ops name it by while this object lives.
+    fn _tf_handle(&self) -> u64 {
+        *self
+            .tf_handle
+            .get_or_init(|| crate::tf_api::register(&self.inner))
     }
 
     /// Value bytes that pulls into `out=` arrays have copied so far: each server's answer

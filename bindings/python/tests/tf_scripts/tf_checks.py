@@ -3,7 +3,7 @@ process of its own): the ops (built against the installed TensorFlow and loaded 
 tf.load_op_library) pull the seeded rows of unsorted and negative ids, push and push-pull
 apply the optimizer, inside tf.function too; the Keras layer's gradient pushes each distinct
 id's summed gradient (async) or accumulates it until step() (sync); model.fit trains through
-it; bad input is named."""
+it; bad input is named, and a crafted worker attribute is an error."""
 
 import numpy as np
 import pytest
@@ -85,6 +85,22 @@ def test_ops_pull_push_and_push_pull_rows_in_any_key_order(node):
     assert done.wait(30)
     assert isinstance(seen[0], tf.errors.UnavailableError), seen
     assert "async runtime thread" in str(seen[0])
+
+    # A graph built by hand names its worker by a handle that vans checks: a made-up one, or
+    # an address (what the op once took), is an error naming it, never a memory access.
+    ops = vtf.load_ops()
+    for crafted in (123456789, id(w)):
+        with pytest.raises(tf.errors.OpError, match=f"no vans worker has handle {crafted}"):
+            ops.vans_pull(tf.constant([1], tf.int64), worker=crafted, dim=DIM)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no worker"):
+        ops.vans_pull(tf.constant([1], tf.int64), worker=0, dim=DIM)
+    # A worker dropped while a graph still names it: an error, not freed memory.
+    gone = vans.Worker(node, dtype="float32", customer_id=1)
+    handle = gone._tf_handle()
+    assert handle != w._tf_handle() and gone._tf_handle() == handle
+    del gone
+    with pytest.raises(tf.errors.OpError, match=f"handle {handle} is gone"):
+        ops.vans_pull(tf.constant([1], tf.int64), worker=handle, dim=DIM)
 
 
 def test_layer_pushes_summed_gradients_async_and_sync(node):

@@ -123,7 +123,10 @@ def load_ops():
     global _ops
     with _lock:
         if _ops is None:
-            _ops = tf.load_op_library(str(_cached(_HERE / "vans_ops.cc", [])))
+            # The kernels call the function table the extension module exports.
+            native = _native_library()
+            extra = [str(native), f"-Wl,-rpath,{native.parent}"]
+            _ops = tf.load_op_library(str(_cached(_HERE / "vans_ops.cc", extra)))
         return _ops
 
 
@@ -162,12 +165,13 @@ def load_server_plugin():
 def _attrs(worker, dim, cmd):
     if worker.dtype != "float32":
         raise TypeError(f"vans.tensorflow: the worker carries {worker.dtype}; tables are float32")
-    return dict(api=vans._native._tf_api(), worker=worker._address(), dim=int(dim), cmd=int(cmd))
+    return dict(worker=worker._tf_handle(), dim=int(dim), cmd=int(cmd))
 
 
 def pull(worker, keys, dim, cmd=0):
     """Rows ``[n, dim]`` of the unique int64 ``keys`` from the table servers of ``worker``
-    (a :class:`vans.Worker` of float32; keep it alive while the op can run)."""
+    (a :class:`vans.Worker` of float32, named in the graph by a handle: once it is gone, the
+    op fails)."""
     return load_ops().vans_pull(tf.cast(keys, tf.int64), **_attrs(worker, dim, cmd))
 
 

@@ -1,9 +1,11 @@
 // TensorFlow ops of vans: pull and push of embedding rows from vans table servers.
 //
 // Built by vans.tensorflow against the installed TensorFlow (tf.sysconfig's flags) and loaded
-// with tf.load_op_library. The kernels call into the vans Python extension through a table of
-// C functions whose address, and the worker's, the ops take as attributes; each call blocks
-// the kernel's thread until the servers answered, without the Python interpreter.
+// with tf.load_op_library. The kernels call into the vans Python extension, which this library
+// links, through the table of C functions `vans_tf_api()` returns; the op names its worker by
+// a handle (an attribute) that vans checks, never by an address, so a graph built by hand can
+// make an op fail but not touch memory. Each call blocks the kernel's thread until the
+// servers answered, without the Python interpreter.
 
 #include <algorithm>
 #include <cstdint>
@@ -14,6 +16,21 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+
+// The layout of vans' function table (bindings/python/src/tf_api.rs), version 2.
+struct VansApi {
+  uint32_t version;
+  int (*pull)(uint64_t worker, const uint64_t* keys, size_t n, float* out, size_t out_len,
+              int32_t cmd, char* err, size_t err_len);
+  int (*push)(uint64_t worker, const uint64_t* keys, size_t n, const float* vals, size_t len,
+              int32_t cmd, char* err, size_t err_len);
+  int (*push_pull)(uint64_t worker, const uint64_t* keys, size_t n, const float* vals,
+                   size_t len, float* out, size_t out_len, int32_t cmd, char* err,
+                   size_t err_len);
+};
+
+// The function table, exported by the vans extension module.
+extern "C" const VansApi* vans_tf_api(void);
 
 namespace {
 
@@ -28,19 +45,7 @@ using tensorflow::errors::InvalidArgument;
 using tensorflow::errors::Unavailable;
 using tensorflow::shape_inference::InferenceContext;
 
-// The layout of vans' function table (bindings/python/src/tf_api.rs), version 1.
-struct VansApi {
-  uint32_t version;
-  int (*pull)(const void* worker, const uint64_t* keys, size_t n, float* out, size_t out_len,
-              int32_t cmd, char* err, size_t err_len);
-  int (*push)(const void* worker, const uint64_t* keys, size_t n, const float* vals, size_t len,
-              int32_t cmd, char* err, size_t err_len);
-  int (*push_pull)(const void* worker, const uint64_t* keys, size_t n, const float* vals,
-                   size_t len, float* out, size_t out_len, int32_t cmd, char* err,
-                   size_t err_len);
-};
-
-constexpr uint32_t kApiVersion = 1;
+constexpr uint32_t kApiVersion = 2;
 // The widest row a table has (ps::optim::MAX_DIM); with it, keys * dim stays far from
 // overflow for any key count a tensor can hold in memory.
 constexpr int64_t kMaxDim = int64_t{1} << 20;
@@ -50,14 +55,13 @@ constexpr int64_t kMaxKeys = int64_t{1} << 40;
 class VansOp : public OpKernel {
  public:
   explicit VansOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    int64_t api = 0, worker = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("api", &api));
+    int64_t worker = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("worker", &worker));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("cmd", &cmd_));
-    api_ = reinterpret_cast<const VansApi*>(static_cast<uintptr_t>(api));
-    worker_ = reinterpret_cast<const void*>(static_cast<uintptr_t>(worker));
-    OP_REQUIRES(ctx, api_ != nullptr && worker_ != nullptr,
+    api_ = vans_tf_api();
+    worker_ = static_cast<uint64_t>(worker);
+    OP_REQUIRES(ctx, worker > 0,
                 InvalidArgument("vans: the op has no worker (use vans.tensorflow's functions)"));
     OP_REQUIRES(ctx, api_->version == kApiVersion,
                 InvalidArgument("vans: the op library was built for another vans version"));
@@ -96,7 +100,7 @@ class VansOp : public OpKernel {
   }
 
   const VansApi* api_ = nullptr;
-  const void* worker_ = nullptr;
+  uint64_t worker_ = 0;
   int64_t dim_ = 0;
   int32_t cmd_ = 0;
 };
@@ -170,7 +174,6 @@ class VansKernel : public VansOp {
 REGISTER_OP("VansPull")
     .Input("keys: int64")
     .Output("rows: float")
-    .Attr("api: int")
     .Attr("worker: int")
     .Attr("dim: int")
     .Attr("cmd: int = 0")
@@ -186,7 +189,6 @@ REGISTER_OP("VansPull")
 REGISTER_OP("VansPush")
     .Input("keys: int64")
     .Input("values: float")
-    .Attr("api: int")
     .Attr("worker: int")
     .Attr("dim: int")
     .Attr("cmd: int = 0")
@@ -198,7 +200,6 @@ REGISTER_OP("VansPushPull")
     .Input("keys: int64")
     .Input("values: float")
     .Output("rows: float")
-    .Attr("api: int")
     .Attr("worker: int")
     .Attr("dim: int")
     .Attr("cmd: int = 0")
