@@ -38,7 +38,7 @@
 //!   every peer at the handshake. [`van_core::Van::alloc`] carves buffers out of it; data
 //!   segments that lie in the arena travel as references (block, offset, length) and the
 //!   receiver's `Bytes` point into the sender's arena, so a push of such a buffer moves no
-//!   payload bytes. Per-connection counters in shared memory say when the receiver dropped
+//!   payload bytes. The receiver maps the sender's arena read-only. Per-connection counters in shared memory say when the receiver dropped
 //!   them; a dead receiver's references are released with it.
 //! - **Threads and wake-ups:** one writer and one reader thread per connection; waits spin
 //!   briefly then sleep on a futex in the shared segment (`VANS_BUSY_POLLING` and the

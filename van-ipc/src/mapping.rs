@@ -48,6 +48,20 @@ impl Mapping {
     /// [`io::ErrorKind::Other`] in the (theoretical) case of a mapping at address zero,
     /// which is unmapped again.
     pub(crate) fn shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        Mapping::map(fd, len, ProtFlags::READ | ProtFlags::WRITE)
+    }
+
+    /// [`Mapping::shared`], but read-only: a write through it faults. For memory of a peer's
+    /// that this process only reads (its arena), so a bug here cannot change it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Mapping::shared`].
+    pub(crate) fn shared_read_only(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        Mapping::map(fd, len, ProtFlags::READ)
+    }
+
+    fn map(fd: BorrowedFd<'_>, len: usize, protection: ProtFlags) -> io::Result<Mapping> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -61,7 +75,7 @@ impl Mapping {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
-                ProtFlags::READ | ProtFlags::WRITE,
+                protection,
                 MapFlags::SHARED,
                 fd,
                 0,

@@ -136,6 +136,21 @@ impl Segment {
     /// `F_SEAL_SHRINK`, is write-sealed, is not a regular file or is empty;
     /// [`IpcError::Os`] when `fstat` or `mmap` fails.
     pub fn open(fd: OwnedFd) -> Result<Segment, IpcError> {
+        Segment::open_as(fd, true)
+    }
+
+    /// [`Segment::open`], mapped read-only: for a peer's arena, which this side only reads.
+    /// Writing through [`Segment::as_ptr`] faults, so nothing here can change the peer's memory;
+    /// a write-sealed memfd is accepted.
+    ///
+    /// # Errors
+    ///
+    /// As [`Segment::open`], except that write seals are allowed.
+    pub fn open_read_only(fd: OwnedFd) -> Result<Segment, IpcError> {
+        Segment::open_as(fd, false)
+    }
+
+    fn open_as(fd: OwnedFd, writable: bool) -> Result<Segment, IpcError> {
         // Seals first: once F_SEAL_SHRINK is present it can never be removed, so the size read
         // afterwards can only grow, which cannot hurt a mapping of the smaller size.
         let seals = match rustix::fs::fcntl_get_seals(&fd) {
@@ -153,7 +168,7 @@ impl Segment {
                  truncate it under our mapping",
             ));
         }
-        if seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
+        if writable && seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
             return Err(IpcError::bad_segment(
                 "the memfd is sealed against writing; a ring needs both sides to write",
             ));
@@ -173,7 +188,10 @@ impl Segment {
                 )))
             }
         };
-        map(fd, len)
+        match writable {
+            true => map(fd, len),
+            false => map_read_only(fd, len),
+        }
     }
 
     /// A window of `len` bytes at `offset` of a named segment (see [`crate::named`]), for
@@ -263,7 +281,18 @@ fn memfd_create(name: &str) -> Result<OwnedFd, IpcError> {
 /// Maps `len` bytes of `fd` shared and read-write. `fd` is a memfd sealed against shrinking
 /// and at least `len` bytes long, so the mapping can never lose its pages.
 fn map(fd: OwnedFd, len: usize) -> Result<Segment, IpcError> {
-    let mapping = Mapping::shared(fd.as_fd(), len).map_err(|source| IpcError::Os {
+    let mapping = Mapping::shared(fd.as_fd(), len);
+    segment(fd, len, mapping)
+}
+
+/// [`map`], read-only.
+fn map_read_only(fd: OwnedFd, len: usize) -> Result<Segment, IpcError> {
+    let mapping = Mapping::shared_read_only(fd.as_fd(), len);
+    segment(fd, len, mapping)
+}
+
+fn segment(fd: OwnedFd, len: usize, mapping: io::Result<Mapping>) -> Result<Segment, IpcError> {
+    let mapping = mapping.map_err(|source| IpcError::Os {
         call: "mmap",
         source,
     })?;
@@ -316,6 +345,31 @@ mod tests {
         let long = "x".repeat(1000);
         assert!(Segment::create(&long, 4096).is_ok());
         assert!(Segment::create("a\0b", 4096).is_ok());
+    }
+
+    /// The permissions `/proc/self/maps` shows for the mapping that starts at `ptr`.
+    fn permissions(ptr: *const u8) -> String {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let start = format!("{:x}-", ptr as usize);
+        let line = maps.lines().find(|l| l.starts_with(&start)).unwrap();
+        line.split_whitespace().nth(1).unwrap().to_owned()
+    }
+
+    #[test]
+    fn a_read_only_open_maps_the_peers_memory_without_write_access() {
+        let seg = Segment::create("unit-ro", 8192).unwrap();
+        // SAFETY: 8192 bytes mapped read-write, no other user.
+        unsafe { seg.as_ptr().add(100).write(42) };
+        let dup = seg.fd().try_clone_to_owned().unwrap();
+        let read_only = Segment::open_read_only(dup).unwrap();
+        assert_eq!(read_only.len(), 8192);
+        // SAFETY: in bounds; read only.
+        assert_eq!(unsafe { read_only.as_ptr().add(100).read() }, 42);
+        assert_eq!(permissions(read_only.as_ptr()), "r--s");
+        assert_eq!(permissions(seg.as_ptr()), "rw-s");
+        let dup = seg.fd().try_clone_to_owned().unwrap();
+        let writable = Segment::open(dup).unwrap();
+        assert_eq!(permissions(writable.as_ptr()), "rw-s");
     }
 
     #[test]

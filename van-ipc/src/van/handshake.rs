@@ -418,7 +418,8 @@ fn open_peer_arena(fds: Vec<OwnedFd>) -> Result<Option<PeerArena>, VanError> {
     let (Some(arena), Some(table)) = (fds.next(), fds.next()) else {
         return Ok(None);
     };
-    let arena = Segment::open(arena).map_err(|e| io_error("IPC arena", e))?;
+    // Only read here: mapped read-only, so nothing on this side can change the peer's memory.
+    let arena = Segment::open_read_only(arena).map_err(|e| io_error("IPC arena", e))?;
     let table = Segment::open(table).map_err(|e| io_error("IPC arena", e))?;
     PeerArena::new(arena, table)
         .map(Some)
