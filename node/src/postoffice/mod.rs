@@ -41,6 +41,22 @@ use self::vans::{endpoint_port, extra_vans, host_identity, stream_van};
 const INBOX_BATCHES: usize = 1024;
 /// How long the scheduler waits, after the final barrier, for the others to say goodbye.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
+/// How long a send that nothing waits for (a notice to a node declared dead, a batch of
+/// acknowledgements) may take before it is given up: such sends run beside the loop that
+/// queued them and must not pile up behind a peer that never answers.
+const BEST_EFFORT_SEND: Duration = Duration::from_secs(5);
+
+/// `send`, given up after `limit`; what happened, for the log, when it did not go out.
+async fn bounded_send(
+    limit: Duration,
+    send: impl std::future::Future<Output = Result<()>>,
+) -> std::result::Result<(), String> {
+    match tokio::time::timeout(limit, send).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no progress in {limit:?}; given up")),
+    }
+}
 
 /// A node's postoffice; cheap to clone (all clones are the same node).
 #[derive(Clone)]
@@ -232,6 +248,21 @@ impl Postoffice {
         tasks.push(handle);
     }
 
+    /// Runs `send` beside the caller, tracked (aborted when the postoffice shuts down) and
+    /// bounded by [`BEST_EFFORT_SEND`]: for sends nothing waits on. `what` names it in the
+    /// log when it does not go out.
+    fn send_best_effort(
+        &self,
+        what: String,
+        send: impl std::future::Future<Output = Result<()>> + Send + 'static,
+    ) {
+        self.spawn(async move {
+            if let Err(e) = bounded_send(BEST_EFFORT_SEND, send).await {
+                debug!("{what}: {e}");
+            }
+        });
+    }
+
     fn start_timers(&self) {
         if let Some(resend) = self.inner.router.resender() {
             if self.inner.config.heartbeat_timeout.is_none() {
@@ -351,11 +382,8 @@ impl Postoffice {
                 // connection to dial, a full queue) must not hold up this loop. A lost
                 // acknowledgement costs a resend, which is acknowledged again.
                 let (po, batch) = (self.clone(), std::mem::take(&mut acks));
-                tokio::spawn(async move {
-                    if let Err(e) = po.inner.router.send_batch(batch).await {
-                        debug!("acknowledgements not sent: {e}");
-                    }
-                });
+                let send = async move { po.inner.router.send_batch(batch).await };
+                self.send_best_effort("acknowledgements not sent".into(), send);
             }
         }
         // What was read before the inbox ended is still delivered, in order.
@@ -490,13 +518,10 @@ impl Postoffice {
                     // A notice to a node declared dead is best effort (one declared wrongly
                     // learns it): its route is gone with the verdict, and dialing a hung
                     // process again must not hold up what live nodes are told next.
+                    let what = format!("scheduler cannot tell dead node {:?}", msg.meta.recipient);
                     let po = self.clone();
-                    tokio::spawn(async move {
-                        let to = msg.meta.recipient;
-                        if let Err(e) = po.inner.router.send(msg).await {
-                            debug!("scheduler cannot tell dead node {to:?}: {e}");
-                        }
-                    });
+                    let send = async move { po.inner.router.send(msg).await };
+                    self.send_best_effort(what, send);
                 }
                 Output::Send(msg) => {
                     let to = msg.meta.recipient;
@@ -732,4 +757,27 @@ fn host_scheduler(config: &Config) -> JoinHandle<Result<()>> {
         config.root_uri, config.root_port
     );
     tokio::spawn(async move { Box::pin(Postoffice::start(config)).await?.finalize().await })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_best_effort_send_that_never_progresses_is_given_up_at_its_limit() {
+        let started = tokio::time::Instant::now();
+        let never = std::future::pending::<Result<()>>();
+        let outcome = bounded_send(BEST_EFFORT_SEND, never).await;
+        assert_eq!(started.elapsed(), BEST_EFFORT_SEND);
+        assert!(
+            outcome.as_ref().is_err_and(|e| e.contains("given up")),
+            "{outcome:?}"
+        );
+        let failed = bounded_send(BEST_EFFORT_SEND, async { Err(PsError::Stopped) }).await;
+        assert!(failed.is_err());
+        assert_eq!(
+            bounded_send(BEST_EFFORT_SEND, async { Ok(()) }).await,
+            Ok(())
+        );
+    }
 }
