@@ -158,19 +158,13 @@ impl JobSpec {
                 })
                 .collect()
         };
-        let mut cluster = serde_json::json!({ "ps": listed("server"), "worker": listed("worker") });
-        if self.tensorflow && self.servers() == 0 {
-            // TensorFlow reads an empty job as a job with no tasks: leave it out.
-            cluster = serde_json::json!({ "worker": listed("worker") });
-        }
+        let ps = listed("server");
+        // The ps tasks' TF_CONFIGs, then the workers'.
+        let configs = launcher::tf_configs(&ps, &listed("worker"));
         let var = |k: &str, v: String| (k.to_owned(), v);
         let tf_config = |role: &str, rank: u32| {
-            let task_type = if role == "server" { "ps" } else { "worker" };
-            serde_json::json!({
-                "cluster": cluster,
-                "task": { "type": task_type, "index": rank },
-            })
-            .to_string()
+            let index = rank as usize + if role == "server" { 0 } else { ps.len() };
+            configs.get(index).cloned().unwrap_or_default()
         };
         if self.tensorflow {
             return tasks

@@ -48,7 +48,12 @@ pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
     let (port, tf_configs) = match (spec.tensorflow, spec.root_port) {
         (true, _) => {
             let ports = free_ports(&spec.root_uri, spec.nodes().count())?;
-            (0, tf_configs(spec, &ports))
+            let addresses: Vec<String> = ports
+                .iter()
+                .map(|port| format!("{}:{port}", spec.root_uri))
+                .collect();
+            let (ps, workers) = addresses.split_at(spec.num_servers as usize);
+            (0, tf_configs(ps, workers))
         }
         (false, 0) => (free_port(&spec.root_uri)?, Vec::new()),
         (false, port) => (port, Vec::new()),
@@ -58,23 +63,22 @@ pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
         true => Some(Signals::install()?),
         false => None,
     };
-    if spec.tensorflow {
-        say(format_args!(
-            "launching TensorFlow tasks, {} and {} on {} (TF_CONFIG): {}",
-            plural(spec.num_servers, "ps task"),
-            plural(spec.num_workers, "worker task"),
-            spec.root_uri,
-            command_line(spec)
-        ));
-    } else {
-        say(format_args!(
-            "launching 1 scheduler, {}, {} on {}:{port}: {}",
-            plural(spec.num_servers, "server"),
-            plural(spec.num_workers, "worker"),
-            spec.root_uri,
-            command_line(spec)
-        ));
-    }
+    let (servers, workers) = (spec.num_servers, spec.num_workers);
+    let nodes = match spec.tensorflow {
+        true => format!(
+            "TensorFlow tasks, {} and {} on {} (TF_CONFIG)",
+            plural(servers, "ps task"),
+            plural(workers, "worker task"),
+            spec.root_uri
+        ),
+        false => format!(
+            "1 scheduler, {}, {} on {}:{port}",
+            plural(servers, "server"),
+            plural(workers, "worker"),
+            spec.root_uri
+        ),
+    };
+    say(format_args!("launching {nodes}: {}", command_line(spec)));
     raise_fd_limit(spec);
     let (mut job, mut exits) = Job::start(spec, port, &tf_configs);
     let deadline = spec.timeout.map(|timeout| (job.start + timeout, timeout));

@@ -80,4 +80,4 @@ mod spec;
 pub use job::{launch, SETTLE};
 pub use outcome::{LaunchError, LaunchReport, NodeExit};
 pub use output::MAX_LINE_BYTES;
-pub use spec::{is_loopback, LaunchSpec, DEFAULT_GRACE, DEFAULT_ROOT_URI, MAX_NODES};
+pub use spec::{is_loopback, tf_configs, LaunchSpec, DEFAULT_GRACE, DEFAULT_ROOT_URI, MAX_NODES};

@@ -145,24 +145,24 @@ impl LaunchSpec {
 
 /// A port that was free on `uri` a moment ago: bind port 0, read the port, close.
 pub(crate) fn free_port(uri: &str) -> Result<u16, LaunchError> {
-    let io_error = |source| LaunchError::Io {
-        context: format!("could not pick a free port on {uri} (set root_port / --port)"),
-        source,
-    };
-    let address = (uri, 0)
-        .to_socket_addrs()
-        .map_err(io_error)?
-        .next()
-        .ok_or_else(|| io_error(io::Error::new(io::ErrorKind::NotFound, "no address")))?;
-    let listener = TcpListener::bind(address).map_err(io_error)?;
-    Ok(listener.local_addr().map_err(io_error)?.port())
+    let context = format!("could not pick a free port on {uri} (set root_port / --port)");
+    Ok(free_ports_or(uri, 1, context)?[0])
 }
 
 /// `count` ports that were free on `uri` a moment ago, all different: every one is held
 /// until the last is picked.
 pub(crate) fn free_ports(uri: &str, count: usize) -> Result<Vec<u16>, LaunchError> {
+    free_ports_or(
+        uri,
+        count,
+        format!("could not pick {count} free ports on {uri}"),
+    )
+}
+
+/// [`free_ports`], failing with `context`; at least one port.
+fn free_ports_or(uri: &str, count: usize, context: String) -> Result<Vec<u16>, LaunchError> {
     let io_error = |source| LaunchError::Io {
-        context: format!("could not pick {count} free ports on {uri}"),
+        context: context.clone(),
         source,
     };
     let address = (uri, 0)
@@ -170,7 +170,7 @@ pub(crate) fn free_ports(uri: &str, count: usize) -> Result<Vec<u16>, LaunchErro
         .map_err(io_error)?
         .next()
         .ok_or_else(|| io_error(io::Error::new(io::ErrorKind::NotFound, "no address")))?;
-    let held = (0..count)
+    let held = (0..count.max(1))
         .map(|_| TcpListener::bind(address))
         .collect::<Result<Vec<_>, _>>()
         .map_err(io_error)?;
@@ -179,22 +179,16 @@ pub(crate) fn free_ports(uri: &str, count: usize) -> Result<Vec<u16>, LaunchErro
         .collect()
 }
 
-/// The `TF_CONFIG` of each server (`ps` task) and then each worker of `spec`, whose tasks
-/// listen on `ports` (in the same order) on the root URI.
-pub(crate) fn tf_configs(spec: &LaunchSpec, ports: &[u16]) -> Vec<String> {
-    let servers = spec.num_servers as usize;
-    let addresses = |ports: &[u16]| -> Vec<String> {
-        ports
-            .iter()
-            .map(|port| format!("{}:{port}", spec.root_uri))
-            .collect()
-    };
-    let (ps, workers) = ports.split_at(servers.min(ports.len()));
+/// The `TF_CONFIG` of each `ps` task, then of each `worker` task, of the cluster whose ps
+/// tasks listen at `ps` and workers at `workers` (`host:port`): the cluster and the task's
+/// own type and index. An empty `ps` is left out of the cluster (TensorFlow reads an empty
+/// job as one with no tasks). `vans-launch --tensorflow` and `vans-master` both use it.
+pub fn tf_configs(ps: &[String], workers: &[String]) -> Vec<String> {
     let mut cluster = serde_json::Map::new();
     if !ps.is_empty() {
-        cluster.insert("ps".into(), addresses(ps).into());
+        cluster.insert("ps".into(), ps.into());
     }
-    cluster.insert("worker".into(), addresses(workers).into());
+    cluster.insert("worker".into(), workers.into());
     let tasks = (0..ps.len())
         .map(|index| ("ps", index))
         .chain((0..workers.len()).map(|index| ("worker", index)));
@@ -277,6 +271,26 @@ mod tests {
         assert_eq!(
             command_line(&spec),
             r#"/bin/sh -c 'echo it'\''s $DMLC_ROLE' ''"#
+        );
+    }
+
+    #[test]
+    fn tf_configs_name_each_task_of_one_cluster_and_leave_out_an_empty_ps_job() {
+        let (ps, workers) = (["h:1".to_owned()], ["h:2".to_owned(), "h:3".to_owned()]);
+        let configs = tf_configs(&ps, &workers);
+        let expected = [("ps", 0), ("worker", 0), ("worker", 1)];
+        assert_eq!(configs.len(), expected.len());
+        for (config, (kind, index)) in configs.iter().zip(expected) {
+            assert_eq!(
+                config,
+                &format!(
+                    r#"{{"cluster":{{"ps":["h:1"],"worker":["h:2","h:3"]}},"task":{{"index":{index},"type":"{kind}"}}}}"#
+                )
+            );
+        }
+        assert_eq!(
+            tf_configs(&[], &workers[..1]),
+            [r#"{"cluster":{"worker":["h:2"]},"task":{"index":0,"type":"worker"}}"#]
         );
     }
 
