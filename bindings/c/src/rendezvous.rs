@@ -431,15 +431,18 @@ pub unsafe extern "C" fn vans_rendezvous_recv_async(
     done: RecvCallback,
     user_data: *mut c_void,
 ) -> c_int {
-    guard("vans_rendezvous_recv_async", || {
-        let done = done.ok_or_else(|| Failure::invalid("done is NULL"))?;
-        // SAFETY: live or NULL by the caller's contract.
-        let rendezvous = unsafe { args::handle(rendezvous, "rendezvous") }?;
-        // SAFETY: NUL-terminated or NULL by the caller's contract.
-        let key = unsafe { key_text(key) }?;
-        recv_async(rendezvous, step_id, key, false, done, user_data);
-        Ok(())
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        recv_async(
+            "vans_rendezvous_recv_async",
+            rendezvous,
+            step_id,
+            key,
+            false,
+            done,
+            user_data,
+        )
+    }
 }
 
 /// As `vans_rendezvous_recv_async`, except that a receive that ends at once (the tensor is
@@ -464,20 +467,49 @@ pub unsafe extern "C" fn vans_rendezvous_recv_async_inline(
     done: RecvCallback,
     user_data: *mut c_void,
 ) -> c_int {
-    guard("vans_rendezvous_recv_async_inline", || {
+    // SAFETY: forwarded contract.
+    unsafe {
+        recv_async(
+            "vans_rendezvous_recv_async_inline",
+            rendezvous,
+            step_id,
+            key,
+            true,
+            done,
+            user_data,
+        )
+    }
+}
+
+/// The body of both asynchronous receives (`name` is the entry point, for errors): checks
+/// the arguments, then `done` once with the buffer or the error; on the calling thread only
+/// when `inline`.
+///
+/// # Safety
+///
+/// As the entry points'.
+unsafe fn recv_async(
+    name: &'static str,
+    rendezvous: *const Rendezvous,
+    step_id: i64,
+    key: *const c_char,
+    inline: bool,
+    done: RecvCallback,
+    user_data: *mut c_void,
+) -> c_int {
+    guard(name, || {
         let done = done.ok_or_else(|| Failure::invalid("done is NULL"))?;
         // SAFETY: live or NULL by the caller's contract.
         let rendezvous = unsafe { args::handle(rendezvous, "rendezvous") }?;
         // SAFETY: NUL-terminated or NULL by the caller's contract.
         let key = unsafe { key_text(key) }?;
-        recv_async(rendezvous, step_id, key, true, done, user_data);
+        start_recv(rendezvous, step_id, key, inline, done, user_data);
         Ok(())
     })
 }
 
-/// The body of both asynchronous receives: `done` once with the buffer or the error; on the
-/// calling thread only when `inline`.
-fn recv_async(
+/// Starts the receive of checked arguments.
+fn start_recv(
     rendezvous: &Rendezvous,
     step_id: i64,
     key: &str,
