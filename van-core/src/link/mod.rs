@@ -103,8 +103,12 @@ struct State<L> {
     /// ([`Links::forget`]): a stop does not wait to flush what is queued to them, even on a
     /// connection opened after the verdict (a last notice dialed to a dying process).
     dead: HashSet<NodeId>,
-    /// One gate per peer, so concurrent connects to it dial once. Bounded by the peers.
-    dialing: HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>,
+    /// One gate per peer and process ([`Links::forget`]s so far), so concurrent connects to
+    /// it dial once, while a dial to the process a new one replaced (a hung dial to a cut
+    /// host) never holds up the dial to its successor. Bounded by the peers.
+    dialing: HashMap<(NodeId, u64), Arc<tokio::sync::Mutex<()>>>,
+    /// How many times each peer was [`Links::forget`]ed (replaced by a new process).
+    forgotten: HashMap<NodeId, u64>,
     /// Accept loops, handshakes and watchers: aborted on stop.
     tasks: Vec<JoinHandle<()>>,
     /// The address of each accepted connection still open, and how many each address has
@@ -145,6 +149,7 @@ impl<L: Clone + Send + 'static> Links<L> {
                 lost: HashMap::new(),
                 dead: HashSet::new(),
                 dialing: HashMap::new(),
+                forgotten: HashMap::new(),
                 tasks: Vec::new(),
                 accepted: HashMap::new(),
                 open_by_address: HashMap::new(),
@@ -236,14 +241,21 @@ impl<L: Clone + Send + 'static> Links<L> {
 
     /// Opens the route to `peer` unless it exists: one caller at a time dials a given peer
     /// (the others wait, then find its route). `dial` gets the inbox, opens the connection
-    /// and registers it with [`add`](Self::add).
+    /// and registers it with [`add`](Self::add). A dial that was under way when a new
+    /// process took the peer's id ([`forget`](Self::forget)) does not hold up the dial to
+    /// the new one; if it connects after all, what it made is retired, as the old process's.
     pub async fn connect<F, Fut>(&self, peer: NodeId, dial: F) -> Result<(), VanError>
     where
         F: FnOnce(InboxSender) -> Fut,
         Fut: Future<Output = Result<(), VanError>>,
     {
-        let gate = Arc::clone(self.lock().dialing.entry(peer).or_default());
-        // Held across the dial on purpose: it only orders connects to this one peer.
+        let (generation, gate) = {
+            let mut state = self.lock();
+            let generation = state.forgotten.get(&peer).copied().unwrap_or(0);
+            let gate = state.dialing.entry((peer, generation)).or_default();
+            (generation, Arc::clone(gate))
+        };
+        // Held across the dial on purpose: it only orders connects to this one process.
         let _dialing = gate.lock().await;
         let inbox = {
             let state = self.lock();
@@ -255,7 +267,19 @@ impl<L: Clone + Send + 'static> Links<L> {
             }
             state.inbox.clone().ok_or(VanError::NotBound(self.kind))?
         };
-        dial(inbox).await
+        dial(inbox).await?;
+        let replaced = self.lock().forgotten.get(&peer).copied().unwrap_or(0) != generation;
+        if replaced {
+            // Reached the process that was replaced while this dial was under way: its
+            // connection is no route to the new one. (A connection the new process's own
+            // dial made meanwhile is retired too; the next send dials it again.)
+            self.forget(peer);
+            return Err(VanError::PeerGone {
+                peer,
+                reason: "a new process took its place while it was being dialed".to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Registers a new connection: `peer` is the node dialed (it becomes the peer's route
@@ -384,6 +408,8 @@ impl<L: Clone + Send + 'static> Links<L> {
     /// whatever is still in flight on them arrives.
     pub fn forget(&self, peer: NodeId) {
         let mut state = self.lock();
+        *state.forgotten.entry(peer).or_default() += 1;
+        state.dialing.retain(|(p, _), _| *p != peer);
         state.routes.remove(&peer);
         state.lost.remove(&peer);
         state.dead.remove(&peer);

@@ -309,6 +309,62 @@ fn one_dial_per_peer() {
     assert_eq!(links.connections(), 1);
 }
 
+/// A dial to a process that was replaced meanwhile (a hung dial to a cut-off host) does
+/// not hold up the dial to the new process, and when it connects after all, what it made
+/// is retired rather than becoming the route.
+#[test]
+fn a_dial_to_a_replaced_process_neither_blocks_nor_becomes_the_route() {
+    let links = Arc::new(bound());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let table = Arc::clone(&links);
+        let old = tokio::spawn({
+            let links = Arc::clone(&links);
+            async move {
+                links
+                    .connect(5, |_inbox| async move {
+                        // Hangs until the test lets it connect (as a SYN to a cut host
+                        // would, until a partition heals).
+                        let _ = released.await;
+                        let id = table.next_id();
+                        table.add(id, Some(5), "old", Arc::new(Probe::default()), None)
+                    })
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        // A new process takes node 5's id: its dial goes ahead at once.
+        links.forget(5);
+        let table = Arc::clone(&links);
+        let fresh = links.connect(5, |_inbox| async move {
+            let id = table.next_id();
+            table.add(id, Some(5), "new", Arc::new(Probe::default()), None)
+        });
+        tokio::time::timeout(Duration::from_secs(5), fresh)
+            .await
+            .expect("the dial to the new process waited for the old one")
+            .unwrap();
+        assert_eq!(links.link(5).unwrap(), "new");
+        // The old dial connects after all: refused as the replaced process's, and what it
+        // made is no route (the next send dials the new process again).
+        release.send(()).unwrap();
+        match old.await.unwrap() {
+            Err(VanError::PeerGone { peer: 5, reason }) => {
+                assert!(reason.contains("new process"), "{reason}")
+            }
+            other => panic!("expected PeerGone, got {other:?}"),
+        }
+        assert!(
+            links.link(5).is_err(),
+            "a replaced process's connection is a route"
+        );
+    });
+}
+
 #[test]
 fn bind_and_connect_need_the_right_state() {
     let links: Links<&'static str> = Links::new(VanKind::Ipc);
