@@ -390,7 +390,7 @@ impl Customer for AppInner {
             lock(&self.requests).take();
             for entry in lock(&self.pending).values_mut() {
                 if !entry.done {
-                    entry.complete(Err(PsError::Stopped));
+                    entry.complete(Err(self.po.stopped_error()));
                 }
             }
             return;

@@ -85,6 +85,10 @@ pub enum Input<'a> {
     Stop,
 }
 
+/// What an evicted node's errors say of its place in the cluster (see [`Action::Evicted`]).
+pub const EVICTED: &str =
+    "removed from the cluster, where a new process may now hold its id; this process must exit";
+
 /// What the postoffice must do, in order.
 #[derive(Debug)]
 pub enum Action {
@@ -135,8 +139,19 @@ pub enum Action {
     },
     /// A barrier call is refused before it is sent.
     RefuseBarrier(PsError),
-    /// Stop the node (asked, or declared dead by the scheduler).
+    /// Stop the node: it was asked to.
     Stop,
+    /// Stop the node: the cluster went on without it (the scheduler declared it dead, or it
+    /// lost the scheduler for the heartbeat timeout, after which the scheduler will have).
+    /// Whatever waits on it fails naming this node and `reason`; nothing more of it may
+    /// reach the cluster, where a new process may hold its id (fencing).
+    Evicted {
+        /// The node the errors blame: the scheduler when it went silent (it may have died),
+        /// this node when the scheduler declared it dead.
+        node: NodeId,
+        /// Why, for the errors.
+        reason: String,
+    },
 }
 
 /// The node's side of membership: feed it what happens, carry out what it returns.
@@ -396,8 +411,31 @@ impl Member {
                 silent.as_secs_f64(),
                 timeout.as_secs_f64()
             );
-            self.fail(node_ids::SCHEDULER, reason, out);
+            if self.finishing {
+                return;
+            }
+            self.fail(node_ids::SCHEDULER, reason.clone(), out);
+            // The scheduler died, or this node is cut off from it; in the second case the
+            // scheduler has declared it dead by now (its clock started no later than ours),
+            // so it stops before a replacement can meet anything it still sends.
+            self.evict(
+                node_ids::SCHEDULER,
+                format!(
+                    "{reason}: the scheduler died, or this node is cut off ({EVICTED}); stopping"
+                ),
+                out,
+            );
         }
+    }
+
+    /// The cluster went on without this node: stop, failing what waits with `reason`.
+    fn evict(&mut self, node: NodeId, reason: String, out: &mut Vec<Action>) {
+        if self.stopped {
+            return;
+        }
+        warn!("{reason}");
+        self.stopped = true;
+        out.push(Action::Evicted { node, reason });
     }
 
     fn on_barrier(&self, group: i32) -> Action {
@@ -441,11 +479,11 @@ impl Member {
             if Some(id) == self.my_id {
                 // Declared dead wrongly (we stalled, or lost the scheduler for a while): the
                 // cluster has moved on without us.
-                if !self.stopped {
-                    warn!("the scheduler declared this node dead; stopping");
-                    self.stopped = true;
-                    out.push(Action::Stop);
-                }
+                self.evict(
+                    id,
+                    format!("the scheduler declared this node dead ({EVICTED}); stopping"),
+                    out,
+                );
             } else {
                 self.fail(id, "declared dead by the scheduler".to_owned(), out);
             }

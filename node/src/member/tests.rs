@@ -402,6 +402,25 @@ fn a_scheduler_silent_for_a_whole_heartbeat_timeout_is_lost() {
         reason.contains("no answer from the scheduler for 3.0 s"),
         "{reason}"
     );
+    // Cut off, this node counts as dead for the cluster: it stops (fencing itself) rather
+    // than go on beside the process that may replace it.
+    let evicted: Vec<&String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Evicted { node, reason } => {
+                assert_eq!(*node, node_ids::SCHEDULER, "a silent scheduler is blamed");
+                Some(reason)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evicted.len(), 1, "{actions:?}");
+    assert!(
+        evicted[0].contains("this node is cut off"),
+        "{}",
+        evicted[0]
+    );
+    assert!(h.member.is_stopped());
     // Once.
     h.advance(Duration::from_secs(1));
     assert!(h.input(Input::Tick).is_empty());
@@ -418,10 +437,15 @@ fn without_heartbeats_a_silent_scheduler_is_no_failure() {
 fn declared_dead_by_the_scheduler_this_node_stops_once() {
     let mut h = Harness::joined();
     let me = node(Role::Worker, WORKER, 9002, 9);
-    assert!(matches!(
-        &h.control(&failure_notice(me.clone()))[..],
-        [Action::Stop]
-    ));
+    let actions = h.control(&failure_notice(me.clone()));
+    let [Action::Evicted { node, reason }] = &actions[..] else {
+        panic!("{actions:?}");
+    };
+    assert!(
+        reason.contains("declared this node dead") && reason.contains(super::EVICTED),
+        "{reason}"
+    );
+    assert_eq!(*node, WORKER, "the node declared dead is this one");
     assert!(h.member.is_stopped());
     assert!(h.control(&failure_notice(me)).is_empty());
     assert!(h.input(Input::Stop).is_empty());

@@ -35,6 +35,13 @@ impl Postoffice {
 
     /// Carries out the [`Member`]'s decisions, in order.
     pub(super) async fn carry_out(&self, actions: Vec<Action>) {
+        // The member is stopped as soon as it decides an eviction, so the failures decided
+        // with it already fail everything: they must give the eviction's reason.
+        for action in &actions {
+            if let Action::Evicted { node, reason } = action {
+                let _ = self.inner.evicted.set((*node, reason.clone()));
+            }
+        }
         for action in actions {
             match action {
                 Action::Send(msg) => {
@@ -106,7 +113,13 @@ impl Postoffice {
                     // Decided while a message is handled: the dispatch loop must not wait for
                     // the vans it reads to stop.
                     let po = self.clone();
-                    tokio::spawn(async move { po.shut_down().await });
+                    tokio::spawn(async move { po.shut_down("the local postoffice stopped").await });
+                }
+                Action::Evicted { node, reason } => {
+                    // What waits fails naming the node blamed and why, before the vans stop.
+                    self.tell_customers(node, &reason);
+                    let po = self.clone();
+                    tokio::spawn(async move { po.shut_down(&reason).await });
                 }
             }
         }
@@ -189,11 +202,11 @@ impl Postoffice {
                 return Ok(());
             };
             if self.is_stopped() {
-                return Err(PsError::Stopped);
+                return Err(self.stopped_error());
             }
             match tokio::time::timeout_at(deadline, changes.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(PsError::Stopped),
+                Ok(Err(_)) => return Err(self.stopped_error()),
                 Err(_) => return Err(error),
             }
         }

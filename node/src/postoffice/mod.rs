@@ -102,6 +102,9 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The scheduler this process hosts besides its own role (`TF_CONFIG` chief or worker 0).
     hosted_scheduler: Mutex<Option<JoinHandle<Result<()>>>>,
+    /// Why the cluster went on without this node, once it did ([`Action::Evicted`]): the
+    /// node blamed and the reason, which every later call's error gives.
+    evicted: OnceLock<(NodeId, String)>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -207,6 +210,7 @@ impl Postoffice {
                 finalized: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
                 hosted_scheduler: Mutex::new(hosted_scheduler),
+                evicted: OnceLock::new(),
             }),
         };
         po.spawn(po.clone().dispatch(inbox));
@@ -580,12 +584,13 @@ impl Postoffice {
     ///
     /// Idempotent: after a finalize that left in order, another returns `Ok` at once (ps-lite
     /// programs call `Finalize` by habit, under a runner that finalizes too). On a node
-    /// stopped otherwise ([`stop`](Self::stop), a failure) it is [`PsError::Stopped`].
+    /// stopped otherwise ([`stop`](Self::stop), a failure) it is [`PsError::Stopped`], or
+    /// the error of its eviction ([`stopped_error`](Self::stopped_error)).
     pub async fn finalize(&self) -> Result<()> {
         if self.is_stopped() {
             return match self.inner.finalized.load(Ordering::Acquire) {
                 true => Ok(()),
-                false => Err(PsError::Stopped),
+                false => Err(self.stopped_error()),
             };
         }
         self.feed(Input::Finalize).await;
@@ -617,12 +622,15 @@ impl Postoffice {
     /// Stops the vans and background tasks without a barrier (after a failure).
     pub async fn stop(&self) {
         if !self.decide(Input::Stop).is_empty() {
-            self.shut_down().await;
+            self.shut_down("the local postoffice stopped").await;
         }
     }
 
     /// What stopping does, once.
-    async fn shut_down(&self) {
+    /// Stops the vans and the tasks; what still waits fails naming this node and `reason`.
+    async fn shut_down(&self, reason: &str) {
+        // Whoever waits for a change of membership (`stopped`, `wait_alive`) looks again.
+        self.inner.membership.send_modify(|n| *n += 1);
         if let Err(e) = self.inner.router.stop().await {
             warn!("stopping the vans: {e}");
         }
@@ -639,7 +647,7 @@ impl Postoffice {
         for (_, waiter) in waiters {
             let _ = waiter.send(Err(PsError::Stopped));
         }
-        self.tell_customers(self.my_id(), "the local postoffice stopped");
+        self.tell_customers(self.my_id(), reason);
         // Applications hold the postoffice; dropping them here breaks that cycle, and their
         // shard tasks end when their queues close.
         lock(&self.inner.customers).clear();
@@ -728,13 +736,49 @@ impl Postoffice {
     /// [`register_customer`](Self::register_customer). A broken connection is
     /// [`PsError::NodeFailed`] naming the peer.
     pub async fn send(&self, msg: Message) -> Result<()> {
-        self.inner.router.send(msg).await
+        let sent = self.inner.router.send(msg).await;
+        sent.map_err(|e| self.or_evicted(e))
     }
 
     /// Sends many data messages (to any recipients) as [`send`](Self::send) does, one batch
     /// per van. Stops at the first error; earlier messages stay queued.
     pub async fn send_batch(&self, msgs: Vec<Message>) -> Result<()> {
-        self.inner.router.send_batch(msgs).await
+        let sent = self.inner.router.send_batch(msgs).await;
+        sent.map_err(|e| self.or_evicted(e))
+    }
+
+    /// The error for a call on this stopped node: [`PsError::Stopped`], or, when the cluster
+    /// went on without it (declared dead, or cut off from the scheduler), a
+    /// [`PsError::NodeFailed`] saying so, which names the scheduler when it went silent and
+    /// this node when the scheduler declared it dead.
+    pub fn stopped_error(&self) -> PsError {
+        match self.inner.evicted.get() {
+            Some((node, reason)) => PsError::node_failed(*node, reason.clone()),
+            None => PsError::Stopped,
+        }
+    }
+
+    /// Waits until this node stops, for whatever reason ([`stop`](Self::stop),
+    /// [`finalize`](Self::finalize), or the cluster going on without it), and gives
+    /// [`stopped_error`](Self::stopped_error). A server that only serves awaits this beside
+    /// its own work, so that a node cut off and replaced (a zombie) ends instead of serving
+    /// on.
+    pub async fn stopped(&self) -> PsError {
+        let mut changes = self.inner.membership.subscribe();
+        while !self.is_stopped() {
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+        self.stopped_error()
+    }
+
+    /// `e`, or the eviction's error if `e` only says the node stopped.
+    fn or_evicted(&self, e: PsError) -> PsError {
+        match e {
+            PsError::Stopped => self.stopped_error(),
+            e => e,
+        }
     }
 
     /// What this node resent, dropped as duplicates and still waits to have acknowledged;

@@ -563,7 +563,7 @@ impl WorkerInner {
         let scheduler = node == node_ids::SCHEDULER;
         for entry in pending.values_mut() {
             if everything && !entry.outstanding.is_empty() {
-                entry.complete(Err(PsError::Stopped));
+                entry.complete(Err(self.po.stopped_error()));
             } else if entry.outstanding.contains(&node)
                 || (scheduler && !entry.outstanding.is_empty())
             {
