@@ -28,6 +28,7 @@ pub mod control;
 mod delivery;
 pub mod embed;
 pub mod error;
+pub mod fencing;
 pub mod hash;
 pub mod local;
 pub mod logging;

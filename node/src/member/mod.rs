@@ -401,7 +401,11 @@ impl Member {
         let Some(timeout) = self.config.heartbeat_timeout else {
             return;
         };
-        if self.config.role == Role::Scheduler || self.stopped || !self.is_joined() {
+        if self.config.role == Role::Scheduler
+            || self.stopped
+            || !self.is_joined()
+            || !crate::fencing::enabled()
+        {
             return;
         }
         let silent = now.saturating_duration_since(self.scheduler_heard);
@@ -430,7 +434,7 @@ impl Member {
 
     /// The cluster went on without this node: stop, failing what waits with `reason`.
     fn evict(&mut self, node: NodeId, reason: String, out: &mut Vec<Action>) {
-        if self.stopped {
+        if self.stopped || !crate::fencing::enabled() {
             return;
         }
         warn!("{reason}");
