@@ -10,8 +10,9 @@ set -euo pipefail
 # examples/tests/engines.rs starts a cluster with Open MPI's mpirun (and
 # examples/tests/collective.rs compiles allreduce-bench's Open MPI side with mpicc), and
 # jobs/tests/slurm.rs runs jobs under a single-node Slurm of its own (roles from the engine);
-# examples/tests/netns.rs makes its hosts as network namespaces with iproute2's `ip`.
-APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin libopenmpi-dev slurm-wlm munge iproute2)
+# examples/tests/netns.rs makes its hosts as network namespaces with iproute2's `ip`, and
+# examples/tests/network_faults.rs drops packets between them with nftables' `nft`.
+APT_PACKAGES=(cmake libclang-dev libibverbs-dev openmpi-bin libopenmpi-dev slurm-wlm munge iproute2 nftables)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -127,3 +127,158 @@ impl Drop for Hosts {
         }
     }
 }
+
+/// A network fault on one host's link to the switch, as an nftables table in the host's
+/// namespace (the kernel's own filter: every socket of every process on the host meets it,
+/// and nothing in the processes knows). Packets are dropped, never refused: the peers see
+/// silence, as behind a dead switch port, not a reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Each packet in and out of the host is dropped with this probability, in thousandths
+    /// (10 is 1 %).
+    Loss {
+        /// Thousandths of the packets dropped, each way: 1 to 1000.
+        per_mille: u32,
+    },
+    /// Nothing in or out: the host is cut off both ways.
+    Partition,
+    /// The host receives nothing but still sends: a one-way partition (its packets reach the
+    /// others; no answer reaches it).
+    Deaf,
+    /// The host sends nothing but still receives: the other one-way partition.
+    Mute,
+}
+
+impl Fault {
+    /// The rules of the fault, for the `input` and the `output` hook.
+    fn rules(self) -> Result<(Option<String>, Option<String>), String> {
+        let drop = "drop".to_owned();
+        Ok(match self {
+            Fault::Loss { per_mille } if (1..=1000).contains(&per_mille) => {
+                let rule = format!("numgen random mod 1000 < {per_mille} drop");
+                (Some(rule.clone()), Some(rule))
+            }
+            Fault::Loss { per_mille } => {
+                return Err(format!("a loss of {per_mille}/1000: expected 1 to 1000"))
+            }
+            Fault::Partition => (Some(drop.clone()), Some(drop)),
+            Fault::Deaf => (Some(drop), None),
+            Fault::Mute => (None, Some(drop)),
+        })
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Loss { per_mille } => write!(f, "{}.{} % loss", per_mille / 10, per_mille % 10),
+            Fault::Partition => f.write_str("partition"),
+            Fault::Deaf => f.write_str("one-way partition (deaf)"),
+            Fault::Mute => f.write_str("one-way partition (mute)"),
+        }
+    }
+}
+
+/// A fault in force on a host; [`Injected::heal`] (or dropping it) removes its rules.
+/// Faults on one host stack (each is its own table); deleting the hosts removes them all.
+#[must_use = "the fault is healed when this is dropped"]
+pub struct Injected {
+    namespace: String,
+    table: String,
+    fault: Fault,
+    healed: bool,
+}
+
+/// Faults made so far by this process (names their tables).
+static FAULTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Runs `nft` in `namespace` with `script` on its standard input (one transaction: all its
+/// rules or none).
+fn nft(namespace: &str, script: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", namespace, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "ip netns exec {namespace} nft: {e} (Debian: apt-get install iproute2 nftables)"
+            )
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .map_err(|e| format!("nft in {namespace}: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("nft in {namespace}: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(format!(
+            "nft in {namespace}: {} (Debian: apt-get install nftables; the kernel needs \
+             nf_tables)",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+impl Hosts {
+    /// Puts `fault` on host `host`'s link (its `eth0`); in force until the returned guard
+    /// heals it or drops. Loopback and shared memory within the host are untouched.
+    pub fn inject(&self, host: usize, fault: Fault) -> Result<Injected, String> {
+        let namespace = self
+            .names
+            .get(host)
+            .ok_or_else(|| format!("no host {host}: there are {}", self.names.len()))?
+            .clone();
+        let (input, output) = fault.rules()?;
+        let n = FAULTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let table = format!("vans_fault_{n}");
+        let mut script = format!("add table inet {table}\n");
+        for (hook, dir, rule) in [("input", "iifname", input), ("output", "oifname", output)] {
+            if let Some(rule) = rule {
+                script.push_str(&format!(
+                    "add chain inet {table} {hook} {{ type filter hook {hook} priority 0; }}\n\
+                     add rule inet {table} {hook} {dir} \"eth0\" {rule}\n"
+                ));
+            }
+        }
+        nft(&namespace, &script)?;
+        Ok(Injected {
+            namespace,
+            table,
+            fault,
+            healed: false,
+        })
+    }
+}
+
+impl Injected {
+    /// The fault in force.
+    pub fn fault(&self) -> Fault {
+        self.fault
+    }
+
+    /// Removes the fault's rules: the link carries everything again.
+    pub fn heal(mut self) -> Result<(), String> {
+        self.healed = true;
+        nft(
+            &self.namespace,
+            &format!("delete table inet {}\n", self.table),
+        )
+    }
+}
+
+impl Drop for Injected {
+    fn drop(&mut self) {
+        if !self.healed {
+            let _ = nft(
+                &self.namespace,
+                &format!("delete table inet {}\n", self.table),
+            );
+        }
+    }
+}

@@ -29,18 +29,21 @@ struct Planned {
     proxy: FaultProxy,
 }
 
-struct Running {
-    name: String,
-    child: Child,
-    lines: std::thread::JoinHandle<Vec<String>>,
+/// A node's process.
+pub(crate) struct Running {
+    /// Its role and which process it is, for people.
+    pub(crate) name: String,
+    pub(crate) child: Child,
+    /// Its standard output's lines, when it ends.
+    pub(crate) lines: std::thread::JoinHandle<Vec<String>>,
     /// The process's log (its standard error), printed if the run fails.
-    log: std::path::PathBuf,
+    pub(crate) log: std::path::PathBuf,
 }
 
 /// What the nodes log (unless `RUST_LOG` says otherwise): warnings, and the scheduler's and
 /// postoffices' membership events (registrations, failures, recoveries), so that a failed
 /// run shows what each process saw.
-const NODE_LOG: &str = "warn,node::control=info,node::postoffice=info";
+pub(crate) const NODE_LOG: &str = "warn,node::control=info,node::postoffice=info";
 
 pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     let ipc = match o.van.as_str() {
@@ -101,7 +104,7 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     for p in &plan {
         p.proxy.set_mode(Mode::Pass);
     }
-    let outcome = finish(nodes, killed);
+    let outcome = finish(nodes, killed, Vec::new());
     let _ = std::fs::remove_dir_all(&dir);
     report(o, &chaos, &plan, outcome?)
 }
@@ -322,13 +325,13 @@ async fn chaos_loop(
 }
 
 /// Waits for every node; returns the output lines of each (the killed ones' too), or which
-/// failed.
-fn finish(
+/// failed (and the driver's own `failed`, if any), with every process's log.
+pub(crate) fn finish(
     mut nodes: Vec<Running>,
     killed: Vec<Running>,
+    mut failed: Vec<String>,
 ) -> Result<Vec<(String, Vec<String>)>, BoxError> {
     let deadline = Instant::now() + FINISH;
-    let mut failed = Vec::new();
     for node in &mut nodes {
         loop {
             match node.child.try_wait()? {
@@ -375,7 +378,7 @@ fn finish(
                 println!("{line}");
             }
         }
-        return Err(format!("nodes failed: {}", failed.join(", ")).into());
+        return Err(format!("failed: {}", failed.join("; ")).into());
     }
     Ok(out)
 }
@@ -388,6 +391,27 @@ fn report(
     plan: &[Planned],
     nodes: Vec<(String, Vec<String>)>,
 ) -> Result<(), BoxError> {
+    let faults: u64 = chaos.faults.values().sum();
+    let connections: u64 = plan
+        .iter()
+        .map(|p| {
+            p.proxy
+                .stats()
+                .connections
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    println!(
+        "vans-soak: {faults} faults injected {:?}, {} garbage connections ({} dropped by the \
+         node), {connections} connections through the proxies",
+        chaos.faults, chaos.garbage, chaos.garbage_closed
+    );
+    verify(o, nodes)
+}
+
+/// Sums what the workers and nodes reported; fails unless every worker checked its sums with
+/// nothing lost or doubled.
+pub(crate) fn verify(o: &Options, nodes: Vec<(String, Vec<String>)>) -> Result<(), BoxError> {
     let field = |line: &str, name: &str| -> Option<i64> {
         let mut words = line.split_whitespace();
         words.find(|w| *w == name)?;
@@ -412,21 +436,6 @@ fn report(
             }
         }
     }
-    let faults: u64 = chaos.faults.values().sum();
-    let connections: u64 = plan
-        .iter()
-        .map(|p| {
-            p.proxy
-                .stats()
-                .connections
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .sum();
-    println!(
-        "vans-soak: {faults} faults injected {:?}, {} garbage connections ({} dropped by the \
-         node), {connections} connections through the proxies",
-        chaos.faults, chaos.garbage, chaos.garbage_closed
-    );
     println!(
         "vans-soak: {updates} updates verified by {checks} exact checks; lost {lost}, \
          duplicated {duplicated}; messages resent {resent}, copies dropped {dropped}, dropped \

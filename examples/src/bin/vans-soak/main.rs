@@ -8,9 +8,16 @@
 //! ```text
 //! vans-soak --seconds 60 --van tcp      # 2 servers x 4 workers, TCP between them
 //! vans-soak --seconds 60 --van ipc      # co-located nodes over shared memory
+//! vans-soak --seconds 600 --network --kill-every 30 --long-every 60   # between hosts
 //! ```
+//!
+//! With `--network` (root, `ip` and `nft`) the nodes run on three network-namespace hosts
+//! and the faults are the kernel's, on the links between them: packet loss, partitions
+//! both ways and one way, and partitions longer than the heartbeat timeout whose old
+//! processes must be fenced when they come back (see `network.rs`).
 
 mod driver;
+mod network;
 mod node;
 
 use clap::Parser;
@@ -47,6 +54,28 @@ pub(crate) struct Options {
     /// printed when the run fails.
     #[arg(long)]
     logs: Option<std::path::PathBuf>,
+    /// Run the nodes on three network-namespace hosts and inject the faults into the links
+    /// between them (loss, partitions both ways and one way) instead of through proxies.
+    /// Needs root, `ip` (iproute2) and `nft` (nftables).
+    #[arg(long)]
+    network: bool,
+    /// With `--network`: a fixed plan of faults instead of the random schedule, as
+    /// `HOST:KIND:SECONDS` steps separated by commas; KIND is `lossN` (N % of the packets
+    /// dropped each way), `partition`, `deaf` (receives nothing), `mute` (sends nothing) or
+    /// `long` (a partition beyond the heartbeat timeout: its nodes are replaced on host 0 and
+    /// must be fenced when it heals). Example: `1:loss5:6,2:partition:2,1:long:0`.
+    #[arg(long, requires = "network")]
+    faults: Option<String>,
+    /// With `--network`: cut host 1 or 2 (in turn) off for longer than the heartbeat timeout
+    /// every this many seconds (0: never).
+    #[arg(long, default_value_t = 0.0, requires = "network")]
+    long_every: f64,
+    /// Heartbeat timeout of the nodes, in seconds (with `--network`; the proxy soak uses 20).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(2..=600))]
+    heartbeat_timeout: u64,
+    /// Print the worker's rounds every 250 ms (set by the driver).
+    #[arg(long, hide = true)]
+    ticks: bool,
     /// Run as one node of the cluster (set by the driver, with the node's environment).
     #[arg(long, hide = true)]
     node: bool,
@@ -65,6 +94,7 @@ fn main() {
         .build();
     let result = match runtime {
         Ok(rt) if options.node => rt.block_on(node::run(&options)),
+        Ok(rt) if options.network => rt.block_on(network::run(&options)),
         Ok(rt) => rt.block_on(driver::run(&options)),
         Err(e) => Err(e.into()),
     };

@@ -74,17 +74,18 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     // The scheduler and the servers wait out the run before their final barrier: a barrier
     // fails when a member dies, and workers die here on purpose (kills stop 10 s before the
     // end, so the final barrier sees everyone).
+    // ... unless the node stops first: cut off and replaced, it must end, not serve on.
     let wait_out = || async {
         let left = deadline(o)
             .duration_since(SystemTime::now())
             .unwrap_or_default();
-        tokio::time::sleep(left).await;
+        tokio::select! {
+            _ = tokio::time::sleep(left) => Ok(()),
+            e = po.stopped() => Err(e),
+        }
     };
     let result = match po.role() {
-        Role::Scheduler => {
-            wait_out().await;
-            Ok(())
-        }
+        Role::Scheduler => wait_out().await.map_err(Into::into),
         Role::Server => {
             let server = KvServer::<i64>::with_sum(&po, 0, 0, 1).await?;
             if po.is_recovery() {
@@ -93,7 +94,7 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
                     po.my_rank()
                 );
             }
-            wait_out().await;
+            wait_out().await?;
             let done = po.finalize().await;
             report(&po, &format!("server {}", po.my_rank()));
             drop(server);
@@ -373,8 +374,12 @@ impl<'a> Worker<'a> {
 
     async fn run(mut self, o: &Options) -> Result<(), BoxError> {
         let deadline = deadline(o);
-        let (mut round, mut last_said) = (0u64, Instant::now());
+        let (mut round, mut last_said, mut last_tick) = (0u64, Instant::now(), Instant::now());
         while SystemTime::now() < deadline {
+            if o.ticks && last_tick.elapsed() >= Duration::from_millis(250) {
+                last_tick = Instant::now();
+                println!("SOAK-TICK {round}");
+            }
             let _refilled = self.refill_restarted().await?;
             match round % 3 {
                 0 => self.push_round().await?,
