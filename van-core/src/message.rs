@@ -417,7 +417,8 @@ pub struct Control {
     pub nodes: Arc<[Node]>,
     /// Barrier group, a bitmask of [`crate::node_ids`] groups.
     pub barrier_group: i32,
-    /// Signature of the message being acknowledged (ps-lite's `msg_sig`).
+    /// Signature of the message being acknowledged (ps-lite's `msg_sig`); on a barrier
+    /// request, 1 marks `finalize`'s barrier (`node::control::FINAL_BARRIER`).
     pub msg_sig: u64,
 }
 

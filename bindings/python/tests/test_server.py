@@ -1,5 +1,7 @@
-"""Servers from Python: a handler written in Python, and a dead server named in the
-worker's exception."""
+"""Servers from Python: a handler written in Python, a dead server named in the worker's
+exception, and ``serve()`` going on through a worker's death and replacement."""
+
+import subprocess
 
 import numpy as np
 import pytest
@@ -59,3 +61,38 @@ def test_a_killed_server_is_named_in_the_error(cluster):
     assert "node 8 (server)" in str(failure.value)
     w.node.stop()
     c.kill()
+
+
+# A worker that adds 1 to key 3 once; the first process waits to be killed, its replacement
+# (a new process in the dead one's place) finalizes.
+ADDING_WORKER = """
+import time, numpy as np, vans
+node = vans.Node()
+w = vans.Worker(node, dtype="float32")
+w.push(np.array([3], dtype=np.uint64), np.ones(1, dtype=np.float32))
+print("recovery" if node.is_recovery else "first", flush=True)
+if node.is_recovery:
+    node.finalize()
+else:
+    time.sleep(600)
+"""
+
+
+def test_serve_goes_on_through_a_worker_s_death_and_replacement(cluster):
+    # The server's `serve()` and the scheduler's `finalize()` wait at the final barrier from
+    # the start; a worker killed meanwhile must not end them (they wait for its
+    # replacement), and once every worker finalizes, everyone exits 0.
+    c = cluster(num_servers=1, num_workers=2,
+                env={"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "3"})
+    first = c.start("worker", ADDING_WORKER, stdout=subprocess.PIPE, text=True)
+    w = vans.Worker(**c.config())
+    assert first.stdout.readline().strip() == "first"
+    first.kill()
+    first.wait()
+    second = c.start("worker", ADDING_WORKER, stdout=subprocess.PIPE, text=True)
+    c.procs.append(second)
+    assert second.stdout.readline().strip() == "recovery"
+    # Both processes' adds landed, and the server still serves.
+    np.testing.assert_array_equal(w.pull(np.array([3], dtype=np.uint64), timeout=30), [2.0])
+    w.node.finalize()
+    assert c.join() == [0, 0, 0]

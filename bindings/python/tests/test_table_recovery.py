@@ -21,7 +21,7 @@ TARGET = np.linspace(-2, 2, len(KEYS) * DIM).astype(np.float32)
 
 # Checkpoints at the workers' barrier; a process that takes a dead server's place (its
 # node `is_recovery`) starts its table from that checkpoint. Servers answer until the test
-# kills them: `serve()` is the final barrier of every node, which fails when one dies.
+# kills them (`serve()` would do as well: test_server.py shows it outlasts a replacement).
 SERVER = """
 import os, pathlib, time, vans
 node = vans.Node()

@@ -1,8 +1,11 @@
 //! Barriers: a barrier on a group mask is released to every member once all members have
 //! arrived, and failed (to those that arrived and can be reached) as soon as a member is
-//! dead.
+//! dead — but `finalize`'s ([`FINAL_BARRIER`](super::FINAL_BARRIER)), which waits up to
+//! [`REPLACEMENT_GRACE`](super::REPLACEMENT_GRACE) for a new process in the dead member's
+//! place, and then for that process's own arrival.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tracing::{debug, warn};
 use van_core::{node_ids, Command, Control, NodeId};
@@ -14,7 +17,14 @@ use super::{BarrierMembers, Output, Scheduler};
 const ALL_GROUPS: i32 = node_ids::SCHEDULER | node_ids::SERVER_GROUP | node_ids::WORKER_GROUP;
 
 impl Scheduler {
-    pub(super) fn on_barrier(&mut self, from: NodeId, group: i32, echo: Echo) -> Vec<Output> {
+    pub(super) fn on_barrier(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        group: i32,
+        is_final: bool,
+        echo: Echo,
+    ) -> Vec<Output> {
         if !self.is_ready() {
             warn!(
                 from,
@@ -34,17 +44,56 @@ impl Scheduler {
             return Vec::new();
         }
         self.barriers.entry(group).or_default().insert(from, echo);
-        self.settle(group)
+        if is_final {
+            self.final_barriers.entry(group).or_default();
+        }
+        self.settle(now, group)
+    }
+
+    /// A new process took `id`'s place: an arrival of the process before it is none of the
+    /// new one's, which must arrive itself.
+    pub(super) fn forget_arrivals(&mut self, id: NodeId) {
+        for arrived in self.barriers.values_mut() {
+            arrived.remove(&id);
+        }
+    }
+
+    /// Settles every pending barrier (a death, a revival, or a grace ending may decide one).
+    pub(super) fn settle_all(&mut self, now: Instant) -> Vec<Output> {
+        let groups: Vec<i32> = self.barriers.keys().copied().collect();
+        groups
+            .into_iter()
+            .flat_map(|group| self.settle(now, group))
+            .collect()
     }
 
     /// Releases or fails the barrier of `group` if it can be decided. Constant work per
     /// arrival until as many nodes as members have arrived (10,000 workers arriving at a
     /// barrier cost 10,000 steps, not 10,000²).
-    pub(super) fn settle(&mut self, group: i32) -> Vec<Output> {
+    pub(super) fn settle(&mut self, now: Instant, group: i32) -> Vec<Output> {
         if !self.barriers.contains_key(&group) {
             return Vec::new();
         }
         let BarrierMembers { members, dead } = self.members(group);
+        if let Some(waiting) = self.final_barriers.get_mut(&group) {
+            if dead.is_empty() {
+                *waiting = None;
+            } else {
+                let since = *waiting.get_or_insert_with(|| {
+                    warn!(
+                        group,
+                        ?dead,
+                        "finalize's barrier waits up to {:?} for new processes in the places \
+                         of the dead",
+                        super::REPLACEMENT_GRACE
+                    );
+                    now
+                });
+                if now.saturating_duration_since(since) < super::REPLACEMENT_GRACE {
+                    return Vec::new();
+                }
+            }
+        }
         let Some(arrived) = self.barriers.get(&group) else {
             return Vec::new();
         };
@@ -63,6 +112,7 @@ impl Scheduler {
             return Vec::new();
         };
         self.barriers.remove(&group);
+        self.final_barriers.remove(&group);
         let nodes = self.nodes(&dead);
         let control = Control {
             cmd: Command::Barrier,

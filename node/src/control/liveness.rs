@@ -14,7 +14,8 @@ impl Scheduler {
     /// Declares silent nodes dead (or gone, if leaving). Call it at [`Self::next_deadline`].
     pub fn tick(&mut self, now: Instant) -> Vec<Output> {
         let Some(timeout) = self.config.heartbeat_timeout else {
-            return Vec::new();
+            // finalize's barriers that wait for replacements may have waited long enough.
+            return self.settle_all(now);
         };
         let mut newly_dead = Vec::new();
         for (&id, peer) in &mut self.peers {
@@ -30,8 +31,10 @@ impl Scheduler {
             }
         }
         let reason = format!("no heartbeat for {timeout:?}");
-        let mut out = self.bury(newly_dead.clone(), &reason);
+        let mut out = self.bury(now, newly_dead.clone(), &reason);
         out.extend(self.replace_dead(now, &newly_dead));
+        // finalize's barriers that wait for replacements may have waited long enough.
+        out.extend(self.settle_all(now));
         out
     }
 
@@ -48,10 +51,10 @@ impl Scheduler {
                 info!(peer, reason, "leaving node disconnected");
                 state.gone = true;
                 self.membership_epoch += 1;
-                self.bury(Vec::new(), reason)
+                self.bury(now, Vec::new(), reason)
             }
             Some(_) => {
-                let mut out = self.bury(vec![peer], reason);
+                let mut out = self.bury(now, vec![peer], reason);
                 out.extend(self.replace_dead(now, &[peer]));
                 out
             }
@@ -68,14 +71,20 @@ impl Scheduler {
     }
 
     /// When [`Self::tick`] next needs calling: the earliest heartbeat expiry of a node still
-    /// watched; `None` if heartbeats are off or nobody is watched.
+    /// watched, or the end of a `finalize` barrier's wait for a replacement; `None` if
+    /// neither is due.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let timeout = self.config.heartbeat_timeout?;
-        self.peers
-            .values()
-            .filter(|p| !p.dead && !p.gone)
-            .filter_map(|p| p.last_seen.checked_add(timeout))
-            .min()
+        let heartbeats = self.config.heartbeat_timeout.and_then(|timeout| {
+            self.peers
+                .values()
+                .filter(|p| !p.dead && !p.gone)
+                .filter_map(|p| p.last_seen.checked_add(timeout))
+                .min()
+        });
+        let graces = (self.final_barriers.values())
+            .filter_map(|since| since.and_then(|t| t.checked_add(super::REPLACEMENT_GRACE)))
+            .min();
+        heartbeats.into_iter().chain(graces).min()
     }
 
     /// Whether `id` can be sent to: the scheduler, or a node neither dead nor gone.
@@ -84,7 +93,7 @@ impl Scheduler {
     }
 
     /// Declares `ids` dead, tells every live node, and settles every pending barrier.
-    pub(super) fn bury(&mut self, ids: Vec<NodeId>, reason: &str) -> Vec<Output> {
+    pub(super) fn bury(&mut self, now: Instant, ids: Vec<NodeId>, reason: &str) -> Vec<Output> {
         let mut out = Vec::new();
         if !ids.is_empty() {
             warn!(dead = ?ids, reason, "declaring nodes dead");
@@ -108,10 +117,7 @@ impl Scheduler {
                 out.push(reply(id, control.clone(), Echo::default()));
             }
         }
-        let groups: Vec<i32> = self.barriers.keys().copied().collect();
-        for group in groups {
-            out.extend(self.settle(group));
-        }
+        out.extend(self.settle_all(now));
         out
     }
 }

@@ -65,6 +65,17 @@ pub struct SchedulerConfig {
     pub heartbeat_timeout: Option<Duration>,
 }
 
+/// `Control::msg_sig` of a barrier request that is `finalize`'s: the node is done and waits
+/// for the others to be. Such a barrier survives a death followed by a replacement (a worker
+/// killed and started again while the servers wait in `finalize`, or in Python's
+/// `Server.serve()`): it waits up to [`REPLACEMENT_GRACE`] for the new process, then for its
+/// arrival, and fails only if none comes.
+pub const FINAL_BARRIER: u64 = 1;
+
+/// How long `finalize`'s barrier waits for a new process in the place of a dead member
+/// before it fails naming it.
+pub const REPLACEMENT_GRACE: Duration = Duration::from_secs(60);
+
 /// What the scheduler knows of a registered server or worker.
 #[derive(Debug)]
 struct Peer {
@@ -118,6 +129,10 @@ pub struct Scheduler {
     membership_epoch: u64,
     /// Per barrier group: the epoch they were worked out at, the members, the dead ones.
     barrier_members: BTreeMap<i32, (u64, BarrierMembers)>,
+    /// Pending barriers that are `finalize`'s ([`FINAL_BARRIER`]): a death does not fail
+    /// one at once; it waits up to [`REPLACEMENT_GRACE`] (from the value here, when it began
+    /// to wait) for new processes in the places of the dead.
+    final_barriers: BTreeMap<i32, Option<Instant>>,
     /// Registrations after the cluster was complete, waiting for a node of their role to be
     /// declared dead so that they can take its place.
     /// Each: the node, its incarnation, the echo of its request, when it was last sent.
@@ -153,6 +168,7 @@ impl Scheduler {
             barriers: BTreeMap::new(),
             membership_epoch: 0,
             barrier_members: BTreeMap::new(),
+            final_barriers: BTreeMap::new(),
             waiting: Vec::new(),
         }
     }
@@ -214,7 +230,13 @@ impl Scheduler {
                 Echo::of(&msg.meta),
             )],
             Command::Heartbeat => Vec::new(),
-            Command::Barrier => self.on_barrier(from, control.barrier_group, Echo::of(&msg.meta)),
+            Command::Barrier => self.on_barrier(
+                now,
+                from,
+                control.barrier_group,
+                control.msg_sig == FINAL_BARRIER,
+                Echo::of(&msg.meta),
+            ),
             Command::Terminate => {
                 info!(from, "node is leaving");
                 match self.peers.get_mut(&from) {

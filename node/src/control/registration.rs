@@ -205,6 +205,7 @@ impl Scheduler {
                 // Another process in its place: the one we knew is gone.
                 // Not told itself: the old process is gone, and its place is the new one's.
                 let notices = self.bury(
+                    now,
                     vec![id],
                     "restarted: a new process registered in its place (address or task)",
                 );
@@ -303,6 +304,7 @@ impl Scheduler {
         peer.last_seen = now;
         peer.incarnation = incarnation;
         let index = peer.index;
+        self.forget_arrivals(id);
         let mut node = node.clone();
         node.id = Some(id);
         node.is_recovery = true;
@@ -327,6 +329,8 @@ impl Scheduler {
             .map(|other| reply(other, control.clone(), Echo::default()))
             .collect();
         out.extend(self.welcome(index, echo));
+        // A barrier of finalize's that waited for this replacement now waits for its arrival.
+        out.extend(self.settle_all(now));
         out
     }
 

@@ -574,6 +574,87 @@ fn malformed_messages_are_ignored() {
     assert!(s.barriers.is_empty());
 }
 
+/// `from` arrives at `finalize`'s barrier (all groups, marked final).
+fn final_barrier(s: &mut Scheduler, now: Instant, from: NodeId) -> Vec<Output> {
+    let mut msg = request(from, Barrier, 1 | 2 | 4);
+    if let Some(control) = &mut msg.meta.control {
+        control.msg_sig = FINAL_BARRIER;
+    }
+    s.handle(now, &msg)
+}
+
+/// The barrier replies among `out`: (recipient, ids named dead).
+fn barrier_replies(out: &[Output]) -> Vec<(NodeId, Vec<NodeId>)> {
+    let replies = out.iter().filter_map(|o| match o {
+        Output::Send(m) => m
+            .meta
+            .control
+            .as_ref()
+            .filter(|c| c.cmd == Barrier)
+            .map(|c| {
+                let dead = c.nodes.iter().filter_map(|n| n.id).collect();
+                (m.meta.recipient.unwrap_or_default(), dead)
+            }),
+        Output::Connect(_) => None,
+    });
+    replies.collect()
+}
+
+#[test]
+fn finalize_s_barrier_survives_a_death_followed_by_a_replacement() {
+    let t0 = Instant::now();
+    // Server 8, workers 9 and 11; no heartbeats (broken connections declare deaths).
+    let mut s = ready(1, 2, None, t0);
+    // The scheduler, the server and worker 11 are done; worker 9 works on.
+    for id in [1, 8, 11] {
+        assert!(final_barrier(&mut s, t0, id).is_empty());
+    }
+    // Worker 11 dies after it arrived: the barrier waits instead of failing.
+    let out = s.peer_lost(t0, 11, "reset");
+    assert!(barrier_replies(&out).is_empty(), "{out:?}");
+    assert_eq!(s.dead(), [11]);
+    assert_eq!(s.next_deadline(), Some(t0 + REPLACEMENT_GRACE));
+    // A new process takes its place within the grace.
+    let later = t0 + Duration::from_secs(5);
+    let fresh = Node::new(Role::Worker, "10.0.0.60", 6060);
+    let out = s.handle(later, &add_node_from(&fresh, 77));
+    assert!(barrier_replies(&out).is_empty(), "{out:?}");
+    assert!(s.dead().is_empty());
+    assert_eq!(s.next_deadline(), None, "nobody is dead: no grace runs");
+    // Worker 9 arrives: not released, the new process has not arrived (the old one's
+    // arrival is none of its own), however long it works.
+    assert!(final_barrier(&mut s, later, 9).is_empty());
+    assert!(s.tick(t0 + 3 * REPLACEMENT_GRACE).is_empty());
+    // It arrives: released to all four, naming nobody dead.
+    let out = final_barrier(&mut s, t0 + 3 * REPLACEMENT_GRACE, 11);
+    let mut replies = barrier_replies(&out);
+    replies.sort();
+    assert_eq!(
+        replies,
+        [(1, vec![]), (8, vec![]), (9, vec![]), (11, vec![])]
+    );
+}
+
+#[test]
+fn finalize_s_barrier_fails_naming_the_dead_when_no_replacement_comes() {
+    let t0 = Instant::now();
+    let mut s = ready(1, 2, None, t0);
+    for id in [1, 8, 9] {
+        assert!(final_barrier(&mut s, t0, id).is_empty());
+    }
+    let died = t0 + Duration::from_secs(1);
+    assert!(barrier_replies(&s.peer_lost(died, 11, "reset")).is_empty());
+    assert!(s.tick(died + REPLACEMENT_GRACE - MS).is_empty());
+    let mut replies = barrier_replies(&s.tick(died + REPLACEMENT_GRACE));
+    replies.sort();
+    assert_eq!(replies, [(1, vec![11]), (8, vec![11]), (9, vec![11])]);
+    // An ordinary barrier on all groups still fails at once.
+    assert_eq!(
+        barrier_replies(&barrier(&mut s, died, 9, 1 | 2 | 4)),
+        [(9, vec![11])]
+    );
+}
+
 #[test]
 fn a_new_process_at_a_joining_address_replaces_the_one_before_and_stale_waiters_expire() {
     let t0 = Instant::now();

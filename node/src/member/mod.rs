@@ -465,6 +465,9 @@ impl Member {
         let mut msg = control_request(Command::Barrier);
         if let Some(control) = &mut msg.meta.control {
             control.barrier_group = group;
+            if self.finalizing && group == ALL_GROUPS {
+                control.msg_sig = crate::control::FINAL_BARRIER;
+            }
         }
         Action::Send(msg)
     }

@@ -301,9 +301,17 @@ impl Postoffice {
                     }
                 });
             }
-        } else if let Some(timeout) = self.inner.config.heartbeat_timeout {
+        } else {
+            // Heartbeat expiries, and (with or without heartbeats) the end of finalize's wait
+            // for a replacement.
             let po = self.clone();
-            let period = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            let period = self
+                .inner
+                .config
+                .heartbeat_timeout
+                .map_or(Duration::from_secs(1), |t| {
+                    (t / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+                });
             self.spawn(async move {
                 let mut ticker = tokio::time::interval(period);
                 loop {
@@ -645,7 +653,7 @@ impl Postoffice {
         }
         let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
         for (_, waiter) in waiters {
-            let _ = waiter.send(Err(PsError::Stopped));
+            let _ = waiter.send(Err(self.stopped_error()));
         }
         self.tell_customers(self.my_id(), reason);
         // Applications hold the postoffice; dropping them here breaks that cycle, and their
