@@ -177,7 +177,12 @@ impl Membership {
     /// it is active, an error when the postoffice stopped.
     pub(super) fn settled(&self) -> Option<Result<Generation>> {
         if self.stopped {
-            return Some(Err(CollectiveError::Ps("the postoffice stopped".into())));
+            // Why it stopped, as the status says it (the postoffice's own error: evicted,
+            // failed, or stopped).
+            return Some(Err(match &self.status {
+                Status::Broken(e) => e.clone(),
+                _ => CollectiveError::Ps("the postoffice stopped".into()),
+            }));
         }
         matches!(self.status, Status::Active).then(|| Ok(self.generation.clone()))
     }
@@ -289,7 +294,7 @@ impl Protocol {
     pub(super) fn tick(&self, m: &mut Membership, now: Instant) {
         if self.po.is_stopped() && !m.stopped {
             m.stopped = true;
-            m.status = Status::Broken(CollectiveError::Ps("the postoffice stopped".into()));
+            m.status = Status::Broken(CollectiveError::Ps(self.po.stopped_error().to_string()));
         }
         if matches!(m.status, Status::Settling) {
             self.join(m, now);

@@ -20,8 +20,10 @@
 //! - **Finalize.** Once finalize's all-nodes barrier is released, or finalize gave up on it,
 //!   departures are no longer failures; while waiting at it, a peer's close is none either
 //!   (it was released first), but the scheduler's loss is.
-//! - **A silent scheduler** (no word for a whole heartbeat timeout, with heartbeats on) is a
-//!   dead scheduler: every barrier fails, since nobody is left to release it.
+//! - **A silent scheduler** (no answer to this node's heartbeats for a whole heartbeat
+//!   timeout, with heartbeats on) is a dead scheduler, or this node is cut off: every barrier
+//!   fails, since nobody is left to release it, and the node stops (a lease: the scheduler,
+//!   which has not heard it either, declares it dead).
 //! - **Declared dead by the scheduler**, this node stops: the cluster moved on without it.
 
 #[cfg(test)]
@@ -254,7 +256,14 @@ impl Member {
         let Some(control) = &msg.meta.control else {
             return;
         };
-        if msg.meta.sender == Some(node_ids::SCHEDULER) && self.config.role != Role::Scheduler {
+        // The lease on the scheduler is renewed by answers to this node's own heartbeats
+        // only: a round trip. What the scheduler sends unasked (a notice to every node)
+        // reaches a node that is cut off one way as well, whose heartbeats never arrive and
+        // which the scheduler declares dead meanwhile.
+        if msg.meta.sender == Some(node_ids::SCHEDULER)
+            && self.config.role != Role::Scheduler
+            && control.cmd == Command::Heartbeat
+        {
             self.scheduler_heard = now;
         }
         match control.cmd {

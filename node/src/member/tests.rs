@@ -427,6 +427,27 @@ fn a_scheduler_silent_for_a_whole_heartbeat_timeout_is_lost() {
 }
 
 #[test]
+fn only_answers_to_heartbeats_renew_the_lease_on_the_scheduler() {
+    // A node cut off one way (its heartbeats lost, the scheduler's notices to every node
+    // still arriving) must stop at the timeout, as the scheduler declares it dead then.
+    let timeout = Duration::from_secs(3);
+    let mut h = Harness::new(Some(timeout), false);
+    h.control(&table_message(None));
+    for _ in 0..5 {
+        h.advance(Duration::from_millis(700));
+        h.control(&failure_notice(node(Role::Server, SERVER, 9001, 8)));
+        h.control(&from_scheduler(Control::command(Command::Barrier), None));
+    }
+    let actions = h.input(Input::Tick);
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Evicted { node, .. } if *node == node_ids::SCHEDULER)),
+        "notices renewed the lease: {actions:?}"
+    );
+}
+
+#[test]
 fn without_heartbeats_a_silent_scheduler_is_no_failure() {
     let mut h = Harness::joined();
     h.advance(Duration::from_secs(3600));
