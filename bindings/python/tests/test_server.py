@@ -80,10 +80,11 @@ else:
 
 def test_serve_goes_on_through_a_worker_s_death_and_replacement(cluster):
     # The server's `serve()` and the scheduler's `finalize()` wait at the final barrier from
-    # the start; a worker killed meanwhile must not end them (they wait for its
-    # replacement), and once every worker finalizes, everyone exits 0.
+    # the start; with a replacement grace, a worker killed meanwhile must not end them (they
+    # wait for its replacement), and once every worker finalizes, everyone exits 0.
     c = cluster(num_servers=1, num_workers=2,
-                env={"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "3"})
+                env={"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "3",
+                     "VANS_REPLACEMENT_GRACE_SECS": "60"})
     first = c.start("worker", ADDING_WORKER, stdout=subprocess.PIPE, text=True)
     w = vans.Worker(**c.config())
     assert first.stdout.readline().strip() == "first"

@@ -1,8 +1,8 @@
 //! Barriers: a barrier on a group mask is released to every member once all members have
 //! arrived, and failed (to those that arrived and can be reached) as soon as a member is
-//! dead — but `finalize`'s ([`FINAL_BARRIER`](super::FINAL_BARRIER)), which waits up to
-//! [`REPLACEMENT_GRACE`](super::REPLACEMENT_GRACE) for a new process in the dead member's
-//! place, and then for that process's own arrival.
+//! dead — but `finalize`'s ([`FINAL_BARRIER`](super::FINAL_BARRIER)) when the scheduler has
+//! a replacement grace (`VANS_REPLACEMENT_GRACE_SECS`): it waits that long for a new process
+//! in the dead member's place, and then for that process's own arrival.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -75,7 +75,12 @@ impl Scheduler {
             return Vec::new();
         }
         let BarrierMembers { members, dead } = self.members(group);
-        if let Some(waiting) = self.final_barriers.get_mut(&group) {
+        let grace = self.config.replacement_grace;
+        if let Some(waiting) = self
+            .final_barriers
+            .get_mut(&group)
+            .filter(|_| !grace.is_zero())
+        {
             if dead.is_empty() {
                 *waiting = None;
             } else {
@@ -83,13 +88,12 @@ impl Scheduler {
                     warn!(
                         group,
                         ?dead,
-                        "finalize's barrier waits up to {:?} for new processes in the places \
-                         of the dead",
-                        super::REPLACEMENT_GRACE
+                        "finalize's barrier waits up to {grace:?} for new processes in the \
+                         places of the dead (VANS_REPLACEMENT_GRACE_SECS)"
                     );
                     now
                 });
-                if now.saturating_duration_since(since) < super::REPLACEMENT_GRACE {
+                if now.saturating_duration_since(since) < grace {
                     return Vec::new();
                 }
             }

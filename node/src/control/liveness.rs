@@ -82,7 +82,7 @@ impl Scheduler {
                 .min()
         });
         let graces = (self.final_barriers.values())
-            .filter_map(|since| since.and_then(|t| t.checked_add(super::REPLACEMENT_GRACE)))
+            .filter_map(|since| since.and_then(|t| t.checked_add(self.config.replacement_grace)))
             .min();
         heartbeats.into_iter().chain(graces).min()
     }

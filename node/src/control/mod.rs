@@ -63,18 +63,17 @@ pub struct SchedulerConfig {
     pub num_servers: u32,
     /// A node silent this long is declared dead; `None` turns heartbeat detection off.
     pub heartbeat_timeout: Option<Duration>,
+    /// How long `finalize`'s barrier waits for a new process in a dead member's place
+    /// (`VANS_REPLACEMENT_GRACE_SECS`); zero fails it at once.
+    pub replacement_grace: Duration,
 }
 
 /// `Control::msg_sig` of a barrier request that is `finalize`'s: the node is done and waits
-/// for the others to be. Such a barrier survives a death followed by a replacement (a worker
-/// killed and started again while the servers wait in `finalize`, or in Python's
-/// `Server.serve()`): it waits up to [`REPLACEMENT_GRACE`] for the new process, then for its
-/// arrival, and fails only if none comes.
+/// for the others to be. With a replacement grace (`VANS_REPLACEMENT_GRACE_SECS`), such a
+/// barrier survives a death followed by a replacement (a worker killed and started again
+/// while the servers wait in `finalize`, or in Python's `Server.serve()`): it waits up to the
+/// grace for the new process, then for its arrival, and fails only if none comes.
 pub const FINAL_BARRIER: u64 = 1;
-
-/// How long `finalize`'s barrier waits for a new process in the place of a dead member
-/// before it fails naming it.
-pub const REPLACEMENT_GRACE: Duration = Duration::from_secs(60);
 
 /// What the scheduler knows of a registered server or worker.
 #[derive(Debug)]
@@ -98,7 +97,12 @@ struct Peer {
 /// # use std::time::Instant;
 /// # use node::control::{Output, Scheduler, SchedulerConfig};
 /// # use van_core::{Command, Control, Message, Meta, Node, Role};
-/// let config = SchedulerConfig { num_workers: 1, num_servers: 0, heartbeat_timeout: None };
+/// let config = SchedulerConfig {
+///     num_workers: 1,
+///     num_servers: 0,
+///     heartbeat_timeout: None,
+///     replacement_grace: std::time::Duration::ZERO,
+/// };
 /// let mut scheduler = Scheduler::new(config, Node::new(Role::Scheduler, "10.0.0.1", 9000));
 /// let control = Control {
 ///     cmd: Command::AddNode,
@@ -129,9 +133,9 @@ pub struct Scheduler {
     membership_epoch: u64,
     /// Per barrier group: the epoch they were worked out at, the members, the dead ones.
     barrier_members: BTreeMap<i32, (u64, BarrierMembers)>,
-    /// Pending barriers that are `finalize`'s ([`FINAL_BARRIER`]): a death does not fail
-    /// one at once; it waits up to [`REPLACEMENT_GRACE`] (from the value here, when it began
-    /// to wait) for new processes in the places of the dead.
+    /// Pending barriers that are `finalize`'s ([`FINAL_BARRIER`]): with a replacement grace,
+    /// a death does not fail one at once; it waits up to the grace (from the value here,
+    /// when it began to wait) for new processes in the places of the dead.
     final_barriers: BTreeMap<i32, Option<Instant>>,
     /// Registrations after the cluster was complete, waiting for a node of their role to be
     /// declared dead so that they can take its place.

@@ -14,11 +14,22 @@ fn me() -> Node {
 }
 
 fn fresh(servers: u16, workers: u16, heartbeat_timeout: Option<Duration>) -> Scheduler {
+    with_grace(servers, workers, heartbeat_timeout, Duration::ZERO)
+}
+
+/// [`fresh`], with a replacement grace for `finalize`'s barrier.
+fn with_grace(
+    servers: u16,
+    workers: u16,
+    heartbeat_timeout: Option<Duration>,
+    replacement_grace: Duration,
+) -> Scheduler {
     let (num_servers, num_workers) = (servers.into(), workers.into());
     let config = SchedulerConfig {
         num_workers,
         num_servers,
         heartbeat_timeout,
+        replacement_grace,
     };
     Scheduler::new(config, me())
 }
@@ -574,6 +585,19 @@ fn malformed_messages_are_ignored() {
     assert!(s.barriers.is_empty());
 }
 
+/// The replacement grace of the `finalize` tests.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// A scheduler like [`ready`]'s, with a replacement grace of [`GRACE`] (or none).
+fn ready_with_grace(grace: Duration, t0: Instant) -> Scheduler {
+    let mut s = with_grace(1, 2, None, grace);
+    for node in nodes(1, 2) {
+        s.handle(t0, &add_node(&node));
+    }
+    assert!(s.is_ready());
+    s
+}
+
 /// `from` arrives at `finalize`'s barrier (all groups, marked final).
 fn final_barrier(s: &mut Scheduler, now: Instant, from: NodeId) -> Vec<Output> {
     let mut msg = request(from, Barrier, 1 | 2 | 4);
@@ -604,7 +628,7 @@ fn barrier_replies(out: &[Output]) -> Vec<(NodeId, Vec<NodeId>)> {
 fn finalize_s_barrier_survives_a_death_followed_by_a_replacement() {
     let t0 = Instant::now();
     // Server 8, workers 9 and 11; no heartbeats (broken connections declare deaths).
-    let mut s = ready(1, 2, None, t0);
+    let mut s = ready_with_grace(GRACE, t0);
     // The scheduler, the server and worker 11 are done; worker 9 works on.
     for id in [1, 8, 11] {
         assert!(final_barrier(&mut s, t0, id).is_empty());
@@ -613,7 +637,7 @@ fn finalize_s_barrier_survives_a_death_followed_by_a_replacement() {
     let out = s.peer_lost(t0, 11, "reset");
     assert!(barrier_replies(&out).is_empty(), "{out:?}");
     assert_eq!(s.dead(), [11]);
-    assert_eq!(s.next_deadline(), Some(t0 + REPLACEMENT_GRACE));
+    assert_eq!(s.next_deadline(), Some(t0 + GRACE));
     // A new process takes its place within the grace.
     let later = t0 + Duration::from_secs(5);
     let fresh = Node::new(Role::Worker, "10.0.0.60", 6060);
@@ -624,9 +648,9 @@ fn finalize_s_barrier_survives_a_death_followed_by_a_replacement() {
     // Worker 9 arrives: not released, the new process has not arrived (the old one's
     // arrival is none of its own), however long it works.
     assert!(final_barrier(&mut s, later, 9).is_empty());
-    assert!(s.tick(t0 + 3 * REPLACEMENT_GRACE).is_empty());
+    assert!(s.tick(t0 + 3 * GRACE).is_empty());
     // It arrives: released to all four, naming nobody dead.
-    let out = final_barrier(&mut s, t0 + 3 * REPLACEMENT_GRACE, 11);
+    let out = final_barrier(&mut s, t0 + 3 * GRACE, 11);
     let mut replies = barrier_replies(&out);
     replies.sort();
     assert_eq!(
@@ -638,14 +662,14 @@ fn finalize_s_barrier_survives_a_death_followed_by_a_replacement() {
 #[test]
 fn finalize_s_barrier_fails_naming_the_dead_when_no_replacement_comes() {
     let t0 = Instant::now();
-    let mut s = ready(1, 2, None, t0);
+    let mut s = ready_with_grace(GRACE, t0);
     for id in [1, 8, 9] {
         assert!(final_barrier(&mut s, t0, id).is_empty());
     }
     let died = t0 + Duration::from_secs(1);
     assert!(barrier_replies(&s.peer_lost(died, 11, "reset")).is_empty());
-    assert!(s.tick(died + REPLACEMENT_GRACE - MS).is_empty());
-    let mut replies = barrier_replies(&s.tick(died + REPLACEMENT_GRACE));
+    assert!(s.tick(died + GRACE - MS).is_empty());
+    let mut replies = barrier_replies(&s.tick(died + GRACE));
     replies.sort();
     assert_eq!(replies, [(1, vec![11]), (8, vec![11]), (9, vec![11])]);
     // An ordinary barrier on all groups still fails at once.
@@ -653,6 +677,19 @@ fn finalize_s_barrier_fails_naming_the_dead_when_no_replacement_comes() {
         barrier_replies(&barrier(&mut s, died, 9, 1 | 2 | 4)),
         [(9, vec![11])]
     );
+}
+
+#[test]
+fn without_a_replacement_grace_finalize_s_barrier_fails_at_once() {
+    // Fast failure, the default: every survivor learns of the death at once.
+    let t0 = Instant::now();
+    let mut s = ready_with_grace(Duration::ZERO, t0);
+    for id in [1, 8, 9] {
+        assert!(final_barrier(&mut s, t0, id).is_empty());
+    }
+    let mut replies = barrier_replies(&s.peer_lost(t0, 11, "reset"));
+    replies.sort();
+    assert_eq!(replies, [(1, vec![11]), (8, vec![11]), (9, vec![11])]);
 }
 
 #[test]

@@ -167,7 +167,8 @@ impl Postoffice {
             MemberConfig {
                 role,
                 incarnation,
-                heartbeat_timeout: config.heartbeat_timeout,
+                // Without heartbeats sent, no answer renews the lease on the scheduler.
+                heartbeat_timeout: config.heartbeat_interval.and(config.heartbeat_timeout),
                 resend: config.resend_timeout.is_some(),
             },
             Instant::now(),
@@ -186,6 +187,7 @@ impl Postoffice {
                     num_workers: config.num_workers,
                     num_servers: config.num_servers,
                     heartbeat_timeout: config.heartbeat_timeout,
+                    replacement_grace: config.replacement_grace,
                 },
                 me.clone().with_id(node_ids::SCHEDULER),
             ))

@@ -189,6 +189,12 @@ impl ConfigBuilder {
         self.config.bootstrap_timeout = timeout;
         self
     }
+    /// Sets how long `finalize`'s barrier waits for a replacement of a dead member
+    /// (`VANS_REPLACEMENT_GRACE_SECS`); zero (the default) fails it at once.
+    pub fn replacement_grace(mut self, grace: Duration) -> Self {
+        self.config.replacement_grace = grace;
+        self
+    }
     /// Sets whether this process also runs the scheduler on the root port (as `TF_CONFIG`'s
     /// `chief:0` does); needs a worker or server role and a port other than the root port.
     pub fn hosts_scheduler(mut self, hosts: bool) -> Self {

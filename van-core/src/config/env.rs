@@ -178,6 +178,9 @@ impl Vars {
         if let Some(s) = self.positive("VANS_BOOTSTRAP_TIMEOUT_SECS")? {
             c.bootstrap_timeout = Duration::from_secs(s);
         }
+        if let Some(s) = self.number::<u64>("VANS_REPLACEMENT_GRACE_SECS", SECONDS_EXPECTED)? {
+            c.replacement_grace = Duration::from_secs(s);
+        }
         if let Some(value) = self.get("VANS_UNPUSHED_KEYS") {
             c.unpushed_keys = value
                 .parse()

@@ -162,6 +162,9 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// `VANS_BOOTSTRAP_TIMEOUT_SECS`: bound on joining the cluster.
     pub bootstrap_timeout: Duration,
+    /// `VANS_REPLACEMENT_GRACE_SECS`: how long `finalize`'s barrier waits for a new process
+    /// in a dead member's place (zero: it fails at once).
+    pub replacement_grace: Duration,
     /// From `TF_CONFIG`: this process also runs the scheduler, listening on `root_port`, in
     /// addition to its own role (`chief:0`, or `worker:0` without a chief). False unless
     /// `TF_CONFIG` says so or the builder sets it; requires a worker or server role.
@@ -284,6 +287,7 @@ impl Default for Config {
             limits: Limits::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             bootstrap_timeout: DEFAULT_BOOTSTRAP_TIMEOUT,
+            replacement_grace: Duration::ZERO,
             hosts_scheduler: false,
             tf_task: None,
             endpoint_map: None,

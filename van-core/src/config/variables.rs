@@ -216,6 +216,15 @@ pub const VARIABLES: &[EnvVar] = &[
                  at least 1",
     },
     EnvVar {
+        name: "VANS_REPLACEMENT_GRACE_SECS",
+        default: "0",
+        effect: "on the scheduler: seconds `finalize`'s barrier (and so a server's \
+                 `serve()`) waits for a new process in the place of a member that died, \
+                 then for its arrival, before it fails naming the dead; 0 fails it at once \
+                 (fast failure). Set it where failed nodes are started again (a restart \
+                 policy, an elastic job)",
+    },
+    EnvVar {
         name: "VANS_UNPUSHED_KEYS",
         default: "zeros",
         effect: "how a summing server (ps-lite's default handler) answers a pull of a key no \
