@@ -11,7 +11,11 @@
 //! are exact; a link taken down mid-run surfaces a named error on both sides; and the
 //! collectives' all-reduce goes hierarchically across hosts of two ranks each (shared memory
 //! on each host, TCP between), gives every rank the same bits, and survives a rank killed
-//! with `kill -9` and its replacement.
+//! with `kill -9` and its replacement. With the network itself cut (nftables, both ways:
+//! silence, no reset): a host of two ranks cut off mid-all-reduce is fenced (its ranks stop
+//! saying they were removed) while the others go on and later admit new processes on it;
+//! and a rendezvous receive waiting on a cut-off task fails naming the step, key and peer.
+//! (`network_faults.rs` puts the parameter server under loss and partitions.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,7 +25,7 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::text;
-use examples::netns::Hosts;
+use examples::netns::{Fault, Hosts};
 
 const PS_BENCH: &str = env!("CARGO_BIN_EXE_ps-bench");
 const ALLREDUCE_BENCH: &str = env!("CARGO_BIN_EXE_allreduce-bench");
@@ -239,6 +243,68 @@ fn a_link_taken_down_mid_run_is_a_named_error_on_both_sides() {
     assert!(named, "host 1 did not name the dead workers: {host1}");
 }
 
+const EXCHANGE: &str = env!("CARGO_BIN_EXE_rendezvous-exchange");
+
+/// A rendezvous task (server 8, worker 9) of `--mode hang` on host `host`, the scheduler on
+/// host 0 at `port`, with heartbeats every second and a 3 s timeout.
+fn exchange_node(
+    hosts: &Hosts,
+    (host, role, port): (usize, &str, u16),
+    protocol: &str,
+) -> common::Watched {
+    let mut cmd = hosts.command(host, EXCHANGE);
+    cmd.args(["--mode", "hang", "--protocols", protocol])
+        .env("DMLC_ROLE", role)
+        .env("DMLC_NUM_SERVER", "1")
+        .env("DMLC_NUM_WORKER", "1")
+        .env("DMLC_PS_ROOT_URI", &hosts.addrs[0])
+        .env("DMLC_PS_ROOT_PORT", port.to_string())
+        .env("DMLC_INTERFACE", "eth0")
+        .env("DMLC_ENABLE_RDMA", "0")
+        .env("PS_HEARTBEAT_INTERVAL", "1")
+        .env("PS_HEARTBEAT_TIMEOUT", "3")
+        .env_remove("VANS_HOST_ID");
+    common::Watched::spawn(cmd)
+}
+
+/// A rendezvous task cut off from the network (both ways: silence, no reset ever comes)
+/// while another task's receive waits on it, in pull and push mode: the receive fails
+/// naming the step, the key and the peer within the heartbeat timeout and a tick, and the
+/// cut-off task ends, saying it was removed from the cluster.
+#[test]
+fn a_task_cut_off_fails_a_receive_waiting_on_it_naming_the_peer() {
+    let Some(hosts) = hosts("v") else {
+        return;
+    };
+    for (port, protocol) in [(9400, "pull"), (9401, "push")] {
+        let scheduler = exchange_node(&hosts, (0, "scheduler", port), protocol);
+        let mut server = exchange_node(&hosts, (0, "server", port), protocol);
+        let mut worker = exchange_node(&hosts, (2, "worker", port), protocol);
+        server.wait_for_line(&format!("hang {protocol}: node 8 waits for"), "the server");
+        worker.wait_for_line("hang: node 9 is ready to be killed", "the worker");
+        let cut = hosts.inject(2, Fault::Partition).unwrap();
+        let at = Instant::now();
+        let (status, out) = server.wait(Duration::from_secs(60), "the server");
+        let elapsed = at.elapsed();
+        let (worker_status, worker_out) = worker.wait(Duration::from_secs(30), "the worker");
+        cut.heal().unwrap();
+        scheduler.kill();
+        assert_eq!(status.code(), Some(3), "{protocol}: {out}");
+        for part in ["step 7, key `", "never-sent", "peer node 9 (worker)"] {
+            assert!(out.contains(part), "{protocol}: no `{part}` in:\n{out}");
+        }
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "{protocol}: the receive took {elapsed:?} to fail (timeout 3 s):\n{out}"
+        );
+        assert!(!worker_status.success(), "{protocol}: {worker_out}");
+        assert!(
+            worker_out.contains("removed from the cluster"),
+            "{protocol}: the cut-off task did not say it was removed:\n{worker_out}"
+        );
+    }
+}
+
 /// `allreduce-bench node ARGS` as `role` on host `host` (the scheduler on host 0), among
 /// `workers` workers; a worker asks for rank `rank`. Collectives log at info level.
 #[cfg(feature = "ipc")]
@@ -358,6 +424,28 @@ fn the_all_reduce_goes_hierarchically_across_hosts_with_the_same_bits_on_every_r
     }
 }
 
+/// The four workers of an elastic run, (host, output) in start order: each must have exited
+/// 0 after all of its steps.
+#[cfg(feature = "ipc")]
+fn elastic_workers(outputs: Vec<(usize, &'static str, Output)>) -> Vec<(usize, String)> {
+    let workers: Vec<(usize, String)> = outputs
+        .iter()
+        .filter(|(_, role, _)| *role == "worker")
+        .map(|(host, _, out)| {
+            assert!(out.status.success(), "worker on host {host}: {}", text(out));
+            (*host, text(out))
+        })
+        .collect();
+    assert_eq!(workers.len(), 4);
+    for (host, all) in &workers {
+        assert!(
+            all.contains("elastic ok: 600 steps"),
+            "worker on host {host}: {all}"
+        );
+    }
+    workers
+}
+
 /// An elastic loop of all-reduces on 2 hosts × 2 ranks (hierarchical), where a rank is
 /// killed with `kill -9`: the others fail naming it and go on in a generation of 3 (hosts
 /// of 2 and 1: by messages), then admit its replacement and go hierarchically again.
@@ -378,22 +466,7 @@ fn a_rank_killed_mid_hierarchical_all_reduce_is_named_and_replaced() {
     std::thread::sleep(Duration::from_secs(4));
     let replacement = collective_node(&hosts, (0, "worker", Some(1)), 4, &[], &args);
     nodes.push((0, "worker", replacement));
-    let outputs = wait_all(nodes);
-    let workers: Vec<(usize, String)> = outputs
-        .iter()
-        .filter(|(_, role, _)| *role == "worker")
-        .map(|(host, _, out)| {
-            assert!(out.status.success(), "worker on host {host}: {}", text(out));
-            (*host, text(out))
-        })
-        .collect();
-    assert_eq!(workers.len(), 4);
-    for (host, all) in &workers {
-        assert!(
-            all.contains("elastic ok: 600 steps"),
-            "worker on host {host}: {all}"
-        );
-    }
+    let workers = elastic_workers(wait_all(nodes));
     // The survivors (the first three): the failure named, then hierarchical again once the
     // replacement is in (a group formed in the first generation and again in a later one).
     for (host, all) in &workers[..3] {
@@ -407,6 +480,72 @@ fn a_rank_killed_mid_hierarchical_all_reduce_is_named_and_replaced() {
         assert!(
             formed >= 2,
             "a survivor on host {host} went hierarchically {formed} times: {all}"
+        );
+    }
+}
+
+/// The elastic loop of [`a_rank_killed_mid_hierarchical_all_reduce_is_named_and_replaced`],
+/// but host 1 (ranks 2 and 3) is cut off from the network (both ways, nftables) for longer
+/// than the heartbeat timeout: its ranks stop, saying they were removed from the cluster
+/// (no rank waits for ever on a half-open connection), the ranks on host 0 fail naming a
+/// rank of host 1 and go on between themselves, and once the cut heals, new processes on
+/// host 1 are admitted and the all-reduce goes across both hosts again.
+#[cfg(feature = "ipc")]
+#[test]
+fn a_host_cut_off_mid_all_reduce_is_fenced_and_its_ranks_readmitted() {
+    let Some(hosts) = hosts("p") else {
+        return;
+    };
+    let args = common::ELASTIC_ARGS;
+    let env = [
+        ("PS_HEARTBEAT_INTERVAL", "1"),
+        ("PS_HEARTBEAT_TIMEOUT", "4"),
+    ];
+    let mut nodes = two_per_host(&hosts, 2, &env, &args);
+    std::thread::sleep(Duration::from_secs(4));
+    let cut = hosts.inject(1, Fault::Partition).unwrap();
+    let at = Instant::now();
+    // Ranks 2 and 3, the last two nodes, are on host 1.
+    let cut_off: Vec<Output> = (0..2)
+        .map(|_| {
+            let (host, _, child) = nodes.pop().unwrap();
+            assert_eq!(host, 1);
+            common::wait_output_within(child, "a cut-off rank", Duration::from_secs(30))
+        })
+        .collect();
+    let stopped = at.elapsed();
+    let both: String = cut_off
+        .iter()
+        .map(text)
+        .collect::<Vec<_>>()
+        .join("\n----\n");
+    for out in &cut_off {
+        assert!(!out.status.success(), "a cut-off rank exited 0: {both}");
+        assert!(
+            text(out).contains("removed from the cluster"),
+            "a cut-off rank did not say it was removed: {both}"
+        );
+    }
+    assert!(
+        stopped < Duration::from_secs(10),
+        "the cut-off ranks took {stopped:?} to stop (timeout 4 s)"
+    );
+    cut.heal().unwrap();
+    for rank in [2, 3] {
+        let node = collective_node(&hosts, (1, "worker", Some(rank)), 4, &env, &args);
+        nodes.push((1, "worker", node));
+    }
+    let workers = elastic_workers(wait_all(nodes));
+    for (host, all) in &workers[..2] {
+        assert!(
+            all.lines()
+                .any(|l| l.contains(") of generation ") && l.contains(" failed")),
+            "a survivor on host {host} did not see the cut named: {all}"
+        );
+        let formed = all.matches("go hierarchically: 2 hosts of 2 ranks").count();
+        assert!(
+            formed >= 2,
+            "a survivor on host {host} went across the hosts {formed} times: {all}"
         );
     }
 }

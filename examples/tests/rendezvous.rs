@@ -6,110 +6,14 @@
 
 mod common;
 
-use common::free_port;
+use common::{free_port, Watched as Node};
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 const EXCHANGE: &str = env!("CARGO_BIN_EXE_rendezvous-exchange");
 /// Generous: these run on a loaded 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(240);
-
-/// A child process whose output is collected line by line as it arrives.
-struct Node {
-    child: Child,
-    stdout: Arc<Mutex<Vec<String>>>,
-    readers: Vec<JoinHandle<()>>,
-    stderr: Arc<Mutex<Vec<String>>>,
-}
-
-fn collect(pipe: impl Read + Send + 'static, lines: Arc<Mutex<Vec<String>>>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            lines.lock().unwrap().push(line);
-        }
-    })
-}
-
-impl Node {
-    fn spawn(mut cmd: Command) -> Node {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let readers = vec![
-            collect(child.stdout.take().unwrap(), Arc::clone(&stdout)),
-            collect(child.stderr.take().unwrap(), Arc::clone(&stderr)),
-        ];
-        Node {
-            child,
-            stdout,
-            readers,
-            stderr,
-        }
-    }
-
-    fn output(&self) -> String {
-        let out = self.stdout.lock().unwrap().join("\n");
-        let err = self.stderr.lock().unwrap().join("\n");
-        format!("stdout:\n{out}\nstderr:\n{err}")
-    }
-
-    /// Waits until a stdout line contains `text`; fails the test at the deadline or if the
-    /// process exits first.
-    fn wait_for_line(&mut self, text: &str, what: &str) {
-        let started = Instant::now();
-        loop {
-            if self.stdout.lock().unwrap().iter().any(|l| l.contains(text)) {
-                return;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!(
-                    "{what} exited ({status}) before printing `{text}`\n{}",
-                    self.output()
-                );
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "{what} never printed `{text}`\n{}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for the exit, killing the process and failing the test after `limit`.
-    fn wait(mut self, limit: Duration, what: &str) -> (ExitStatus, String) {
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if started.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("{what} still running after {limit:?}\n{}", self.output());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        for reader in self.readers.drain(..) {
-            let _ = reader.join();
-        }
-        (status, self.output())
-    }
-
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// `rendezvous-exchange` launching its own clusters (no DMLC_ROLE).
 fn launched(args: &[&str]) -> (ExitStatus, String) {

@@ -476,9 +476,9 @@ async fn hang(
         println!("hang: node {me} is ready to be killed");
         let _ = std::io::stdout().flush();
     }
-    // Wait for the kill (or for the launcher to stop everyone).
-    std::future::pending::<()>().await;
-    Ok(ExitCode::SUCCESS)
+    // Wait for the kill (or for the launcher to stop everyone), or until the cluster goes on
+    // without this node (cut off from it: then it must end, saying why).
+    Err(po.stopped().await.into())
 }
 
 /// The tensors and keys of one run; the same on every task, so each can check the others.

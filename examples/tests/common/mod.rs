@@ -4,9 +4,10 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Read;
-use std::process::{Child, Output};
-use std::sync::LazyLock;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// `allreduce-bench node` arguments of the elastic loops: about 20 s of checked all-reduces
@@ -166,3 +167,103 @@ pub(crate) static ALLREDUCE_BENCH: LazyLock<String> = LazyLock::new(|| program("
 pub(crate) static LAUNCH: LazyLock<String> = LazyLock::new(|| program("vans-launch"));
 /// `vans-doctor` (crate `jobs`).
 pub(crate) static DOCTOR: LazyLock<String> = LazyLock::new(|| program("vans-doctor"));
+
+/// A child process whose output is collected line by line as it arrives, so a test can wait
+/// for a line while it runs.
+pub(crate) struct Watched {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    readers: Vec<JoinHandle<()>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+fn collect_lines(
+    pipe: impl Read + Send + 'static,
+    lines: Arc<Mutex<Vec<String>>>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            lines.lock().unwrap().push(line);
+        }
+    })
+}
+
+impl Watched {
+    /// Starts `cmd` with its output piped and collected.
+    pub(crate) fn spawn(mut cmd: Command) -> Watched {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let readers = vec![
+            collect_lines(child.stdout.take().unwrap(), Arc::clone(&stdout)),
+            collect_lines(child.stderr.take().unwrap(), Arc::clone(&stderr)),
+        ];
+        Watched {
+            child,
+            stdout,
+            readers,
+            stderr,
+        }
+    }
+
+    /// What it printed so far, stdout then stderr.
+    pub(crate) fn output(&self) -> String {
+        let out = self.stdout.lock().unwrap().join("\n");
+        let err = self.stderr.lock().unwrap().join("\n");
+        format!("stdout:\n{out}\nstderr:\n{err}")
+    }
+
+    /// Waits until a stdout line contains `text`; fails the test at the deadline or if the
+    /// process exits first.
+    pub(crate) fn wait_for_line(&mut self, text: &str, what: &str) {
+        let started = Instant::now();
+        loop {
+            if self.stdout.lock().unwrap().iter().any(|l| l.contains(text)) {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "{what} exited ({status}) before printing `{text}`\n{}",
+                    self.output()
+                );
+            }
+            assert!(
+                started.elapsed() < 2 * DEADLINE,
+                "{what} never printed `{text}`\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the exit, killing the process and failing the test after `limit`.
+    pub(crate) fn wait(mut self, limit: Duration, what: &str) -> (ExitStatus, String) {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("{what} still running after {limit:?}\n{}", self.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        (status, self.output())
+    }
+
+    /// Kills it (SIGKILL) and reaps it.
+    pub(crate) fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

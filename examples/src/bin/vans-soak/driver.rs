@@ -160,6 +160,8 @@ impl Launch<'_> {
             ("PS_RESEND_TIMEOUT", "500".to_owned()),
             ("PS_HEARTBEAT_INTERVAL", "1".to_owned()),
             ("PS_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_SECS.to_string()),
+            // Killed nodes are started again: the servers' finalize waits for them.
+            ("VANS_REPLACEMENT_GRACE_SECS", "60".to_owned()),
             ("VANS_ENDPOINT_MAP", map.display().to_string()),
         ];
         for (k, v) in env {

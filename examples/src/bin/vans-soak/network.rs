@@ -163,6 +163,8 @@ impl Launch<'_> {
             ("PS_RESEND_TIMEOUT", "500".to_owned()),
             ("PS_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL_SECS.to_string()),
             ("PS_HEARTBEAT_TIMEOUT", self.timeout_secs().to_string()),
+            // Killed and cut-off nodes are replaced: the servers' finalize waits for them.
+            ("VANS_REPLACEMENT_GRACE_SECS", "60".to_owned()),
             // Off loopback, as a real cluster should be.
             (
                 "VANS_CLUSTER_SECRET",
@@ -519,14 +521,11 @@ impl Chaos<'_> {
         // Declared dead within the timeout and one heartbeat (and a tick's slack).
         let bound =
             timeout + Duration::from_secs(HEARTBEAT_INTERVAL_SECS) + Duration::from_millis(500);
-        let mut detected = None;
-        while from.elapsed() < bound + Duration::from_secs(10) {
-            if dead_ids(&self.scheduler_log) >= deaths_before + cut.len() {
-                detected = Some(from.elapsed());
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let log = &self.scheduler_log;
+        let detected = within(from, bound + Duration::from_secs(10), || {
+            dead_ids(log) >= deaths_before + cut.len()
+        })
+        .await;
         let tally = self
             .tallies
             .entry(format!("{fault} > timeout"))
@@ -565,14 +564,11 @@ impl Chaos<'_> {
                     .push(format!("could not start a replacement {role}: {e}")),
             }
         }
-        let mut recovered = None;
-        while declared.elapsed() < Duration::from_secs(30) {
-            if self.launch.ready.load(Ordering::Relaxed) >= ready_before + old.len() {
-                recovered = Some(declared.elapsed());
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let ready = &self.launch.ready;
+        let recovered = within(declared, Duration::from_secs(30), || {
+            ready.load(Ordering::Relaxed) >= ready_before + old.len()
+        })
+        .await;
         let tally = self
             .tallies
             .entry(format!("{fault} > timeout"))
@@ -607,6 +603,17 @@ impl Chaos<'_> {
         self.zombies
             .extend(old.into_iter().map(|running| Zombie { running, healed }));
     }
+}
+
+/// How long after `from` `done` came true, looking every 50 ms until `limit` after `from`.
+async fn within(from: Instant, limit: Duration, done: impl Fn() -> bool) -> Option<Duration> {
+    while from.elapsed() < limit {
+        if done() {
+            return Some(from.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
 }
 
 /// How many node ids the scheduler has declared dead so far (its log's `dead=[..]` lists).

@@ -71,10 +71,8 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     let config = Config::from_env()?;
     let po = Postoffice::start(config).await?;
     println!("SOAK-READY {:?} {}", po.role(), po.my_id());
-    // The scheduler and the servers wait out the run before their final barrier: a barrier
-    // fails when a member dies, and workers die here on purpose (kills stop 10 s before the
-    // end, so the final barrier sees everyone).
-    // ... unless the node stops first: cut off and replaced, it must end, not serve on.
+    // The scheduler waits out the run before its final barrier, unless the node stops
+    // first (cut off and replaced, it must end, not go on).
     let wait_out = || async {
         let left = deadline(o)
             .duration_since(SystemTime::now())
@@ -94,7 +92,8 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
                     po.my_rank()
                 );
             }
-            wait_out().await?;
+            // Serves from inside finalize's barrier (as `vans.Server.serve()` does): kills
+            // and replacements of workers and servers meanwhile must not end it.
             let done = po.finalize().await;
             report(&po, &format!("server {}", po.my_rank()));
             drop(server);
