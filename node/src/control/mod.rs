@@ -75,6 +75,16 @@ pub struct SchedulerConfig {
 /// grace for the new process, then for its arrival, and fails only if none comes.
 pub const FINAL_BARRIER: u64 = 1;
 
+/// The incarnation a request's sender names for itself (its one node entry, when that is
+/// the sender; 0 or absent: not said).
+fn claimed_incarnation(control: &Control, from: NodeId) -> Option<u64> {
+    control
+        .nodes
+        .first()
+        .filter(|n| n.id == Some(from) && n.incarnation != 0)
+        .map(|n| n.incarnation)
+}
+
 /// What the scheduler knows of a registered server or worker.
 #[derive(Debug)]
 struct Peer {
@@ -217,6 +227,20 @@ impl Scheduler {
                         ..Control::default()
                     };
                     return vec![reply(from, control, Echo::default())];
+                }
+                Some(peer)
+                    if claimed_incarnation(control, from)
+                        .is_some_and(|sent| peer.incarnation != 0 && sent != peer.incarnation) =>
+                {
+                    // A process that a new one replaced (its heartbeat or barrier arrival
+                    // flushed late, after a partition healed): not the node's, ignored. It
+                    // hears nothing, so its lease on the scheduler runs out.
+                    warn!(
+                        from,
+                        ?cmd,
+                        "ignoring a request from a process that a new one replaced"
+                    );
+                    return Vec::new();
                 }
                 Some(peer) => {
                     peer.last_seen = peer.last_seen.max(now);

@@ -198,6 +198,46 @@ fn ready_with_incarnations(t0: Instant) -> Scheduler {
     s
 }
 
+/// `from`'s heartbeat, naming the process (`incarnation`) that sends it.
+fn heartbeat_from(from: NodeId, incarnation: u64) -> Message {
+    let mut me = Node::new(Role::Worker, "", 0).with_id(from);
+    me.incarnation = incarnation;
+    message(Some(from), Heartbeat, 0, vec![me])
+}
+
+#[test]
+fn requests_of_a_replaced_process_are_ignored_and_keep_nobody_alive() {
+    let t0 = Instant::now();
+    // Server 8, workers 9 and 11, each its own incarnation.
+    let mut s = ready_with_incarnations(t0);
+    let [old, server, other] = [9, 8, 11].map(|id| s.node(id).unwrap().incarnation);
+    // Worker 9 dies; a new process (incarnation 900) takes its place.
+    s.peer_lost(t0, 9, "reset");
+    let fresh = Node::new(Role::Worker, "10.0.0.77", 7777);
+    s.handle(t0, &add_node_from(&fresh, 900));
+    assert!(s.dead().is_empty());
+    // The old process's heartbeats (a partition healed, its queue flushed) are no one's:
+    // unanswered, and the new process, silent, is declared dead at the timeout.
+    let mut now = t0;
+    while now < t0 + TIMEOUT {
+        now += Duration::from_secs(2);
+        assert!(s.handle(now, &heartbeat_from(9, old)).is_empty());
+        for (id, incarnation) in [(8, server), (11, other)] {
+            assert_eq!(s.handle(now, &heartbeat_from(id, incarnation)).len(), 1);
+        }
+    }
+    let out = s.tick(now + MS);
+    assert_eq!(s.dead(), [9], "{out:?}");
+    // The new process's own heartbeat, before that, is answered.
+    let mut s = ready_with_incarnations(t0);
+    s.peer_lost(t0, 9, "reset");
+    s.handle(t0, &add_node_from(&fresh, 900));
+    assert_eq!(
+        sends(&s.handle(t0, &heartbeat_from(9, 900))),
+        [(9, Heartbeat, 0, vec![])]
+    );
+}
+
 /// The recovery notice every live node gets, then the welcome of the recovered node.
 fn assert_recovery(out: &[Output], id: NodeId, told: &[NodeId], table: &[Node]) {
     let notices = &out[..told.len()];

@@ -550,6 +550,17 @@ impl Postoffice {
     /// Sends a control request to the scheduler (or handles it here, on the scheduler).
     async fn send_control(&self, mut msg: Message) -> Result<()> {
         msg.meta.sender = self.inner.my_id.get().copied();
+        // Requests name the process that sends them (a registration names itself already):
+        // the scheduler ignores one from a process that a new one replaced (a zombie's
+        // heartbeat or barrier arrival, flushed late) instead of taking it for the new one's.
+        if let Some(control) = msg.meta.control.as_mut() {
+            if control.cmd != Command::AddNode && control.nodes.is_empty() {
+                let mut me = Node::new(self.inner.role, "", 0);
+                me.id = msg.meta.sender;
+                me.incarnation = self.inner.incarnation;
+                control.nodes = Arc::from([me]);
+            }
+        }
         if self.inner.role == Role::Scheduler {
             Box::pin(self.handle_control(msg)).await;
             Ok(())
