@@ -121,7 +121,7 @@ fn partitions_shorter_than_the_heartbeat_timeout_declare_nobody_dead() {
 
 #[test]
 fn a_host_cut_off_beyond_the_timeout_is_replaced_and_its_zombies_fenced() {
-    // Host 1 holds server 1; host 2 workers 2 and 3.
+    // Host 1 holds server 1; host 2 workers 2 and 3 (all replaced on host 0).
     let Some((passed, all)) = soak("1:long:0,2:long:0", &[]) else {
         return;
     };
@@ -137,7 +137,7 @@ fn a_host_cut_off_beyond_the_timeout_is_replaced_and_its_zombies_fenced() {
 #[test]
 fn a_one_way_partition_ends_the_same_way() {
     // A deaf server (its packets go out, none come in) and two mute workers (the reverse):
-    // never both it and its replacement in the role.
+    // never both a process and its replacement in the role.
     let Some((passed, all)) = soak("1:longdeaf:0,2:longmute:0", &[]) else {
         return;
     };

@@ -70,6 +70,11 @@ pub(crate) struct Options {
     /// every this many seconds (0: never).
     #[arg(long, default_value_t = 0.0, requires = "network")]
     long_every: f64,
+    /// With `--network`: start the replacements of a long cut's nodes on the other of hosts 1
+    /// and 2 instead of host 0, so that a later cut of that host replaces a node a second
+    /// time (a final barrier that then never completes is a known open fault, 1 run in 4).
+    #[arg(long, requires = "network")]
+    replace_across: bool,
     /// Heartbeat timeout of the nodes, in seconds (with `--network`; the proxy soak uses 20).
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(2..=600))]
     heartbeat_timeout: u64,

@@ -8,9 +8,10 @@
 //! third of the heartbeat timeout) must leave every node alive. A *long* partition (longer
 //! than the heartbeat timeout; `--long-every`, or `long` in `--faults`) cuts host 1 or 2
 //! off: the scheduler must declare its nodes dead within the timeout and one heartbeat, a
-//! replacement for each is started on host 0 and must take its place, and when the
-//! partition heals the old processes (zombies) must learn they were replaced and exit with
-//! that error, with none of their late messages applied (the exact sums say so).
+//! replacement for each is started on host 0 (`--replace-across`: on the other of hosts 1
+//! and 2) and must take its place, and when the partition heals the old processes (zombies) must learn they were replaced
+//! and exit with that error, with none of their late messages applied (the exact sums say
+//! so).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,7 +36,7 @@ const ZOMBIE_EXIT: Duration = Duration::from_secs(20);
 const ZOMBIE_WORDS: &str = "removed from the cluster";
 /// What the scheduler logs when it declares nodes dead.
 const DEATH_WORDS: &str = "declaring nodes dead";
-/// The port of the first process; each process takes the next (a replacement on host 0 must
+/// The port of the first process; each process takes the next (a replacement on another host must
 /// not meet a port in use there).
 const FIRST_PORT: u16 = 9300;
 
@@ -497,7 +498,7 @@ impl Chaos<'_> {
     }
 
     /// Cuts `host` off for longer than the heartbeat timeout: its nodes must be declared
-    /// dead within the timeout and one heartbeat, replacements started on host 0 must join,
+    /// dead within the timeout and one heartbeat, replacements started elsewhere must join,
     /// and once the cut heals the old processes must exit, told they were replaced.
     async fn long_partition(&mut self, host: usize, fault: Fault, timeout: Duration) {
         let cut: Vec<usize> = (0..self.nodes.len())
@@ -551,13 +552,20 @@ impl Chaos<'_> {
                 from.elapsed()
             )),
         }
-        // Replacements on host 0, as an orchestrator would start them elsewhere.
+        // Replacements elsewhere, as an orchestrator would start them: on host 0, or with
+        // `--replace-across` on the other of hosts 1 and 2 (so that a later cut of that host
+        // replaces them again).
+        let elsewhere = if self.launch.o.replace_across {
+            3 - host
+        } else {
+            0
+        };
         let declared = Instant::now();
         let ready_before = self.launch.ready.load(Ordering::Relaxed);
         let mut old = Vec::new();
         for &index in &cut {
             let role = self.nodes[index].0;
-            match self.launch.spawn(role, 0) {
+            match self.launch.spawn(role, elsewhere) {
                 Ok(fresh) => old.push(std::mem::replace(&mut self.nodes[index].1, fresh).0),
                 Err(e) => self
                     .failures
