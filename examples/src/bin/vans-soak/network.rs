@@ -367,13 +367,19 @@ impl Chaos<'_> {
                 while Instant::now() + Duration::from_secs(5) < end {
                     let now = Instant::now();
                     if let Some(at) = next_long.filter(|at| now >= *at) {
-                        if now + timeout + Duration::from_secs(8) < quiet {
+                        // Host 1 or 2 in turn, one that still holds nodes (replacements
+                        // start on host 0): a cut of an empty host tests nothing.
+                        let holds = |h: usize| self.nodes.iter().any(|(_, (_, on))| *on == h);
+                        let host = [long_host, 3 - long_host].into_iter().find(|&h| holds(h));
+                        if let Some(host) =
+                            host.filter(|_| now + timeout + Duration::from_secs(8) < quiet)
+                        {
                             // Both ways or one way (either), at random.
                             let fault = [Fault::Partition, Fault::Deaf, Fault::Mute]
                                 [self.rng.below(3) as usize];
                             self.step(
                                 Step {
-                                    host: long_host,
+                                    host,
                                     fault,
                                     long: true,
                                     lasts: Duration::ZERO,
@@ -381,7 +387,7 @@ impl Chaos<'_> {
                                 timeout,
                             )
                             .await;
-                            long_host = 3 - long_host;
+                            long_host = 3 - host;
                         }
                         next_long =
                             Some(at.max(Instant::now()) + Duration::from_secs_f64(o.long_every));
