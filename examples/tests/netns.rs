@@ -446,6 +446,26 @@ fn elastic_workers(outputs: Vec<(usize, &'static str, Output)>) -> Vec<(usize, S
     workers
 }
 
+/// Each survivor of an elastic run saw a rank's failure named, and went hierarchically
+/// across both hosts again once new processes were in (a group formed in the first
+/// generation and again in a later one). Under load a worker may join late, so the failed
+/// generation need not be number 1.
+#[cfg(feature = "ipc")]
+fn survivors_saw_a_failure_and_regrouped(survivors: &[(usize, String)]) {
+    for (host, all) in survivors {
+        assert!(
+            all.lines()
+                .any(|l| l.contains(") of generation ") && l.contains(" failed")),
+            "a survivor on host {host} did not see the failure named: {all}"
+        );
+        let formed = all.matches("go hierarchically: 2 hosts of 2 ranks").count();
+        assert!(
+            formed >= 2,
+            "a survivor on host {host} went hierarchically {formed} times: {all}"
+        );
+    }
+}
+
 /// An elastic loop of all-reduces on 2 hosts × 2 ranks (hierarchical), where a rank is
 /// killed with `kill -9`: the others fail naming it and go on in a generation of 3 (hosts
 /// of 2 and 1: by messages), then admit its replacement and go hierarchically again.
@@ -469,19 +489,7 @@ fn a_rank_killed_mid_hierarchical_all_reduce_is_named_and_replaced() {
     let workers = elastic_workers(wait_all(nodes));
     // The survivors (the first three): the failure named, then hierarchical again once the
     // replacement is in (a group formed in the first generation and again in a later one).
-    for (host, all) in &workers[..3] {
-        // (Under load a worker may join late, so the generation need not be number 1.)
-        assert!(
-            all.lines()
-                .any(|l| l.contains(") of generation ") && l.contains(" failed")),
-            "a survivor on host {host} did not see the rank's failure named: {all}"
-        );
-        let formed = all.matches("go hierarchically: 2 hosts of 2 ranks").count();
-        assert!(
-            formed >= 2,
-            "a survivor on host {host} went hierarchically {formed} times: {all}"
-        );
-    }
+    survivors_saw_a_failure_and_regrouped(&workers[..3]);
 }
 
 /// The elastic loop of [`a_rank_killed_mid_hierarchical_all_reduce_is_named_and_replaced`],
@@ -536,18 +544,7 @@ fn a_host_cut_off_mid_all_reduce_is_fenced_and_its_ranks_readmitted() {
         nodes.push((1, "worker", node));
     }
     let workers = elastic_workers(wait_all(nodes));
-    for (host, all) in &workers[..2] {
-        assert!(
-            all.lines()
-                .any(|l| l.contains(") of generation ") && l.contains(" failed")),
-            "a survivor on host {host} did not see the cut named: {all}"
-        );
-        let formed = all.matches("go hierarchically: 2 hosts of 2 ranks").count();
-        assert!(
-            formed >= 2,
-            "a survivor on host {host} went across the hosts {formed} times: {all}"
-        );
-    }
+    survivors_saw_a_failure_and_regrouped(&workers[..2]);
 }
 
 /// A host whose two ranks cannot share memory (one runs in a pid namespace of its own, so

@@ -114,16 +114,7 @@ fn every_call_needs_the_token_and_vans_submit_presents_it() {
     let (code, text) = get(&master.addr, "/jobs", Some(&bearer()));
     assert_eq!(code, 200, "{text}");
     // vans-submit reads the token from the environment (Master::submit passes it) ...
-    let ran = master.submit(&[
-        "--strategy",
-        "ParameterServer",
-        "--worker-num",
-        "1",
-        "--task",
-        "true",
-        "--",
-        "true",
-    ]);
+    let ran = master.submit_task("true", &["true"]);
     let said = common::text(&ran);
     assert!(ran.status.success(), "{said}");
     assert!(said.contains("job 1: succeeded"), "{said}");
@@ -162,16 +153,7 @@ fn abuse_is_refused_or_bounded_and_the_master_goes_on_serving() {
         &[(TOKEN_ENV, TOKEN)],
     );
     let auth = bearer();
-    let ran = master.submit(&[
-        "--strategy",
-        "ParameterServer",
-        "--worker-num",
-        "1",
-        "--task",
-        "t",
-        "--",
-        "true",
-    ]);
+    let ran = master.submit_task("t", &["true"]);
     assert!(ran.status.success(), "{}", common::text(&ran));
 
     // A client that sends half a request and then nothing, held open throughout.
@@ -390,18 +372,14 @@ fn connections_beyond_the_cap_get_503_and_a_client_that_never_reads_is_cut_off()
         &[],
     );
     // A task whose log (32 MiB) is far more than the loopback's socket buffers hold.
-    let ran = master.submit(&[
-        "--strategy",
-        "ParameterServer",
-        "--worker-num",
-        "1",
-        "--task",
+    let ran = master.submit_task(
         "big",
-        "--",
-        "/bin/sh",
-        "-c",
-        "[ \"$DMLC_ROLE\" = worker ] && head -c 33554432 /dev/zero; exit 0",
-    ]);
+        &[
+            "/bin/sh",
+            "-c",
+            "[ \"$DMLC_ROLE\" = worker ] && head -c 33554432 /dev/zero; exit 0",
+        ],
+    );
     assert!(ran.status.success(), "{}", common::text(&ran));
 
     // Slot 1: asks for that log and never reads it. Slot 2: half a request, held open.

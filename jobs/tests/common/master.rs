@@ -76,6 +76,21 @@ impl Master {
         std::fs::read_to_string(self.jobs.join("vans-master.log")).unwrap_or_default()
     }
 
+    /// Submits a parameter-server job of one worker whose task `task` runs `command`.
+    pub(crate) fn submit_task(&self, task: &str, command: &[&str]) -> Output {
+        let mut args = vec![
+            "--strategy",
+            "ParameterServer",
+            "--worker-num",
+            "1",
+            "--task",
+            task,
+            "--",
+        ];
+        args.extend_from_slice(command);
+        self.submit(&args)
+    }
+
     /// `vans-submit` against this master with `args`; its output.
     pub(crate) fn submit(&self, args: &[&str]) -> Output {
         let mut submit = Command::new(SUBMIT);

@@ -14,6 +14,8 @@ use examples::chaos::{self, FaultProxy, Mode, Rng, Schedule};
 
 use crate::{BoxError, Options};
 
+/// Heartbeats every this many seconds, on every soak node.
+pub(crate) const HEARTBEAT_INTERVAL_SECS: u64 = 1;
 /// Heartbeats: a node silent this long is dead. The schedule's outages stay well below it.
 const HEARTBEAT_TIMEOUT_SECS: u64 = 20;
 const MAX_OUTAGE: Duration = Duration::from_millis(1500);
@@ -129,17 +131,7 @@ impl Launch<'_> {
     fn spawn(&self, index: usize) -> Result<Running, BoxError> {
         let (launch, p, scheduler) = (self, &self.plan[index], &self.plan[0]);
         let (o, map, ipc) = (launch.o, launch.map, launch.ipc);
-        let exe = std::env::current_exe()?;
-        let mut cmd = Command::new(exe);
-        cmd.args([
-            "--node",
-            "--until-ms",
-            &launch.until_ms.to_string(),
-            "--workers",
-            &o.workers.to_string(),
-            "--keys",
-            &o.keys.to_string(),
-        ]);
+        let cmd = Command::new(std::env::current_exe()?);
         // The scheduler binds its own port; the others reach it through its proxy.
         let root_port = if p.role == "scheduler" {
             scheduler.port
@@ -148,58 +140,110 @@ impl Launch<'_> {
         };
         let env = [
             ("DMLC_ROLE", p.role.to_owned()),
-            ("DMLC_NUM_SERVER", o.servers.to_string()),
-            ("DMLC_NUM_WORKER", o.workers.to_string()),
             ("DMLC_PS_ROOT_URI", "127.0.0.1".to_owned()),
             ("DMLC_PS_ROOT_PORT", root_port.to_string()),
             ("DMLC_PORT", p.port.to_string()),
             ("DMLC_INTERFACE", "lo".to_owned()),
-            ("DMLC_ENABLE_RDMA", "0".to_owned()),
             ("DMLC_ENABLE_IPC", if ipc { "1" } else { "0" }.to_owned()),
-            ("PS_RESEND", "1".to_owned()),
-            ("PS_RESEND_TIMEOUT", "500".to_owned()),
-            ("PS_HEARTBEAT_INTERVAL", "1".to_owned()),
             ("PS_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_SECS.to_string()),
-            // Killed nodes are started again: the servers' finalize waits for them.
-            ("VANS_REPLACEMENT_GRACE_SECS", "60".to_owned()),
             ("VANS_ENDPOINT_MAP", map.display().to_string()),
         ];
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", NODE_LOG);
-        }
         let n = launch.started.get();
         launch.started.set(n + 1);
         let log = launch.dir.join(format!("{n:03}-{}.log", p.role));
-        cmd.stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?);
-        let mut child = cmd.spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout from a node")?;
-        let ready = launch.ready.clone();
-        let lines = std::thread::spawn(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .inspect(|line| {
-                    if line.starts_with("SOAK-READY") {
-                        ready.fetch_add(1, Ordering::Relaxed);
-                    }
-                    // A worker's progress is shown as it comes.
-                    if line.starts_with("vans-soak: worker") {
-                        println!("{line}");
-                    }
-                })
-                .collect()
-        });
-        Ok(Running {
-            name: format!("{} (process {n})", p.role),
-            child,
-            lines,
-            log,
-        })
+        let name = format!("{} (process {n})", p.role);
+        start_node(
+            cmd,
+            o,
+            launch.until_ms,
+            &env,
+            (name, log),
+            &launch.ready,
+            None,
+        )
     }
+}
+
+/// A node's progress as it reports it: (when, process number, rounds so far).
+pub(crate) type Ticks = Arc<std::sync::Mutex<Vec<(Instant, usize, u64)>>>;
+
+/// Starts `cmd` (this program, maybe behind `ip netns exec`) as one node of the soak: the
+/// node arguments and the environment every soak node shares, beside `env` (its role and
+/// addresses); its standard error into `log`, its standard output read on a thread that
+/// counts `SOAK-READY` lines into `ready`, shows workers' progress as it comes, and with
+/// `ticks` (which also asks the node for them) records its `SOAK-TICK` lines there.
+pub(crate) fn start_node(
+    mut cmd: Command,
+    o: &Options,
+    until_ms: u64,
+    env: &[(&str, String)],
+    (name, log): (String, std::path::PathBuf),
+    ready: &Arc<AtomicUsize>,
+    ticks: Option<(usize, Ticks)>,
+) -> Result<Running, BoxError> {
+    cmd.args([
+        "--node",
+        "--until-ms",
+        &until_ms.to_string(),
+        "--workers",
+        &o.workers.to_string(),
+        "--keys",
+        &o.keys.to_string(),
+    ]);
+    if ticks.is_some() {
+        cmd.arg("--ticks");
+    }
+    let shared = [
+        ("DMLC_NUM_SERVER", o.servers.to_string()),
+        ("DMLC_NUM_WORKER", o.workers.to_string()),
+        ("DMLC_ENABLE_RDMA", "0".to_owned()),
+        ("PS_RESEND", "1".to_owned()),
+        ("PS_RESEND_TIMEOUT", "500".to_owned()),
+        ("PS_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL_SECS.to_string()),
+        // Killed and cut-off nodes are started again: the servers' finalize waits for them.
+        ("VANS_REPLACEMENT_GRACE_SECS", "60".to_owned()),
+    ];
+    for (k, v) in shared.iter().chain(env) {
+        cmd.env(k, v);
+    }
+    cmd.env_remove("VANS_HOST_ID");
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", NODE_LOG);
+    }
+    cmd.stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log)?);
+    let mut child = cmd.spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout from a node")?;
+    let ready = Arc::clone(ready);
+    let lines = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .filter(|line| {
+                if let (Some(rounds), Some((n, ticks))) = (line.strip_prefix("SOAK-TICK "), &ticks)
+                {
+                    if let (Ok(rounds), Ok(mut ticks)) = (rounds.trim().parse(), ticks.lock()) {
+                        ticks.push((Instant::now(), *n, rounds));
+                    }
+                    return false;
+                }
+                if line.starts_with("SOAK-READY") {
+                    ready.fetch_add(1, Ordering::Relaxed);
+                }
+                // A worker's progress is shown as it comes.
+                if line.starts_with("vans-soak: worker") {
+                    println!("{line}");
+                }
+                true
+            })
+            .collect()
+    });
+    Ok(Running {
+        name,
+        child,
+        lines,
+        log,
+    })
 }
 
 /// What the chaos loop did: faults by kind, garbage connections and how many were dropped.

@@ -15,7 +15,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,11 +22,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use examples::chaos::Rng;
 use examples::netns::{Fault, Hosts};
 
-use crate::driver::{finish, verify, Running, NODE_LOG};
+use crate::driver::{finish, start_node, verify, Running, Ticks, HEARTBEAT_INTERVAL_SECS};
 use crate::{BoxError, Options};
 
-/// Heartbeats every second; a node silent this long is dead.
-const HEARTBEAT_INTERVAL_SECS: u64 = 1;
 /// How long the cluster may take to form before the faults start.
 const FORMATION: Duration = Duration::from_secs(60);
 /// How long a zombie may take, after its partition heals, to learn it was replaced and exit.
@@ -124,95 +121,42 @@ struct Launch<'a> {
     dir: &'a Path,
     started: std::cell::Cell<usize>,
     ready: Arc<AtomicUsize>,
-    /// The workers' progress: (when, process, rounds so far).
-    ticks: Arc<Mutex<Vec<(Instant, usize, u64)>>>,
+    /// The workers' progress.
+    ticks: Ticks,
 }
 
 impl Launch<'_> {
-    fn timeout_secs(&self) -> u64 {
-        self.o.heartbeat_timeout
-    }
-
     /// Starts a `role` process on `host`.
     fn spawn(&self, role: &'static str, host: usize) -> Result<(Running, usize), BoxError> {
-        let o = self.o;
         let n = self.started.get();
         self.started.set(n + 1);
         let port = FIRST_PORT + n as u16;
-        let exe = std::env::current_exe()?;
-        let mut cmd = self.hosts.command(host, exe);
-        cmd.args([
-            "--node",
-            "--ticks",
-            "--until-ms",
-            &self.until_ms.to_string(),
-            "--workers",
-            &o.workers.to_string(),
-            "--keys",
-            &o.keys.to_string(),
-        ]);
+        let cmd = self.hosts.command(host, std::env::current_exe()?);
         let env = [
             ("DMLC_ROLE", role.to_owned()),
-            ("DMLC_NUM_SERVER", o.servers.to_string()),
-            ("DMLC_NUM_WORKER", o.workers.to_string()),
             ("DMLC_PS_ROOT_URI", self.hosts.addrs[0].clone()),
             ("DMLC_PS_ROOT_PORT", FIRST_PORT.to_string()),
             ("DMLC_PORT", port.to_string()),
             ("DMLC_INTERFACE", "eth0".to_owned()),
-            ("DMLC_ENABLE_RDMA", "0".to_owned()),
-            ("PS_RESEND", "1".to_owned()),
-            ("PS_RESEND_TIMEOUT", "500".to_owned()),
-            ("PS_HEARTBEAT_INTERVAL", HEARTBEAT_INTERVAL_SECS.to_string()),
-            ("PS_HEARTBEAT_TIMEOUT", self.timeout_secs().to_string()),
-            // Killed and cut-off nodes are replaced: the servers' finalize waits for them.
-            ("VANS_REPLACEMENT_GRACE_SECS", "60".to_owned()),
+            ("PS_HEARTBEAT_TIMEOUT", self.o.heartbeat_timeout.to_string()),
             // Off loopback, as a real cluster should be.
             (
                 "VANS_CLUSTER_SECRET",
                 format!("vans-soak-{:016x}", self.o.seed ^ 0x5ec2e7),
             ),
         ];
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.env_remove("VANS_HOST_ID");
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", NODE_LOG);
-        }
         let log = self.dir.join(format!("{n:03}-{role}-host{host}.log"));
-        cmd.stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?);
-        let mut child = cmd.spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout from a node")?;
-        let (ready, ticks) = (self.ready.clone(), self.ticks.clone());
-        let lines = std::thread::spawn(move || {
-            use std::io::BufRead;
-            std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .filter(|line| {
-                    if let Some(rounds) = line.strip_prefix("SOAK-TICK ") {
-                        if let (Ok(rounds), Ok(mut ticks)) = (rounds.trim().parse(), ticks.lock()) {
-                            ticks.push((Instant::now(), n, rounds));
-                        }
-                        return false;
-                    }
-                    if line.starts_with("SOAK-READY") {
-                        ready.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if line.starts_with("vans-soak: worker") {
-                        println!("{line}");
-                    }
-                    true
-                })
-                .collect()
-        });
-        let running = Running {
-            name: format!("{role} (process {n}, host {host})"),
-            child,
-            lines,
-            log,
-        };
+        let name = format!("{role} (process {n}, host {host})");
+        let ticks = Some((n, Arc::clone(&self.ticks)));
+        let running = start_node(
+            cmd,
+            self.o,
+            self.until_ms,
+            &env,
+            (name, log),
+            &self.ready,
+            ticks,
+        )?;
         Ok((running, host))
     }
 }
