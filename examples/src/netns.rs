@@ -207,14 +207,15 @@ fn nft(namespace: &str, script: &str) -> Result<(), String> {
                 "ip netns exec {namespace} nft: {e} (Debian: apt-get install iproute2 nftables)"
             )
         })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .map_err(|e| format!("nft in {namespace}: {e}"))?;
-    }
+    // The script goes in whole, then stdin closes; the child is waited for either way.
+    let written = match child.stdin.take() {
+        Some(mut stdin) => stdin.write_all(script.as_bytes()),
+        None => Ok(()),
+    };
     let out = child
         .wait_with_output()
         .map_err(|e| format!("nft in {namespace}: {e}"))?;
+    written.map_err(|e| format!("nft in {namespace}: writing its script: {e}"))?;
     match out.status.success() {
         true => Ok(()),
         false => Err(format!(

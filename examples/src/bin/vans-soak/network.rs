@@ -234,7 +234,7 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let scheduler_log = nodes[0].1 .0.log.clone();
+    let deaths = Deaths::new(nodes[0].1 .0.log.clone());
     let mut state = Chaos {
         launch: &launch,
         nodes,
@@ -243,7 +243,7 @@ pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
         tallies: BTreeMap::new(),
         windows: Vec::new(),
         deaths_expected: 0,
-        scheduler_log,
+        deaths,
         rng: Rng::new(o.seed ^ 0x6e65_7477),
         failures: Vec::new(),
     };
@@ -263,7 +263,8 @@ struct Chaos<'a> {
     windows: Vec<(String, Instant, Instant)>,
     /// Nodes the scheduler should have declared dead (kills and long partitions).
     deaths_expected: usize,
-    scheduler_log: PathBuf,
+    /// The scheduler's declarations of death.
+    deaths: Deaths,
     rng: Rng,
     /// What went wrong during the run (a death not detected, a replacement not joined).
     failures: Vec<String>,
@@ -458,7 +459,7 @@ impl Chaos<'_> {
             "vans-soak: host {host}: {fault} longer than the heartbeat timeout ({} nodes there)",
             cut.len()
         );
-        let deaths_before = dead_ids(&self.scheduler_log);
+        let deaths_before = self.deaths.count();
         let injected = match self.launch.hosts.inject(host, fault) {
             Ok(injected) => injected,
             Err(e) => {
@@ -472,9 +473,9 @@ impl Chaos<'_> {
         // Declared dead within the timeout and one heartbeat (and a tick's slack).
         let bound =
             timeout + Duration::from_secs(HEARTBEAT_INTERVAL_SECS) + Duration::from_millis(500);
-        let log = &self.scheduler_log;
+        let deaths = &mut self.deaths;
         let detected = within(from, bound + Duration::from_secs(10), || {
-            dead_ids(log) >= deaths_before + cut.len()
+            deaths.count() >= deaths_before + cut.len()
         })
         .await;
         let tally = self
@@ -564,7 +565,11 @@ impl Chaos<'_> {
 }
 
 /// How long after `from` `done` came true, looking every 50 ms until `limit` after `from`.
-async fn within(from: Instant, limit: Duration, done: impl Fn() -> bool) -> Option<Duration> {
+async fn within(
+    from: Instant,
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Option<Duration> {
     while from.elapsed() < limit {
         if done() {
             return Some(from.elapsed());
@@ -574,21 +579,56 @@ async fn within(from: Instant, limit: Duration, done: impl Fn() -> bool) -> Opti
     None
 }
 
-/// How many node ids the scheduler has declared dead so far (its log's `dead=[..]` lists).
-fn dead_ids(log: &Path) -> usize {
-    let Ok(text) = std::fs::read_to_string(log) else {
-        return 0;
-    };
-    text.lines()
-        .filter(|l| l.contains(DEATH_WORDS))
-        .map(|l| {
-            l.split_once("dead=[")
-                .and_then(|(_, rest)| rest.split_once(']'))
-                .map_or(1, |(ids, _)| {
-                    ids.split(',').filter(|s| !s.trim().is_empty()).count()
-                })
-        })
-        .sum()
+/// The scheduler's declarations of death, read from its log as it grows (only what was
+/// appended since the last look is read).
+struct Deaths {
+    log: PathBuf,
+    /// Bytes of the log read so far (whole lines only).
+    read: u64,
+    /// Node ids declared dead in them (the `dead=[..]` lists).
+    ids: usize,
+}
+
+impl Deaths {
+    fn new(log: PathBuf) -> Deaths {
+        Deaths {
+            log,
+            read: 0,
+            ids: 0,
+        }
+    }
+
+    /// How many node ids the scheduler has declared dead so far.
+    fn count(&mut self) -> usize {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut appended = Vec::new();
+        let read = std::fs::File::open(&self.log).and_then(|mut file| {
+            file.seek(SeekFrom::Start(self.read))?;
+            file.read_to_end(&mut appended)
+        });
+        if read.is_err() {
+            return self.ids;
+        }
+        // A line still being written is read next time.
+        let whole = appended
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        self.read += whole as u64;
+        let text = String::from_utf8_lossy(&appended[..whole]);
+        self.ids += text
+            .lines()
+            .filter(|l| l.contains(DEATH_WORDS))
+            .map(|l| {
+                l.split_once("dead=[")
+                    .and_then(|(_, rest)| rest.split_once(']'))
+                    .map_or(1, |(ids, _)| {
+                        ids.split(',').filter(|s| !s.trim().is_empty()).count()
+                    })
+            })
+            .sum::<usize>();
+        self.ids
+    }
 }
 
 /// Waits for the zombies and the nodes, checks the zombies were fenced, and reports.
@@ -624,7 +664,7 @@ fn finish_run(o: &Options, mut chaos: Chaos<'_>, timeout: Duration) -> Result<()
             )),
         }
     }
-    let deaths = dead_ids(&chaos.scheduler_log);
+    let deaths = chaos.deaths.count();
     if deaths > chaos.deaths_expected {
         failures.push(format!(
             "the scheduler declared {deaths} nodes dead; the kills and long partitions explain \
