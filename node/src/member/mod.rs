@@ -168,8 +168,11 @@ pub struct Member {
     early_notices: Vec<(u64, Node)>,
     /// Dead nodes (not replaced since), with the reason.
     dead: BTreeMap<NodeId, String>,
-    /// When the scheduler was last heard.
+    /// When the scheduler last answered a heartbeat.
     scheduler_heard: Instant,
+    /// Why the cluster went on without this node, once it did: the node blamed and the
+    /// reason ([`Action::Evicted`]), set with `stopped`.
+    evicted: Option<(NodeId, String)>,
     finalizing: bool,
     finishing: bool,
     stopped: bool,
@@ -185,6 +188,7 @@ impl Member {
             early_notices: Vec::new(),
             dead: BTreeMap::new(),
             scheduler_heard: now,
+            evicted: None,
             finalizing: false,
             finishing: false,
             stopped: false,
@@ -250,6 +254,14 @@ impl Member {
     /// Whether the node stopped.
     pub fn is_stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// Why the cluster went on without this node, if it did: the node its errors blame and
+    /// the reason (see [`Action::Evicted`]).
+    pub fn eviction(&self) -> Option<(NodeId, &str)> {
+        self.evicted
+            .as_ref()
+            .map(|(node, reason)| (*node, reason.as_str()))
     }
 
     fn on_control(&mut self, now: Instant, msg: &Message, out: &mut Vec<Action>) {
@@ -448,6 +460,7 @@ impl Member {
         }
         warn!("{reason}");
         self.stopped = true;
+        self.evicted = Some((node, reason.clone()));
         out.push(Action::Evicted { node, reason });
     }
 

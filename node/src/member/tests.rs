@@ -467,6 +467,8 @@ fn declared_dead_by_the_scheduler_this_node_stops_once() {
         "{reason}"
     );
     assert_eq!(*node, WORKER, "the node declared dead is this one");
+    // Kept with the stop, for every later call's error.
+    assert_eq!(h.member.eviction(), Some((WORKER, reason.as_str())));
     assert!(h.member.is_stopped());
     assert!(h.control(&failure_notice(me)).is_empty());
     assert!(h.input(Input::Stop).is_empty());

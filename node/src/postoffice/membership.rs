@@ -35,13 +35,6 @@ impl Postoffice {
 
     /// Carries out the [`Member`]'s decisions, in order.
     pub(super) async fn carry_out(&self, actions: Vec<Action>) {
-        // The member is stopped as soon as it decides an eviction, so the failures decided
-        // with it already fail everything: they must give the eviction's reason.
-        for action in &actions {
-            if let Action::Evicted { node, reason } = action {
-                let _ = self.inner.evicted.set((*node, reason.clone()));
-            }
-        }
         for action in actions {
             match action {
                 Action::Send(msg) => {

@@ -102,9 +102,6 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The scheduler this process hosts besides its own role (`TF_CONFIG` chief or worker 0).
     hosted_scheduler: Mutex<Option<JoinHandle<Result<()>>>>,
-    /// Why the cluster went on without this node, once it did ([`Action::Evicted`]): the
-    /// node blamed and the reason, which every later call's error gives.
-    evicted: OnceLock<(NodeId, String)>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -212,7 +209,6 @@ impl Postoffice {
                 finalized: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
                 hosted_scheduler: Mutex::new(hosted_scheduler),
-                evicted: OnceLock::new(),
             }),
         };
         po.spawn(po.clone().dispatch(inbox));
@@ -773,8 +769,8 @@ impl Postoffice {
     /// [`PsError::NodeFailed`] saying so, which names the scheduler when it went silent and
     /// this node when the scheduler declared it dead.
     pub fn stopped_error(&self) -> PsError {
-        match self.inner.evicted.get() {
-            Some((node, reason)) => PsError::node_failed(*node, reason.clone()),
+        match lock(&self.inner.member).eviction() {
+            Some((node, reason)) => PsError::node_failed(node, reason),
             None => PsError::Stopped,
         }
     }
