@@ -152,10 +152,11 @@ pub enum Fault {
 impl Fault {
     /// The rules of the fault, for the `input` and the `output` hook.
     fn rules(self) -> Result<(Option<String>, Option<String>), String> {
-        let drop = "drop".to_owned();
+        // Every drop is counted, for [`Injected::dropped`].
+        let drop = "counter drop".to_owned();
         Ok(match self {
             Fault::Loss { per_mille } if (1..=1000).contains(&per_mille) => {
-                let rule = format!("numgen random mod 1000 < {per_mille} drop");
+                let rule = format!("numgen random mod 1000 < {per_mille} counter drop");
                 (Some(rule.clone()), Some(rule))
             }
             Fault::Loss { per_mille } => {
@@ -193,13 +194,13 @@ pub struct Injected {
 static FAULTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Runs `nft` in `namespace` with `script` on its standard input (one transaction: all its
-/// rules or none).
-fn nft(namespace: &str, script: &str) -> Result<(), String> {
+/// rules or none); what it printed.
+fn nft(namespace: &str, script: &str) -> Result<String, String> {
     use std::io::Write;
     let mut child = Command::new("ip")
         .args(["netns", "exec", namespace, "nft", "-f", "-"])
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| {
@@ -217,7 +218,7 @@ fn nft(namespace: &str, script: &str) -> Result<(), String> {
         .map_err(|e| format!("nft in {namespace}: {e}"))?;
     written.map_err(|e| format!("nft in {namespace}: writing its script: {e}"))?;
     match out.status.success() {
-        true => Ok(()),
+        true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
         false => Err(format!(
             "nft in {namespace}: {} (Debian: apt-get install nftables; the kernel needs \
              nf_tables)",
@@ -263,6 +264,26 @@ impl Injected {
         self.fault
     }
 
+    /// How many packets the fault has dropped so far, both ways (its rules' counters): a
+    /// test shows with it that the fault met its traffic.
+    pub fn dropped(&self) -> Result<u64, String> {
+        let listing = nft(
+            &self.namespace,
+            &format!("list table inet {}\n", self.table),
+        )?;
+        let mut packets = 0;
+        let mut words = listing.split_whitespace();
+        while let Some(word) = words.next() {
+            if word == "packets" {
+                let count = words.next().unwrap_or_default();
+                packets += count
+                    .parse::<u64>()
+                    .map_err(|_| format!("nft printed a counter of {count:?}: {listing}"))?;
+            }
+        }
+        Ok(packets)
+    }
+
     /// Removes the fault's rules: the link carries everything again.
     pub fn heal(mut self) -> Result<(), String> {
         self.healed = true;
@@ -270,6 +291,7 @@ impl Injected {
             &self.namespace,
             &format!("delete table inet {}\n", self.table),
         )
+        .map(drop)
     }
 }
 
