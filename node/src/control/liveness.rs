@@ -47,6 +47,15 @@ impl Scheduler {
                 Vec::new()
             }
             Some(state) if state.dead || state.gone => Vec::new(),
+            Some(state) if self.me_leaving => {
+                // The scheduler's final barrier is over and it only waits for everyone to
+                // go: a node that closes now is gone, whether it said goodbye or not, and
+                // nobody is left to be told.
+                debug!(peer, reason, "a node closed while the scheduler finishes");
+                state.gone = true;
+                self.membership_epoch += 1;
+                Vec::new()
+            }
             Some(state) if state.leaving => {
                 info!(peer, reason, "leaving node disconnected");
                 state.gone = true;

@@ -304,10 +304,13 @@ impl Scheduler {
         }
     }
 
-    /// Whether every node of the table (the scheduler included) has sent `Terminate` or is
-    /// dead. Check [`Self::dead`] to tell a clean end from a failed one.
+    /// Whether every node of the table (the scheduler included) has sent `Terminate`, is
+    /// dead, or closed while the scheduler was finishing. Check [`Self::dead`] to tell a clean
+    /// end from a failed one.
     pub fn is_finished(&self) -> bool {
-        self.is_ready() && self.me_leaving && self.peers.values().all(|p| p.leaving || p.dead)
+        self.is_ready()
+            && self.me_leaving
+            && self.peers.values().all(|p| p.leaving || p.dead || p.gone)
     }
 
     /// Who has joined, for humans: `"1/2 servers, 3/3 workers joined; waiting for 1 server"`.

@@ -385,7 +385,9 @@ impl Member {
             return;
         }
         out.push(Action::DropRoute(peer));
-        if self.finishing || self.stopped {
+        // A scheduler that is finishing still hears of them: it waits for every node to be
+        // gone before it stops, and one that closes without a goodbye is gone too.
+        if self.stopped || (self.finishing && self.config.role != Role::Scheduler) {
             return;
         }
         if !self.is_joined() {

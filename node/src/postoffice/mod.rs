@@ -32,15 +32,21 @@ use crate::table::NodeTable;
 mod join;
 // Carrying out what the node's `Member` decides, and the resends of `PS_RESEND`.
 mod membership;
+// The scheduler's sends: one ordered queue per node.
+mod outbox;
 // The vans a node has, and the scheduler it may host.
 mod vans;
 
+use self::outbox::{Outboxes, Post};
 use self::vans::{endpoint_port, extra_vans, host_identity, stream_van};
 
 /// Batches a node's inbox holds before its vans push back.
 const INBOX_BATCHES: usize = 1024;
-/// How long the scheduler waits, after the final barrier, for the others to say goodbye.
+/// How long the scheduler waits, after the final barrier (passed or failed), for the others
+/// to say goodbye or be declared dead.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
+/// How long stopping waits for the scheduler's outboxes to empty.
+const OUTBOX_FLUSH: Duration = Duration::from_secs(2);
 /// How long a send that nothing waits for (a notice to a node declared dead, a batch of
 /// acknowledgements) may take before it is given up: such sends run beside the loop that
 /// queued them and must not pile up behind a peer that never answers.
@@ -100,6 +106,8 @@ struct Inner {
     /// Set once a `finalize` has left the cluster in order: a later one succeeds at once.
     finalized: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// On the scheduler: what it sends, queued per node (`outbox.rs`).
+    outboxes: Outboxes,
     /// The scheduler this process hosts besides its own role (`TF_CONFIG` chief or worker 0).
     hosted_scheduler: Mutex<Option<JoinHandle<Result<()>>>>,
 }
@@ -208,6 +216,7 @@ impl Postoffice {
                 alloc_warned: AtomicBool::new(false),
                 finalized: AtomicBool::new(false),
                 tasks: Mutex::new(Vec::new()),
+                outboxes: Outboxes::default(),
                 hosted_scheduler: Mutex::new(hosted_scheduler),
             }),
         };
@@ -291,7 +300,11 @@ impl Postoffice {
                     loop {
                         ticker.tick().await;
                         let msg = crate::member::control_request(Command::Heartbeat);
-                        if po.send_control(msg).await.is_err() && po.is_stopped() {
+                        // Bounded by the interval: a dial to a scheduler this node is cut off
+                        // from waits out the connect timeout, and the lease is looked at on
+                        // time all the same (a heartbeat given up is no loss: the next goes).
+                        let sent = tokio::time::timeout(interval, po.send_control(msg)).await;
+                        if matches!(sent, Ok(Err(_))) && po.is_stopped() {
                             break;
                         }
                         // A scheduler silent for a whole heartbeat timeout is lost.
@@ -311,9 +324,16 @@ impl Postoffice {
                     (t / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
                 });
             self.spawn(async move {
-                let mut ticker = tokio::time::interval(period);
                 loop {
-                    ticker.tick().await;
+                    // At the next expiry, so a silent node is declared dead at its timeout,
+                    // not up to a period later; at least every period (a node that
+                    // registers meanwhile brings its own deadline), at most every 50 ms (a
+                    // deadline that passed without a change must not make this spin).
+                    let now = Instant::now();
+                    let due = po.with_scheduler(|s| s.next_deadline());
+                    let soonest = now + Duration::from_millis(50).min(period);
+                    let wake = due.map_or(now + period, |due| due.clamp(soonest, now + period));
+                    tokio::time::sleep_until(wake.into()).await;
                     if lock(&po.inner.member).is_finishing() {
                         break;
                     }
@@ -510,11 +530,10 @@ impl Postoffice {
     async fn execute(&self, outputs: Vec<Output>) {
         for output in outputs {
             match output {
-                Output::Connect(node) => {
-                    if let Err(e) = self.inner.router.connect(&node).await {
-                        warn!("scheduler cannot connect to {node}: {e}");
-                    }
-                }
+                Output::Connect(node) => match node.id {
+                    Some(id) => self.post(id, Post::Connect(node)),
+                    None => warn!("scheduler cannot connect to {node}: it has no id"),
+                },
                 Output::Send(msg) if msg.meta.recipient == Some(node_ids::SCHEDULER) => {
                     // Replies to the scheduler's own requests: handled here, not sent.
                     Box::pin(self.handle_control(msg)).await
@@ -533,14 +552,46 @@ impl Postoffice {
                     let send = async move { po.inner.router.send(msg).await };
                     self.send_best_effort(what, send);
                 }
-                Output::Send(msg) => {
-                    let to = msg.meta.recipient;
-                    if let Err(e) = self.inner.router.send(msg).await {
-                        warn!("scheduler cannot send to {to:?}: {e}");
-                    }
-                }
+                Output::Send(msg) => match msg.meta.recipient {
+                    Some(to) => self.post(to, Post::Send(msg)),
+                    None => warn!("scheduler cannot send {}: no recipient", msg.summary()),
+                },
             }
         }
+    }
+
+    /// Queues `post` in node `to`'s outbox ([`outbox`]), starting the task that carries out
+    /// a new queue.
+    fn post(&self, to: NodeId, post: Post) {
+        let Some(queue) = self.inner.outboxes.post(to, post) else {
+            return;
+        };
+        let po = self.clone();
+        self.spawn(async move {
+            let mut rx = queue.rx;
+            while let Some(post) = rx.recv().await {
+                if !po.inner.outboxes.is_current(to, queue.generation) {
+                    debug!(
+                        peer = to,
+                        "{post:?} dropped: meant for a process replaced since"
+                    );
+                } else {
+                    match post {
+                        Post::Connect(node) => {
+                            if let Err(e) = po.inner.router.connect(&node).await {
+                                warn!("scheduler cannot connect to {node}: {e}");
+                            }
+                        }
+                        Post::Send(msg) => {
+                            if let Err(e) = po.inner.router.send(msg).await {
+                                warn!("scheduler cannot send to {to}: {e}");
+                            }
+                        }
+                    }
+                }
+                po.inner.outboxes.done();
+            }
+        });
     }
 
     /// Sends a control request to the scheduler (or handles it here, on the scheduler).
@@ -614,7 +665,11 @@ impl Postoffice {
         let barrier = self.barrier(ALL_GROUPS).await;
         // The goodbye to the scheduler.
         self.feed(Input::Leave).await;
-        if self.inner.role == Role::Scheduler && barrier.is_ok() {
+        // Also when the barrier failed (a node died): the survivors learn who died from the
+        // scheduler, and would blame the scheduler instead if it left first (their lease on
+        // it ends: a process hosting the scheduler beside a TensorFlow task is such a case,
+        // where the others serve on).
+        if self.inner.role == Role::Scheduler {
             let deadline = Instant::now() + FINISH_GRACE;
             while !self.with_scheduler(|s| s.is_finished()) && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -648,6 +703,10 @@ impl Postoffice {
     async fn shut_down(&self, reason: &str) {
         // Whoever waits for a change of membership (`stopped`, `wait_alive`) looks again.
         self.inner.membership.send_modify(|n| *n += 1);
+        // What the scheduler queued goes to the vans first, which flush it as they stop.
+        if !self.inner.outboxes.flushed(OUTBOX_FLUSH).await {
+            warn!("the scheduler's messages to unreachable nodes not sent within {OUTBOX_FLUSH:?}; dropping them");
+        }
         if let Err(e) = self.inner.router.stop().await {
             warn!("stopping the vans: {e}");
         }

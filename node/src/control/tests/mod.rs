@@ -608,6 +608,27 @@ fn finished_once_every_node_terminated() {
     assert!(failed.is_finished() && failed.dead() == [9]);
 }
 
+/// After a failed final barrier the survivors may exit without a goodbye: once the scheduler
+/// itself is leaving, a node that closes is gone (no verdict, nobody told), and the scheduler
+/// is finished without waiting out its grace. Before it leaves, a close is a death as ever.
+#[test]
+fn a_node_that_closes_while_the_scheduler_finishes_is_gone_not_dead() {
+    let t0 = Instant::now();
+    let mut s = ready(1, 2, Some(TIMEOUT), t0);
+    assert!(
+        !s.peer_lost(t0, 9, "killed").is_empty(),
+        "told to the others"
+    );
+    assert_eq!(s.dead(), [9]);
+    s.handle(t0, &request(1, Terminate, 0));
+    assert!(!s.is_finished(), "8 and 11 are still there");
+    for id in [8, 11] {
+        assert!(s.peer_lost(t0, id, "closed").is_empty(), "nobody to tell");
+    }
+    assert!(s.is_finished());
+    assert_eq!(s.dead(), [9], "the survivors that closed are not dead");
+}
+
 #[test]
 fn malformed_messages_are_ignored() {
     let t0 = Instant::now();
