@@ -1,7 +1,9 @@
 """TensorFlow's own runtime over vans (vans.tensorflow's server protocols): real TensorFlow
 servers as processes on 127.0.0.1 (tf_scripts/tf_job.py), each task a process of its own.
 Every protocol trains the same graphs to the same bits as plain gRPC; a ps task killed with
-SIGKILL fails the client's step with an error naming it; the seed's ``.endpoint_map``;
+SIGKILL, or cut off from the network (its host's link dropping everything, in network
+namespaces the test makes), fails the client's step with an error naming it; the seed's
+``.endpoint_map``;
 bad maps and mixed protocols are errors, not hangs."""
 
 import importlib.util
@@ -9,6 +11,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,10 +49,10 @@ def cluster_spec(num_ps, num_workers):
 
 class Job:
     """The task processes of one job; ``client`` (default worker:0) trains, the others
-    serve."""
+    serve. ``wrap`` maps a task to the command it runs under (``ip netns exec NS``)."""
 
     def __init__(self, tmp_path, protocol, model="dense", steps=5, num_ps=2, num_workers=2,
-                 protocols=None, env=None, spec=None, script=JOB, client=None):
+                 protocols=None, env=None, spec=None, script=JOB, client=None, wrap=None):
         self.out = tmp_path / f"{protocol}-{model}.npz"
         self.spec = spec or cluster_spec(num_ps, num_workers)
         self.client_task = client or ("worker", 0)
@@ -63,7 +66,8 @@ class Job:
             for task in range(len(addresses)):
                 p = (protocols or {}).get((job, task), protocol)
                 self.procs[(job, task)] = subprocess.Popen(
-                    [sys.executable, str(script), "--cluster", json.dumps(self.spec),
+                    [*(wrap or {}).get((job, task), []),
+                     sys.executable, str(script), "--cluster", json.dumps(self.spec),
                      "--job", job, "--task", str(task), "--protocol", p, *model_args,
                      "--steps", str(steps), "--out", str(self.out)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -194,6 +198,95 @@ def test_a_ps_task_killed_mid_training_fails_the_step_naming_it(jobs, tmp_path, 
     assert code != 0, out[-3000:]
     assert "/job:ps/replica:0/task:1" in out, out[-3000:]
     assert took < 30, f"the step failed {took:.1f} s after the kill:\n{out[-3000:]}"
+
+
+class Hosts:
+    """Two hosts as network namespaces joined by a veth pair (``eth0`` in each) on a private
+    subnet that exists only inside them (``10.217.N.1`` and ``.2``): a process runs on host
+    ``h`` under :meth:`wrap`, and :meth:`cut` drops everything in and out of a host's
+    ``eth0`` (nftables: silence, no reset), as behind a dead switch port."""
+
+    def __init__(self):
+        tag = os.getpid() % 100_000
+        self.names = [f"vanstf{tag}{side}" for side in "ab"]
+        self.addrs = [f"10.217.{tag % 250}.{h + 1}" for h in range(2)]
+        self._run(["ip", "netns", "add", self.names[0]])
+        try:
+            self._run(["ip", "netns", "add", self.names[1]])
+            a, b = self.names
+            self._run(["ip", "-n", a, "link", "add", "eth0", "type", "veth",
+                       "peer", "name", "eth0", "netns", b])
+            for name, addr in zip(self.names, self.addrs):
+                self._run(["ip", "-n", name, "addr", "add", f"{addr}/24", "dev", "eth0"])
+                self._run(["ip", "-n", name, "link", "set", "eth0", "up"])
+                self._run(["ip", "-n", name, "link", "set", "lo", "up"])
+        except BaseException:
+            self.delete()
+            raise
+
+    @staticmethod
+    def _run(argv, stdin=None):
+        run = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60)
+        if run.returncode != 0:
+            pytest.fail(f"{' '.join(argv)}: {run.stderr.strip()} "
+                        "(Debian: apt-get install iproute2 nftables)")
+
+    def wrap(self, host):
+        return ["ip", "netns", "exec", self.names[host]]
+
+    def cut(self, host):
+        """Host ``host`` receives and sends nothing from now on (until the hosts go)."""
+        self._run(self.wrap(host) + ["nft", "-f", "-"], stdin="""
+add table inet cut
+add chain inet cut in { type filter hook input priority 0; }
+add chain inet cut out { type filter hook output priority 0; }
+add rule inet cut in iifname "eth0" drop
+add rule inet cut out oifname "eth0" drop
+""")
+
+    def delete(self):
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def hosts():
+    """Two namespace hosts; skipped without root (as root, hosts that cannot be made fail
+    the test: a machine that should run the suite must not pass it by skipping)."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing (Debian: apt-get install iproute2 nftables)")
+    made = Hosts()
+    yield made
+    made.delete()
+
+
+@pytest.mark.parametrize("protocol", ["grpc+vans", "grpc+vans+push"])
+def test_a_ps_task_cut_off_by_a_partition_fails_the_step_naming_it(jobs, tmp_path, hosts,
+                                                                      protocol):
+    """ps:1 alone on host 1, the other tasks on host 0; host 1 is cut off mid-training. No
+    connection resets (plain gRPC has no deadline on a step's calls, and would wait on
+    TCP): vans' heartbeats find the silent task, and the step's pending receive fails
+    naming it, within the heartbeat timeout and a few seconds."""
+    a, b = hosts.addrs
+    spec = {"ps": [f"{a}:2222", f"{b}:2222"], "worker": [f"{a}:2223", f"{a}:2224"]}
+    wrap = {task: hosts.wrap(0) for task in [("ps", 0), ("worker", 0), ("worker", 1)]}
+    wrap[("ps", 1)] = hosts.wrap(1)
+    env = {"PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "4"}
+    job = Job(tmp_path, protocol, steps=1_000_000, spec=spec, wrap=wrap, env=env)
+    jobs.append(job)
+    wait_for_line(job.client(), "step 3:")
+    hosts.cut(1)
+    cut = time.monotonic()
+    code, out = job.wait(timeout=120)
+    took = time.monotonic() - cut
+    others = "".join(f"\n---- {job}:{task}\n{text[-2000:]}"
+                     for (job, task), text in job.close().items() if (job, task) != ("worker", 0))
+    assert code != 0, out[-3000:] + others
+    assert "failed:" in out and "/job:ps/replica:0/task:1" in out, out[-3000:] + others
+    assert took < 15, f"the step failed {took:.1f} s after the cut (timeout 4 s):\n{out[-3000:]}"
 
 
 def test_the_seeds_endpoint_map_runs_a_seastar_script_unchanged(jobs, tmp_path):
