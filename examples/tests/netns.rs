@@ -85,9 +85,39 @@ const LAYOUT: [(usize, &str); 6] = [
 ];
 
 fn wait_all(children: Vec<(usize, &'static str, Child)>) -> Vec<(usize, &'static str, Output)> {
-    children
+    // Side by side, so that when one hangs every output shows why (a node that waits is
+    // often waiting for another that failed).
+    let waits: Vec<_> = children
         .into_iter()
-        .map(|(host, role, child)| (host, role, common::wait_output(child, role)))
+        .map(|(host, role, child)| {
+            let wait = std::thread::spawn(move || common::wait_or_kill(child, common::DEADLINE));
+            (host, role, wait)
+        })
+        .collect();
+    let outputs: Vec<_> = waits
+        .into_iter()
+        .map(|(host, role, wait)| (host, role, wait.join().unwrap()))
+        .collect();
+    let late: Vec<String> = outputs
+        .iter()
+        .filter(|(_, _, (_, late))| *late)
+        .map(|(host, role, _)| format!("{role} on host {host}"))
+        .collect();
+    if !late.is_empty() {
+        let all: Vec<String> = outputs
+            .iter()
+            .map(|(host, role, (out, _))| format!("---- {role} on host {host}\n{}", text(out)))
+            .collect();
+        panic!(
+            "{} still running after {:?}, killed:\n{}",
+            late.join(", "),
+            common::DEADLINE,
+            all.join("\n")
+        );
+    }
+    outputs
+        .into_iter()
+        .map(|(host, role, (out, _))| (host, role, out))
         .collect()
 }
 
@@ -308,7 +338,8 @@ fn a_task_cut_off_fails_a_receive_waiting_on_it_naming_the_peer() {
 }
 
 /// `allreduce-bench node ARGS` as `role` on host `host` (the scheduler on host 0), among
-/// `workers` workers; a worker asks for rank `rank`. Collectives log at info level.
+/// `workers` workers; a worker asks for rank `rank`. Collectives log at info level, the rest
+/// at warn.
 #[cfg(feature = "ipc")]
 fn collective_node(
     hosts: &Hosts,
@@ -347,7 +378,7 @@ fn collective_node_under(
         .env("DMLC_PS_ROOT_PORT", "9300")
         .env("DMLC_INTERFACE", "eth0")
         .env("DMLC_ENABLE_RDMA", "0")
-        .env("RUST_LOG", "collective=info")
+        .env("RUST_LOG", "warn,collective=info")
         .env_remove("VANS_HOST_ID")
         .env_remove("VANS_IPC_NAMED")
         .env_remove("VANS_STREAM_VAN")

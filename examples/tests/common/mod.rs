@@ -52,7 +52,20 @@ pub(crate) fn all_succeeded<const N: usize>(nodes: [(&str, Child); N]) -> [Outpu
 /// Waits for `child` with a deadline; kills it and fails the test, showing its output, when
 /// the deadline passes. Its piped output is read all along (a chatty child, such as a
 /// 2,000-node in-process cluster, would otherwise block on a full pipe and never exit).
-pub(crate) fn wait_output_within(mut child: Child, what: &str, deadline: Duration) -> Output {
+pub(crate) fn wait_output_within(child: Child, what: &str, deadline: Duration) -> Output {
+    let (out, late) = wait_or_kill(child, deadline);
+    assert!(
+        !late,
+        "{what} still running after {deadline:?}\n{}",
+        text(&out)
+    );
+    out
+}
+
+/// Waits for `child` up to `deadline`, reading its piped output all along, and kills it
+/// when the deadline passes; its output, and whether it had to be killed.
+#[allow(dead_code)] // not every test file that includes this module kills late children
+pub(crate) fn wait_or_kill(mut child: Child, deadline: Duration) -> (Output, bool) {
     fn drain(pipe: Option<impl Read + Send + 'static>) -> std::sync::mpsc::Receiver<Vec<u8>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1); // one message: the whole output
         std::thread::spawn(move || {
@@ -87,12 +100,7 @@ pub(crate) fn wait_output_within(mut child: Child, what: &str, deadline: Duratio
         stdout: collect(stdout),
         stderr: collect(stderr),
     };
-    assert!(
-        !late,
-        "{what} still running after {deadline:?}\n{}",
-        text(&out)
-    );
-    out
+    (out, late)
 }
 
 /// A finished child's stdout then stderr, as text.

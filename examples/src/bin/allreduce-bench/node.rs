@@ -32,7 +32,10 @@ pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
             return Err(e);
         }
     }
-    if let Err(e) = all_done(&po).await {
+    // Only an elastic run replaces a worker that died; otherwise waiting for one is waiting
+    // for nothing.
+    let replaced = matches!(mode, NodeMode::Elastic { .. });
+    if let Err(e) = all_done(&po, replaced).await {
         po.stop().await;
         return Err(e);
     }
@@ -40,14 +43,14 @@ pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// A barrier of every node, tried again while members that died come back (a worker killed
-/// in an elastic run is replaced by a new process with its id): the scheduler and the server
-/// wait here from the start, the workers when they are done.
-async fn all_done(po: &Postoffice) -> Result<(), BoxError> {
+/// A barrier of every node, tried again, when `replaced`, while members that died come back
+/// (a worker killed in an elastic run is replaced by a new process with its id): the
+/// scheduler and the server wait here from the start, the workers when they are done.
+async fn all_done(po: &Postoffice, replaced: bool) -> Result<(), BoxError> {
     loop {
         match po.barrier(ps::ALL_GROUPS).await {
             Ok(()) => return Ok(()),
-            Err(ps::PsError::BarrierFailed { dead, .. }) => {
+            Err(ps::PsError::BarrierFailed { dead, .. }) if replaced => {
                 for node in dead {
                     po.wait_alive(node, Duration::from_secs(120)).await?;
                 }
@@ -178,19 +181,51 @@ async fn check(po: &Postoffice) -> Result<(), BoxError> {
     }
     comm.barrier().await?;
     // A barrier holds every rank until the last comes: here the last rank comes 200 ms
-    // late (the others left the barrier above within milliseconds of each other).
+    // late. The check compares clocks, not how long each rank waited: ranks leave the
+    // barrier above at moments apart (a segment lost between hosts delays one by a
+    // retransmission), so a wait alone says little. Every rank must leave the next barrier
+    // after the last rank entered it, within `SKEW` (clocks of different machines differ).
+    const SKEW: Duration = Duration::from_millis(100);
+    let left_before = since_epoch()?;
     if r == n - 1 {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let waited = Instant::now();
+    let entered = since_epoch()?;
     comm.barrier().await?;
-    if r != n - 1 && waited.elapsed() < Duration::from_millis(100) {
-        return Err(fail("barrier: left before the last rank came"));
+    let left = since_epoch()?;
+    let mut times = vec![0i64; 3 * n];
+    comm.all_gather(&[left_before, entered, left], &mut times)
+        .await?;
+    let last_entered = times[3 * (n - 1) + 1];
+    let early = (0..n).find(|&q| times[3 * q + 2] + (SKEW.as_micros() as i64) < last_entered);
+    if let Some(q) = early {
+        let each: Vec<String> = times
+            .chunks(3)
+            .enumerate()
+            .map(|(q, t)| {
+                format!(
+                    "rank {q} left the first at {} µs, entered the second at {} µs, left at {} µs",
+                    t[0] - last_entered,
+                    t[1] - last_entered,
+                    t[2] - last_entered
+                )
+            })
+            .collect();
+        return Err(fail(&format!(
+            "barrier: rank {q} left before the last rank came ({})",
+            each.join("; ")
+        )));
     }
     // The rounded sum's digest, so that runs can be compared (under loss, without).
     println!("collective check f32 sum bits: {bits:016x}");
     println!("collective check ok: rank {r} of {n}");
     Ok(())
+}
+
+/// Microseconds since the Unix epoch: a clock every process of the machine shares.
+fn since_epoch() -> Result<i64, BoxError> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    Ok(i64::try_from(now.as_micros())?)
 }
 
 /// What `node`'s value `i` is at `step`.
