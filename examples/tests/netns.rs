@@ -329,6 +329,7 @@ fn a_task_cut_off_fails_a_receive_waiting_on_it_naming_the_peer() {
             elapsed < Duration::from_secs(10),
             "{protocol}: the receive took {elapsed:?} to fail (timeout 3 s):\n{out}"
         );
+        eprintln!("{protocol}: the receive failed {elapsed:.1?} after the cut (timeout 3 s)");
         assert!(!worker_status.success(), "{protocol}: {worker_out}");
         assert!(
             worker_out.contains("removed from the cluster"),
@@ -631,6 +632,7 @@ fn a_host_cut_off_mid_all_reduce_is_fenced_and_its_ranks_readmitted() {
         stopped < Duration::from_secs(10),
         "the cut-off ranks took {stopped:?} to stop (timeout 4 s)"
     );
+    eprintln!("the cut-off ranks stopped {stopped:.1?} after the cut (timeout 4 s)");
     cut.heal().unwrap();
     for rank in [2, 3] {
         let node = collective_node(&hosts, (1, "worker", Some(rank)), 4, &env, &args);
