@@ -134,10 +134,14 @@ pub enum Action {
         /// `Ok` when released.
         result: Result<(), PsError>,
     },
-    /// Every pending barrier fails: `dead` (the scheduler) will not release it.
+    /// Every pending barrier fails: `dead` (the scheduler) will not release it, for
+    /// `reason` (the barriers fail with [`PsError::NodeFailed`] naming it, as every later
+    /// barrier is refused).
     FailBarriers {
         /// The node whose death ends them.
         dead: NodeId,
+        /// Why it is taken for dead.
+        reason: String,
     },
     /// A barrier call is refused before it is sent.
     RefuseBarrier(PsError),
@@ -441,17 +445,14 @@ impl Member {
             if self.finishing {
                 return;
             }
-            self.fail(node_ids::SCHEDULER, reason.clone(), out);
             // The scheduler died, or this node is cut off from it; in the second case the
             // scheduler has declared it dead by now (its clock started no later than ours),
-            // so it stops before a replacement can meet anything it still sends.
-            self.evict(
-                node_ids::SCHEDULER,
-                format!(
-                    "{reason}: the scheduler died, or this node is cut off ({EVICTED}); stopping"
-                ),
-                out,
-            );
+            // so it stops before a replacement can meet anything it still sends. What waits
+            // (a barrier too) fails saying both.
+            let reason =
+                format!("{reason}: the scheduler died, or this node is cut off ({EVICTED})");
+            self.fail(node_ids::SCHEDULER, reason.clone(), out);
+            self.evict(node_ids::SCHEDULER, format!("{reason}; stopping"), out);
         }
     }
 
@@ -530,7 +531,10 @@ impl Member {
         self.dead.insert(node, reason.clone());
         if node == node_ids::SCHEDULER {
             // Nobody is left to release barriers.
-            out.push(Action::FailBarriers { dead: node });
+            out.push(Action::FailBarriers {
+                dead: node,
+                reason: reason.clone(),
+            });
         }
         out.push(Action::NodeFailed { node, reason });
     }

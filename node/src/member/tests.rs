@@ -216,7 +216,8 @@ fn a_peers_close_while_waiting_at_the_final_barrier_is_no_failure() {
     assert!(matches!(
         actions[1],
         Action::FailBarriers {
-            dead: node_ids::SCHEDULER
+            dead: node_ids::SCHEDULER,
+            ..
         }
     ));
     assert_eq!(failed_nodes(&actions), vec![node_ids::SCHEDULER]);
@@ -341,7 +342,7 @@ fn losing_the_scheduler_fails_every_barrier_and_refuses_new_ones() {
         actions[..],
         [
             Action::DropRoute(1),
-            Action::FailBarriers { dead: 1 },
+            Action::FailBarriers { dead: 1, .. },
             Action::NodeFailed { node: 1, .. }
         ]
     ));
@@ -394,9 +395,25 @@ fn a_scheduler_silent_for_a_whole_heartbeat_timeout_is_lost() {
     h.control(&from_scheduler(Control::command(Command::Heartbeat), None));
     h.advance(Duration::from_millis(2999));
     assert!(h.input(Input::Tick).is_empty());
+    h.input(Input::Barrier(node_ids::WORKER_GROUP));
     h.advance(Duration::from_millis(1));
     let actions = h.input(Input::Tick);
     assert_eq!(failed_nodes(&actions), vec![node_ids::SCHEDULER]);
+    // The barrier waiting fails saying why, not only that the scheduler is dead.
+    let barriers: Vec<&String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::FailBarriers { dead, reason } if *dead == node_ids::SCHEDULER => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(barriers.len(), 1, "{actions:?}");
+    assert!(
+        barriers[0].contains("no answer from the scheduler")
+            && barriers[0].contains("this node is cut off"),
+        "{}",
+        barriers[0]
+    );
     let reason = h.member.failure(node_ids::SCHEDULER).unwrap_or_default();
     assert!(
         reason.contains("no answer from the scheduler for 3.0 s"),

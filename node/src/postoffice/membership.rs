@@ -92,13 +92,10 @@ impl Postoffice {
                         None => warn!(group, "barrier release nobody waits for"),
                     }
                 }
-                Action::FailBarriers { dead } => {
+                Action::FailBarriers { dead, reason } => {
                     let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
-                    for (group, waiter) in waiters {
-                        let _ = waiter.send(Err(PsError::BarrierFailed {
-                            group,
-                            dead: vec![dead],
-                        }));
+                    for (_, waiter) in waiters {
+                        let _ = waiter.send(Err(PsError::node_failed(dead, reason.clone())));
                     }
                 }
                 Action::RefuseBarrier(e) => debug!("a barrier refused: {e}"),
