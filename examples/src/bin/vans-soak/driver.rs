@@ -42,10 +42,15 @@ pub(crate) struct Running {
     pub(crate) log: std::path::PathBuf,
 }
 
-/// What the nodes log (unless `RUST_LOG` says otherwise): warnings, and the scheduler's and
-/// postoffices' membership events (registrations, failures, recoveries), so that a failed
-/// run shows what each process saw.
+/// What the nodes log (unless a non-empty `RUST_LOG` says otherwise): warnings, and the
+/// scheduler's and postoffices' membership events (registrations, failures, recoveries), so
+/// that a failed run shows what each process saw.
 pub(crate) const NODE_LOG: &str = "warn,node::control=info,node::postoffice=info";
+
+/// What the driver itself reads in the scheduler's log (its declarations of death), kept
+/// whatever `RUST_LOG` says: with `RUST_LOG=` (empty) or `error`, a network run would
+/// otherwise report every cut-off node as never declared dead.
+const DRIVER_LOG: &str = "node::control::liveness=warn";
 
 pub(crate) async fn run(o: &Options) -> Result<(), BoxError> {
     let ipc = match o.van.as_str() {
@@ -207,9 +212,11 @@ pub(crate) fn start_node(
         cmd.env(k, v);
     }
     cmd.env_remove("VANS_HOST_ID");
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", NODE_LOG);
-    }
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(user) if !user.trim().is_empty() => format!("{user},{DRIVER_LOG}"),
+        _ => NODE_LOG.to_owned(),
+    };
+    cmd.env("RUST_LOG", filter);
     cmd.stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log)?);
     let mut child = cmd.spawn()?;
