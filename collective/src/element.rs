@@ -203,7 +203,9 @@ pub(crate) fn combine_slice<T: Element>(acc: &mut [T], other: &[T], op: ReduceOp
 
 /// Combines `first` into `acc` with `first` on the left (`acc[i] = first[i] ⊕ acc[i]`, over
 /// the shorter of the two): the same order as copying `first` into `acc` and combining
-/// `acc`'s old values into it, without the copy.
+/// `acc`'s old values into it, without the copy. (Only the shared-memory all-reduce, feature
+/// `ipc`, folds this way.)
+#[cfg_attr(not(feature = "ipc"), allow(dead_code))]
 pub(crate) fn combine_slice_after<T: Element>(acc: &mut [T], first: &[T], op: ReduceOp) {
     combine_in_order::<T, true>(acc, first, op);
 }

@@ -61,7 +61,9 @@ impl Idle {
         self.since.elapsed() >= self.spin.budget()
     }
 
-    /// When the wait began (or, after [`reset`](Self::reset), last moved).
+    /// When the wait began (or, after [`reset`](Self::reset), last moved). (Read by the
+    /// shared-memory waits only, feature `ipc`.)
+    #[cfg_attr(not(feature = "ipc"), allow(dead_code))]
     pub(crate) fn started(&self) -> Instant {
         self.since
     }
