@@ -10,7 +10,8 @@
 # With --network (root, iproute2, nftables): the cluster on three network-namespace hosts and
 # the faults the kernel's, on the links between them: loss of 1, 5 and 20 %, partitions both
 # ways and one way shorter than the heartbeat timeout, a kill -9 every 20 s, and every 45 s a
-# host cut off beyond the timeout, whose nodes are replaced and must be fenced when it heals.
+# host cut off beyond the timeout, whose nodes are replaced on the other cut-able host (so
+# that later cuts meet them again, replaced twice and more) and must be fenced when it heals.
 #
 # It runs the binary of the test build (`cargo test --workspace --all-features`), so after
 # the tests it starts at once; the test command runs it for 60 s, without --network.
@@ -50,7 +51,8 @@ cargo test --workspace --all-features --no-run -q 2>/dev/null \
 bin="$PWD/target/debug/vans-soak"
 if [ "$network" = 1 ]; then
     echo "== network soak between namespace hosts, ${seconds}s (seed $seed)"
-    exec "$bin" --network --seconds "$seconds" --seed "$seed" --kill-every 20 --long-every 45
+    exec "$bin" --network --seconds "$seconds" --seed "$seed" --kill-every 20 --long-every 45 \
+        --replace-across
 fi
 half=$(( seconds / 2 ))
 echo "== soak over TCP, ${half}s (seed $seed)"
