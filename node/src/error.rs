@@ -42,7 +42,10 @@ pub enum PsError {
         /// The handler's text.
         reason: String,
     },
-    /// A barrier cannot complete because members died.
+    /// A barrier cannot complete because members died (as the scheduler, which releases
+    /// barriers, declared them). A barrier that loses the scheduler itself fails with
+    /// [`PsError::NodeFailed`] naming it and saying why (its connection, or no answer to
+    /// heartbeats: it died, or this node is cut off).
     #[error("barrier of group {group} failed: nodes {dead:?} are dead")]
     BarrierFailed {
         /// The barrier group.

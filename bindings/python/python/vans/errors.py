@@ -40,7 +40,10 @@ class HandlerFailedError(VansError):
 
 
 class BarrierFailedError(VansError):
-    """A barrier cannot complete because members died (attributes ``group``, ``dead``)."""
+    """A barrier cannot complete because members died (attributes ``group``, ``dead``).
+
+    When the scheduler itself is lost (it died, or this process is cut off from it), the
+    barrier raises :class:`NodeFailedError` naming the scheduler and saying why."""
 
     group = None
     dead = ()
