@@ -153,7 +153,8 @@ pub unsafe extern "C" fn vans_node_num_workers(node: *const Node, out: *mut u32)
 /// Blocks until every node of `group` (`VANS_SCHEDULER`, `VANS_SERVER_GROUP`,
 /// `VANS_WORKER_GROUP` or their bitwise or, e.g. `VANS_ALL_GROUPS`) has called
 /// `vans_node_barrier` with the same group. Fails with `VANS_ERR_BARRIER_FAILED` when members
-/// died, `VANS_ERR_STOPPED` when the node stopped.
+/// died, `VANS_ERR_NODE_FAILED` when the scheduler is lost (it died, or this node is cut
+/// off from it), `VANS_ERR_STOPPED` when the node stopped.
 ///
 /// Thread-safety: any thread except a vans I/O thread (not from a callback).
 ///
