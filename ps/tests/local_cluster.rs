@@ -294,12 +294,17 @@ struct GatedSum {
 
 impl RequestHandler for GatedSum {
     fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> Result<KvPairs, String> {
-        let (open, wake) = &*self.gate;
-        let mut open = open.lock().unwrap();
-        while !*open {
-            open = wake.wait(open).unwrap();
-        }
-        drop(open);
+        // A handler must not block its runtime thread: a task woken on that thread just
+        // before (in its LIFO slot, which no other thread steals) would wait with it — here,
+        // 1 run in 20, the very task that opens the gate, and the test hung. Blocking in
+        // place hands the thread's queue to another thread first.
+        tokio::task::block_in_place(|| {
+            let (open, wake) = &*self.gate;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = wake.wait(open).unwrap();
+            }
+        });
         self.sum.handle(meta, request)
     }
 }
