@@ -100,7 +100,9 @@ impl LocalCluster {
     /// Starts every node, runs `node(postoffice)` on each as its own task, and returns their
     /// results: the scheduler's first, then the servers', then the workers' (in start order,
     /// not rank order: ask the postoffice for ranks). The function decides when its node
-    /// finalizes. The first error of any node is returned after all nodes have ended.
+    /// finalizes. The first error of any node is returned after all nodes have ended; a node
+    /// that could not start or that panicked comes first (its postoffice is stopped, so the
+    /// others end too, instead of waiting for it).
     pub async fn run<T, F, Fut>(&self, node: F) -> Result<Vec<T>>
     where
         T: Send + 'static,
@@ -118,31 +120,68 @@ impl LocalCluster {
             let node = node.clone();
             tasks.push(tokio::spawn(async move {
                 let po = Postoffice::start_with_van(config, van).await?;
-                let result = node(po.clone()).await;
-                if result.is_err() {
-                    po.stop().await;
+                // In a task of its own, so that a node that panics (a failed assertion in a
+                // test) still stops its postoffice: the others then fail instead of waiting
+                // for it for ever, and the panic is the error the run returns.
+                match tokio::spawn(node(po.clone())).await {
+                    Ok(Ok(value)) => Ok(Ok(value)),
+                    Ok(Err(e)) => {
+                        po.stop().await;
+                        Ok(Err(e))
+                    }
+                    Err(e) => {
+                        po.stop().await;
+                        Err(PsError::InvalidArgument(format!(
+                            "the {role} node's task panicked or was cancelled: {e}"
+                        )))
+                    }
                 }
-                result
             }));
         }
         let mut results = Vec::with_capacity(tasks.len());
-        let mut first_error = None;
+        let (mut first_error, mut first_panic) = (None, None);
         for task in tasks {
             match task.await {
-                Ok(Ok(value)) => results.push(value),
-                Ok(Err(e)) => {
+                Ok(Ok(Ok(value))) => results.push(value),
+                Ok(Ok(Err(e))) => {
                     first_error.get_or_insert(e);
                 }
+                // A node that could not start, or panicked: the cause of the others' errors.
+                Ok(Err(e)) => {
+                    first_panic.get_or_insert(e);
+                }
                 Err(e) => {
-                    first_error.get_or_insert(PsError::InvalidArgument(format!(
+                    first_panic.get_or_insert(PsError::InvalidArgument(format!(
                         "a node task panicked or was cancelled: {e}"
                     )));
                 }
             }
         }
-        match first_error {
+        match first_panic.or(first_error) {
             Some(e) => Err(e),
             None => Ok(results),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_that_panics_fails_the_run_instead_of_hanging_it() {
+        let cluster = LocalCluster::new(1, 1);
+        let run = cluster.run(|po| async move {
+            if po.role() == Role::Worker {
+                panic!("a failed assertion in the worker");
+            }
+            // The others wait for the worker at finalize's barrier: it must fail.
+            po.finalize().await
+        });
+        let result = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("the run waited for a node that had panicked");
+        let err = result.expect_err("a run with a panicked node succeeded");
+        assert!(err.to_string().contains("panicked"), "{err}");
     }
 }
