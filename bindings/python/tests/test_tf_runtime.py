@@ -282,8 +282,9 @@ def test_a_ps_task_cut_off_by_a_partition_fails_the_step_naming_it(jobs, tmp_pat
     cut = time.monotonic()
     code, out = job.wait(timeout=120)
     took = time.monotonic() - cut
-    others = "".join(f"\n---- {job}:{task}\n{text[-2000:]}"
-                     for (job, task), text in job.close().items() if (job, task) != ("worker", 0))
+    others = "".join(f"\n---- {name}:{task}\n{text[-2000:]}"
+                     for (name, task), text in job.close().items()
+                     if (name, task) != ("worker", 0))
     assert code != 0, out[-3000:] + others
     assert "failed:" in out and "/job:ps/replica:0/task:1" in out, out[-3000:] + others
     assert took < 15, f"the step failed {took:.1f} s after the cut (timeout 4 s):\n{out[-3000:]}"
