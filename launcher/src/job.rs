@@ -45,18 +45,24 @@ enum Cause {
 pub async fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
     spec.validate()?;
     // A TensorFlow job has no scheduler port: each task listens on its own.
-    let (port, tf_configs) = match (spec.tensorflow, spec.root_port) {
+    // The picked ports stay held until the job ends, so nobody else takes them before the
+    // nodes bind them (see `HeldPorts`).
+    let (port, tf_configs, _held) = match (spec.tensorflow, spec.root_port) {
         (true, _) => {
-            let ports = free_ports(&spec.root_uri, spec.nodes().count())?;
-            let addresses: Vec<String> = ports
+            let held = free_ports(&spec.root_uri, spec.nodes().count())?;
+            let addresses: Vec<String> = held
+                .ports()
                 .iter()
                 .map(|port| format!("{}:{port}", spec.root_uri))
                 .collect();
             let (ps, workers) = addresses.split_at(spec.num_servers as usize);
-            (0, tf_configs(ps, workers))
+            (0, tf_configs(ps, workers), Some(held))
         }
-        (false, 0) => (free_port(&spec.root_uri)?, Vec::new()),
-        (false, port) => (port, Vec::new()),
+        (false, 0) => {
+            let held = free_port(&spec.root_uri)?;
+            (held.ports()[0], Vec::new(), Some(held))
+        }
+        (false, port) => (port, Vec::new(), None),
     };
     // Installed before the first spawn, so a Ctrl-C while spawning still stops every node.
     let mut signals = match spec.handle_signals {

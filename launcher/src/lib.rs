@@ -10,7 +10,7 @@
 //! | `DMLC_NUM_SERVER` | [`LaunchSpec::num_servers`] |
 //! | `DMLC_NUM_WORKER` | [`LaunchSpec::num_workers`] |
 //! | `DMLC_PS_ROOT_URI` | [`LaunchSpec::root_uri`] |
-//! | `DMLC_PS_ROOT_PORT` | [`LaunchSpec::root_port`], or a free port when that is 0 |
+//! | `DMLC_PS_ROOT_PORT` | [`LaunchSpec::root_port`], or a free port when that is 0 (held by the launcher until the job ends, so nothing else takes it before the scheduler binds it) |
 //! | `DMLC_NODE_HOST` | `127.0.0.1`, only when the root URI is a loopback address or `localhost` |
 //! | `VANS_LAUNCH_RANK` | the node's rank within its role, from 0 |
 //! | `VANS_RANK` | the same, for servers and workers: the node asks the scheduler for that rank, so the `[worker 2]` in front of its lines is its `rank` |

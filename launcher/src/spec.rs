@@ -3,7 +3,7 @@
 //! whether it is a loopback address).
 
 use std::io;
-use std::net::{IpAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -143,16 +143,35 @@ impl LaunchSpec {
     }
 }
 
-/// A port that was free on `uri` a moment ago: bind port 0, read the port, close.
-pub(crate) fn free_port(uri: &str) -> Result<u16, LaunchError> {
-    let context = format!("could not pick a free port on {uri} (set root_port / --port)");
-    Ok(free_ports_or(uri, 1, context)?[0])
+/// Ports on one address, reserved for nodes not started yet, until this is dropped.
+///
+/// Each port is held by a socket that is bound with `SO_REUSEADDR` but never listens. The
+/// kernel does not hand a bound port to anyone else (neither a `bind` to port 0 nor an
+/// outgoing connection's local port), while a node's listener, which also sets
+/// `SO_REUSEADDR` (tokio's, std's and gRPC's all do), may still bind it: Linux lets a socket
+/// with that option share a port with bound sockets that do not listen. A port merely picked
+/// and closed again could go to another process's connection before its node binds it.
+pub(crate) struct HeldPorts {
+    ports: Vec<u16>,
+    _sockets: Vec<socket2::Socket>,
 }
 
-/// `count` ports that were free on `uri` a moment ago, all different: every one is held
-/// until the last is picked.
-pub(crate) fn free_ports(uri: &str, count: usize) -> Result<Vec<u16>, LaunchError> {
-    free_ports_or(
+impl HeldPorts {
+    /// The reserved ports, all different.
+    pub(crate) fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+}
+
+/// A free port on `uri`, held until the result is dropped.
+pub(crate) fn free_port(uri: &str) -> Result<HeldPorts, LaunchError> {
+    let context = format!("could not pick a free port on {uri} (set root_port / --port)");
+    hold_ports(uri, 1, context)
+}
+
+/// `count` free ports on `uri`, all different, held until the result is dropped.
+pub(crate) fn free_ports(uri: &str, count: usize) -> Result<HeldPorts, LaunchError> {
+    hold_ports(
         uri,
         count,
         format!("could not pick {count} free ports on {uri}"),
@@ -160,7 +179,7 @@ pub(crate) fn free_ports(uri: &str, count: usize) -> Result<Vec<u16>, LaunchErro
 }
 
 /// [`free_ports`], failing with `context`; at least one port.
-fn free_ports_or(uri: &str, count: usize, context: String) -> Result<Vec<u16>, LaunchError> {
+fn hold_ports(uri: &str, count: usize, context: String) -> Result<HeldPorts, LaunchError> {
     let io_error = |source| LaunchError::Io {
         context: context.clone(),
         source,
@@ -170,13 +189,28 @@ fn free_ports_or(uri: &str, count: usize, context: String) -> Result<Vec<u16>, L
         .map_err(io_error)?
         .next()
         .ok_or_else(|| io_error(io::Error::new(io::ErrorKind::NotFound, "no address")))?;
-    let held = (0..count.max(1))
-        .map(|_| TcpListener::bind(address))
-        .collect::<Result<Vec<_>, _>>()
+    let hold = || -> io::Result<(u16, socket2::Socket)> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(address),
+            socket2::Type::STREAM,
+            None,
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&address.into())?;
+        let port = socket
+            .local_addr()?
+            .as_socket()
+            .map_or(0, |bound| bound.port());
+        Ok((port, socket))
+    };
+    let (ports, sockets) = (0..count.max(1))
+        .map(|_| hold())
+        .collect::<io::Result<(Vec<_>, Vec<_>)>>()
         .map_err(io_error)?;
-    held.iter()
-        .map(|listener| Ok(listener.local_addr().map_err(io_error)?.port()))
-        .collect()
+    Ok(HeldPorts {
+        ports,
+        _sockets: sockets,
+    })
 }
 
 /// The `TF_CONFIG` of each `ps` task, then of each `worker` task, of the cluster whose ps
@@ -295,8 +329,26 @@ mod tests {
     }
 
     #[test]
+    fn a_held_port_is_refused_to_others_and_open_to_the_node() {
+        let held = free_ports("127.0.0.1", 2).unwrap();
+        let [a, b] = [held.ports()[0], held.ports()[1]];
+        assert_ne!(a, b);
+        // Nobody without SO_REUSEADDR (an outgoing connection's local port) gets it...
+        let plain =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let address: std::net::SocketAddr = ([127, 0, 0, 1], a).into();
+        let refused = plain.bind(&address.into()).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::AddrInUse, "{refused}");
+        // ...while the node's listener binds it and is reached there.
+        let listener = std::net::TcpListener::bind(address).unwrap();
+        let _client = std::net::TcpStream::connect(address).unwrap();
+        assert!(listener.accept().is_ok());
+        drop(held);
+    }
+
+    #[test]
     fn free_port_and_loopback() {
-        assert!(free_port("127.0.0.1").is_ok_and(|port| port != 0));
+        assert!(free_port("127.0.0.1").is_ok_and(|held| held.ports()[0] != 0));
         assert!(is_loopback("127.0.0.1") && is_loopback("localhost") && is_loopback("::1"));
         assert!(!is_loopback("10.0.0.2"));
     }
