@@ -3,7 +3,8 @@
 # formatting, the source tree's structure, the book (docs/, with its links checked), lints,
 # the API docs (rustdoc, warnings denied),
 # every test of every crate with every feature (the C and C++ programs of bindings/c among
-# them), a 60 s chaos soak, the Python package built as a wheel and its pytest suite, the RDMA
+# them), a 60 s chaos soak, the Python package built as a wheel and its pytest suite, a
+# TensorFlow job on Slurm, the parameter-server cluster over io_uring, the RDMA
 # tests again inside a Soft-RoCE guest, then a short fuzz run.
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 10; 0 skips fuzzing)
 set -euo pipefail
@@ -30,6 +31,10 @@ echo "== chaos soak, 60 s (scripts/soak.sh: exact sums under faults, PS_RESEND o
 ./scripts/soak.sh 60
 echo "== Python bindings: the wheel in a virtual environment, then pytest"
 ./scripts/python-tests.sh
+echo "== a TensorFlow job on Slurm, grpc+vans against grpc (needs the Python environment above)"
+# The same test binary as in the cargo test step, whose run skipped this half without it.
+VANS_TEST_PYTHON="$PWD/target/py-venv/bin/python" \
+    cargo test --workspace --all-features --test slurm -- tensorflow
 echo "== parameter-server cluster tests again with the io_uring stream van"
 # The same test binary (no rebuild): every cluster test, with VANS_STREAM_VAN=uring inherited
 # by the nodes it launches.

@@ -52,8 +52,9 @@ pub struct JobSpec {
     /// `worker_num` worker tasks, each with a `TF_CONFIG` naming its task, and no scheduler
     /// task and no `DMLC_*` variable (a TensorFlow server with a vans protocol hosts the
     /// scheduler itself). The job succeeds once `worker-0`, the chief, exits 0; the tasks
-    /// left are then stopped, as under a TFJob's default success policy. The local backend
-    /// only.
+    /// left are then stopped, as under a TFJob's default success policy. The local and Slurm
+    /// backends (under Slurm each task sets its `TF_CONFIG` from its rank and the step's
+    /// nodes: `deploy/slurm/tf-config.sh`).
     #[serde(default)]
     pub tensorflow: bool,
 }

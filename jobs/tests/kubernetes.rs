@@ -667,6 +667,26 @@ fn the_master_runs_jobs_through_the_kubernetes_api() {
         &[("KUBECONFIG", config)],
     );
 
+    // TensorFlow jobs are refused before anything reaches the API server: a TFJob's operator
+    // sets TF_CONFIG there.
+    let refused = master.submit(&[
+        "--strategy",
+        "ParameterServer",
+        "--worker-num",
+        "1",
+        "--tensorflow",
+        "--task",
+        "tf",
+        "--",
+        "true",
+    ]);
+    let text = common::text(&refused);
+    assert!(!refused.status.success(), "{text}");
+    assert!(
+        text.contains("run on the local and Slurm backends") && text.contains("TFJob"),
+        "{text}"
+    );
+
     // A job that succeeds: a service and a pod per task, each exiting 0, logs fetched.
     let status = run_job(&master, "good", 2);
     assert_eq!(status["state"], "succeeded", "{status}");

@@ -415,24 +415,4 @@ fn a_tensorflow_job_gets_tf_config_and_ends_with_its_chief() {
         common::text(&refused)
     );
     drop(master);
-
-    // Another backend refuses them before starting anything (sbatch is never called).
-    let slurm = Master::start("slurm", &[]);
-    let refused = slurm.submit(&[
-        "--strategy",
-        "ParameterServer",
-        "--worker-num",
-        "1",
-        "--tensorflow",
-        "--task",
-        "tf3",
-        "--",
-        "true",
-    ]);
-    assert!(!refused.status.success());
-    let text = common::text(&refused);
-    assert!(
-        text.contains("TensorFlow jobs (--tensorflow) run on the local backend"),
-        "{text}"
-    );
 }

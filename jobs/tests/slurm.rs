@@ -370,3 +370,153 @@ fn vans_master_runs_submitted_jobs_on_slurm() {
         "{body}"
     );
 }
+
+/// A port base for a TensorFlow job's tasks (`VANS_TF_PORT_BASE`, ranks on the node above it)
+/// below 20,000: neither the kernel's ephemeral ports nor the other tests' picks
+/// (`free_port`, 20,000 and up) land there.
+fn tf_port_base(tasks: u16) -> u16 {
+    let mut base = 10_000 + (std::process::id() % 9_000) as u16;
+    while !(0..tasks).all(|r| std::net::TcpListener::bind(("127.0.0.1", base + r)).is_ok()) {
+        base = 10_000 + (base - 10_000 + tasks) % 9_000;
+    }
+    base
+}
+
+/// `--tensorflow` jobs on Slurm: each task sets its `TF_CONFIG` from its Slurm rank and the
+/// step's nodes (`deploy/slurm/tf-config.sh`), the job ends well with its chief, and — when
+/// `VANS_TEST_PYTHON` names a Python with TensorFlow and the vans wheel, as the test command's
+/// second pass does — a real TensorFlow job over `grpc+vans` trains to the same bits as over
+/// `grpc` (`bindings/python/tests/tf_scripts/tf_job.py`, 2 ps and 2 worker tasks).
+#[test]
+fn vans_master_runs_tensorflow_jobs_on_slurm() {
+    let Some(slurm) = Slurm::start("tensorflow") else {
+        return;
+    };
+    let conf = slurm.dir.join("slurm.conf");
+    let master = common::master::Master::start("slurm", &[("SLURM_CONF", conf.to_str().unwrap())]);
+    let base = tf_port_base(4);
+    let port_base = format!("VANS_TF_PORT_BASE={base}");
+    let submit = |task: &str, env: &[&str], command: &[&str]| {
+        let mut args = vec![
+            "--strategy",
+            "ParameterServer",
+            "--ps-num",
+            "2",
+            "--worker-num",
+            "2",
+            "--tensorflow",
+            "--task",
+            task,
+            "--env",
+            &port_base,
+        ];
+        for e in env {
+            args.extend(["--env", e]);
+        }
+        args.push("--");
+        args.extend(command);
+        let out = master.submit(&args);
+        let text = common::text(&out);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("succeeded"), "{text}");
+    };
+    // Shell tasks: each writes its TF_CONFIG; the chief (worker 0) exits 0, the others serve.
+    let script = r#"
+        echo "$TF_CONFIG"
+        echo "role=${DMLC_ROLE:-none}"
+        case "$TF_CONFIG" in
+            *'"type":"worker","index":0'*) sleep 0.5; exit 0 ;;
+        esac
+        exec sleep 64
+    "#;
+    submit("tf", &[], &["/bin/sh", "-c", script]);
+    let (_, body) = master.get("GET", "/jobs/1", None);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let states: Vec<(String, String)> = common::master::task_states(&status)
+        .into_iter()
+        .map(|(name, state, _)| (name, state))
+        .collect();
+    let expected = [
+        ("ps-0", "stopped"),
+        ("ps-1", "stopped"),
+        ("worker-0", "succeeded"),
+        ("worker-1", "stopped"),
+    ];
+    assert_eq!(
+        states,
+        expected.map(|(n, s)| (n.to_owned(), s.to_owned())),
+        "{body}"
+    );
+    // One cluster for every task, in rank order on the one node, each task its own.
+    let cluster = serde_json::json!({
+        "ps": [format!("localhost:{base}"), format!("localhost:{}", base + 1)],
+        "worker": [format!("localhost:{}", base + 2), format!("localhost:{}", base + 3)],
+    });
+    for (name, _) in expected {
+        let (code, log) = master.get("GET", &format!("/jobs/1/logs/{name}"), None);
+        assert_eq!(code, 200, "{log}");
+        let mut lines = log.lines();
+        let config: serde_json::Value = serde_json::from_str(lines.next().unwrap_or_default())
+            .unwrap_or_else(|e| {
+                panic!("{name}: no TF_CONFIG ({e}): {log}");
+            });
+        let (kind, index) = name.split_once('-').unwrap();
+        assert_eq!(config["cluster"], cluster, "{name}: {log}");
+        assert_eq!(config["task"]["type"], kind, "{log}");
+        assert_eq!(
+            config["task"]["index"],
+            index.parse::<u64>().unwrap(),
+            "{log}"
+        );
+        assert_eq!(lines.next(), Some("role=none"), "{log}");
+    }
+    let Ok(python) = std::env::var("VANS_TEST_PYTHON") else {
+        eprintln!(
+            "skipped the TensorFlow training half: VANS_TEST_PYTHON is not set (the test \
+             command sets it once the Python environment exists)"
+        );
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../bindings/python/tests/tf_scripts/tf_job.py")
+        .canonicalize()
+        .unwrap();
+    let mut results = Vec::new();
+    for protocol in ["grpc", "grpc+vans"] {
+        let out = slurm.dir.join(format!("{protocol}.npz"));
+        submit(
+            &protocol.replace('+', "-"),
+            &["TF_CPP_MIN_LOG_LEVEL=2"],
+            &[
+                &python,
+                script.to_str().unwrap(),
+                "--protocol",
+                protocol,
+                "--steps",
+                "5",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        results.push(out);
+    }
+    // Bit for bit: the losses and every variable; vans carried tensors, grpc none.
+    let compare = r#"
+import sys
+import numpy as np
+grpc, vans = (dict(np.load(p)) for p in sys.argv[1:])
+assert grpc.pop("received") == 0 and vans.pop("received") > 0
+assert grpc.keys() == vans.keys()
+for name in grpc:
+    np.testing.assert_array_equal(grpc[name], vans[name], err_msg=name)
+print("equal:", sorted(grpc))
+"#;
+    let check = Command::new(&python)
+        .args(["-c", compare])
+        .args(&results)
+        .output()
+        .unwrap();
+    let text = common::text(&check);
+    assert!(check.status.success(), "{text}");
+    assert!(text.contains("equal: ['losses', 'v0', 'v1']"), "{text}");
+}

@@ -68,7 +68,7 @@ struct Options {
     #[arg(long)]
     elastic: bool,
     /// TensorFlow tasks: ps and worker tasks with their TF_CONFIG, no scheduler task; the
-    /// job succeeds when worker-0 (the chief) exits 0 (local backend).
+    /// job succeeds when worker-0 (the chief) exits 0 (local and Slurm backends).
     #[arg(long)]
     tensorflow: bool,
     /// With --elastic: how often each worker may be started again.

@@ -184,15 +184,12 @@ async fn submit(State(app): State<Arc<App>>, Json(spec): Json<JobSpec>) -> Respo
     if let Err(e) = spec.check() {
         return error(StatusCode::BAD_REQUEST, e);
     }
-    if spec.tensorflow && app.backend != "local" {
+    if spec.tensorflow && app.backend == "kubernetes" {
         return error(
             StatusCode::BAD_REQUEST,
-            format!(
-                "TensorFlow jobs (--tensorflow) run on the local backend; this master's is \
-                 {}. On Kubernetes a TFJob's operator sets TF_CONFIG (vans-submit --dry-run \
-                 --layout tfjob writes one); under Slurm, start each task with its TF_CONFIG",
-                app.backend
-            ),
+            "TensorFlow jobs (--tensorflow) run on the local and Slurm backends; this \
+             master's is kubernetes, where a TFJob's operator sets TF_CONFIG (vans-submit \
+             --dry-run --layout tfjob writes one)",
         );
     }
     if spec.elastic && app.backend != "local" {

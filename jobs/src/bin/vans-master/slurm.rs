@@ -4,6 +4,10 @@
 //! book's "Roles from Slurm, MPI and PyTorch launchers", `docs/src/operators/launch.md`,
 //! says) and writes `<task>.log`; a small shell wrapper records each task's exit code in
 //! `rank-N.exit`. The master follows the job with `scontrol` and stops it with `scancel`.
+//!
+//! A TensorFlow job's tasks get no `DMLC_*` variable; each sets its `TF_CONFIG` from its
+//! Slurm rank and the step's nodes before its command runs (`deploy/slurm/tf-config.sh`,
+//! embedded: ps tasks first, then workers, each on its node's next port).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -27,6 +31,20 @@ fn quote(word: &str) -> String {
 const EXIT_WRAPPER: &str =
     r#"d=$1; shift; "$@"; c=$?; echo "$c" > "$d/rank-$SLURM_PROCID.exit"; exit "$c""#;
 
+/// `vans_tf_config NUM_PS`, the shell function that sets a task's `TF_CONFIG` from Slurm's
+/// variables; users' own batch scripts source the same file.
+const TF_CONFIG_SH: &str = include_str!("../../../../deploy/slurm/tf-config.sh");
+
+/// [`EXIT_WRAPPER`] for a TensorFlow task: `TF_CONFIG` first (`$2`: the number of ps tasks);
+/// a task whose cluster cannot be read exits 1 and says why.
+fn tf_wrapper() -> String {
+    format!(
+        "{TF_CONFIG_SH}\nd=$1; n=$2; shift 2; vans_tf_config \"$n\" || \
+         {{ echo 1 > \"$d/rank-$SLURM_PROCID.exit\"; exit 1; }}; \
+         \"$@\"; c=$?; echo \"$c\" > \"$d/rank-$SLURM_PROCID.exit\"; exit \"$c\""
+    )
+}
+
 /// The shell's exit code of a task ended by SIGTERM (128 + 15) and by SIGKILL (128 + 9).
 const STOPPED_BY_TERM: i32 = 143;
 /// See [`STOPPED_BY_TERM`].
@@ -45,19 +63,27 @@ fn script(spec: &JobSpec, dir: &Path, tasks: usize) -> String {
             .replace(' ', "\\ ")
     );
     s += "set -euo pipefail\n";
-    s += &format!("export DMLC_NUM_SERVER={}\n", spec.servers());
-    s += &format!("export DMLC_NUM_WORKER={}\n", spec.worker_num);
+    if !spec.tensorflow {
+        s += &format!("export DMLC_NUM_SERVER={}\n", spec.servers());
+        s += &format!("export DMLC_NUM_WORKER={}\n", spec.worker_num);
+        s += "export DMLC_PS_ROOT_PORT=${DMLC_PS_ROOT_PORT:-$((20000 + SLURM_JOB_ID % 20000))}\n";
+    }
     s += &format!("export NUM_WORKERS={}\n", spec.worker_num);
-    s += "export DMLC_PS_ROOT_PORT=${DMLC_PS_ROOT_PORT:-$((20000 + SLURM_JOB_ID % 20000))}\n";
     s += &format!("export VANS_TASK={}\n", quote(&spec.name));
     for (k, v) in &spec.env {
         s += &format!("export {k}={}\n", quote(v));
     }
-    // One log per task, by Slurm rank (renamed to task names by the master).
+    let (wrapper, ps) = match spec.tensorflow {
+        true => (tf_wrapper(), format!(" {}", spec.servers())),
+        false => (EXIT_WRAPPER.to_owned(), String::new()),
+    };
+    // One log per task, by Slurm rank (renamed to task names by the master); ranks in blocks,
+    // as a TensorFlow task's TF_CONFIG assumes.
     s += &format!(
-        "exec srun --kill-on-bad-exit=1 --output={} /bin/sh -c {} vans-task {} {}\n",
+        "exec srun --kill-on-bad-exit=1 --distribution=block --output={} /bin/sh -c {} \
+         vans-task {}{ps} {}\n",
         quote(&dir.join("rank-%t.log").display().to_string()),
-        quote(EXIT_WRAPPER),
+        quote(&wrapper),
         quote(&dir.display().to_string()),
         spec.command
             .iter()
