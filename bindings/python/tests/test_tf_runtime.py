@@ -52,26 +52,38 @@ class Job:
     serve. ``wrap`` maps a task to the command it runs under (``ip netns exec NS``)."""
 
     def __init__(self, tmp_path, protocol, model="dense", steps=5, num_ps=2, num_workers=2,
-                 protocols=None, env=None, spec=None, script=JOB, client=None, wrap=None):
+                 protocols=None, env=None, spec=None, script=JOB, client=None, wrap=None,
+                 extra=()):
         self.out = tmp_path / f"{protocol}-{model}.npz"
         self.spec = spec or cluster_spec(num_ps, num_workers)
         self.client_task = client or ("worker", 0)
         model_args = ["--model", model] if script == JOB else ["--loop", model]
-        self.procs = {}
         environment = {k: v for k, v in os.environ.items()
                        if not k.startswith(("DMLC_", "TF_CONFIG"))}
         environment.update(env or {})
         environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        for job, addresses in self.spec.items():
-            for task in range(len(addresses)):
-                p = (protocols or {}).get((job, task), protocol)
-                self.procs[(job, task)] = subprocess.Popen(
-                    [*(wrap or {}).get((job, task), []),
-                     sys.executable, str(script), "--cluster", json.dumps(self.spec),
-                     "--job", job, "--task", str(task), "--protocol", p, *model_args,
-                     "--steps", str(steps), "--out", str(self.out)],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    env=environment, cwd=tmp_path)
+
+        def start(job, task):
+            p = (protocols or {}).get((job, task), protocol)
+            return subprocess.Popen(
+                [*(wrap or {}).get((job, task), []),
+                 sys.executable, str(script), "--cluster", json.dumps(self.spec),
+                 "--job", job, "--task", str(task), "--protocol", p, *model_args,
+                 "--steps", str(steps), "--out", str(self.out), *extra],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env=environment, cwd=tmp_path)
+
+        self._start = start
+        self.procs = {(job, task): start(job, task)
+                      for job, addresses in self.spec.items()
+                      for task in range(len(addresses))}
+        self.replaced = []
+
+    def restart(self, task):
+        """Starts ``task`` again, as a fresh process with the same command (its old process,
+        which must have exited, is kept in ``replaced`` so ``close`` collects its output)."""
+        self.replaced.append(self.procs[task])
+        self.procs[task] = self._start(*task)
 
     def client(self):
         return self.procs[self.client_task]
@@ -95,6 +107,8 @@ class Job:
     def close(self):
         """Kills every task still serving; returns the outputs of all."""
         outputs = {}
+        for proc in self.replaced:
+            proc.communicate(timeout=60)
         for key, proc in self.procs.items():
             if proc.poll() is None:
                 proc.kill()
@@ -198,6 +212,37 @@ def test_a_ps_task_killed_mid_training_fails_the_step_naming_it(jobs, tmp_path, 
     assert code != 0, out[-3000:]
     assert "/job:ps/replica:0/task:1" in out, out[-3000:]
     assert took < 30, f"the step failed {took:.1f} s after the kill:\n{out[-3000:]}"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "grpc+vans", "grpc+vans+push"])
+def test_a_restarted_ps_task_is_recovered_by_a_monitored_session(jobs, tmp_path, protocol):
+    """ps:1 is killed mid-training and started again at once; the client's
+    ``MonitoredTrainingSession`` (no checkpoint) recreates its session, initialising the
+    variables again, and trains on through the new process, whose vans node takes the old
+    one's place. So the losses are grpc's, restarted once at the kill: steps 0 … r-1, then
+    steps 0, 1, … again, bit for bit."""
+    steps = 40
+    reference = Job(tmp_path, "grpc", steps=steps)
+    jobs.append(reference)
+    expected = reference.result()["losses"]
+    reference.close()
+    job = Job(tmp_path, protocol, steps=steps, extra=["--recover"])
+    jobs.append(job)
+    wait_for_line(job.client(), "step 3:")
+    job.procs[("ps", 1)].send_signal(signal.SIGKILL)
+    job.procs[("ps", 1)].wait(timeout=60)
+    killed = time.monotonic()
+    job.restart(("ps", 1))
+    result = job.result()
+    took = time.monotonic() - killed
+    losses = result["losses"]
+    restart = next((r for r in range(4, steps) if losses[r] == expected[0]), None)
+    assert restart is not None, f"no restart after step 3: {losses}"
+    np.testing.assert_array_equal(
+        losses, np.concatenate([expected[:restart], expected[:steps - restart]]))
+    assert (result["received"] > 0) == (protocol != "grpc"), result["received"]
+    print(f"{protocol}: restarted at step {restart}; "
+          f"the client finished {took:.1f} s after the kill")
 
 
 class Hosts:

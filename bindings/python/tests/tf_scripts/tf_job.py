@@ -80,6 +80,9 @@ def main():
     parser.add_argument("--model", choices=["dense", "sparse"], default="dense")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", help="where worker:0 writes its results (.npz)")
+    parser.add_argument("--recover", action="store_true",
+                        help="train in a MonitoredTrainingSession, which recreates the session "
+                             "(variables initialised again) when a task fails and comes back")
     args = parser.parse_args()
     if args.cluster is None:
         config = json.loads(os.environ["TF_CONFIG"])
@@ -95,6 +98,10 @@ def main():
     tf.compat.v1.disable_eager_execution()
     num_ps, num_workers = cluster.num_tasks("ps"), cluster.num_tasks("worker")
     loss, train, weights = build(args.model, num_ps, num_workers, lr=0.1)
+    if args.recover:
+        losses, final = train_recovering(server, loss, train, weights, args.steps)
+        save(args.out, losses, final)
+        return
     losses = []
     with tf.compat.v1.Session(server.target) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -108,9 +115,30 @@ def main():
             losses.append(value)
             print(f"step {step}: loss {value:.6f}", flush=True)
         final = sess.run(weights)
+    save(args.out, losses, final)
+
+
+def train_recovering(server, loss, train, weights, steps):
+    """``steps`` steps in a ``MonitoredTrainingSession`` as users run one (no checkpoint): a
+    step that fails with ``UnavailableError``/``AbortedError`` (a task died) is retried in a
+    new session once the task is back, its variables initialised again."""
+    losses = []
+    with tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, is_chief=True, save_checkpoint_secs=None,
+            save_summaries_steps=None, log_step_count_steps=None) as sess:
+        for step in range(steps):
+            value, _ = sess.run([loss, train])
+            losses.append(value)
+            print(f"step {step}: loss {value:.6f}", flush=True)
+        final = sess.run(weights)
+    return losses, final
+
+
+def save(out, losses, final):
+    """Writes the losses, the final variables and what vans received to ``out``."""
     stats = vans.tensorflow.runtime_stats()
     print(f"vans: {stats}", flush=True)
-    np.savez(args.out, losses=np.array(losses), received=stats["received"],
+    np.savez(out, losses=np.array(losses), received=stats["received"],
              **{f"v{i}": v for i, v in enumerate(final)})
     print("done", flush=True)
 
