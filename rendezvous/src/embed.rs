@@ -169,6 +169,12 @@ impl RendezvousHandle {
         self.mgr.cleanup(step_id);
     }
 
+    /// Exempts step `step_id` from the manager's count and age limits
+    /// ([`RendezvousMgr::pin`](crate::RendezvousMgr::pin)).
+    pub fn pin(&self, step_id: i64) {
+        self.mgr.pin(step_id);
+    }
+
     /// The protocol this rendezvous speaks.
     pub fn protocol(&self) -> Protocol {
         self.mgr.protocol()

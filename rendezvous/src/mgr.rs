@@ -293,6 +293,15 @@ impl RendezvousMgr {
         }
     }
 
+    /// Exempts step `step_id` from the count and age limits
+    /// ([`max_steps`](RendezvousMgrBuilder::max_steps),
+    /// [`max_step_age`](RendezvousMgrBuilder::max_step_age)), now and whenever it is created
+    /// again, for a step that lives as long as the task (the one step of TensorFlow's eager
+    /// collectives): only [`cleanup`](Self::cleanup), or the manager's end, ends it.
+    pub fn pin(&self, step_id: i64) {
+        self.inner.pin(step_id);
+    }
+
     /// [`cleanup`](Self::cleanup) of every live step.
     pub fn cleanup_all(&self) {
         for step in self.inner.remove_all_steps() {

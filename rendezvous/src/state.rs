@@ -50,6 +50,8 @@ struct Steps {
     /// Recently cleaned step ids, with how many times each is in `cleaned_order`.
     cleaned: HashMap<i64, u32>,
     cleaned_order: VecDeque<i64>,
+    /// Steps the limits never end ([`MgrInner::pin`]): kept out of `by_age`.
+    pinned: HashSet<i64>,
 }
 
 impl Steps {
@@ -211,7 +213,9 @@ impl MgrInner {
         let host: Weak<MgrInner> = Arc::downgrade(self);
         let step = Arc::new(RemoteRendezvous::new(step_id, incarnation, host));
         steps.live.insert(step_id, Arc::clone(&step));
-        steps.by_age.insert(incarnation, step_id);
+        if !steps.pinned.contains(&step_id) {
+            steps.by_age.insert(incarnation, step_id);
+        }
         let evicted = self.evict_locked(&mut steps, StdInstant::now());
         drop(steps);
         for (old, error) in evicted {
@@ -221,6 +225,16 @@ impl MgrInner {
             step.start_abort(status);
         }
         step
+    }
+
+    /// Exempts step `step_id` from the count and age limits, now and whenever it is created
+    /// again: only a cleanup (or the manager's end) ends it.
+    pub(crate) fn pin(&self, step_id: i64) {
+        let mut steps = lock(&self.steps);
+        steps.pinned.insert(step_id);
+        if let Some(incarnation) = steps.live.get(&step_id).map(|step| step.incarnation()) {
+            steps.by_age.remove(&incarnation);
+        }
     }
 
     pub(crate) fn all_live_steps(&self) -> Vec<Arc<RemoteRendezvous>> {
@@ -260,7 +274,8 @@ impl MgrInner {
     ) -> Vec<(Arc<RemoteRendezvous>, RendezvousError)> {
         let mut evicted = Vec::new();
         let max = self.options.max_steps;
-        while steps.live.len() > max {
+        // Pinned steps are not counted (`by_age` holds every live step but those).
+        while steps.by_age.len() > max {
             let Some((_, step_id)) = steps.by_age.first_key_value().map(|(k, v)| (*k, *v)) else {
                 break;
             };

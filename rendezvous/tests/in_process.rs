@@ -418,6 +418,58 @@ async fn steps_never_cleaned_up_are_bounded_by_count_and_age_with_a_clear_error(
 }
 
 #[tokio::test]
+async fn a_pinned_step_outlives_both_limits_and_ends_only_by_cleanup() {
+    pair(|po| async move {
+        let me = po.my_id();
+        let local = key(me, me, "k");
+        let mgr = RendezvousMgr::builder(&po)
+            .customer_id(1)
+            .max_steps(1)
+            .max_step_age(Some(Duration::from_millis(50)))
+            .build()
+            .await
+            .map_err(failed)?;
+        // Pinned before it exists (step 5) and after (step 0).
+        mgr.pin(5);
+        let old = mgr.find(0);
+        old.initialize().map_err(failed)?;
+        mgr.pin(0);
+        let pinned = mgr.find(5);
+        pinned.initialize().map_err(failed)?;
+        let (waiting_old, waiting_pinned) = (old.recv(&local), pinned.recv(&local));
+        // Pinned steps do not count: one more is within max_steps 1, two more are over it
+        // (the older goes), and the age limit ends the other.
+        let first = mgr.find(1);
+        first.initialize().map_err(failed)?;
+        let second = mgr.find(2);
+        second.initialize().map_err(failed)?;
+        for (step, id) in [(first, 1), (second, 2)] {
+            let ended = tokio::time::timeout(Duration::from_secs(10), step.recv(&local))
+                .await
+                .expect("an unpinned step was not aborted");
+            let error = ended.unwrap_err().to_string();
+            assert!(error.contains(&format!("step {id} aborted")), "{error}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(mgr.live_steps(), vec![0, 5]);
+        // Both pinned steps still deliver, then end by cleanup.
+        old.send(&local, Bytes::from_static(b"a"), false)
+            .map_err(failed)?;
+        assert_eq!(
+            waiting_old.await.map_err(failed)?.value,
+            Bytes::from_static(b"a")
+        );
+        mgr.cleanup(5);
+        let error = waiting_pinned.await.unwrap_err().to_string();
+        assert!(error.contains("cleaned up"), "{error}");
+        assert_eq!(mgr.live_steps(), vec![0]);
+        po.finalize().await?;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn keys_whose_devices_are_elsewhere_are_invalid_arguments() {
     pair(|po| async move {
         let mgr = RendezvousMgr::new(&po, Protocol::Pull)

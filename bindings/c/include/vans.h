@@ -822,6 +822,16 @@ int vans_rendezvous_recv_async_inline(const struct vans_rendezvous *rendezvous,
 // `rendezvous` must be a live rendezvous or NULL.
 int vans_rendezvous_cleanup(const struct vans_rendezvous *rendezvous, int64_t step_id);
 
+// Exempts step `step_id` from the limits that end steps never cleaned up (10,000 live
+// steps, one hour), now and whenever it is created again: for a step that lives as long as
+// the task (TensorFlow's eager collectives run in one). Only `vans_rendezvous_cleanup`, or
+// the rendezvous' end, ends it. Thread-safety: any thread.
+//
+// # Safety
+//
+// `rendezvous` must be a live rendezvous or NULL.
+int vans_rendezvous_pin(const struct vans_rendezvous *rendezvous, int64_t step_id);
+
 // The first byte of a library-owned buffer (NULL for a NULL buffer; any non-NULL address
 // for an empty one). Valid until `vans_buffer_free`. Thread-safety: any thread.
 //

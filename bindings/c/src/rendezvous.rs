@@ -562,6 +562,24 @@ pub unsafe extern "C" fn vans_rendezvous_cleanup(
     })
 }
 
+/// Exempts step `step_id` from the limits that end steps never cleaned up (10,000 live
+/// steps, one hour), now and whenever it is created again: for a step that lives as long as
+/// the task (TensorFlow's eager collectives run in one). Only `vans_rendezvous_cleanup`, or
+/// the rendezvous' end, ends it. Thread-safety: any thread.
+///
+/// # Safety
+///
+/// `rendezvous` must be a live rendezvous or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn vans_rendezvous_pin(rendezvous: *const Rendezvous, step_id: i64) -> c_int {
+    guard("vans_rendezvous_pin", || {
+        // SAFETY: live or NULL by the caller's contract.
+        let rendezvous = unsafe { args::handle(rendezvous, "rendezvous") }?;
+        rendezvous.handle.pin(step_id);
+        Ok(())
+    })
+}
+
 /// The first byte of a library-owned buffer (NULL for a NULL buffer; any non-NULL address
 /// for an empty one). Valid until `vans_buffer_free`. Thread-safety: any thread.
 ///

@@ -50,6 +50,11 @@ impl Vars {
             for var in CLUSTER_VARS {
                 self.map.remove(var);
             }
+            // A cluster of TensorFlow servers may have no ps task (MultiWorkerMirroredStrategy
+            // has workers only): its vans cluster is then workers only too.
+            if tf.num_servers() == 0 {
+                self.map.insert("DMLC_NUM_SERVER", "0".to_owned());
+            }
         }
         let derived = tf
             .dmlc_vars_except(|var| self.map.contains_key(var))

@@ -170,6 +170,27 @@ mod tests {
         assert_eq!(c.tf_task.map(|t| (t.job, t.index)), Some(("ps".into(), 1)));
     }
 
+    #[test]
+    fn a_cluster_of_workers_only_is_a_vans_cluster_without_servers() {
+        // MultiWorkerMirroredStrategy's cluster; only a TensorFlow server's node takes it
+        // (a ps-lite job needs its servers).
+        let json = r#"{"cluster": {"worker": ["h:2222", "h:2223"]},
+                       "task": {"type": "worker", "index": 1}}"#;
+        let c = Config::from_vars([
+            ("TF_CONFIG", json),
+            ("VANS_TF_SERVER", "1"),
+            ("DMLC_NUM_SERVER", "3"),
+        ])
+        .unwrap();
+        assert_eq!(c.role, Some(Role::Worker));
+        assert_eq!((c.num_workers, c.num_servers), (2, 0));
+        assert_eq!((c.root_uri.as_str(), c.root_port), ("h", 2224));
+        let e = Config::from_vars([("TF_CONFIG", json)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ps"), "{e}");
+    }
+
     fn with_map(task: &str, index: u32, map: &str) -> Result<Config, ConfigError> {
         let dir = std::env::temp_dir().join(format!(
             "vans-tf-server-{}-{task}-{index}-{}",

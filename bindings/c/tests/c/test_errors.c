@@ -25,6 +25,7 @@ static void without_a_node(void) {
     EXPECT_ERROR(vans_wait(NULL, 1), VANS_ERR_INVALID_ARGUMENT, "worker is NULL");
     EXPECT_ERROR(vans_rendezvous_cleanup(NULL, 1), VANS_ERR_INVALID_ARGUMENT,
                  "rendezvous is NULL");
+    EXPECT_ERROR(vans_rendezvous_pin(NULL, 1), VANS_ERR_INVALID_ARGUMENT, "rendezvous is NULL");
     EXPECT(vans_buffer_len(NULL) == 0);
     EXPECT(vans_buffer_data(NULL) == NULL);
     size_t header_len = 1;

@@ -240,6 +240,13 @@ static void run_worker(vans_rendezvous *rdv, const char *protocol) {
     EXPECT(received == 5);
     CHECK(vans_rendezvous_cleanup(rdv, 200));
     CHECK(vans_rendezvous_cleanup(rdv, 201));
+    /* A pinned step works as any other, and a cleanup still ends it. */
+    CHECK(vans_rendezvous_pin(rdv, 300));
+    CHECK(vans_rendezvous_send(rdv, 300, k, mine, sizeof mine, false, NULL, NULL));
+    CHECK(vans_rendezvous_recv_async_inline(rdv, 300, k, on_received, NULL));
+    EXPECT(received == 6 && received_status == VANS_OK);
+    vans_buffer_free(received_value);
+    CHECK(vans_rendezvous_cleanup(rdv, 300));
 
     printf("rendezvous ok: %s, %d steps\n", protocol, STEPS);
 }
