@@ -26,6 +26,7 @@ import vans
 HERE = pathlib.Path(__file__).resolve().parent
 JOB = HERE / "tf_scripts" / "tf_job.py"
 PSS = HERE / "tf_scripts" / "tf_pss.py"
+MWMS = HERE / "tf_scripts" / "tf_mwms.py"
 VANS_PROTOCOLS = ["grpc+vans", "grpc+vans+push", "grpc+seastar", "star_server",
                   "star_server_lite"]
 
@@ -416,3 +417,84 @@ def test_parameter_server_strategy_trains_to_the_same_bits_as_grpc(jobs, tmp_pat
         assert got.keys() == expected.keys()
         for name in expected:
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{protocol} {name}")
+
+
+def run_mwms(out_dir, protocol, workers=2):
+    """A ``MultiWorkerMirroredStrategy`` job of ``workers`` task processes over ``protocol``
+    (tf_scripts/tf_mwms.py); each task's results."""
+    from vans.tensorflow.collective_bench import run_workers
+
+    out = out_dir / protocol
+    codes, outputs = run_workers(
+        lambda cluster, i: [sys.executable, str(MWMS), "--cluster", cluster, "--task", str(i),
+                            "--protocol", protocol, "--out", str(out)],
+        workers, timeout=300, cwd=out_dir)
+    for i, (code, text) in enumerate(zip(codes, outputs)):
+        assert code == 0, f"worker {i} over {protocol}:\n{text[-4000:]}"
+    results = []
+    for i in range(workers):
+        with np.load(f"{out}.worker{i}.npz") as data:
+            results.append({k: data[k] for k in data.files})
+    return results
+
+
+@pytest.fixture(scope="module")
+def mwms_over_grpc(tmp_path_factory):
+    return run_mwms(tmp_path_factory.mktemp("mwms-grpc"), "grpc")
+
+
+@pytest.mark.parametrize("protocol", ["grpc+vans", "grpc+vans+push"])
+def test_multi_worker_mirrored_strategy_collectives_go_over_vans_to_the_same_bits(
+        tmp_path, mwms_over_grpc, protocol):
+    """MultiWorkerMirroredStrategy (ring collectives on CPU, two worker tasks): all-reduce
+    and all-gather of 1 KiB to 16 MiB, each run twice from one tf.function, and Keras 2's
+    ``model.fit`` give grpc's bits, with every chunk between the tasks carried by vans."""
+    results = run_mwms(tmp_path, protocol)
+    for worker, (got, expected) in enumerate(zip(results, mwms_over_grpc)):
+        expected = dict(expected)
+        assert expected.pop("collective_received") == 0
+        assert got.pop("collective_received") > 0, f"worker {worker}: vans carried nothing"
+        assert got.keys() == expected.keys()
+        if importlib.util.find_spec("tf_keras") is not None:
+            assert "losses" in got
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name],
+                                          err_msg=f"worker {worker}: {name}")
+    # Both tasks hold the same sums.
+    for name in results[0]:
+        if name.startswith("sum_"):
+            np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)
+
+
+def test_a_worker_killed_mid_collective_fails_the_others_call_naming_it(tmp_path):
+    """MultiWorkerMirroredStrategy over grpc+vans, all-reducing in a loop; worker 1 is killed
+    with SIGKILL: worker 0's collective fails within seconds with an error naming task 1
+    (vans declares it dead), not a hang."""
+    cluster = json.dumps({"worker": [f"127.0.0.1:{vans.free_port()}" for _ in range(2)]})
+    environment = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("DMLC_", "TF_CONFIG"))}
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    procs = [subprocess.Popen([sys.executable, "-m", "vans.tensorflow.collective_bench",
+                               "--task-of", cluster, "--task", str(i), "--protocol", "grpc+vans",
+                               "--sizes", "1KiB", "--steps", "1000000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=environment, cwd=tmp_path)
+             for i in range(2)]
+    try:
+        wait_for_line(procs[0], "timing 1KiB")
+        procs[1].kill()
+        killed = time.monotonic()
+        try:
+            out = procs[0].communicate(timeout=120)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            pytest.fail("worker 0 still waits 120 s after worker 1 was killed")
+        took = time.monotonic() - killed
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    assert procs[0].returncode != 0, out[-3000:]
+    assert "/job:worker/replica:0/task:1" in out and "vans" in out, out[-3000:]
+    assert took < 30, f"worker 0 failed {took:.1f} s after the kill:\n{out[-3000:]}"
+    print(f"worker 0 failed {took:.1f} s after worker 1 was killed")

@@ -135,11 +135,14 @@ def runtime_stats():
     ``received``, ``received_bytes`` (headers included) and ``copied_bytes`` (copied from
     received frames into TensorFlow's tensors: one per byte of a plain tensor), and the
     buffers of received tensors of 1 MiB and more: ``pool_allocated`` (new) and
-    ``pool_reused`` (recycled from tensors TensorFlow dropped, already mapped)."""
-    out = (ctypes.c_uint64 * 6)()
+    ``pool_reused`` (recycled from tensors TensorFlow dropped, already mapped); and the
+    chunks of collectives (``MultiWorkerMirroredStrategy``) ``collective_sent`` to and
+    ``collective_received`` from other tasks (their copies counted in ``copied_bytes``)."""
+    out = (ctypes.c_uint64 * 8)()
     ctypes.CDLL(str(load_server_plugin())).vans_tf_stats(out)
     return dict(zip(("sent", "received", "received_bytes", "copied_bytes",
-                     "pool_allocated", "pool_reused"), out))
+                     "pool_allocated", "pool_reused", "collective_sent",
+                     "collective_received"), out))
 
 
 def load_server_plugin():
@@ -156,7 +159,8 @@ def load_server_plugin():
             header = _HERE / "include" / "vans.h"
             extra = [f"-I{header.parent}", str(native), f"-Wl,-rpath,{native.parent}",
                      str(lib_dir / "libtensorflow_cc.so.2"), f"-Wl,-rpath,{lib_dir}"]
-            library = _cached(_HERE / "vans_server.cc", extra, [header])
+            library = _cached(_HERE / "vans_server.cc", extra,
+                              [header, _HERE / "vans_collective.h"])
             tf.load_library(str(library))
             _server = library
         return _server

@@ -18,7 +18,8 @@
 // the WorkerEnv only; the worker service, the graph manager, the session manager and the
 // eager service read `worker_env->rendezvous_mgr` when they need it, and none runs before
 // Start(). The replaced one has served no step, so it is deleted at once; the GrpcServer's
-// destructor deletes its successor as it would have deleted it.
+// destructor deletes its successor as it would have deleted it. The collective executor
+// manager is replaced too, so that collectives' chunks go over vans (vans_collective.h).
 
 #include <atomic>
 #include <cstdint>
@@ -32,10 +33,19 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensorflow/core/common_runtime/base_collective_executor.h"
+#include "tensorflow/core/common_runtime/collective_rma_local.h"
 #include "tensorflow/core/common_runtime/device_mgr.h"
+#include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/distributed_runtime/base_rendezvous_mgr.h"
+#include "tensorflow/core/distributed_runtime/collective_param_resolver_distributed.h"
+#include "tensorflow/core/distributed_runtime/collective_rma_distributed.h"
+#include "tensorflow/core/distributed_runtime/device_resolver_distributed.h"
+#include "tensorflow/core/distributed_runtime/master_env.h"
+#include "tensorflow/core/distributed_runtime/rpc_collective_executor_mgr.h"
 #include "tensorflow/core/distributed_runtime/server_lib.h"
 #include "tensorflow/core/distributed_runtime/worker_env.h"
+#include "tensorflow/core/platform/unbounded_work_queue.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor.pb.h"
@@ -101,6 +111,9 @@ struct Counters {
   // RecvPool's buffers: newly allocated, and handed out again.
   std::atomic<uint64_t> pool_allocated{0};
   std::atomic<uint64_t> pool_reused{0};
+  // Collective chunks (vans_collective.h) sent to and received from other tasks.
+  std::atomic<uint64_t> collective_sent{0};
+  std::atomic<uint64_t> collective_received{0};
 };
 Counters counters;
 
@@ -531,6 +544,8 @@ class VansRendezvousMgr : public BaseRendezvousMgr {
   std::shared_ptr<Shared> shared_;
 };
 
+#include "vans_collective.h"
+
 // `text` as a JSON string.
 std::string Quoted(const std::string& text) {
   std::string out = "\"";
@@ -638,6 +653,7 @@ class VansServerFactory : public ServerFactory {
     auto shared = std::make_shared<Shared>();
     shared->protocol = protocol_.name;
     TF_RETURN_IF_ERROR(StartVans(def, protocol_.protocol, shared.get()));
+    ReplaceCollectives(def, server.get(), shared);
     WorkerEnv* env = server->worker_env();
     RendezvousMgrInterface* replaced = env->rendezvous_mgr;
     env->rendezvous_mgr = new VansRendezvousMgr(env, std::move(shared));
@@ -661,8 +677,9 @@ const bool registered = [] {
 }  // namespace vans_tf
 
 // Tensors this process sent and received over vans, the bytes received (headers included)
-// and the bytes copied from received frames into tensors, then RecvPool's new and reused
-// buffers, in that order, into `out[6]`.
+// and the bytes copied from received frames into tensors (collective chunks included), then
+// RecvPool's new and reused buffers, then the collective chunks sent and received, in that
+// order, into `out[8]`.
 extern "C" __attribute__((visibility("default"))) void vans_tf_stats(uint64_t* out) {
   out[0] = vans_tf::counters.sent.load(std::memory_order_relaxed);
   out[1] = vans_tf::counters.received.load(std::memory_order_relaxed);
@@ -670,4 +687,6 @@ extern "C" __attribute__((visibility("default"))) void vans_tf_stats(uint64_t* o
   out[3] = vans_tf::counters.copied_bytes.load(std::memory_order_relaxed);
   out[4] = vans_tf::counters.pool_allocated.load(std::memory_order_relaxed);
   out[5] = vans_tf::counters.pool_reused.load(std::memory_order_relaxed);
+  out[6] = vans_tf::counters.collective_sent.load(std::memory_order_relaxed);
+  out[7] = vans_tf::counters.collective_received.load(std::memory_order_relaxed);
 }
