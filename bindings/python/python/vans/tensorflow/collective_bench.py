@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -62,7 +63,24 @@ def worker(args):
             raise SystemExit(f"all-reduce of {name} gave {first}, not the sum of 1..{workers}")
         times[name] = taken
     print(json.dumps({"task": args.task, "times_ms": times}), flush=True)
-    # TensorFlow's gRPC server cannot be shut down: leave at once.
+    leave_together(args.task, strategy.num_replicas_in_sync)
+
+
+def leave_together(task, workers, timeout=120):
+    """Ends this worker task's process once every worker task has come this far (each
+    leaves a file in the working directory, which the job's tasks share, named after the
+    job's first address): a task that left right after its last collective could take a
+    chunk another task still needs with it. Leaves at once (``os._exit``): TensorFlow's gRPC
+    server cannot be shut down."""
+    job = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0].replace(":", "-")
+    open(f"done.{job}.{task}", "w").close()
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(f"done.{job}.{i}") for i in range(workers)):
+        if time.monotonic() > deadline:
+            print(f"worker {task}: the other tasks did not finish within {timeout} s",
+                  flush=True)
+            os._exit(1)
+        time.sleep(0.05)
     os._exit(0)
 
 
@@ -91,11 +109,13 @@ def run_workers(command, workers, timeout=900, cwd=None):
 
 def run(protocol, workers, sizes, steps, warmup):
     """One job of ``workers`` tasks over ``protocol``; worker 0's times per size."""
-    codes, outputs = run_workers(
-        lambda cluster, i: [sys.executable, "-m", "vans.tensorflow.collective_bench",
-                            "--task-of", cluster, "--task", str(i), "--protocol", protocol,
-                            "--sizes", sizes, "--steps", str(steps), "--warmup", str(warmup)],
-        workers)
+    with tempfile.TemporaryDirectory(prefix="vans-collective-bench-") as directory:
+        codes, outputs = run_workers(
+            lambda cluster, i: [sys.executable, "-m", "vans.tensorflow.collective_bench",
+                                "--task-of", cluster, "--task", str(i), "--protocol", protocol,
+                                "--sizes", sizes, "--steps", str(steps),
+                                "--warmup", str(warmup)],
+            workers, cwd=directory)
     for i, (code, text) in enumerate(zip(codes, outputs)):
         if code != 0:
             raise SystemExit(f"worker {i} over {protocol} failed:\n{text[-3000:]}")

@@ -62,7 +62,8 @@ class VansCollectiveAccess : public tensorflow::CollectiveRemoteAccessDistribute
     }
     // The tensor's buffer is lent to vans until its release (sent, or dropped with the
     // step), which may come before the call returns, also when it fails. `done` runs once
-    // both have happened, with the call's outcome, on TensorFlow's collective work queue.
+    // both have happened, with the call's outcome, on TensorFlow's collective work queue
+    // (the release may run on a vans thread, holding its locks).
     struct Lent {
       Tensor tensor;
       tensorflow::StatusCallback done;
@@ -136,14 +137,20 @@ class VansCollectiveAccess : public tensorflow::CollectiveRemoteAccessDistribute
     }
     const std::string vans_key = Key(peer_device, to_device->name(), key);
     auto* owned = new std::shared_ptr<Receive>(pending);
-    const int status = vans_rendezvous_recv_async(
+    // A chunk already here (push, mostly) completes on this thread. A small one is finished
+    // on the vans thread that received it, as gRPC's completion threads finish RecvBuf
+    // calls; a large one's copy goes to TensorFlow's collective work queue.
+    const int status = vans_rendezvous_recv_async_inline(
         shared_->rendezvous, vans_step_, vans_key.c_str(),
         [](void* user, int status, vans_buffer* value, bool) {
           std::shared_ptr<Receive> pending = std::move(*static_cast<std::shared_ptr<Receive>*>(user));
           delete static_cast<std::shared_ptr<Receive>*>(user);
           Status result;
           if (status != VANS_OK) result = FromVans(status, LastError(), pending->what);
-          // Off the vans thread: the copy, then the algorithm's next move.
+          if (value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
+            pending->Finish(result, value);
+            return;
+          }
           pending->queue->Schedule([pending, result, value]() { pending->Finish(result, value); });
         },
         owned);
