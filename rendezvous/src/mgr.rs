@@ -295,9 +295,10 @@ impl RendezvousMgr {
 
     /// Exempts step `step_id` from the count and age limits
     /// ([`max_steps`](RendezvousMgrBuilder::max_steps),
-    /// [`max_step_age`](RendezvousMgrBuilder::max_step_age)), now and whenever it is created
-    /// again, for a step that lives as long as the task (the one step of TensorFlow's eager
-    /// collectives): only [`cleanup`](Self::cleanup), or the manager's end, ends it.
+    /// [`max_step_age`](RendezvousMgrBuilder::max_step_age)), now or, if it is not live yet,
+    /// once it is created: for a step that may live as long as the task (the one step of
+    /// TensorFlow's eager collectives). Only [`cleanup`](Self::cleanup), which also ends the
+    /// pin, or the manager's end, ends it. Pinned steps do not count against `max_steps`.
     pub fn pin(&self, step_id: i64) {
         self.inner.pin(step_id);
     }

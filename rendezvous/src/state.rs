@@ -50,12 +50,15 @@ struct Steps {
     /// Recently cleaned step ids, with how many times each is in `cleaned_order`.
     cleaned: HashMap<i64, u32>,
     cleaned_order: VecDeque<i64>,
-    /// Steps the limits never end ([`MgrInner::pin`]): kept out of `by_age`.
+    /// Steps the limits never end ([`MgrInner::pin`]), live or not yet: kept out of
+    /// `by_age`.
     pinned: HashSet<i64>,
 }
 
 impl Steps {
     fn remove(&mut self, step_id: i64) -> Option<Arc<RemoteRendezvous>> {
+        // Ending a step ends its pin (the limits never end a pinned one).
+        self.pinned.remove(&step_id);
         let step = self.live.remove(&step_id)?;
         self.by_age.remove(&step.incarnation());
         *self.cleaned.entry(step_id).or_default() += 1;
@@ -227,8 +230,8 @@ impl MgrInner {
         step
     }
 
-    /// Exempts step `step_id` from the count and age limits, now and whenever it is created
-    /// again: only a cleanup (or the manager's end) ends it.
+    /// Exempts step `step_id` from the count and age limits, now or, if it is not live yet,
+    /// once it is created, until a cleanup (or the manager's end) ends it and its pin.
     pub(crate) fn pin(&self, step_id: i64) {
         let mut steps = lock(&self.steps);
         steps.pinned.insert(step_id);

@@ -463,6 +463,10 @@ async fn a_pinned_step_outlives_both_limits_and_ends_only_by_cleanup() {
         let error = waiting_pinned.await.unwrap_err().to_string();
         assert!(error.contains("cleaned up"), "{error}");
         assert_eq!(mgr.live_steps(), vec![0]);
+        // The cleanup ended the pin: step 5 made again counts, and goes first.
+        mgr.find(5).initialize().map_err(failed)?;
+        mgr.find(6).initialize().map_err(failed)?;
+        assert_eq!(mgr.live_steps(), vec![0, 6]);
         po.finalize().await?;
         Ok(())
     })

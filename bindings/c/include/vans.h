@@ -823,9 +823,10 @@ int vans_rendezvous_recv_async_inline(const struct vans_rendezvous *rendezvous,
 int vans_rendezvous_cleanup(const struct vans_rendezvous *rendezvous, int64_t step_id);
 
 // Exempts step `step_id` from the limits that end steps never cleaned up (10,000 live
-// steps, one hour), now and whenever it is created again: for a step that lives as long as
-// the task (TensorFlow's eager collectives run in one). Only `vans_rendezvous_cleanup`, or
-// the rendezvous' end, ends it. Thread-safety: any thread.
+// steps, one hour), now or, if it is not live yet, once it is created: for a step that may
+// live as long as the task (TensorFlow's eager collectives run in one). Only
+// `vans_rendezvous_cleanup`, which also ends the pin, or the rendezvous' end, ends it.
+// Thread-safety: any thread.
 //
 // # Safety
 //
