@@ -33,7 +33,9 @@ echo "== Python bindings: the wheel in a virtual environment, then pytest"
 ./scripts/python-tests.sh
 echo "== a TensorFlow job on Slurm, grpc+vans against grpc (needs the Python environment above)"
 # The same test binary as in the cargo test step, whose run skipped this half without it.
-VANS_TEST_PYTHON="$PWD/target/py-venv/bin/python" \
+venv=${VANS_PY_VENV:-target/py-venv}
+case $venv in /*) ;; *) venv=$PWD/$venv ;; esac
+VANS_TEST_PYTHON="$venv/bin/python" \
     cargo test --workspace --all-features --test slurm -- tensorflow
 echo "== parameter-server cluster tests again with the io_uring stream van"
 # The same test binary (no rebuild): every cluster test, with VANS_STREAM_VAN=uring inherited

@@ -420,16 +420,26 @@ fn vans_master_runs_tensorflow_jobs_on_slurm() {
         assert!(out.status.success(), "{text}");
         assert!(text.contains("succeeded"), "{text}");
     };
-    // Shell tasks: each writes its TF_CONFIG; the chief (worker 0) exits 0, the others serve.
+    // Shell tasks: each writes its TF_CONFIG and leaves a mark; the chief (worker 0) exits 0
+    // once every task has, the others serve until stopped.
+    let marks = slurm.dir.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let marks_env = format!("MARKS={}", marks.display());
     let script = r#"
         echo "$TF_CONFIG"
         echo "role=${DMLC_ROLE:-none}"
+        touch "$MARKS/$SLURM_PROCID"
         case "$TF_CONFIG" in
-            *'"type":"worker","index":0'*) sleep 0.5; exit 0 ;;
+            *'"type":"worker","index":0'*)
+                for _ in $(seq 600); do
+                    [ "$(ls "$MARKS" | wc -l)" -ge 4 ] && exit 0
+                    sleep 0.1
+                done
+                echo "the other tasks did not start"; exit 1 ;;
         esac
         exec sleep 64
     "#;
-    submit("tf", &[], &["/bin/sh", "-c", script]);
+    submit("tf", &[&marks_env], &["/bin/sh", "-c", script]);
     let (_, body) = master.get("GET", "/jobs/1", None);
     let status: serde_json::Value = serde_json::from_str(&body).unwrap();
     let states: Vec<(String, String)> = common::master::task_states(&status)

@@ -200,7 +200,8 @@ fn hold_ports(uri: &str, count: usize, context: String) -> Result<HeldPorts, Lau
         let port = socket
             .local_addr()?
             .as_socket()
-            .map_or(0, |bound| bound.port());
+            .map(|bound| bound.port())
+            .ok_or_else(|| io::Error::other("bound to an address that is not an IP socket"))?;
         Ok((port, socket))
     };
     let (ports, sockets) = (0..count.max(1))

@@ -18,8 +18,8 @@
 // steps' rendezvous. Eager collectives run in one executor, step 0, for the task's whole
 // life: it is pinned (vans_rendezvous_pin) so that the limits on steps never cleaned up do
 // not end it, and its keys repeat whenever a tf.function runs again, which vans' per-key
-// queues keep in order. A graph step's executor is cleaned up with the step. An abort ends
-// the vans step, so every pending receive fails.
+// queues keep in order. A graph step's executor is cleaned up with the step, and its vans
+// step and pin with it. An abort ends the vans step, so every pending receive fails.
 //
 // Who held the replaced manager: GrpcServer::Init stores it in the WorkerEnv, which owns it,
 // and its address in the MasterEnv; nothing else before Start(). The eager context takes it
@@ -236,23 +236,45 @@ class VansCollectiveAccess : public tensorflow::CollectiveRemoteAccessDistribute
 
 class VansCollectiveExecutorMgr : public tensorflow::RpcCollectiveExecutorMgr {
  public:
-  VansCollectiveExecutorMgr(const tensorflow::ConfigProto& config,
-                            const tensorflow::DeviceMgr* dev_mgr,
-                            std::unique_ptr<tensorflow::DeviceResolverDistributed> dev_resolver,
-                            std::unique_ptr<tensorflow::CollectiveParamResolverDistributed> params,
-                            tensorflow::WorkerCacheInterface* worker_cache,
-                            const std::string& task_name, std::shared_ptr<Shared> shared)
+  VansCollectiveExecutorMgr(
+      const tensorflow::ConfigProto& config, const tensorflow::DeviceMgr* dev_mgr,
+      std::unique_ptr<tensorflow::DeviceResolverDistributed> dev_resolver,
+      std::unique_ptr<tensorflow::CollectiveParamResolverDistributed> params,
+      std::unique_ptr<tensorflow::NcclCommunicatorInterface> nccl,
+      tensorflow::WorkerCacheInterface* worker_cache, const std::string& task_name,
+      std::shared_ptr<Shared> shared)
       : RpcCollectiveExecutorMgr(config, dev_mgr, std::move(dev_resolver), std::move(params),
-                                 nullptr, worker_cache, task_name),
+                                 std::move(nccl), worker_cache, task_name),
         shared_(std::move(shared)) {}
 
+  // The step's executor goes, and its vans step (and pin) with it.
   void Cleanup(int64_t step_id) override {
     RpcCollectiveExecutorMgr::Cleanup(step_id);
+    {
+      std::lock_guard<std::mutex> lock(steps_mu_);
+      steps_.erase(step_id);
+    }
     vans_rendezvous_cleanup(shared_->rendezvous, CollectiveStep(step_id));
+  }
+
+  void CleanupAll() override {
+    RpcCollectiveExecutorMgr::CleanupAll();
+    std::set<int64_t> steps;
+    {
+      std::lock_guard<std::mutex> lock(steps_mu_);
+      steps.swap(steps_);
+    }
+    for (int64_t step_id : steps) {
+      vans_rendezvous_cleanup(shared_->rendezvous, CollectiveStep(step_id));
+    }
   }
 
  protected:
   tensorflow::CollectiveExecutor* Create(int64_t step_id) override {
+    {
+      std::lock_guard<std::mutex> lock(steps_mu_);
+      steps_.insert(step_id);
+    }
     vans_rendezvous_pin(shared_->rendezvous, CollectiveStep(step_id));
     auto* access = new VansCollectiveAccess(dev_mgr_, dev_resolver_.get(), work_queue_,
                                             worker_cache_, step_id, task_name_, shared_);
@@ -261,6 +283,9 @@ class VansCollectiveExecutorMgr : public tensorflow::RpcCollectiveExecutorMgr {
 
  private:
   std::shared_ptr<Shared> shared_;
+  // The steps whose executors were created and not cleaned up (their vans steps pinned).
+  std::mutex steps_mu_;
+  std::set<int64_t> steps_;
 };
 
 // Gives `server` a VansCollectiveExecutorMgr (see the top of this file).
@@ -271,11 +296,14 @@ void ReplaceCollectives(const ServerDef& def, ServerInterface* server,
   const std::string task = tensorflow::strings::StrCat("/job:", def.job_name(), "/replica:",
                                                        def.replica(), "/task:", def.task_index());
   const tensorflow::ConfigProto& config = def.default_session_config();
+  // As TensorFlow's own manager: NCCL's communicator when this TensorFlow has one (GPU
+  // collectives over NCCL do not go through the remote access, so vans does not touch them).
+  auto nccl = tensorflow::MaybeCreateNcclCommunicator(config);
   auto devices = std::make_unique<tensorflow::DeviceResolverDistributed>(env->device_mgr);
   auto params = std::make_unique<tensorflow::CollectiveParamResolverDistributed>(
-      config, env->device_mgr, devices.get(), nullptr, cache, task);
+      config, env->device_mgr, devices.get(), nccl.get(), cache, task);
   env->collective_executor_mgr.reset(new VansCollectiveExecutorMgr(
-      config, env->device_mgr, std::move(devices), std::move(params), cache, task,
-      std::move(shared)));
+      config, env->device_mgr, std::move(devices), std::move(params), std::move(nccl), cache,
+      task, std::move(shared)));
   server->master_env()->collective_executor_mgr = env->collective_executor_mgr.get();
 }
