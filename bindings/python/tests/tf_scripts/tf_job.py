@@ -17,7 +17,6 @@ launcher sets it (``vans-launch --tensorflow``, a TFJob).
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -84,8 +83,6 @@ def main():
     parser.add_argument("--recover", action="store_true",
                         help="train in a MonitoredTrainingSession, which recreates the session "
                              "(variables initialised again) when a task fails and comes back")
-    parser.add_argument("--hold", metavar="FILE",
-                        help="with --recover: after step 3, wait until FILE exists")
     args = parser.parse_args()
     if args.cluster is None:
         config = json.loads(os.environ["TF_CONFIG"])
@@ -102,7 +99,7 @@ def main():
     num_ps, num_workers = cluster.num_tasks("ps"), cluster.num_tasks("worker")
     loss, train, weights = build(args.model, num_ps, num_workers, lr=0.1)
     if args.recover:
-        losses, final = train_recovering(server, loss, train, weights, args.steps, args.hold)
+        losses, final = train_recovering(server, loss, train, weights, args.steps)
         save(args.out, losses, final)
         return
     losses = []
@@ -121,11 +118,10 @@ def main():
     save(args.out, losses, final)
 
 
-def train_recovering(server, loss, train, weights, steps, hold=None):
+def train_recovering(server, loss, train, weights, steps):
     """``steps`` steps in a ``MonitoredTrainingSession`` as users run one (no checkpoint): a
     step that fails with ``UnavailableError``/``AbortedError`` (a task died) is retried in a
-    new session once the task is back, its variables initialised again. With ``hold``, waits
-    after step 3 until that file exists (a test kills a task meanwhile)."""
+    new session once the task is back, its variables initialised again."""
     losses = []
     with tf.compat.v1.train.MonitoredTrainingSession(
             master=server.target, is_chief=True, save_checkpoint_secs=None,
@@ -134,10 +130,6 @@ def train_recovering(server, loss, train, weights, steps, hold=None):
             value, _ = sess.run([loss, train])
             losses.append(value)
             print(f"step {step}: loss {value:.6f}", flush=True)
-            if hold and step == 3:
-                deadline = time.monotonic() + 120
-                while not os.path.exists(hold) and time.monotonic() < deadline:
-                    time.sleep(0.05)
         final = sess.run(weights)
     return losses, final
 
