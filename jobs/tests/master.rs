@@ -337,21 +337,7 @@ fn a_tensorflow_job_gets_tf_config_and_ends_with_its_chief() {
         esac
         exec sleep 64
     "#;
-    let tf = master.submit(&[
-        "--strategy",
-        "ParameterServer",
-        "--ps-num",
-        "2",
-        "--worker-num",
-        "2",
-        "--tensorflow",
-        "--task",
-        "tf",
-        "--",
-        "/bin/sh",
-        "-c",
-        script,
-    ]);
+    let tf = master.submit_tensorflow("tf", &[], &["/bin/sh", "-c", script]);
     let text = common::text(&tf);
     assert!(tf.status.success(), "{text}");
     let status = job(&master, 1);

@@ -397,25 +397,11 @@ fn vans_master_runs_tensorflow_jobs_on_slurm() {
     let base = tf_port_base(4);
     let port_base = format!("VANS_TF_PORT_BASE={base}");
     let submit = |task: &str, env: &[&str], command: &[&str]| {
-        let mut args = vec![
-            "--strategy",
-            "ParameterServer",
-            "--ps-num",
-            "2",
-            "--worker-num",
-            "2",
-            "--tensorflow",
-            "--task",
-            task,
-            "--env",
-            &port_base,
-        ];
-        for e in env {
-            args.extend(["--env", e]);
-        }
-        args.push("--");
-        args.extend(command);
-        let out = master.submit(&args);
+        let env: Vec<&str> = [port_base.as_str()]
+            .into_iter()
+            .chain(env.iter().copied())
+            .collect();
+        let out = master.submit_tensorflow(task, &env, command);
         let text = common::text(&out);
         assert!(out.status.success(), "{text}");
         assert!(text.contains("succeeded"), "{text}");

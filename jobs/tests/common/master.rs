@@ -76,6 +76,29 @@ impl Master {
         std::fs::read_to_string(self.jobs.join("vans-master.log")).unwrap_or_default()
     }
 
+    /// Submits a TensorFlow job (`--tensorflow`) of 2 ps and 2 worker tasks named `task`,
+    /// with the variables `env` (`NAME=VALUE`), each task running `command`.
+    #[allow(dead_code)] // not every test binary submits one
+    pub(crate) fn submit_tensorflow(&self, task: &str, env: &[&str], command: &[&str]) -> Output {
+        let mut args = vec![
+            "--strategy",
+            "ParameterServer",
+            "--ps-num",
+            "2",
+            "--worker-num",
+            "2",
+            "--tensorflow",
+            "--task",
+            task,
+        ];
+        for e in env {
+            args.extend(["--env", e]);
+        }
+        args.push("--");
+        args.extend_from_slice(command);
+        self.submit(&args)
+    }
+
     /// Submits a parameter-server job of one worker whose task `task` runs `command`.
     pub(crate) fn submit_task(&self, task: &str, command: &[&str]) -> Output {
         let mut args = vec![
