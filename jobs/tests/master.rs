@@ -327,17 +327,32 @@ fn an_elastic_job_starts_a_killed_worker_again_and_finishes() {
 fn a_tensorflow_job_gets_tf_config_and_ends_with_its_chief() {
     let _one = one_master();
     let master = Master::start("local", &[]);
-    // Each task writes its TF_CONFIG and what is left of the ps-lite variables; the chief
-    // (worker-0) then exits 0 and the others serve until stopped, as TensorFlow's tasks do.
+    // Each task writes its TF_CONFIG and what is left of the ps-lite variables; the others
+    // then mark themselves written (a file each in `ready`) and serve until stopped, as
+    // TensorFlow's tasks do, and the chief (worker-0) exits 0 once all three have, so no task
+    // is stopped before its lines are in its log.
+    let ready = std::env::temp_dir().join(format!("vans-tf-ready-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ready);
+    std::fs::create_dir_all(&ready).unwrap();
     let script = r#"
         echo "$TF_CONFIG"
         echo "role=${DMLC_ROLE:-none} rank=${VANS_RANK:-none}"
         case "$TF_CONFIG" in
-            *'"index":0,"type":"worker"'*) sleep 0.5; exit 0 ;;
+            *'"index":0,"type":"worker"'*)
+                waited=0
+                while [ "$(ls "$READY" | wc -l)" -lt 3 ]; do
+                    waited=$((waited + 1))
+                    [ "$waited" -gt 600 ] && { echo "the other tasks never wrote"; exit 1; }
+                    sleep 0.1
+                done
+                exit 0 ;;
         esac
+        touch "$READY/$$"
         exec sleep 64
     "#;
-    let tf = master.submit_tensorflow("tf", &[], &["/bin/sh", "-c", script]);
+    let ready_var = format!("READY={}", ready.display());
+    let tf = master.submit_tensorflow("tf", &[&ready_var], &["/bin/sh", "-c", script]);
+    let _ = std::fs::remove_dir_all(&ready);
     let text = common::text(&tf);
     assert!(tf.status.success(), "{text}");
     let status = job(&master, 1);
