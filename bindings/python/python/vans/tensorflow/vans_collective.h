@@ -127,27 +127,27 @@ class VansCollectiveAccess : public tensorflow::CollectiveRemoteAccessDistribute
       pending->cancellation = cancellation_manager;
       pending->token = cancellation_manager->get_cancellation_token();
       const bool registered = cancellation_manager->RegisterCallback(pending->token, [pending]() {
-        pending->Finish(tensorflow::errors::Cancelled(pending->what, ": cancelled"), nullptr);
+        pending->Finish(Cancelled(pending->what), nullptr);
       });
       if (!registered) {
         pending->cancellation = nullptr;
-        pending->Finish(tensorflow::errors::Cancelled(pending->what, ": cancelled"), nullptr);
+        pending->Finish(Cancelled(pending->what), nullptr);
         return;
       }
     }
     const std::string vans_key = Key(peer_device, to_device->name(), key);
     auto* owned = new std::shared_ptr<Receive>(pending);
-    // A chunk already here (push, mostly) completes on this thread. A small one is finished
-    // on the vans thread that received it, as gRPC's completion threads finish RecvBuf
-    // calls; a large one's copy goes to TensorFlow's collective work queue.
-    const int status = vans_rendezvous_recv_async_inline(
+    // A chunk already here (push, mostly) is finished on this thread. Else a small one is
+    // finished on the vans thread that received it, as gRPC's completion threads finish
+    // RecvBuf calls; a large one's copy goes to TensorFlow's collective work queue.
+    const int status = RecvHere(
         shared_->rendezvous, vans_step_, vans_key.c_str(),
         [](void* user, int status, vans_buffer* value, bool) {
           std::shared_ptr<Receive> pending = std::move(*static_cast<std::shared_ptr<Receive>*>(user));
           delete static_cast<std::shared_ptr<Receive>*>(user);
           Status result;
           if (status != VANS_OK) result = FromVans(status, LastError(), pending->what);
-          if (value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
+          if (asking || value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
             pending->Finish(result, value);
             return;
           }

@@ -52,6 +52,7 @@
 #include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/nccl/collective_communicator.h"
+#include "tensorflow/core/platform/status.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "tensorflow/core/protobuf/cluster.pb.h"
 #include "tensorflow/core/protobuf/tensorflow_server.pb.h"
@@ -194,6 +195,21 @@ class RecvPool : public tensorflow::Allocator {
   size_t idle_bytes_ = 0;
 };
 
+// True while this thread is inside RecvHere's vans_rendezvous_recv_async_inline: a
+// completion that runs then runs on the TensorFlow thread that asked (the value was already
+// here), which finishes it whatever its size, as handing a large one to another TensorFlow
+// thread would only add a wake-up.
+thread_local bool asking = false;
+
+// vans_rendezvous_recv_async_inline, with `asking` set around it.
+int RecvHere(const vans_rendezvous* rendezvous, int64_t step_id, const char* key,
+             vans_recv_callback done, void* user_data) {
+  asking = true;
+  const int status = vans_rendezvous_recv_async_inline(rendezvous, step_id, key, done, user_data);
+  asking = false;
+  return status;
+}
+
 std::string LastError() {
   const char* error = vans_last_error();
   return error == nullptr ? std::string("unknown error") : std::string(error);
@@ -205,16 +221,28 @@ std::string TaskOf(const DeviceNameUtils::ParsedName& device) {
                                      "/task:", device.task);
 }
 
+// A receive ended because its step was cancelled: a consequence of another failure, so
+// marked derived, as TensorFlow marks its own RPCs' cancellations. TensorFlow reports a
+// step's non-derived errors before derived ones; unmarked, this one could hide the failure
+// that caused it (a replaced task's Aborted, which MonitoredTrainingSession recovers from)
+// behind a CancelledError nobody recovers from. The executor marks it itself only when the
+// cancellation has ended, and this one can arrive while it runs.
+Status Cancelled(const std::string& what) {
+  return tsl::StatusGroup::MakeDerived(
+      tensorflow::errors::Cancelled(what, ": the step was cancelled"));
+}
+
 // A vans failure of a receive, as the TensorFlow status recovery expects: a task that died
 // or stopped is Unavailable (MonitoredTrainingSession and the coordinator retry those), an
-// ended step Aborted, a bad argument InvalidArgument.
+// ended step Aborted (derived, as Cancelled above: the step ended for another reason), a bad
+// argument InvalidArgument.
 Status FromVans(int status, const std::string& error, const std::string& what) {
   std::string message = tensorflow::strings::StrCat("vans: ", what, ": ", error);
   switch (status) {
     case VANS_ERR_INVALID_ARGUMENT:
       return tensorflow::errors::InvalidArgument(message);
     case VANS_ERR_RENDEZVOUS:
-      return tensorflow::errors::Aborted(message);
+      return tsl::StatusGroup::MakeDerived(tensorflow::errors::Aborted(message));
     default:
       return tensorflow::errors::Unavailable(message);
   }
@@ -427,13 +455,11 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
       pending->cancellation = manager;
       pending->token = manager->get_cancellation_token();
       const bool registered = manager->RegisterCallback(pending->token, [pending]() {
-        pending->Finish(tensorflow::errors::Cancelled(pending->What(), ": the step was cancelled"),
-                        nullptr, false);
+        pending->Finish(Cancelled(pending->What()), nullptr, false);
       });
       if (!registered) {
         pending->cancellation = nullptr;
-        pending->Finish(tensorflow::errors::Cancelled(pending->What(), ": the step was cancelled"),
-                        nullptr, false);
+        pending->Finish(Cancelled(pending->What()), nullptr, false);
         return;
       }
     }
@@ -441,8 +467,8 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
     auto* owned = new std::shared_ptr<Pending>(pending);
     // A value already here (push mode, mostly) completes on this thread, as TensorFlow's
     // local rendezvous completes its receives: no switch to a vans thread and back.
-    const int status = vans_rendezvous_recv_async_inline(shared_->rendezvous, step_id_,
-                                                         full_key.c_str(), &Received, owned);
+    const int status =
+        RecvHere(shared_->rendezvous, step_id_, full_key.c_str(), &Received, owned);
     if (status != VANS_OK) {
       // `Received` is never called: finish here.
       delete owned;
@@ -509,16 +535,16 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
   };
 
   // vans' completion, on a vans I/O thread (or on the receiving thread, for a value already
-  // here). A small tensor is finished right here, as gRPC's completion threads finish
-  // RecvTensor calls: its copy is short, and the executor runs only inexpensive kernels
-  // inline (it hands expensive ones to its pool). A large one goes to TensorFlow's compute
-  // pool, so its copy never holds up vans.
+  // here, which finishes it). A small tensor is finished right here, as gRPC's completion
+  // threads finish RecvTensor calls: its copy is short, and the executor runs only
+  // inexpensive kernels inline (it hands expensive ones to its pool). A large one goes to
+  // TensorFlow's compute pool, so its copy never holds up vans.
   static void Received(void* user_data, int status, vans_buffer* value, bool is_dead) {
     std::shared_ptr<Pending> pending = std::move(*static_cast<std::shared_ptr<Pending>*>(user_data));
     delete static_cast<std::shared_ptr<Pending>*>(user_data);
     Status result;
     if (status != VANS_OK) result = FromVans(status, LastError(), pending->What());
-    if (value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
+    if (asking || value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
       pending->Finish(result, value, is_dead);
       return;
     }
