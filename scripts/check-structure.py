@@ -398,8 +398,12 @@ def shortest_cycle(graph, comp):
 
 def describe(crate, files, graph, comp):
     """A cycle, for a developer to act on: its files, a shortest loop, and each edge's lines."""
-    rel = lambda m: os.path.relpath(files[m]) if os.path.isabs(files[m]) else files[m]
-    name = lambda m: "::".join(m) or "crate root"
+    def rel(m):
+        return os.path.relpath(files[m]) if os.path.isabs(files[m]) else files[m]
+
+    def name(m):
+        return "::".join(m) or "crate root"
+
     loop = shortest_cycle(graph, comp)
     out = [
         f"{crate}: import cycle between {len(comp)} files: " + ", ".join(rel(m) for m in comp),
@@ -446,7 +450,8 @@ def main(argv):
         print(p)
     if problems:
         return 1
-    print(f"structure ok: {len(crates)} crates, no import cycle between files, no file over {limit} lines of code")
+    print(f"structure ok: {len(crates)} crates, no import cycle between files, "
+          f"no file over {limit} lines of code")
     return 0
 
 
@@ -588,12 +593,14 @@ def self_test():
 
         crate = write_crate(base, "clean", CLEAN)
         files, graph = check_crate(crate)
-        expect("no cycle through comments, doc links, strings, attributes or tests", not cycles(graph))
+        expect("no cycle through comments, doc links, strings, attributes or tests",
+               not cycles(graph))
         expect(
             "code paths count: crate::, super::, a child module, re-exports, use trees",
             set(graph[("a",)]) == {("b",), ("c",)} and set(graph[("c",)]) == {("b",)},
         )
-        expect("b names nothing of the crate outside comments, strings and tests", graph[("b",)] == {})
+        expect("b names nothing of the crate outside comments, strings and tests",
+               graph[("b",)] == {})
         expect("super:: inside an inline module is the file itself", () not in graph[("a",)])
         expect(
             "a use tree's leaves keep their own lines",

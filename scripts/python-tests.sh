@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Python stage of the test command: builds the `vans` wheel from bindings/python
 # (maturin, release profile), installs it into a virtual environment under target/ with torch,
-# and runs the pytest suite (real clusters of processes on 127.0.0.1, the training examples on
-# small configurations, the book's Python and PyTorch snippets, vans.torch against Gloo,
-# vans.tensorflow's ops, Keras layer and server protocols; tensorflow-cpu and tf-keras are
-# installed there too).
+# lints the Python code (ruff, ruff.toml), and runs the pytest suite (real clusters of
+# processes on 127.0.0.1, the training examples on small configurations, the book's Python
+# and PyTorch snippets, vans.torch against Gloo, vans.tensorflow's ops, Keras layer and
+# server protocols; tensorflow-cpu and tf-keras are installed there too).
 #   VANS_PY_VENV=DIR   the virtual environment (default target/py-venv; made when missing)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -41,6 +41,13 @@ if ! "$venv/bin/python" -c "import tf_keras" >/dev/null 2>&1; then
     echo "== python: installing tf-keras~=$tf_minor.0 into $venv (pip install --no-deps)"
     "$venv/bin/python" -m pip install --quiet --no-deps "tf-keras~=$tf_minor.0"
 fi
+# ruff, pinned (a newer one may add rules): the Python lint, as ruff.toml at the top says.
+ruff_version=0.17.6
+if [ "$("$venv/bin/python" -m ruff --version 2>/dev/null)" != "ruff $ruff_version" ]; then
+    "$venv/bin/python" -m pip install --quiet "ruff==$ruff_version"
+fi
+echo "== python: ruff check (the wheel's package, tests and examples; scripts/)"
+"$venv/bin/python" -m ruff check .
 echo "== python: building and installing the wheel (pip install ./bindings/python[test,plot,torch])"
 start=$(date +%s)
 "$venv/bin/python" -m pip install --quiet "./bindings/python[test,plot,torch]"

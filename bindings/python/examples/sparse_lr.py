@@ -16,8 +16,9 @@ Each step, every worker takes its half of the next global minibatch, pulls the w
 its features, computes the log-loss gradient, and pushes ``-lr * gradient`` (the servers
 sum it into the weights). In synchronous mode a barrier follows the pulls and another the
 pushes, so every step reads the same weights on both workers and applies both halves
-before anyone reads again: the same update as the baseline's step on the whole minibatch. Worker 0 evaluates the training loss and the held-out loss and accuracy
-at the end of every epoch.
+before anyone reads again: the same update as the baseline's step on the whole minibatch.
+Worker 0 evaluates the training loss and the held-out loss and accuracy at the end of every
+epoch.
 
 Without ``DMLC_ROLE`` the script launches the clusters (``vans.launch``), runs the baseline,
 prints a table and writes the PNG; with ``DMLC_ROLE`` it is one node of such a cluster.
@@ -30,7 +31,6 @@ import sys
 import time
 
 import numpy as np
-
 import vans
 
 HASH = np.uint64(0x9E3779B97F4A7C15)  # odd: key = id * HASH mod 2**64 is a bijection

@@ -129,7 +129,7 @@ def compare(args):
                        str(world), "--master-port", str(_free_port()), __file__,
                        "--mode", mode, "--json", out, *common]
             env = dict(os.environ, OMP_NUM_THREADS="1")
-            for attempt in range(3):
+            for _attempt in range(3):
                 if os.path.exists(out):
                     os.remove(out)
                 done = subprocess.run(cmd, env=env, timeout=args.timeout)

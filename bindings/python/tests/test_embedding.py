@@ -4,7 +4,6 @@ the push, async pushes applied at once, sync ones only at step(), and bad input 
 
 import numpy as np
 import pytest
-
 import vans
 
 torch = pytest.importorskip("torch")

@@ -15,12 +15,10 @@ import time
 import urllib.request
 
 import pytest
-from conftest import mpirun
-
 import vans
-from vans import errors
-
+from conftest import mpirun
 from test_readme import snippets
+from vans import errors
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BIN = ROOT / "target" / "debug"

@@ -5,7 +5,6 @@ import re
 import textwrap
 
 import pytest
-
 import vans
 from vans import errors
 

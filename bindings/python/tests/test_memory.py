@@ -30,7 +30,8 @@ after_push = peak_kib()
 copied = vals.copy()
 after_copy = peak_kib()
 assert w.pull(keys + 1, out=np.empty_like(vals))[-1] == 1.0
-print(json.dumps({"push_kib": after_push - before, "copy_kib": after_copy - after_push}), flush=True)
+print(json.dumps({"push_kib": after_push - before, "copy_kib": after_copy - after_push}),
+      flush=True)
 w.node.finalize()
 """
 

@@ -3,7 +3,6 @@ in pull and push mode."""
 
 import numpy as np
 import pytest
-
 import vans
 
 ECHO_SERVER = """

@@ -5,7 +5,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 import vans
 from conftest import LASTING_SCHEDULER
 from vans import errors

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-
 import vans
 from conftest import LASTING_SCHEDULER
 

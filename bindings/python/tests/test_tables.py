@@ -5,7 +5,6 @@ settings' errors."""
 
 import numpy as np
 import pytest
-
 import vans
 
 torch = pytest.importorskip("torch")

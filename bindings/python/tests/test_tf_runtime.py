@@ -20,7 +20,6 @@ import time
 
 import numpy as np
 import pytest
-
 import vans
 
 HERE = pathlib.Path(__file__).resolve().parent

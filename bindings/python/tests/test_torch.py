@@ -1,8 +1,8 @@
 """``vans.torch`` on real processes: the ``"vans"`` process group against Gloo on the same
 inputs, DDP and the distributed optimizer against one process with the full batch, a rank
 killed with SIGKILL, an elastic restart, memory not copied, and the PyTorch chapter's
-snippets (docs/src/python/pytorch.md). Every job is started by torchrun (``python -m torch.distributed.run``) or by
-``vans.launch``, on 127.0.0.1."""
+snippets (docs/src/python/pytorch.md). Every job is started by torchrun
+(``python -m torch.distributed.run``) or by ``vans.launch``, on 127.0.0.1."""
 
 import json
 import os
@@ -16,9 +16,7 @@ import time
 
 import pytest
 import torch
-
 import vans
-
 from conftest import free_port, mpirun
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -206,7 +204,7 @@ def test_a_killed_rank_fails_the_others_naming_it():
         for survivor in (procs[0], procs[2]):
             out, _ = survivor.communicate(timeout=90)
             assert survivor.returncode == 0, out
-            error = [l for l in out.splitlines() if l.startswith("ERROR")]
+            error = [line for line in out.splitlines() if line.startswith("ERROR")]
             assert error, out
             assert "rank 1" in error[0], error[0]
             print(error[0])

@@ -4,7 +4,6 @@ cause."""
 
 import numpy as np
 import pytest
-
 import vans
 from vans import errors
 
@@ -97,7 +96,8 @@ def test_bad_input_raises_an_error_naming_it(cluster):
     with pytest.raises(TypeError, match="not supported"):
         vans.Worker(w.node, dtype="complex64")
     w.push(KEYS, np.ones(4, dtype=np.float32))
-    with pytest.raises(ValueError, match="12 bytes does not hold the same whole number of 4-byte values for each of 4 keys"):
+    with pytest.raises(ValueError, match="12 bytes does not hold the same whole number of "
+                                         "4-byte values for each of 4 keys"):
         w.pull(KEYS, out=np.zeros(3, dtype=np.float32))
     with pytest.raises(ValueError, match="read-only"):
         ro = np.zeros(4, dtype=np.float32)
@@ -132,7 +132,8 @@ def test_a_pull_never_returns_fewer_values_than_keys_and_bad_keys_are_named(clus
         w.pull(np.array([1, 5, 5], dtype=np.uint64))
     # int64 keys are read as uint64 (hashed ids may be negative): a negative key out of that
     # order is named as negative, not as "not sorted".
-    with pytest.raises(ValueError, match="key -1 at position 0 is negative: int64 keys are read as uint64"):
+    with pytest.raises(ValueError,
+                       match="key -1 at position 0 is negative: int64 keys are read as uint64"):
         w.pull(np.array([-1, 3], dtype=np.int64))
     with pytest.raises(ValueError, match="keys must be sorted in ascending order: key 1"):
         w.pull(np.array([5, 1], dtype=np.uint64))

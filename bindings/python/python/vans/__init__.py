@@ -31,15 +31,15 @@ records of the Rust code go to Python's :mod:`logging` under the logger ``vans``
 
 import sys as _sys
 
-from . import errors
+from . import _logging, errors
 from ._native import (
     ACCUMULATE_CMD,
     APPLY_CMD,
     ROUND_CMD,
     Collective,
     Node,
-    Request,
     Rendezvous,
+    Request,
     Server,
     Worker,
     __version__,
@@ -51,7 +51,6 @@ from ._native import (
     table_spec,
 )
 from ._native import launch as _launch
-from . import _logging
 
 _logging.start()
 

@@ -1,7 +1,8 @@
 """Type stubs of the native module behind ``vans`` (see the package docstring)."""
 
+from collections.abc import Generator, Mapping, Sequence
 from os import PathLike
-from typing import Any, Callable, Generator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +23,7 @@ APPLY_CMD: int
 
 # Anything exporting the buffer protocol (numpy, bytes, memoryview) or ``__dlpack__``.
 ArrayLike = Any
-DType = Union[str, np.dtype, type]
+DType = Union[str, np.dtype, type]  # noqa: UP007 (a runtime alias: 3.9 has no `X | Y`)
 
 class Node:
     """A node of a vans cluster; joins on creation (blocking, without the GIL)."""
@@ -30,12 +31,12 @@ class Node:
     def __init__(
         self,
         *,
-        role: Optional[str] = None,
-        num_servers: Optional[int] = None,
-        num_workers: Optional[int] = None,
-        root_uri: Optional[str] = None,
-        root_port: Optional[int] = None,
-        env: Optional[Mapping[str, str]] = None,
+        role: str | None = None,
+        num_servers: int | None = None,
+        num_workers: int | None = None,
+        root_uri: str | None = None,
+        root_port: int | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None: ...
     @property
     def role(self) -> str: ...
@@ -51,16 +52,16 @@ class Node:
     def stopped(self) -> bool: ...
     @property
     def is_recovery(self) -> bool: ...
-    def barrier(self, group: Union[str, int, None] = None, timeout: Optional[float] = None) -> None: ...
-    def finalize(self, timeout: Optional[float] = None) -> None: ...
+    def barrier(self, group: str | int | None = None, timeout: float | None = None) -> None: ...
+    def finalize(self, timeout: float | None = None) -> None: ...
     def stop(self) -> None: ...
 
 class Request:
     """A request in flight."""
 
-    def wait(self, timeout: Optional[float] = None) -> Any: ...
+    def wait(self, timeout: float | None = None) -> Any: ...
     def done(self) -> bool: ...
-    def add_done_callback(self, callback: Callable[[Any, Optional[BaseException]], None]) -> None: ...
+    def add_done_callback(self, callback: Callable[[Any, BaseException | None], None]) -> None: ...
     def __await__(self) -> Generator[Any, None, Any]: ...
 
 class Worker:
@@ -68,8 +69,8 @@ class Worker:
 
     def __init__(
         self,
-        node: Optional[Node] = None,
-        dtype: Optional[DType] = None,
+        node: Node | None = None,
+        dtype: DType | None = None,
         app_id: int = 0,
         customer_id: int = 0,
         **config: Any,
@@ -85,40 +86,40 @@ class Worker:
         self,
         keys: ArrayLike,
         vals: ArrayLike,
-        lens: Optional[ArrayLike] = None,
+        lens: ArrayLike | None = None,
         cmd: int = 0,
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
     ) -> None: ...
     def pull(
         self,
         keys: ArrayLike,
-        out: Optional[ArrayLike] = None,
+        out: ArrayLike | None = None,
         cmd: int = 0,
         return_lens: bool = False,
-        timeout: Optional[float] = None,
-    ) -> Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], Optional[npt.NDArray[np.int32]]]]: ...
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any] | tuple[npt.NDArray[Any], npt.NDArray[np.int32] | None]: ...
     def push_pull(
         self,
         keys: ArrayLike,
         vals: ArrayLike,
-        out: Optional[ArrayLike] = None,
-        lens: Optional[ArrayLike] = None,
+        out: ArrayLike | None = None,
+        lens: ArrayLike | None = None,
         cmd: int = 0,
         return_lens: bool = False,
-        timeout: Optional[float] = None,
-    ) -> Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], Optional[npt.NDArray[np.int32]]]]: ...
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any] | tuple[npt.NDArray[Any], npt.NDArray[np.int32] | None]: ...
     def push_async(
-        self, keys: ArrayLike, vals: ArrayLike, lens: Optional[ArrayLike] = None, cmd: int = 0
+        self, keys: ArrayLike, vals: ArrayLike, lens: ArrayLike | None = None, cmd: int = 0
     ) -> Request: ...
     def pull_async(
-        self, keys: ArrayLike, out: Optional[ArrayLike] = None, cmd: int = 0, return_lens: bool = False
+        self, keys: ArrayLike, out: ArrayLike | None = None, cmd: int = 0, return_lens: bool = False
     ) -> Request: ...
     def push_pull_async(
         self,
         keys: ArrayLike,
         vals: ArrayLike,
-        out: Optional[ArrayLike] = None,
-        lens: Optional[ArrayLike] = None,
+        out: ArrayLike | None = None,
+        lens: ArrayLike | None = None,
         cmd: int = 0,
         return_lens: bool = False,
     ) -> Request: ...
@@ -130,23 +131,23 @@ class Server:
 
     def __init__(
         self,
-        node: Optional[Node] = None,
-        dtype: Optional[DType] = None,
-        handler: Optional[Callable[[dict], Any]] = None,
+        node: Node | None = None,
+        dtype: DType | None = None,
+        handler: Callable[[dict], Any] | None = None,
         app_id: int = 0,
         customer_id: int = 0,
         shards: int = 1,
-        table: Optional[str] = None,
-        restore: Optional[bytes] = None,
+        table: str | None = None,
+        restore: bytes | None = None,
         **config: Any,
     ) -> None: ...
     @property
     def dtype(self) -> str: ...
     @property
     def node(self) -> Node: ...
-    def serve(self, timeout: Optional[float] = None) -> None: ...
-    def snapshot(self, timeout: Optional[float] = None) -> bytes: ...
-    def restore(self, snapshot: bytes, timeout: Optional[float] = None) -> None: ...
+    def serve(self, timeout: float | None = None) -> None: ...
+    def snapshot(self, timeout: float | None = None) -> bytes: ...
+    def restore(self, snapshot: bytes, timeout: float | None = None) -> None: ...
 
 class Rendezvous:
     """TensorFlow-style step-scoped send / receive of arrays."""
@@ -162,8 +163,8 @@ class Rendezvous:
         step: int,
         key: str,
         dtype: str = "uint8",
-        out: Optional[ArrayLike] = None,
-        timeout: Optional[float] = None,
+        out: ArrayLike | None = None,
+        timeout: float | None = None,
         return_dead: bool = False,
     ) -> Any: ...
     def cleanup(self, step: int) -> None: ...
@@ -171,15 +172,17 @@ class Rendezvous:
 class Collective:
     """Collectives among the workers (elastic generations); every worker makes one."""
 
-    def __init__(self, node: Node, timeout: Optional[float] = None) -> None: ...
-    def allreduce(self, array: ArrayLike, op: str = "sum", timeout: Optional[float] = None) -> None: ...
-    def broadcast(self, array: ArrayLike, root: int = 0, timeout: Optional[float] = None) -> None: ...
-    def barrier(self, timeout: Optional[float] = None) -> None: ...
-    def settle(self, timeout: float = 60.0) -> Tuple[int, list]: ...
+    def __init__(self, node: Node, timeout: float | None = None) -> None: ...
+    def allreduce(
+        self, array: ArrayLike, op: str = "sum", timeout: float | None = None
+    ) -> None: ...
+    def broadcast(self, array: ArrayLike, root: int = 0, timeout: float | None = None) -> None: ...
+    def barrier(self, timeout: float | None = None) -> None: ...
+    def settle(self, timeout: float = 60.0) -> tuple[int, list]: ...
     @property
-    def generation(self) -> Tuple[int, list]: ...
+    def generation(self) -> tuple[int, list]: ...
     @property
-    def rank(self) -> Optional[int]: ...
+    def rank(self) -> int | None: ...
     @property
     def size(self) -> int: ...
     # For framework adapters (vans.torch): a collective on memory lent by address, completed
@@ -189,17 +192,17 @@ class Collective:
         self,
         kind: str,
         dtype: str,
-        tensor: Tuple[int, int],
-        done: Callable[[Optional[BaseException]], None],
+        tensor: tuple[int, int],
+        done: Callable[[BaseException | None], None],
         keep: Any,
-        output: Optional[Tuple[int, int]] = None,
+        output: tuple[int, int] | None = None,
         op: str = "sum",
         peer: int = 0,
         tag: int = 0,
-        send_counts: Optional[Sequence[int]] = None,
-        recv_counts: Optional[Sequence[int]] = None,
+        send_counts: Sequence[int] | None = None,
+        recv_counts: Sequence[int] | None = None,
     ) -> None: ...
-    def _barrier(self, done: Callable[[Optional[BaseException]], None]) -> None: ...
+    def _barrier(self, done: Callable[[BaseException | None], None]) -> None: ...
 
 class RustBench:
     """The Rust reference loop of ``vans.bench``."""
@@ -214,9 +217,9 @@ def create_key(
     src_device: str, dst_device: str, name: str, incarnation: int = 1, frame: int = 0, iter: int = 0
 ) -> str: ...
 def cpu_device(node_id: int) -> str: ...
-def table_spec(table: Optional[str] = None, **settings: Any) -> str: ...
+def table_spec(table: str | None = None, **settings: Any) -> str: ...
 def table_initial_rows(spec: str, keys: ArrayLike) -> np.ndarray: ...
-def node_role() -> Optional[str]:
+def node_role() -> str | None:
     """The role this process's environment gives it as a node (``"scheduler"``,
     ``"server"`` or ``"worker"``): ``DMLC_ROLE``, else ``TF_CONFIG``'s task, else the rank a
     launcher gave (Slurm, MPI, PMI, torchrun); ``None`` for a plain ``python script.py``."""
@@ -230,10 +233,10 @@ def free_port() -> int:
 def launch(
     num_servers: int,
     num_workers: int,
-    program: Union[str, PathLike],
+    program: str | PathLike,
     args: Sequence[str] = ...,
-    env: Optional[Mapping[str, str]] = None,
-    root_uri: Optional[str] = None,
+    env: Mapping[str, str] | None = None,
+    root_uri: str | None = None,
     root_port: int = 0,
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
 ) -> list: ...

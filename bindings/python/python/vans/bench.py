@@ -207,8 +207,9 @@ def run_worker(o, node):
                 row["rust_gbps"] = row["rust_ops"] * size / 1e9
                 row["ratio"] = row["python_ops"] / row["rust_ops"]
                 rows.append(row)
-                print(f"  {mode:>8} {human(size):>8} x{window:<3} python {row['python_ops']:>10.0f} "
-                      f"ops/s  rust {row['rust_ops']:>10.0f} ops/s  ratio {row['ratio']:.2f}",
+                print(f"  {mode:>8} {human(size):>8} x{window:<3} "
+                      f"python {row['python_ops']:>10.0f} ops/s  "
+                      f"rust {row['rust_ops']:>10.0f} ops/s  ratio {row['ratio']:.2f}",
                       flush=True)
     return rows
 

@@ -7,7 +7,6 @@ it; bad input is named, and a crafted worker attribute is an error."""
 
 import numpy as np
 import pytest
-
 import vans
 
 tf = pytest.importorskip("tensorflow")

@@ -20,7 +20,6 @@ import os
 
 import numpy as np
 import tensorflow as tf
-
 import vans.tensorflow  # noqa: F401  (registers the vans protocols)
 
 DIM, HIDDEN = 32, 16

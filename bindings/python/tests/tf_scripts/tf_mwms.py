@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", required=True, help="the cluster spec, as JSON")
@@ -32,7 +33,6 @@ def main():
         "cluster": json.loads(args.cluster), "task": {"type": "worker", "index": args.task},
         "rpc_layer": args.protocol})
     import tensorflow as tf
-
     import vans.tensorflow  # noqa: F401  (registers the vans protocols)
     from vans.tensorflow.collective_bench import SIZES, leave_together
 

@@ -19,7 +19,6 @@ import numpy as np
 # model.fit under it needs Keras 2, the tf_keras package, which this selects.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
-
 import vans.tensorflow  # noqa: F401  (registers the vans protocols)
 
 

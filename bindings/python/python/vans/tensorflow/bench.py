@@ -86,6 +86,7 @@ def client(args, server):
     """worker:0 (or, for the ``local`` reference, the only process): builds the workloads'
     graphs, times ``args.steps`` steps of each, prints one JSON line per workload."""
     import tensorflow as tf
+
     import vans.tensorflow as vtf
 
     tf.compat.v1.disable_eager_execution()
@@ -120,6 +121,7 @@ def client(args, server):
 def task(args):
     """One task's process: a server; worker:0 also the client."""
     import tensorflow as tf
+
     import vans.tensorflow  # noqa: F401  (registers the vans protocols)
 
     if args.protocol == "local":
@@ -229,7 +231,8 @@ def plot(summary, protocols, path):
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install matplotlib (or vans[plot])") from None
+        raise SystemExit(
+            "--plot needs matplotlib: pip install matplotlib (or vans[plot])") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -42,7 +42,7 @@ def worker(args):
         floats = SIZES[name] // 4
 
         @tf.function
-        def step():
+        def step(floats=floats):
             def fn():
                 ctx = tf.distribute.get_replica_context()
                 mine = tf.fill([floats], tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32))

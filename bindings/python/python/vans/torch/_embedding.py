@@ -116,8 +116,9 @@ class ShardedEmbedding(_Table):
     the rows: call :meth:`step` after each backward pass.
 
     ``node``: the vans worker node (default: the ``"vans"`` process group's,
-    :func:`vans.torch.vans_node`); a node holds one table per application id. ``grad_scale``: multiplies the gradients pushed (default
-    ``1 / num_workers`` in sync mode, the mean of the workers' gradients; 1 in async mode).
+    :func:`vans.torch.vans_node`); a node holds one table per application id.
+    ``grad_scale``: multiplies the gradients pushed (default ``1 / num_workers`` in sync
+    mode, the mean of the workers' gradients; 1 in async mode).
     """
 
     def __init__(self, dim, app_id=1, mode="sync", node=None, grad_scale=None, timeout=300.0):

@@ -24,7 +24,6 @@ import os
 import threading
 
 import numpy
-
 import torch
 import torch.distributed as dist
 

@@ -119,9 +119,9 @@ def run_worker(o):
         x = torch.ones(size // 4)
         out = torch.empty(n * (size // 4))
         calls = {
-            "all_reduce": lambda: dist.all_reduce(x),
-            "all_gather": lambda: dist.all_gather_into_tensor(out, x),
-            "broadcast": lambda: dist.broadcast(x, src=0),
+            "all_reduce": lambda x=x: dist.all_reduce(x),
+            "all_gather": lambda x=x, out=out: dist.all_gather_into_tensor(out, x),
+            "broadcast": lambda x=x: dist.broadcast(x, src=0),
         }
         for name in o.collectives:
             dist.barrier()
@@ -230,7 +230,8 @@ def report(rows, o):
             gloo = next((r["seconds"] for r in steps if r["backend"] == "gloo"), None)
             parts = []
             for r in steps:
-                ratio = f" ({gloo / r['seconds']:.2f}x gloo)" if gloo and r["backend"] != "gloo" else ""
+                ratio = (f" ({gloo / r['seconds']:.2f}x gloo)"
+                         if gloo and r["backend"] != "gloo" else "")
                 parts.append(f"{r['backend']} {r['seconds'] * 1e3:.2f} ms{ratio}")
             print(f"{ranks:>5} {'ddp step':>10} {human(steps[0]['bytes']):>8}  " + "; ".join(parts))
 
