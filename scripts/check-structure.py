@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the shape of the source tree: no import cycle between the files of a crate, and no
-source file over the line limit. Exits 1 and lists what it found otherwise.
+"""Checks the shape of the source tree: no import cycle between the files of a crate or of a
+Python package, and no source file (Rust or Python) over the line limit. Exits 1 and lists
+what it found otherwise.
 
 An edge a -> b means file a names an item of file b, either in a `use` or inline in code
 (`crate::x::Y`, `$crate::x::Y`, `super::x::Y`, `self::m::Y`, or `m::Y` where `m` is a child
@@ -13,11 +14,19 @@ Each cycle is printed with its files, a shortest cycle through them, and every l
 makes one of its edges (file:line and the path named there): removing all the lines of one
 edge of the shortest cycle breaks it.
 
+Python: each package tracked by git (a folder with an `__init__.py` whose parent has none)
+gets the same rule, an edge a -> b meaning module a imports module b (or an item of it) when
+it loads: imports at the top level and in top-level `if`/`try` blocks, not those inside
+functions (they run once every module has loaded) or under `if TYPE_CHECKING:`. A package
+importing its own submodules is their door, not a dependency (as a Rust file re-exporting a
+child's item). Every tracked `.py` file is held to the line limit.
+
 Usage: scripts/check-structure.py [--max-lines N] [CRATE_DIR ...]
        scripts/check-structure.py --self-test
 
 Run by scripts/test.sh (so by CI) after `cargo fmt --check`.
 """
+import ast
 import bisect
 import os
 import re
@@ -29,12 +38,13 @@ MAX_LINES = 800
 
 
 def code_lines(path):
-    """Lines that are neither blank nor only a comment."""
+    """Lines that are neither blank nor only a comment (`//` in Rust, `#` in Python)."""
+    comment = "#" if path.endswith(".py") else "//"
     n = 0
     with open(path, encoding="utf-8") as f:
         for line in f:
             s = line.strip()
-            if s and not s.startswith("//"):
+            if s and not s.startswith(comment):
                 n += 1
     return n
 
@@ -345,6 +355,80 @@ def check_crate(crate):
     return files, graph
 
 
+def python_packages():
+    """The top-level Python packages tracked by git: folders with an `__init__.py` whose
+    parent has none."""
+    inits = os.popen("git ls-files '*__init__.py'").read().split()
+    dirs = {os.path.dirname(p) for p in inits}
+    return sorted(d for d in dirs if os.path.dirname(d) not in dirs)
+
+
+def loading_imports(body):
+    """The import statements of `body` that run when its module loads: at the top level and
+    in top-level `if`/`try` blocks, except under `if TYPE_CHECKING:`."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+            if name != "TYPE_CHECKING":
+                yield from loading_imports(node.body)
+            yield from loading_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in [node.body, node.orelse, node.finalbody] + [h.body for h in node.handlers]:
+                yield from loading_imports(block)
+
+
+def check_python_package(root):
+    """The modules of the package at `root` (module path as a tuple -> file) and its import
+    graph, as `check_crate`'s: graph[a][b] = {(line, what a imports)}."""
+    package = os.path.basename(root)
+    files = {}
+    for base, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(base, name)
+                rel = tuple(os.path.relpath(path, root)[:-3].split(os.sep))
+                files[rel[:-1] if rel[-1] == "__init__" else rel] = path
+    graph = {m: {} for m in files}
+    for m, path in files.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        # Where a relative import starts: the package itself, or the module's package.
+        here = m if path.endswith("__init__.py") else m[:-1]
+        for node in loading_imports(tree.body):
+            named = []
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    if parts[0] == package:
+                        named.append((tuple(parts[1:]), alias.name))
+            else:
+                if node.level:
+                    if node.level - 1 > len(here):
+                        continue
+                    start = here[: len(here) - (node.level - 1)]
+                    module = start + tuple(node.module.split(".")) if node.module else start
+                elif node.module and node.module.split(".")[0] == package:
+                    module = tuple(node.module.split(".")[1:])
+                else:
+                    continue
+                dots = "." * node.level + (node.module or "")
+                for alias in node.names:
+                    # `from . import x` imports module x when there is one, else an item.
+                    sub = module + (alias.name,)
+                    named.append((sub if sub in files else module,
+                                  f"from {dots} import {alias.name}"))
+            for target, shown in named:
+                while target and target not in files:
+                    target = target[:-1]
+                # A package importing its own submodules is their door.
+                if target in files and target != m and target[: len(m)] != m:
+                    graph[m].setdefault(target, set()).add((node.lineno, shown))
+    return files, graph
+
+
 def cycles(graph):
     """The strongly connected components of more than one file."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
@@ -439,6 +523,15 @@ def main(argv):
             n = code_lines(path)
             if n > limit:
                 problems.append(f"{path}: {n} lines of code (limit {limit})")
+    packages = [] if argv else python_packages()
+    for package in packages:
+        files, graph = check_python_package(package)
+        for comp in cycles(graph):
+            problems.append(describe(package, files, graph, comp))
+    for path in ([] if argv else os.popen("git ls-files '*.py'").read().split()):
+        n = code_lines(path)
+        if n > limit:
+            problems.append(f"{path}: {n} lines of code (limit {limit})")
     for d in ("tests", "benches", "examples", "src/bin"):
         for crate in crates:
             for base, _, names in os.walk(os.path.join(crate, d)):
@@ -450,8 +543,8 @@ def main(argv):
         print(p)
     if problems:
         return 1
-    print(f"structure ok: {len(crates)} crates, no import cycle between files, "
-          f"no file over {limit} lines of code")
+    print(f"structure ok: {len(crates)} crates and {len(packages)} Python package(s), "
+          f"no import cycle between files, no file over {limit} lines of code")
     return 0
 
 
@@ -558,6 +651,31 @@ use crate::a::X;
 }
 
 
+PY_CYCLE = {
+    "__init__.py": "from . import a\n",
+    "a.py": "import os\n\nfrom .b import thing\n",
+    "b.py": "try:\n    from pkg.a import x\nexcept ImportError:\n    x = None\nthing = 1\n",
+}
+
+PY_CLEAN = {
+    "__init__.py": "from . import a, b\nfrom .sub import c\n",
+    "a.py": "def f():\n    from . import b\n    return b\n",
+    "b.py": "from typing import TYPE_CHECKING\n\nfrom .a import f\n"
+            "if TYPE_CHECKING:\n    from .sub.c import C\n",
+    "sub/__init__.py": "",
+    "sub/c.py": "import pkg\n\nfrom ..b import f\n",
+}
+
+
+def write_package(base, name, files):
+    root = os.path.join(base, name)
+    for path, text in files.items():
+        os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+        with open(os.path.join(root, path), "w", encoding="utf-8") as f:
+            f.write(text)
+    return root
+
+
 def write_crate(base, name, files):
     crate = os.path.join(base, name)
     os.makedirs(os.path.join(crate, "src"))
@@ -607,6 +725,22 @@ def self_test():
             graph[("c",)].get(("b",)) == {(2, "use crate::b::self"), (2, "use crate::b::y")},
         )
         expect("a #[cfg(test)] mod's file is left out", ("tests",) not in files)
+
+        root = write_package(os.path.join(base, "py1"), "pkg", PY_CYCLE)
+        files, graph = check_python_package(root)
+        found = cycles(graph)
+        expect("a Python import cycle (one side in a try block) is found",
+               found == [[("a",), ("b",)]])
+        text = describe("pkg", files, graph, found[0]) if found else ""
+        expect("its report gives file:line and the import",
+               "a.py:3: from .b import thing" in text
+               and "b.py:2: from pkg.a import x" in text)
+        root = write_package(os.path.join(base, "py2"), "pkg", PY_CLEAN)
+        files, graph = check_python_package(root)
+        expect("no Python cycle through imports in functions, under TYPE_CHECKING, or from a "
+               "package to its submodules", not cycles(graph))
+        expect("relative imports resolve: .a, ..b, a whole package",
+               set(graph[("b",)]) == {("a",)} and set(graph[("sub", "c")]) == {(), ("b",)})
     print("self-test " + ("failed" if failures else "passed"))
     return 1 if failures else 0
 

@@ -13,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== source structure (no import cycle between files, no file over 800 lines of code)"
+echo "== source structure (no import cycle between files, Rust or Python; no file over 800 lines of code)"
 python3 scripts/check-structure.py --self-test >/dev/null
 python3 scripts/check-structure.py
 echo "== the book: mdbook build docs (fails on a link to a chapter or file that does not exist)"
