@@ -6,6 +6,7 @@ use van_core::DataType;
 
 /// How values of different ranks combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReduceOp {
     /// The sum.
     Sum,

@@ -8,6 +8,7 @@ use van_core::NodeId;
 /// the others too; the caller's buffer then holds partial results and the elastic loop
 /// goes on with [`Communicator::settle`](crate::Communicator::settle).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum CollectiveError {
     /// A member of the generation died (or its connection broke) while it was in use.
     #[error("rank {rank} (node {node}) of generation {generation} failed: {reason}")]

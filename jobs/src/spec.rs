@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// The training strategy of a job (ElasticDL's `--distribution_strategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Strategy {
     /// Servers hold the parameters; workers push and pull.
     ParameterServer,

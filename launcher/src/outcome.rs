@@ -38,6 +38,7 @@ pub struct LaunchReport {
 /// Why a launch failed. In every case all nodes that were started have been stopped and
 /// reaped by the time the error is returned.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LaunchError {
     /// The spec cannot be launched; the message names the field to fix.
     #[error("invalid launch spec: {0}")]

@@ -5,6 +5,10 @@ use std::time::Duration;
 use van_core::{ConfigError, NodeId, VanError};
 
 /// An error of the parameter server. Every variant names the node or setting concerned.
+///
+/// Not `#[non_exhaustive]`, unlike the other error enums: the C ABI (`vans_c`'s status codes)
+/// and the Python module (its exception classes) match every variant, so that a new one
+/// cannot reach them without a code and a class of its own.
 #[derive(Debug, thiserror::Error)]
 pub enum PsError {
     /// The configuration is invalid.

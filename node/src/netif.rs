@@ -15,6 +15,7 @@ use std::net::Ipv4Addr;
 
 /// Why an interface's address could not be found.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InterfaceError {
     /// No interface has this name: pick one of `available` (or set `DMLC_NODE_HOST`).
     #[error(
@@ -78,6 +79,7 @@ pub fn interfaces() -> Result<Vec<(String, Ipv4Addr)>, InterfaceError> {
 
 /// Why no address routes to the scheduler.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RouteError {
     /// The scheduler's name did not resolve to an IPv4 address.
     #[error("cannot resolve {host}:{port} to an IPv4 address: {reason}")]

@@ -99,6 +99,7 @@ pub fn slice_sorted_keys(keys: &[u64], ranges: &[KeyRange]) -> Result<Slices, Ke
 
 /// Why the keys of a request are refused: they must be sorted ascending, each once.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyOrderError {
     /// A key smaller than the one before it.
     #[error("keys must be sorted in ascending order: key {key} at position {at} follows {before}")]

@@ -13,6 +13,7 @@ use van_core::{node_ids, NodeId, RendezvousError};
 /// An error of the rendezvous crate outside the calls themselves: building a manager,
 /// parsing a protocol name.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The postoffice refused (e.g. the app and customer ids are taken by another
     /// application on this node: pick another `customer_id`).
@@ -43,6 +44,7 @@ impl From<Error> for van_core::Error {
 /// never trusts a length it has not checked; a bad message is logged and answered with an
 /// error where it had a request id, never acted on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MessageError {
     /// The body is shorter than the fixed header.
     #[error("rendezvous message body has {len} bytes, fewer than the {needed}-byte header")]

@@ -105,6 +105,7 @@ impl ClusterSecret {
 
 /// A secret that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SecretError {
     /// Too short to resist guessing.
     #[error(
@@ -152,6 +153,7 @@ impl Side {
 
 /// Why a connection was not authenticated.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     /// The exchange did not finish in time.
     #[error("the peer did not authenticate within {0:?}")]

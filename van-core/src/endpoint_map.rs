@@ -124,6 +124,7 @@ impl FromStr for HostPort {
 
 /// Why a `host:port` address does not parse; the message says what was expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AddressError {
     /// No `:port` after the host.
     #[error("expected `host:port` (the port is missing)")]
@@ -151,6 +152,7 @@ pub enum AddressError {
 /// A `.endpoint_map` that cannot be used. Parse errors carry the 1-based line number and
 /// the line's text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EndpointMapError {
     /// The file could not be read.
     #[error("cannot read endpoint map {path:?}: {message}")]

@@ -7,6 +7,7 @@ use crate::wire::WireError;
 
 /// Any error of the vans workspace, by the layer it came from.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A transport failed.
     #[error(transparent)]

@@ -34,6 +34,7 @@ pub struct ParsedKey {
 /// `Rendezvous::ParseKey`: five `;`-separated parts with a non-empty fifth, a source device
 /// name, a hexadecimal incarnation, a destination device name, a non-empty edge name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// Not five `;`-separated parts (a single `;` after the fifth is allowed, as in TensorFlow).
     #[error("rendezvous key `{key}` has {parts} `;`-separated parts, expected 5 (src_device;src_incarnation;dst_device;name;frame:iter)")]
@@ -271,6 +272,7 @@ pub struct Received {
 
 /// Why a rendezvous operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RendezvousError {
     /// The rendezvous was aborted; every pending and later call gets this.
     #[error("rendezvous aborted: {0}")]

@@ -96,6 +96,7 @@ pub struct TfConfig {
 
 /// A `TF_CONFIG` that cannot be parsed or mapped onto a parameter-server cluster.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TfConfigError {
     /// Not JSON, or not of the expected shape.
     #[error(

@@ -24,6 +24,7 @@ pub use crate::message::VanKind;
 
 /// What can go wrong in a van. Every variant says what to do about it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VanError {
     /// The message has no recipient.
     #[error("message has no recipient; set meta.recipient to a node id")]

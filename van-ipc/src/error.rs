@@ -2,6 +2,7 @@
 
 /// What can go wrong with a shared-memory segment or ring. Every variant says what to do.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum IpcError {
     /// An OS call failed; `call` names it (`memfd_create`, `mmap`, `fallocate`, …). When the
     /// call reserves memory the source's message names how many bytes were needed: free

@@ -5,6 +5,7 @@ use van_core::{VanError, VanKind};
 
 /// What can go wrong in the RDMA van.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RdmaError {
     /// This build has no RDMA van: rebuild with the Cargo feature `rdma`.
     #[error("the rdma van is not compiled in; rebuild with the Cargo feature `rdma`")]

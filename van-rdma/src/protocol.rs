@@ -63,6 +63,7 @@ pub struct QpAttributes {
 
 /// Why bytes from a peer are not valid attributes or a valid header.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProtocolError {
     /// Too few bytes.
     #[error("truncated: {needed} bytes needed, {available} available")]

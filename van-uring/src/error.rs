@@ -12,6 +12,7 @@ pub const MIN_KERNEL: (u32, u32) = (6, 0);
 
 /// What can go wrong when starting the io_uring van. Every variant says what to do.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UringError {
     /// io_uring cannot be used on this machine or in this process: disabled by
     /// `/proc/sys/kernel/io_uring_disabled`, refused by a seccomp filter (containers often

@@ -46,6 +46,7 @@ pub const APPLY_CMD: i32 = 0x4150_504C;
 
 /// What a table's server does with a pushed gradient `g` of a row `w`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Optimizer {
     /// `w -= lr * g`.
     Sgd {
@@ -230,6 +231,7 @@ impl Optimizer {
 /// How a row's weights start, from the key alone: the same key gives the same row on any
 /// server, so a recovered or resharded table starts its new rows as the old one would have.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Init {
     /// All zeros.
     Zeros,

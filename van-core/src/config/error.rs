@@ -5,6 +5,7 @@ use crate::tf_config::TfConfigError;
 
 /// A configuration that cannot be used. Every message names the variable(s) to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A variable that ps-lite requires for a cluster node is unset: set it on every node.
     #[error("{var} is not set; it is required when DMLC_ROLE is set (export it on every node)")]

@@ -113,6 +113,7 @@ impl Default for Limits {
 
 /// Every way a frame can be wrong. Each names what was found and what was allowed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// The first four bytes are not [`MAGIC`]: the peer does not speak vans (or the stream
     /// lost sync).
