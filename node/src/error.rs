@@ -77,7 +77,7 @@ pub enum PsError {
     /// A rendezvous operation failed (aborted step, deadline, remote failure, bad key).
     #[error(transparent)]
     Rendezvous(#[from] van_core::RendezvousError),
-    /// A wait with a time limit ([`Call::wait_timeout`](crate::embed::Call::wait_timeout))
+    /// A wait with a time limit ([`Call::wait_timeout`](crate::handle::Call::wait_timeout))
     /// ran out; the operation itself goes on.
     #[error("timed out after {waited:?} waiting for the operation")]
     Timeout {

@@ -14,9 +14,9 @@
 //! - [`router`]: which van carries each peer's traffic (with feature `rdma`, remote peers use
 //!   the RDMA van when `DMLC_ENABLE_RDMA` asks for it);
 //! - [`local`]: a whole cluster inside one process, over the in-process van;
-//! - [`embed`]: [`NodeHandle`](embed::NodeHandle), a node that owns its I/O runtime, for
+//! - [`handle`]: [`NodeHandle`](handle::NodeHandle), a node that owns its I/O runtime, for
 //!   plain threads, foreign runtimes and other executors (the bindings' base), and
-//!   [`Call`](embed::Call), the answer to one of its operations;
+//!   [`Call`](handle::Call), the answer to one of its operations;
 //! - [`netif`]: the address of a network interface (`DMLC_INTERFACE`);
 //! - [`hash`]: a fast hasher for integer keys;
 //! - [`logging`]: the stderr log every vans program installs (`PS_VERBOSE`);
@@ -26,9 +26,9 @@ pub mod control;
 // How data messages reach a node's applications: the `Customer` trait (re-exported by
 // `postoffice`), the table of customers, and the dispatch loop's data queue (private).
 mod delivery;
-pub mod embed;
 pub mod error;
 pub mod fencing;
+pub mod handle;
 pub mod hash;
 pub mod local;
 pub mod logging;

@@ -10,13 +10,13 @@
 //! - [`range`]: key ranges and slicing of requests across servers;
 //! - [`values`]: typed views of values carried as bytes;
 //! - [`simple_app`]: ps-lite's `SimpleApp`, request/response of (head, body) for commands;
-//! - [`embed`]: key-value [`Worker`](embed::Worker)s and [`Server`](embed::Server)s on a
-//!   [`NodeHandle`](node::embed::NodeHandle), a node that owns its I/O runtime.
+//! - [`handle`]: key-value [`Worker`](handle::Worker)s and [`Server`](handle::Server)s on a
+//!   [`NodeHandle`](node::handle::NodeHandle), a node that owns its I/O runtime.
 //!
 //! The node's items a key-value program names most are re-exported here ([`Postoffice`],
 //! [`PsError`], [`Config`], …), so `ps` alone is enough for it.
 
-pub mod embed;
+pub mod handle;
 // Requests in flight and their waiters, shared by `KvWorker` and `SimpleApp`.
 mod in_flight;
 pub mod kv;

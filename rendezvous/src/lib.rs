@@ -13,8 +13,8 @@
 //! - [`protocol`]: [`Protocol`], pull (`grpc+seastar`) or push (`star_server`);
 //! - [`device`]: which task owns a device name;
 //! - [`wire`]: the RecvTensor / PushTensor / CancelRecv / Goodbye messages between tasks;
-//! - [`embed`]: [`RendezvousHandle`](embed::RendezvousHandle), send and receive for callers
-//!   without an async runtime (on a `node::embed::NodeHandle`);
+//! - [`handle`]: [`RendezvousHandle`](handle::RendezvousHandle), send and receive for callers
+//!   without an async runtime (on a `node::handle::NodeHandle`);
 //! - [`error`]: [`Error`] (setting up) and [`MessageError`] (bad peer messages); calls fail
 //!   with the contract's [`RendezvousError`].
 //!
@@ -66,8 +66,8 @@
 //! ```
 
 pub mod device;
-pub mod embed;
 pub mod error;
+pub mod handle;
 pub mod local;
 pub mod mgr;
 // Messages waiting for the manager's sender task, with a byte bound (private).

@@ -4,9 +4,9 @@
 use std::ffi::{c_int, c_void};
 use std::time::Duration;
 
-use collective::embed::CommHandle;
+use collective::handle::CommHandle;
 use collective::{CollectiveError, Element, ReduceOp};
-use node::embed::Call;
+use node::handle::Call;
 use van_core::DataType;
 
 use crate::args;

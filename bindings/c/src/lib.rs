@@ -1,6 +1,6 @@
 //! # vans-c: the C ABI of vans (`libvans.so`, `libvans.a`, `include/vans.h`)
 //!
-//! A thin layer over [`ps::embed`] and `rendezvous::embed`: opaque handles that own the
+//! A thin layer over [`ps::handle`] and `rendezvous::handle`: opaque handles that own the
 //! Rust handles, `int` status codes with a thread-local message, and C callbacks. No logic
 //! lives here that Rust callers do not also get; what this crate adds is checking what C
 //! passes and keeping panics out of C.
@@ -147,7 +147,7 @@ pub extern "C" fn vans_version() -> *const c_char {
 
 /// The value type of a `VANS_*` type code, if the library carries it.
 pub(crate) fn data_type(code: c_int) -> Result<van_core::DataType, Failure> {
-    let types = ps::embed::VALUE_TYPES;
+    let types = ps::handle::VALUE_TYPES;
     let dtype = u8::try_from(code)
         .ok()
         .and_then(van_core::DataType::from_code)

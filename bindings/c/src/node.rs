@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 
-use node::embed::NodeHandle;
+use node::handle::NodeHandle;
 use van_core::Role;
 
 use crate::args;

@@ -6,8 +6,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use bytes::Bytes;
-use node::embed::Call;
-use rendezvous::embed::RendezvousHandle;
+use node::handle::Call;
+use rendezvous::handle::RendezvousHandle;
 use rendezvous::{cpu_device, create_key, Protocol};
 use van_core::rendezvous::Received;
 

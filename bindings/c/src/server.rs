@@ -2,7 +2,7 @@
 //! that answers through a `vans_response` (values and lengths written straight into buffers
 //! the response owns, which then go out without another copy).
 
-use ps::embed::KvNode;
+use ps::handle::KvNode;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -162,7 +162,7 @@ pub type Handler = Option<
 /// A server application; opaque to C. It answers for as long as its node runs.
 #[derive(Debug)]
 pub struct Server {
-    _server: ps::embed::Server,
+    _server: ps::handle::Server,
 }
 
 /// The caller's handler and its `user_data`, shared by every shard.
@@ -272,7 +272,7 @@ unsafe fn server_args<'a>(
     Ok((node, dtype, shards.max(1)))
 }
 
-fn store(out: *mut *mut Server, server: ps::embed::Server) -> crate::error::Outcome {
+fn store(out: *mut *mut Server, server: ps::handle::Server) -> crate::error::Outcome {
     // SAFETY: writable by the caller's contract.
     unsafe { args::write_handle(out, "out", Server { _server: server }) }
 }

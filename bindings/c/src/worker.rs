@@ -9,7 +9,7 @@
 //! request is made (8 and 4 bytes per key), so their arrays may be reused at once. Pulled
 //! values are copied once, from the received frame into the caller's buffer.
 
-use ps::embed::KvNode;
+use ps::handle::KvNode;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use node::embed::Call;
+use node::handle::Call;
 use ps::{KvPairs, Op, PsError};
 use tokio::sync::oneshot;
 
@@ -41,7 +41,7 @@ pub type Callback =
 /// A worker application pushing and pulling values of one type; opaque to C. Thread-safe.
 #[derive(Debug)]
 pub struct Worker {
-    kv: ps::embed::Worker,
+    kv: ps::handle::Worker,
     requests: Arc<Requests>,
 }
 
@@ -140,7 +140,7 @@ impl Worker {
     /// Issues one request: registers it, builds it with `start` and reports its end.
     fn issue<T: Send + 'static>(
         &self,
-        start: impl FnOnce(&ps::embed::Worker) -> Result<(Call<T>, oneshot::Receiver<()>), Failure>,
+        start: impl FnOnce(&ps::handle::Worker) -> Result<(Call<T>, oneshot::Receiver<()>), Failure>,
         finish: impl FnOnce(ps::Result<T>) -> Outcome + Send + 'static,
         done: Callback,
         user_data: *mut c_void,

@@ -14,7 +14,7 @@ use crate::node::{wait, Node};
 /// A Rust `KvWorker<f32>` on a node, running ps-bench's loop: `window` requests in flight.
 #[pyclass(module = "vans._native", frozen)]
 pub(crate) struct RustBench {
-    node: node::embed::NodeHandle,
+    node: node::handle::NodeHandle,
     worker: KvWorker<f32>,
 }
 

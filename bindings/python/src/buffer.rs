@@ -170,7 +170,7 @@ pub(crate) fn dtype_name(dtype: DataType) -> &'static str {
 
 /// The type named `name` (a numpy dtype name such as `"float32"`), if values can have it.
 pub(crate) fn parse_dtype(name: &str) -> PyResult<DataType> {
-    let types = ps::embed::VALUE_TYPES;
+    let types = ps::handle::VALUE_TYPES;
     DataType::from_name(name)
         .filter(|dtype| types.contains(dtype))
         .ok_or_else(|| {
@@ -277,7 +277,7 @@ pub(crate) fn output(obj: &Bound<'_, PyAny>, dtype: DataType) -> PyResult<Pinned
 }
 
 /// An output array lent to a pull that writes each server's answer straight into it
-/// (`ps::embed::Worker::pull_into`): writable, contiguous, of the worker's type.
+/// (`ps::handle::Worker::pull_into`): writable, contiguous, of the worker's type.
 pub(crate) struct Output(Pinned);
 
 impl Output {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use collective::embed::CommHandle;
+use collective::handle::CommHandle;
 use collective::{Element, Generation, ReduceOp};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -31,7 +31,7 @@ impl Collective {
         py: Python<'_>,
         pinned: &mut Pinned,
         timeout: Option<f64>,
-        f: impl FnOnce(&CommHandle, Vec<T>) -> node::embed::Call<collective::Result<Vec<T>>>,
+        f: impl FnOnce(&CommHandle, Vec<T>) -> node::handle::Call<collective::Result<Vec<T>>>,
     ) -> PyResult<()> {
         let bytes = pinned.as_ref();
         let mut values = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];

@@ -8,7 +8,7 @@
 //! adapter checks that the tensor is a contiguous CPU tensor of the dtype it names and keeps
 //! it alive (the `keep` object) and unwritten until the callback has run.
 
-use collective::embed::{Buffer, CommHandle, Numbered};
+use collective::handle::{Buffer, CommHandle, Numbered};
 use collective::{bf16, f16, Element, ReduceOp};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;

@@ -1,11 +1,11 @@
-//! `Node`: a node of the cluster from Python, over [`node::embed::NodeHandle`], and the wait
+//! `Node`: a node of the cluster from Python, over [`node::handle::NodeHandle`], and the wait
 //! every blocking call of the module goes through: without the GIL, waking every 100 ms so
 //! Python can deliver signals (Ctrl-C raises `KeyboardInterrupt` in a long wait).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use node::embed::{Call, NodeHandle};
+use node::handle::{Call, NodeHandle};
 use ps::{Config, PsError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;

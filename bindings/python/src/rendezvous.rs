@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use rendezvous::embed::RendezvousHandle;
+use rendezvous::handle::RendezvousHandle;
 use rendezvous::Protocol;
 
 use crate::buffer::{self, Pinned};

@@ -1,7 +1,7 @@
 //! `Server`: ps-lite's sum or a request handler written in Python.
 
 use bytes::Bytes;
-use ps::embed::KvNode;
+use ps::handle::KvNode;
 use ps::optim::{initial_rows, TableHandler, TableSpec, SETTING_NAMES};
 use ps::{KvMeta, KvPairs, RequestHandler, Snapshot};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -77,7 +77,7 @@ impl PyHandler {
 pub(crate) struct Server {
     dtype: DataType,
     node: Py<Node>,
-    inner: ps::embed::Server,
+    inner: ps::handle::Server,
 }
 
 #[pymethods]

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use ps::embed::Worker as EmbedWorker;
+use ps::handle::Worker as EmbedWorker;
 use ps::KvPairs;
 
 /// The table's layout version; the ops refuse another.

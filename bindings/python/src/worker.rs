@@ -1,13 +1,13 @@
 //! `Worker` and `Request`: push, pull and push-pull from Python, over
-//! [`ps::embed::Worker`], with requests in flight that can be waited for, polled, given a
+//! [`ps::handle::Worker`], with requests in flight that can be waited for, polled, given a
 //! callback or awaited from asyncio.
 
-use ps::embed::KvNode;
+use ps::handle::KvNode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use node::embed::Call;
-use ps::embed::Worker as EmbedWorker;
+use node::handle::Call;
+use ps::handle::Worker as EmbedWorker;
 use ps::KvPairs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -55,7 +55,7 @@
 //! the peers' processes every 10 ms, so a rank killed with `SIGKILL` is named within that.
 //!
 //! Collectives are numbered when called and may run concurrently on the node's runtime
-//! ([`crate::embed`]); those that take this path get a *ticket* when numbered and run in
+//! ([`crate::handle`]); those that take this path get a *ticket* when numbered and run in
 //! ticket order ([`turns::Turns`]), since they share the slots.
 //!
 //! Without shared memory compiled in (no `ipc` feature, or not Linux) only [`Collective`]

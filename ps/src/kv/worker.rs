@@ -315,7 +315,7 @@ impl<T: Value> KvWorker<T> {
                 "wait_blocking called on a runtime thread; use `wait(id).await`".into(),
             ));
         }
-        node::embed::block_on_until(self.wait(id), None).unwrap_or(Err(PsError::Stopped))
+        node::handle::block_on_until(self.wait(id), None).unwrap_or(Err(PsError::Stopped))
     }
 
     /// The servers that failed and came back as a new process (recovery) since the last

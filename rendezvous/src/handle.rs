@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use node::embed::{Call, NodeHandle};
+use node::handle::{Call, NodeHandle};
 use node::PsError;
 use van_core::rendezvous::{parse_key, Received};
 use van_core::{NodeId, Rendezvous};

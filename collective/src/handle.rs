@@ -14,7 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use node::embed::{Call, NodeHandle};
+use node::handle::{Call, NodeHandle};
 
 use crate::comm::{OpKind, Shared};
 use crate::{exchange, ring, CollectiveError, Communicator, Element, Generation, ReduceOp, Result};

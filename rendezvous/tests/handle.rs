@@ -8,9 +8,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use node::embed::NodeHandle;
+use node::handle::NodeHandle;
 use node::{Config, PsError, Role};
-use rendezvous::embed::RendezvousHandle;
+use rendezvous::handle::RendezvousHandle;
 use rendezvous::{cpu_device, create_key, Protocol};
 use van_core::testkit::free_port;
 

@@ -14,11 +14,11 @@
 //! - a completion callback, [`Call::on_complete`] (ps-lite's callback style), run on the
 //!   node's runtime.
 //!
-//! The key-value applications on such a node (`ps::embed`'s `Worker` and `Server`), like
+//! The key-value applications on such a node (`ps::handle`'s `Worker` and `Server`), like
 //! rendezvous and collectives, are started from the handle by the crates that define them.
 //!
 //! ```no_run
-//! use node::embed::NodeHandle;
+//! use node::handle::NodeHandle;
 //! use node::Config;
 //!
 //! # fn run() -> node::Result<()> {
@@ -293,7 +293,7 @@ impl<T: Send + 'static> Drop for Call<T> {
 impl<T: Send + 'static> Call<T> {
     /// A call answered by `operation`, polled by whoever waits for the call; a call dropped
     /// unanswered leaves `operation` to finish on `handle` (so a request still leaves its
-    /// table). For crates that build their operations on a node (`ps::embed`).
+    /// table). For crates that build their operations on a node (`ps::handle`).
     pub fn new(
         handle: tokio::runtime::Handle,
         operation: impl Future<Output = Result<T>> + Send + Sync + 'static,

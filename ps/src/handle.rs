@@ -6,8 +6,8 @@
 //! an argument; [`Worker`] and [`Server`] dispatch to [`KvWorker<T>`] and [`KvServer<T>`].
 //!
 //! ```no_run
-//! use node::embed::NodeHandle;
-//! use ps::embed::KvNode;
+//! use node::handle::NodeHandle;
+//! use ps::handle::KvNode;
 //! use ps::{Config, KvPairs};
 //! use van_core::DataType;
 //!
@@ -28,14 +28,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use node::embed::{Call, NodeHandle};
+use node::handle::{Call, NodeHandle};
 use van_core::DataType;
 
 use crate::kv::{KvPairs, KvServer, KvWorker, Op, PullBuffer, RequestHandler, Snapshot};
 use crate::{PsError, Result};
 use node::Postoffice;
 
-/// The key-value applications a [`NodeHandle`] can start: `use ps::embed::KvNode;` and call
+/// The key-value applications a [`NodeHandle`] can start: `use ps::handle::KvNode;` and call
 /// them on the handle.
 pub trait KvNode {
     /// A worker application pushing and pulling values of type `dtype`.

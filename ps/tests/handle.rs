@@ -10,8 +10,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use node::embed::{Call, NodeHandle};
-use ps::embed::{KvNode, Worker};
+use node::handle::{Call, NodeHandle};
+use ps::handle::{KvNode, Worker};
 use ps::values::to_bytes;
 use ps::{Config, KvPairs, PsError, Role};
 use van_core::testkit::free_port;
