@@ -59,8 +59,8 @@ pub enum CollectiveError {
     Ps(String),
 }
 
-impl From<node::PsError> for CollectiveError {
-    fn from(e: node::PsError) -> CollectiveError {
+impl From<node::NodeError> for CollectiveError {
+    fn from(e: node::NodeError) -> CollectiveError {
         CollectiveError::Ps(e.to_string())
     }
 }

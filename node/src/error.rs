@@ -1,20 +1,22 @@
-//! [`PsError`]: what can go wrong in the parameter server.
+//! [`NodeError`]: what can go wrong in a node (the parameter server, rendezvous and
+//! collectives above it report it too).
 
 use std::time::Duration;
 
 use van_core::{ConfigError, NodeId, VanError};
 
-/// An error of the parameter server. Every variant names the node or setting concerned.
+/// An error of a node: joining, messaging, barriers, requests to applications, stopping.
+/// Every variant names the node or setting concerned.
 ///
 /// Not `#[non_exhaustive]`, unlike the other error enums: the C ABI (`vans_c`'s status codes)
 /// and the Python module (its exception classes) match every variant, so that a new one
 /// cannot reach them without a code and a class of its own.
 #[derive(Debug, thiserror::Error)]
-pub enum PsError {
+pub enum NodeError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A van failed. (A van that is stopped is [`PsError::Stopped`]: the node stopped.)
+    /// A van failed. (A van that is stopped is [`NodeError::Stopped`]: the node stopped.)
     #[error(transparent)]
     Van(VanError),
     /// The cluster did not form before the deadline.
@@ -48,7 +50,7 @@ pub enum PsError {
     },
     /// A barrier cannot complete because members died (as the scheduler, which releases
     /// barriers, declared them). A barrier that loses the scheduler itself fails with
-    /// [`PsError::NodeFailed`] naming it and saying why (its connection, or no answer to
+    /// [`NodeError::NodeFailed`] naming it and saying why (its connection, or no answer to
     /// heartbeats: it died, or this node is cut off).
     #[error("barrier of group {group} failed: nodes {dead:?} are dead")]
     BarrierFailed {
@@ -86,22 +88,22 @@ pub enum PsError {
     },
 }
 
-impl From<VanError> for PsError {
+impl From<VanError> for NodeError {
     /// A van's error as the node's: a stopped van means the node has stopped (finalized,
-    /// stopped, or its scheduler gone), which callers see as [`PsError::Stopped`] whatever
+    /// stopped, or its scheduler gone), which callers see as [`NodeError::Stopped`] whatever
     /// van carried the call.
-    fn from(e: VanError) -> PsError {
+    fn from(e: VanError) -> NodeError {
         match e {
-            VanError::Stopped(_) => PsError::Stopped,
-            e => PsError::Van(e),
+            VanError::Stopped(_) => NodeError::Stopped,
+            e => NodeError::Van(e),
         }
     }
 }
 
-impl PsError {
-    /// [`PsError::NodeFailed`] for `node`, its role named from its id.
-    pub fn node_failed(node: NodeId, reason: impl Into<String>) -> PsError {
-        PsError::NodeFailed {
+impl NodeError {
+    /// [`NodeError::NodeFailed`] for `node`, its role named from its id.
+    pub fn node_failed(node: NodeId, reason: impl Into<String>) -> NodeError {
+        NodeError::NodeFailed {
             node,
             role: role_name(node),
             reason: reason.into(),
@@ -114,5 +116,5 @@ pub fn role_name(node: NodeId) -> String {
     van_core::node_ids::role_of(node).map_or_else(|| "group".to_owned(), |r| r.to_string())
 }
 
-/// Results of the parameter server.
-pub type Result<T, E = PsError> = std::result::Result<T, E>;
+/// Results of a node's operations.
+pub type Result<T, E = NodeError> = std::result::Result<T, E>;

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use van_core::{Config, NodeId, Role};
 
-use crate::error::{PsError, Result};
+use crate::error::{NodeError, Result};
 use crate::postoffice::Postoffice;
 
 /// How long dropping the last handle of a node that was neither finalized nor stopped waits
@@ -116,7 +116,7 @@ fn node_runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
         .thread_name("vans-io")
         .enable_all()
         .build()
-        .map_err(|e| PsError::InvalidArgument(format!("cannot start the I/O runtime: {e}")))
+        .map_err(|e| NodeError::InvalidArgument(format!("cannot start the I/O runtime: {e}")))
 }
 
 impl NodeHandle {
@@ -149,7 +149,7 @@ impl NodeHandle {
             }
         });
         Ok(Call::new(handle, async move {
-            rx.await.unwrap_or(Err(PsError::Stopped))
+            rx.await.unwrap_or(Err(NodeError::Stopped))
         }))
     }
 
@@ -239,7 +239,7 @@ where
     });
     Call::new(handle.clone(), async move {
         // The task ended without an answer: its runtime shut down.
-        rx.await.unwrap_or(Err(PsError::Stopped))
+        rx.await.unwrap_or(Err(NodeError::Stopped))
     })
 }
 
@@ -324,13 +324,13 @@ impl<T: Send + 'static> Call<T> {
     }
 
     /// Blocks the calling thread until the operation completes. Fails with
-    /// [`PsError::InvalidArgument`] on an async runtime thread (await the call there instead):
+    /// [`NodeError::InvalidArgument`] on an async runtime thread (await the call there instead):
     /// blocking it could stall the very tasks that would complete the call.
     pub fn wait(mut self) -> Result<T> {
         self.wait_until(None)
     }
 
-    /// Like [`wait`](Self::wait), giving up after `timeout` with [`PsError::Timeout`]; the call
+    /// Like [`wait`](Self::wait), giving up after `timeout` with [`NodeError::Timeout`]; the call
     /// can be waited for again then.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<T> {
         self.wait_until(Some(Instant::now() + timeout))
@@ -338,7 +338,7 @@ impl<T: Send + 'static> Call<T> {
 
     fn wait_until(&mut self, deadline: Option<Instant>) -> Result<T> {
         if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(PsError::InvalidArgument(
+            return Err(NodeError::InvalidArgument(
                 "a blocking wait on an async runtime thread would stall it; await the call \
                  instead"
                     .into(),
@@ -347,7 +347,7 @@ impl<T: Send + 'static> Call<T> {
         let started = Instant::now();
         match block_on_until(&mut *self, deadline) {
             Some(result) => result,
-            None => Err(PsError::Timeout {
+            None => Err(NodeError::Timeout {
                 waited: started.elapsed(),
             }),
         }
@@ -367,7 +367,7 @@ impl<T: Send + 'static> Call<T> {
 
     /// Runs `done` with the result on the node's runtime, once the operation completes. `done`
     /// must not block (it runs on an I/O thread). It runs exactly once: if the node's runtime
-    /// shuts down before the operation completes, it runs with [`PsError::Stopped`] on the
+    /// shuts down before the operation completes, it runs with [`NodeError::Stopped`] on the
     /// thread that shuts the runtime down.
     pub fn on_complete(mut self, done: impl FnOnce(Result<T>) + Send + 'static) {
         let done = Once(Some(done), PhantomData);
@@ -384,7 +384,7 @@ impl<T: Send + 'static> Call<T> {
 }
 
 /// A completion callback that runs exactly once: with the result, or with
-/// [`PsError::Stopped`] when it is dropped first (its task was dropped by a runtime shutting
+/// [`NodeError::Stopped`] when it is dropped first (its task was dropped by a runtime shutting
 /// down), so nobody waits on a callback that will never come.
 struct Once<T, F: FnOnce(Result<T>)>(Option<F>, PhantomData<fn(T)>);
 
@@ -399,13 +399,13 @@ impl<T, F: FnOnce(Result<T>)> Once<T, F> {
 impl<T, F: FnOnce(Result<T>)> Drop for Once<T, F> {
     fn drop(&mut self) {
         if let Some(done) = self.0.take() {
-            done(Err(PsError::Stopped));
+            done(Err(NodeError::Stopped));
         }
     }
 }
 
-fn already_taken() -> PsError {
-    PsError::InvalidArgument("the call's result was already taken".into())
+fn already_taken() -> NodeError {
+    NodeError::InvalidArgument("the call's result was already taken".into())
 }
 
 impl<T: Send + 'static> Future for Call<T> {

@@ -20,7 +20,7 @@
 //! - [`netif`]: the address of a network interface (`DMLC_INTERFACE`);
 //! - [`hash`]: a fast hasher for integer keys;
 //! - [`logging`]: the stderr log every vans program installs (`PS_VERBOSE`);
-//! - [`error`]: the crate's error type, [`PsError`].
+//! - [`error`]: the crate's error type, [`NodeError`].
 
 pub mod control;
 // How data messages reach a node's applications: the `Customer` trait (re-exported by
@@ -42,7 +42,7 @@ mod rdma;
 pub mod router;
 pub mod table;
 
-pub use error::{PsError, Result};
+pub use error::{NodeError, Result};
 pub use postoffice::{Postoffice, ALL_GROUPS};
 pub use resend::ResendStats;
 pub use table::NodeTable;

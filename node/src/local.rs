@@ -18,7 +18,7 @@
 //! let mut ranks: Vec<u32> = ranks.into_iter().flatten().collect();
 //! ranks.sort();
 //! assert_eq!(ranks, vec![0, 1, 2]);
-//! # Ok::<(), node::PsError>(())
+//! # Ok::<(), node::NodeError>(())
 //! # }).unwrap();
 //! ```
 
@@ -29,7 +29,7 @@ use std::time::Duration;
 use van_core::inproc::{Hub, InProcessVan};
 use van_core::{Config, Role, VanKind};
 
-use crate::error::{PsError, Result};
+use crate::error::{NodeError, Result};
 use crate::postoffice::Postoffice;
 
 /// The scheduler's in-process address.
@@ -131,7 +131,7 @@ impl LocalCluster {
                     }
                     Err(e) => {
                         po.stop().await;
-                        Err(PsError::InvalidArgument(format!(
+                        Err(NodeError::InvalidArgument(format!(
                             "the {role} node's task panicked or was cancelled: {e}"
                         )))
                     }
@@ -151,7 +151,7 @@ impl LocalCluster {
                     first_panic.get_or_insert(e);
                 }
                 Err(e) => {
-                    first_panic.get_or_insert(PsError::InvalidArgument(format!(
+                    first_panic.get_or_insert(NodeError::InvalidArgument(format!(
                         "a node task panicked or was cancelled: {e}"
                     )));
                 }

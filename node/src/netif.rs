@@ -198,7 +198,7 @@ pub(crate) async fn announced_host(
         Some(interface) => interface_ipv4(interface)
             .map(|ip| ip.to_string())
             .map_err(|e| {
-                crate::PsError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))
+                crate::NodeError::InvalidArgument(format!("DMLC_INTERFACE={interface}: {e}"))
             }),
         None => {
             wait_resolvable(&config.root_uri, within).await;
@@ -206,7 +206,7 @@ pub(crate) async fn announced_host(
                 route_to(&config.root_uri, config.root_port)
                     .await
                     .map_err(|e| {
-                        crate::PsError::InvalidArgument(format!(
+                        crate::NodeError::InvalidArgument(format!(
                             "DMLC_INTERFACE is unset and no address routes to the scheduler: {e}; \
                          set DMLC_INTERFACE or DMLC_NODE_HOST to the address this node should \
                          announce"

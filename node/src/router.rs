@@ -12,7 +12,7 @@ use tracing::{debug, info};
 use van_core::select::{select_van, Available};
 use van_core::{Config, Endpoint, InboxSender, Message, Node, NodeId, Van, VanError, VanKind};
 
-use crate::error::PsError;
+use crate::error::NodeError;
 use crate::resend::Resender;
 use crate::table::NodeTable;
 
@@ -129,7 +129,7 @@ impl Router {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn van(&self, kind: VanKind) -> Result<&Arc<dyn Van>, PsError> {
+    fn van(&self, kind: VanKind) -> Result<&Arc<dyn Van>, NodeError> {
         self.vans
             .iter()
             .find(|v| v.kind() == kind)
@@ -159,7 +159,7 @@ impl Router {
         host: &str,
         port: u16,
         inbox: InboxSender,
-    ) -> Result<Vec<Endpoint>, PsError> {
+    ) -> Result<Vec<Endpoint>, NodeError> {
         let mut endpoints = Vec::with_capacity(self.vans.len());
         for (i, van) in self.vans.iter().enumerate() {
             // Only the stream van takes the configured port; the others pick their own.
@@ -257,9 +257,9 @@ impl Router {
     }
 
     /// Connects to `node` now over the van the policy picks (and remembers its address).
-    pub async fn connect(&self, node: &Node) -> Result<(), PsError> {
+    pub async fn connect(&self, node: &Node) -> Result<(), NodeError> {
         let id = node.id.ok_or_else(|| {
-            PsError::InvalidArgument(format!("cannot connect to {node}: it has no id"))
+            NodeError::InvalidArgument(format!("cannot connect to {node}: it has no id"))
         })?;
         let kind = select_van(&self.config, self.available, &self.me, node)?;
         self.set_nodes(std::slice::from_ref(node));
@@ -287,9 +287,9 @@ impl Router {
     }
 
     /// Sends `msg` to its recipient, connecting first if needed. A broken connection is
-    /// reported as [`PsError::NodeFailed`] naming the peer, unless `PS_RESEND` is on: then
+    /// reported as [`NodeError::NodeFailed`] naming the peer, unless `PS_RESEND` is on: then
     /// the message is kept and sent again over a new connection until acknowledged.
-    pub async fn send(&self, mut msg: Message) -> Result<(), PsError> {
+    pub async fn send(&self, mut msg: Message) -> Result<(), NodeError> {
         if let Some(resend) = &self.resend {
             resend.stamp(&mut msg, std::time::Instant::now());
         }
@@ -300,7 +300,7 @@ impl Router {
     }
 
     /// Sends `msg` as it is (a resend keeps its sequence number).
-    pub(crate) async fn send_once(&self, msg: Message) -> Result<(), PsError> {
+    pub(crate) async fn send_once(&self, msg: Message) -> Result<(), NodeError> {
         let peer = msg.meta.recipient.ok_or(VanError::NoRecipient)?;
         let kind = self.ensure_connected(peer).await?;
         if self.config.verbose >= 2 {
@@ -317,14 +317,14 @@ impl Router {
 
     /// `send`, unless one of `peers` is declared failed while it waits (for room in the
     /// peer's queue, which a process that stopped reading never makes): then
-    /// [`PsError::NodeFailed`], and `send` is dropped (a van's send is cancel-safe: what it
+    /// [`NodeError::NodeFailed`], and `send` is dropped (a van's send is cancel-safe: what it
     /// had not queued is not sent). Without this, a send to a stopped peer would wait for as
     /// long as the peer's socket stays open.
     async fn unless_failed<'a>(
         &self,
         peers: impl IntoIterator<Item = &'a NodeId> + Copy,
         send: impl std::future::Future<Output = Result<(), VanError>>,
-    ) -> Result<Result<(), VanError>, PsError> {
+    ) -> Result<Result<(), VanError>, NodeError> {
         tokio::select! {
             biased;
             sent = send => Ok(sent),
@@ -336,7 +336,7 @@ impl Router {
     async fn until_failed<'a>(
         &self,
         peers: impl IntoIterator<Item = &'a NodeId> + Copy,
-    ) -> PsError {
+    ) -> NodeError {
         loop {
             let news = self.failures.notified();
             tokio::pin!(news);
@@ -346,7 +346,7 @@ impl Router {
                 .into_iter()
                 .find_map(|p| Some((*p, self.failed.failure(*p)?)));
             if let Some((node, reason)) = failed {
-                return PsError::node_failed(
+                return NodeError::node_failed(
                     node,
                     format!("{reason} (while a send to it waited for room)"),
                 );
@@ -361,7 +361,7 @@ impl Router {
     /// the same way forever.
     /// A peer declared dead is reported with the scheduler's verdict, not as the van saw it
     /// (its connections end with the verdict: [`Van::drop_peer`]).
-    fn checked(&self, kind: VanKind, sent: Result<(), VanError>) -> Result<(), PsError> {
+    fn checked(&self, kind: VanKind, sent: Result<(), VanError>) -> Result<(), NodeError> {
         if let Err(VanError::PeerGone { peer, .. } | VanError::UnknownPeer { peer }) = &sent {
             {
                 let mut state = self.lock();
@@ -371,7 +371,7 @@ impl Router {
                 }
             }
             if let Some(reason) = self.failed.failure(*peer) {
-                return Err(PsError::node_failed(*peer, reason));
+                return Err(NodeError::node_failed(*peer, reason));
             }
         }
         sent.map_err(peer_error)
@@ -383,8 +383,8 @@ impl Router {
     fn forgiven(
         &self,
         numbered: &[(NodeId, u64)],
-        result: Result<(), PsError>,
-    ) -> Result<(), PsError> {
+        result: Result<(), NodeError>,
+    ) -> Result<(), NodeError> {
         match result {
             Err(e) if !numbered.is_empty() && is_transient(&e) => {
                 debug!("send failed, will resend: {e}");
@@ -402,7 +402,7 @@ impl Router {
 
     /// Sends many messages (to any recipients), connecting first where needed; one batch
     /// per van.
-    pub async fn send_batch(&self, mut msgs: Vec<Message>) -> Result<(), PsError> {
+    pub async fn send_batch(&self, mut msgs: Vec<Message>) -> Result<(), NodeError> {
         if let Some(resend) = &self.resend {
             let now = std::time::Instant::now();
             for msg in &mut msgs {
@@ -418,7 +418,7 @@ impl Router {
         self.forgiven(&numbered, result)
     }
 
-    async fn send_batch_once(&self, msgs: Vec<Message>) -> Result<(), PsError> {
+    async fn send_batch_once(&self, msgs: Vec<Message>) -> Result<(), NodeError> {
         let mut by_van: Vec<(VanKind, Vec<Message>)> = Vec::new();
         let mut seen = HashSet::new();
         for msg in msgs {
@@ -452,7 +452,7 @@ impl Router {
         Ok(())
     }
 
-    async fn ensure_connected(&self, peer: NodeId) -> Result<VanKind, PsError> {
+    async fn ensure_connected(&self, peer: NodeId) -> Result<VanKind, NodeError> {
         let node = {
             let state = self.lock();
             if let Some(kind) = state.connected.get(&peer) {
@@ -482,7 +482,7 @@ impl Router {
     /// dropped as by [`peer_lost`](Self::peer_lost), every van ends its connections and
     /// drops what is queued to it ([`Van::drop_peer`]: a stop does not wait for a process
     /// that will never read), and sends to it that wait, or come to wait, for room in its
-    /// queue end with [`PsError::NodeFailed`], for as long as it counts as failed.
+    /// queue end with [`NodeError::NodeFailed`], for as long as it counts as failed.
     pub fn node_failed(&self, peer: NodeId, reason: &str) {
         self.peer_lost(peer);
         for van in &self.vans {
@@ -492,7 +492,7 @@ impl Router {
     }
 
     /// Stops every van; the first error is returned after all have been asked to stop.
-    pub async fn stop(&self) -> Result<(), PsError> {
+    pub async fn stop(&self) -> Result<(), NodeError> {
         let mut first = Ok(());
         for van in &self.vans {
             if let Err(e) = van.stop().await {
@@ -514,12 +514,12 @@ fn numbered(msgs: &[Message]) -> Vec<(NodeId, u64)> {
 
 /// Whether a send failed because the peer cannot be reached right now (a broken or refused
 /// connection, a handshake that did not finish), which a resend may cure.
-fn is_transient(e: &PsError) -> bool {
+fn is_transient(e: &NodeError) -> bool {
     use van_core::auth::AuthError;
     matches!(
         e,
-        PsError::NodeFailed { .. }
-            | PsError::Van(
+        NodeError::NodeFailed { .. }
+            | NodeError::Van(
                 VanError::PeerGone { .. }
                     | VanError::Connect { .. }
                     | VanError::Io { .. }
@@ -536,10 +536,10 @@ fn is_transient(e: &PsError) -> bool {
 }
 
 /// A lost peer is a failed node, for the layers above.
-fn peer_error(error: VanError) -> PsError {
+fn peer_error(error: VanError) -> NodeError {
     match error {
         VanError::PeerGone { peer, reason } => {
-            PsError::node_failed(peer, format!("connection lost: {reason}"))
+            NodeError::node_failed(peer, format!("connection lost: {reason}"))
         }
         other => other.into(),
     }
@@ -684,7 +684,7 @@ mod tests {
         dead.0.lock().unwrap().insert(8, reason);
         router.node_failed(8, "declared dead");
         match tokio::time::timeout(Duration::from_secs(5), to_8).await {
-            Ok(Ok(Err(PsError::NodeFailed {
+            Ok(Ok(Err(NodeError::NodeFailed {
                 node: 8, reason, ..
             }))) => {
                 assert!(reason.contains("while a send to it waited"), "{reason}");

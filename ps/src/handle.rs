@@ -32,7 +32,7 @@ use node::handle::{Call, NodeHandle};
 use van_core::DataType;
 
 use crate::kv::{KvPairs, KvServer, KvWorker, Op, PullBuffer, RequestHandler, Snapshot};
-use crate::{PsError, Result};
+use crate::{NodeError, Result};
 use node::Postoffice;
 
 /// The key-value applications a [`NodeHandle`] can start: `use ps::handle::KvNode;` and call
@@ -294,8 +294,8 @@ macro_rules! any_kv {
 
 any_kv!(F32 => f32, F64 => f64, I32 => i32, I64 => i64, U8 => u8, U64 => u64);
 
-fn unsupported(dtype: DataType) -> PsError {
-    PsError::InvalidArgument(format!(
+fn unsupported(dtype: DataType) -> NodeError {
+    NodeError::InvalidArgument(format!(
         "values of type {dtype:?} are not supported here; use one of {VALUE_TYPES:?}"
     ))
 }
@@ -449,7 +449,7 @@ impl KvPairs {
     /// `ZPull` into a caller's buffer: this is the one copy from the received frame).
     pub fn copy_vals_into(&self, out: &mut [u8]) -> Result<()> {
         if out.len() != self.vals.len() {
-            return Err(PsError::InvalidArgument(format!(
+            return Err(NodeError::InvalidArgument(format!(
                 "the output buffer holds {} bytes but {} bytes of values arrived",
                 out.len(),
                 self.vals.len()

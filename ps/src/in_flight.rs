@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use node::hash::IntMap;
-use node::{PsError, RequestId, Result};
+use node::{NodeError, RequestId, Result};
 
 /// The outcome of one request and its waiter.
 #[derive(Debug)]
@@ -92,14 +92,14 @@ pub(crate) async fn wait<T, E: InFlight<T>>(
         let mut pending = lock(table);
         let completion = pending
             .get_mut(&id)
-            .ok_or(PsError::UnknownRequest(id))?
+            .ok_or(NodeError::UnknownRequest(id))?
             .completion();
         if let Some(result) = completion.result.take() {
             pending.remove(&id);
             return result;
         }
         if completion.waiter.as_ref().is_some_and(|w| !w.is_closed()) {
-            return Err(PsError::InvalidArgument(format!(
+            return Err(NodeError::InvalidArgument(format!(
                 "request {id} is already being waited for"
             )));
         }
@@ -107,7 +107,7 @@ pub(crate) async fn wait<T, E: InFlight<T>>(
         completion.waiter = Some(tx);
         rx
     };
-    let result = rx.await.unwrap_or(Err(PsError::Stopped));
+    let result = rx.await.unwrap_or(Err(NodeError::Stopped));
     lock(table).remove(&id);
     result
 }

@@ -14,7 +14,7 @@
 //!   [`NodeHandle`](node::handle::NodeHandle), a node that owns its I/O runtime.
 //!
 //! The node's items a key-value program names most are re-exported here ([`Postoffice`],
-//! [`PsError`], [`Config`], …), so `ps` alone is enough for it.
+//! [`NodeError`], [`Config`], …), so `ps` alone is enough for it.
 
 pub mod handle;
 // Requests in flight and their waiters, shared by `KvWorker` and `SimpleApp`.
@@ -30,6 +30,7 @@ pub use kv::{
     RequestHandler, ShardContext, Snapshot, SumHandler, UnpushedKeys, ROUND_CMD,
 };
 pub use node::{
-    node_ids, Config, Message, Meta, Node, Postoffice, PsError, RequestId, Result, Role, ALL_GROUPS,
+    node_ids, Config, Message, Meta, Node, NodeError, Postoffice, RequestId, Result, Role,
+    ALL_GROUPS,
 };
 pub use simple_app::SimpleApp;

@@ -34,7 +34,7 @@
 //! // Only the worker asked; it heard from both servers (ids 8 and 10), in id order.
 //! let pongs = Bytes::from("pong");
 //! assert_eq!(results.concat(), vec![(8, 0, pongs.clone()), (10, 0, pongs)]);
-//! # Ok::<(), ps::PsError>(())
+//! # Ok::<(), ps::NodeError>(())
 //! # }).unwrap();
 //! ```
 
@@ -51,7 +51,7 @@ use van_core::{node_ids, Message, Meta, NodeId};
 use crate::in_flight::{insert_new, Completion};
 use crate::kv::RequestId;
 use node::error::role_name;
-use node::error::{PsError, Result};
+use node::error::{NodeError, Result};
 use node::hash::IntMap;
 use node::postoffice::{Customer, Postoffice};
 
@@ -71,8 +71,8 @@ type Handler = Box<dyn Fn(NodeId, i32, Bytes) -> HandlerResult + Send + Sync>;
 /// `SimpleApp`. Cheap to clone (all clones are the same application).
 ///
 /// [`request`](Self::request) returns a [`RequestId`] at once; [`wait`](Self::wait) returns
-/// every answer. A request to a node that died fails with [`PsError::NodeFailed`] naming it;
-/// a handler that returns an error makes `wait` fail with [`PsError::Protocol`] naming the
+/// every answer. A request to a node that died fails with [`NodeError::NodeFailed`] naming it;
+/// a handler that returns an error makes `wait` fail with [`NodeError::Protocol`] naming the
 /// node whose handler failed.
 #[derive(Clone)]
 pub struct SimpleApp {
@@ -181,8 +181,8 @@ impl SimpleApp {
     /// id for [`wait`](Self::wait). A group means every member but this node; a group with
     /// no other member completes at once with no answers.
     ///
-    /// Fails with [`PsError::InvalidArgument`] for an id not in the cluster (or this node's
-    /// own id), and with [`PsError::NodeFailed`] if a recipient is known to be dead.
+    /// Fails with [`NodeError::InvalidArgument`] for an id not in the cluster (or this node's
+    /// own id), and with [`NodeError::NodeFailed`] if a recipient is known to be dead.
     pub async fn request(&self, recipient: NodeId, head: i32, body: Bytes) -> Result<RequestId> {
         let inner = &self.inner;
         let po = &inner.po;
@@ -226,9 +226,9 @@ impl SimpleApp {
 
     /// Waits for every answer to request `id`: `(node, head, body)` sorted by node id.
     ///
-    /// Fails with [`PsError::Protocol`] naming the node if its handler returned an error,
-    /// with [`PsError::NodeFailed`] if a recipient died first, and with
-    /// [`PsError::UnknownRequest`] if `id` was never issued or was already waited for.
+    /// Fails with [`NodeError::Protocol`] naming the node if its handler returned an error,
+    /// with [`NodeError::NodeFailed`] if a recipient died first, and with
+    /// [`NodeError::UnknownRequest`] if `id` was never issued or was already waited for.
     pub async fn wait(&self, id: RequestId) -> Result<Vec<(NodeId, i32, Bytes)>> {
         crate::in_flight::wait(&self.inner.pending, id).await
     }
@@ -255,7 +255,7 @@ fn recipients(po: &Postoffice, recipient: NodeId) -> Result<Vec<NodeId>> {
         return Ok(members);
     }
     if recipient == me {
-        return Err(PsError::InvalidArgument(format!(
+        return Err(NodeError::InvalidArgument(format!(
             "node {recipient} is this node: a SimpleApp sends requests to other nodes only"
         )));
     }
@@ -263,7 +263,7 @@ fn recipients(po: &Postoffice, recipient: NodeId) -> Result<Vec<NodeId>> {
         return Ok(vec![recipient]);
     }
     let known: Vec<String> = ids.map(|id| id.to_string()).collect();
-    Err(PsError::InvalidArgument(format!(
+    Err(NodeError::InvalidArgument(format!(
         "node {recipient} is not in the cluster (nodes: {}; groups: 1 scheduler, 2 servers, \
          4 workers, or a combination)",
         known.join(", ")
@@ -370,7 +370,7 @@ impl Customer for AppInner {
         entry.outstanding.swap_remove(at);
         if meta.option == OPTION_HANDLER_ERROR {
             let reason = String::from_utf8_lossy(&meta.body);
-            entry.complete(Err(PsError::Protocol {
+            entry.complete(Err(NodeError::Protocol {
                 from: Some(sender),
                 reason: format!("handler failed on {} {sender}: {reason}", role_name(sender)),
             }));
@@ -397,7 +397,7 @@ impl Customer for AppInner {
         }
         for entry in lock(&self.pending).values_mut() {
             if entry.outstanding.contains(&node) {
-                entry.complete(Err(PsError::node_failed(node, error.to_owned())));
+                entry.complete(Err(NodeError::node_failed(node, error.to_owned())));
             }
         }
     }

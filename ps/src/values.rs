@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use van_core::DataType;
 
-use node::error::PsError;
+use node::error::NodeError;
 
 /// A value type the parameter server can carry: plain old data with a wire type.
 pub trait Value: bytemuck::Pod + Default + Send + Sync + 'static {
@@ -63,10 +63,10 @@ pub fn repeated<T: Value>(value: T, n: usize) -> Bytes {
 
 /// `bytes` viewed as `[T]`: borrowed when aligned, copied otherwise. Fails when the length
 /// is not a multiple of the element size.
-pub fn view<T: Value>(bytes: &[u8]) -> Result<Cow<'_, [T]>, PsError> {
+pub fn view<T: Value>(bytes: &[u8]) -> Result<Cow<'_, [T]>, NodeError> {
     let size = std::mem::size_of::<T>();
     if bytes.len() % size != 0 {
-        return Err(PsError::InvalidArgument(format!(
+        return Err(NodeError::InvalidArgument(format!(
             "{} bytes is not a whole number of {}-byte values",
             bytes.len(),
             size

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ps::{node_ids, KvServer, KvWorker, Postoffice, PsError, Role, ALL_GROUPS};
+use ps::{node_ids, KvServer, KvWorker, NodeError, Postoffice, Role, ALL_GROUPS};
 use tokio::sync::oneshot;
 use van_core::inproc::{Hub, InProcessVan};
 use van_core::{
@@ -135,7 +135,7 @@ async fn forward(mut from: Inbox, to: InboxSender, peer: NodeId) {
 }
 
 /// Waits (at most [`RECORD_LIMIT`]) until `po` records `node` as dead.
-async fn recorded_failure(po: &Postoffice, node: NodeId) -> Option<PsError> {
+async fn recorded_failure(po: &Postoffice, node: NodeId) -> Option<NodeError> {
     let deadline = tokio::time::Instant::now() + RECORD_LIMIT;
     loop {
         let dead = po.dead_error(node);
@@ -157,7 +157,7 @@ enum ServerStops {
 
 /// Runs a scheduler, a server that stops (without finalize) as `when` says and a worker
 /// deaf to failure notices; returns what the worker recorded about the server.
-async fn worker_record_of_a_server_that_stops(when: ServerStops) -> Option<PsError> {
+async fn worker_record_of_a_server_that_stops(when: ServerStops) -> Option<NodeError> {
     let hub = Hub::new();
     let server_id = node_ids::server_rank_to_id(0);
     let (go_tx, go_rx) = oneshot::channel::<()>();
@@ -170,7 +170,7 @@ async fn worker_record_of_a_server_that_stops(when: ServerStops) -> Option<PsErr
             let barrier = po.barrier(ALL_GROUPS).await;
             let _ = done_rx.await;
             po.stop().await;
-            Ok::<_, PsError>(barrier)
+            Ok::<_, NodeError>(barrier)
         })
     };
     let server = {
@@ -183,7 +183,7 @@ async fn worker_record_of_a_server_that_stops(when: ServerStops) -> Option<PsErr
             }
             let _ = go_rx.await;
             po.stop().await;
-            Ok::<_, PsError>(())
+            Ok::<_, NodeError>(())
         })
     };
     let worker = {
@@ -217,7 +217,7 @@ async fn worker_record_of_a_server_that_stops(when: ServerStops) -> Option<PsErr
             let dead = recorded_failure(&po, server_id).await;
             let _ = done_tx.send(());
             po.stop().await;
-            Ok::<_, PsError>(dead)
+            Ok::<_, NodeError>(dead)
         })
     };
 

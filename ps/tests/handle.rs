@@ -13,7 +13,7 @@ use std::time::Duration;
 use node::handle::{Call, NodeHandle};
 use ps::handle::{KvNode, Worker};
 use ps::values::to_bytes;
-use ps::{Config, KvPairs, PsError, Role};
+use ps::{Config, KvPairs, NodeError, Role};
 use van_core::testkit::free_port;
 use van_core::DataType;
 
@@ -108,7 +108,7 @@ fn plain_threads_block_and_call_back() {
     let mut short = [0f32; 3];
     assert!(matches!(
         pulled.copy_vals_into(bytemuck::cast_slice_mut(&mut short)),
-        Err(PsError::InvalidArgument(_))
+        Err(NodeError::InvalidArgument(_))
     ));
 
     // Calls dropped without a wait: their requests still complete and leave the table.
@@ -130,19 +130,19 @@ fn plain_threads_block_and_call_back() {
     let mut lonely = node.barrier(ps::node_ids::WORKER_GROUP | 2);
     assert!(matches!(
         lonely.wait_timeout(Duration::from_millis(50)),
-        Err(PsError::Timeout { .. })
+        Err(NodeError::Timeout { .. })
     ));
     drop(lonely);
     // Unsorted keys are refused before anything is sent.
     let bad = KvPairs::from_slices(&[5u64, 1], &[1.0f32, 2.0], None);
     assert!(matches!(
         worker.push(bad, 0).wait(),
-        Err(PsError::InvalidArgument(_))
+        Err(NodeError::InvalidArgument(_))
     ));
     // A type the handle does not carry.
     assert!(matches!(
         node.worker(DataType::Other, 1, 0).wait(),
-        Err(PsError::InvalidArgument(_))
+        Err(NodeError::InvalidArgument(_))
     ));
     node.finalize().wait().unwrap();
     assert!(node.is_stopped());
@@ -179,7 +179,7 @@ fn inside_a_current_thread_tokio_runtime() {
         assert_eq!(ticks.await.unwrap(), 10);
         // A blocking wait here is refused instead of stalling the runtime.
         match worker.pull(to_bytes(&KEYS), 0).wait() {
-            Err(PsError::InvalidArgument(text)) => assert!(text.contains("await"), "{text}"),
+            Err(NodeError::InvalidArgument(text)) => assert!(text.contains("await"), "{text}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
         node.finalize().await.unwrap();
@@ -251,14 +251,14 @@ fn a_failed_start_is_an_error_not_a_hang() {
         .build()
         .unwrap();
     match NodeHandle::start(config) {
-        Err(PsError::Bootstrap { .. }) => {}
+        Err(NodeError::Bootstrap { .. }) => {}
         other => panic!("expected a bootstrap error, got {other:?}"),
     }
     // No role: a configuration error, at once.
     let config = Config::builder().build().unwrap();
     assert!(matches!(
         NodeHandle::start(config),
-        Err(PsError::InvalidArgument(_))
+        Err(NodeError::InvalidArgument(_))
     ));
 }
 
@@ -305,7 +305,7 @@ fn a_callback_runs_once_even_when_its_operation_never_finishes() {
     assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
     drop(node);
     match rx.recv_timeout(Duration::from_secs(10)) {
-        Ok(Err(PsError::Stopped)) => {}
+        Ok(Err(NodeError::Stopped)) => {}
         other => panic!("expected the callback with Stopped, got {other:?}"),
     }
     join(others);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use node::local::LocalCluster;
 use ps::{
-    node_ids, KvMeta, KvPairs, KvServer, KvWorker, Postoffice, PsError, RequestHandler, Role,
+    node_ids, KvMeta, KvPairs, KvServer, KvWorker, NodeError, Postoffice, RequestHandler, Role,
 };
 use tokio::sync::Notify;
 use van_core::inproc::{Hub, InProcessVan};
@@ -108,7 +108,7 @@ async fn a_barrier_releases_only_when_every_member_arrived() {
                 if po.role() != Role::Worker {
                     let refused = po.barrier(node_ids::WORKER_GROUP).await;
                     assert!(
-                        matches!(refused, Err(PsError::InvalidArgument(_))),
+                        matches!(refused, Err(NodeError::InvalidArgument(_))),
                         "{refused:?}"
                     );
                 }
@@ -147,10 +147,10 @@ async fn after_finalize_every_call_is_stopped_and_finalize_again_succeeds() {
             let barrier = po
                 .barrier(node_ids::WORKER_GROUP | node_ids::SERVER_GROUP)
                 .await;
-            assert!(matches!(barrier, Err(PsError::Stopped)), "{barrier:?}");
+            assert!(matches!(barrier, Err(NodeError::Stopped)), "{barrier:?}");
             if let Some(worker) = &worker {
                 let push = worker.push(&[1], &[2.0], None, 0).await;
-                assert!(matches!(push, Err(PsError::Stopped)), "{push:?}");
+                assert!(matches!(push, Err(NodeError::Stopped)), "{push:?}");
             }
             Ok(())
         })
@@ -208,7 +208,7 @@ async fn pending_requests_to_a_dead_server_fail_with_its_name() {
         .unwrap();
     let outcome = result.into_iter().flatten().next().unwrap();
     match outcome {
-        Err(PsError::NodeFailed { node, role, .. }) => {
+        Err(NodeError::NodeFailed { node, role, .. }) => {
             assert_eq!(node, 8);
             assert_eq!(role, "server");
         }
@@ -240,7 +240,7 @@ async fn bootstrap_deadline_names_who_is_missing() {
         Postoffice::start_with_van(config(Role::Worker), Arc::new(InProcessVan::new(&hub)));
     let (scheduler, server, worker) = tokio::join!(scheduler, server, worker);
     match scheduler {
-        Err(PsError::Bootstrap { summary, .. }) => {
+        Err(NodeError::Bootstrap { summary, .. }) => {
             assert!(summary.contains("1/1 server"), "{summary}");
             assert!(summary.contains("1/2 worker"), "{summary}");
             assert!(summary.contains("waiting for 1 worker"), "{summary}");
@@ -249,7 +249,7 @@ async fn bootstrap_deadline_names_who_is_missing() {
     }
     for node in [server, worker] {
         match node {
-            Err(PsError::Bootstrap { summary, .. }) => {
+            Err(NodeError::Bootstrap { summary, .. }) => {
                 assert!(
                     summary.contains("no node table from the scheduler"),
                     "{summary}"
@@ -429,7 +429,7 @@ async fn a_handler_failure_is_reported_as_such_and_not_as_a_dead_server() {
         .expect("the cluster did not finish in time")
         .unwrap();
     match results.into_iter().flatten().next().unwrap() {
-        Err(PsError::HandlerFailed { server, reason }) => {
+        Err(NodeError::HandlerFailed { server, reason }) => {
             assert_eq!(server, 8);
             assert_eq!(reason, "command 7 is refused here");
         }
@@ -562,7 +562,7 @@ async fn workers_started_with_vans_rank_get_the_rank_they_asked_for() {
                 let po = Postoffice::start_with_van(config, van).await?;
                 let got = (role == Role::Worker).then(|| po.my_rank());
                 po.finalize().await?;
-                Ok::<_, PsError>((rank, got))
+                Ok::<_, NodeError>((rank, got))
             })
         })
         .collect();
@@ -602,7 +602,7 @@ async fn keys_never_pushed_pull_as_zeros_or_fail_by_name_and_repeated_keys_are_r
                     // Without a buffer the length is unknown: an error naming the key.
                     let id = worker.pull(&[1, 5, missing], 0).await?;
                     match worker.wait(id).await {
-                        Err(PsError::HandlerFailed { reason, .. }) => {
+                        Err(NodeError::HandlerFailed { reason, .. }) => {
                             assert!(reason.contains(&format!("key {missing} was never pushed")))
                         }
                         other => panic!("a pull of a key never pushed answered {other:?}"),
@@ -610,7 +610,7 @@ async fn keys_never_pushed_pull_as_zeros_or_fail_by_name_and_repeated_keys_are_r
                     // A buffer expecting another length than a key holds: named too.
                     let id = worker.zpull_into(keys, vec![0u8; 36], 0).await?;
                     match worker.wait(id).await {
-                        Err(PsError::HandlerFailed { reason, .. }) => {
+                        Err(NodeError::HandlerFailed { reason, .. }) => {
                             assert!(reason.contains("key 1 holds 2 values; the pull expects 3"))
                         }
                         other => panic!("a pull of the wrong length answered {other:?}"),
@@ -621,7 +621,7 @@ async fn keys_never_pushed_pull_as_zeros_or_fail_by_name_and_repeated_keys_are_r
                         worker.pull(&[1, 5, 5], 0).await,
                     ] {
                         match result {
-                            Err(PsError::InvalidArgument(e)) => {
+                            Err(NodeError::InvalidArgument(e)) => {
                                 assert!(e.contains("is given twice"), "{e}")
                             }
                             other => panic!("repeated keys answered {other:?}"),

@@ -174,7 +174,7 @@ async fn a_peer_leaving_before_our_barrier_release_is_not_a_failed_node() {
             let id = worker.push(&[1, u64::MAX], &[1.0, 2.0], None, 0).await?;
             worker.wait(id).await?;
             po.finalize().await?;
-            Ok::<_, ps::PsError>(po.dead_error(server_id))
+            Ok::<_, ps::NodeError>(po.dead_error(server_id))
         })
     };
 

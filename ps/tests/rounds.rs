@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use node::local::LocalCluster;
-use ps::{node_ids, KvServer, KvWorker, PsError, Role, ROUND_CMD};
+use ps::{node_ids, KvServer, KvWorker, NodeError, Role, ROUND_CMD};
 
 /// Keys on both servers and on several shards of each.
 const KEYS: [u64; 5] = [1, 2, u64::MAX / 3, u64::MAX / 2 + 1, u64::MAX - 1];
@@ -76,7 +76,7 @@ async fn every_worker_gets_each_rounds_exact_sum() {
                             .push_pull(&keys, &[1.0, 2.0], None, ROUND_CMD)
                             .await?;
                         match worker.wait(id).await {
-                            Err(PsError::HandlerFailed { reason, .. }) => {
+                            Err(NodeError::HandlerFailed { reason, .. }) => {
                                 assert!(reason.contains("one key per request"), "{reason}");
                             }
                             other => panic!("a two-key round was not refused: {other:?}"),
@@ -85,7 +85,7 @@ async fn every_worker_gets_each_rounds_exact_sum() {
                     // The ps-lite store never saw the rounds: its keys were never pushed.
                     let id = worker.pull(&KEYS, 0).await?;
                     match worker.wait(id).await {
-                        Err(PsError::HandlerFailed { reason, .. }) => {
+                        Err(NodeError::HandlerFailed { reason, .. }) => {
                             assert!(reason.contains("was never pushed"), "{reason}");
                         }
                         other => panic!("the store answered keys only rounds saw: {other:?}"),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use node::local::LocalCluster;
 use ps::simple_app::SimpleApp;
-use ps::{node_ids, PsError, Role};
+use ps::{node_ids, NodeError, Role};
 use tokio::sync::Notify;
 use van_core::NodeId;
 
@@ -106,7 +106,7 @@ async fn a_handler_error_names_the_server_whose_handler_failed() {
         let mut outcomes = outcomes.into_iter();
         for expected in ["no command 13", "the handler panicked"] {
             match outcomes.next().unwrap() {
-                Err(e @ PsError::Protocol { from: Some(10), .. }) => {
+                Err(e @ NodeError::Protocol { from: Some(10), .. }) => {
                     let text = e.to_string();
                     assert!(text.contains("handler failed on server 10"), "{text}");
                     assert!(text.contains(expected), "{text}");
@@ -151,10 +151,10 @@ async fn bad_recipients_and_request_ids_fail_cleanly() {
     assert_eq!(errors.len(), 10);
     for (recipient, outcome) in errors {
         match outcome {
-            Err(PsError::InvalidArgument(text)) => {
+            Err(NodeError::InvalidArgument(text)) => {
                 assert!(text.contains(&format!("node {recipient} ")), "{text}");
             }
-            Err(PsError::UnknownRequest(12_345)) if recipient == -1 => {}
+            Err(NodeError::UnknownRequest(12_345)) if recipient == -1 => {}
             other => panic!("request to {recipient}: expected an error, got {other:?}"),
         }
     }
@@ -201,7 +201,7 @@ async fn requests_to_a_dead_server_fail_with_its_name() {
     assert_eq!(outcomes.len(), 2);
     for outcome in outcomes {
         match outcome {
-            Err(PsError::NodeFailed { node: 8, role, .. }) => assert_eq!(role, "server"),
+            Err(NodeError::NodeFailed { node: 8, role, .. }) => assert_eq!(role, "server"),
             other => panic!("expected server 8 to be reported dead, got {other:?}"),
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use node::local::LocalCluster;
 use ps::{
-    KvMeta, KvPairs, KvServer, KvWorker, PsError, RequestHandler, Role, Snapshot, SumHandler,
+    KvMeta, KvPairs, KvServer, KvWorker, NodeError, RequestHandler, Role, Snapshot, SumHandler,
     ALL_GROUPS,
 };
 
@@ -103,7 +103,7 @@ async fn a_handler_without_snapshots_says_so() {
         if po.role() == Role::Server {
             let server = KvServer::<f32>::new(&po, 0, 0, 2, |_| Plain).await?;
             match server.snapshot().await {
-                Err(PsError::InvalidArgument(e)) => {
+                Err(NodeError::InvalidArgument(e)) => {
                     assert!(e.contains("does not take snapshots"), "{e}")
                 }
                 other => panic!("expected a refusal, got {other:?}"),

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use node::local::LocalCluster;
 use ps::optim::{initial_rows, TableHandler, TableSpec, ACCUMULATE_CMD, APPLY_CMD};
 use ps::values::to_bytes;
-use ps::{node_ids, KvMeta, KvPairs, KvServer, KvWorker, PsError, RequestHandler, Role};
+use ps::{node_ids, KvMeta, KvPairs, KvServer, KvWorker, NodeError, RequestHandler, Role};
 use van_core::DataType;
 
 const SPEC: &str = "optimizer=adam dim=4 lr=0.05 init=normal std=0.1 seed=11";
@@ -92,7 +92,7 @@ async fn tables_step_as_one_table_would_in_both_modes_and_restore_mid_run() {
                     got.push(worker.wait(id).await?.vals::<f32>()?.into_owned());
                     // A buffer that is not whole rows is refused at the call.
                     match worker.zpull_into(key_bytes.clone(), vec![0u8; 50], 0).await {
-                        Err(PsError::InvalidArgument(why)) => assert!(why.contains("50 bytes")),
+                        Err(NodeError::InvalidArgument(why)) => assert!(why.contains("50 bytes")),
                         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
                     }
                     // Synchronous: both workers accumulate, meet, apply, meet.

@@ -6,7 +6,7 @@
 //! [`Rendezvous`](van_core::Rendezvous) trait sees one type; the crate builds the ones that
 //! name a peer here.
 
-use node::PsError;
+use node::NodeError;
 use van_core::rendezvous::KeyError;
 use van_core::{node_ids, NodeId, RendezvousError};
 
@@ -18,7 +18,7 @@ pub enum Error {
     /// The postoffice refused (e.g. the app and customer ids are taken by another
     /// application on this node: pick another `customer_id`).
     #[error(transparent)]
-    Ps(#[from] PsError),
+    Ps(#[from] NodeError),
     /// An option of the manager's builder is out of range; the text names it.
     #[error("invalid rendezvous option: {0}")]
     InvalidOption(String),
@@ -33,8 +33,8 @@ pub enum Error {
 impl From<Error> for van_core::Error {
     fn from(error: Error) -> van_core::Error {
         match error {
-            Error::Ps(PsError::Van(e)) => van_core::Error::Van(e),
-            Error::Ps(PsError::Config(e)) => van_core::Error::Config(e),
+            Error::Ps(NodeError::Van(e)) => van_core::Error::Van(e),
+            Error::Ps(NodeError::Config(e)) => van_core::Error::Config(e),
             other => van_core::Error::Other(other.to_string()),
         }
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use node::handle::{Call, NodeHandle};
-use node::PsError;
+use node::NodeError;
 use van_core::rendezvous::{parse_key, Received};
 use van_core::{NodeId, Rendezvous};
 
@@ -47,7 +47,7 @@ impl RendezvousHandle {
                 .map_err(|e| match e {
                     // Keep the postoffice's own kind (stopped, van, ...).
                     crate::Error::Ps(e) => e,
-                    other => PsError::InvalidArgument(other.to_string()),
+                    other => NodeError::InvalidArgument(other.to_string()),
                 })?;
             Ok(RendezvousHandle {
                 node: owner,
@@ -75,24 +75,24 @@ impl RendezvousHandle {
     /// [`send`](Self::send) of a value with its header ([`Received::header`]), which reaches
     /// the receiver beside the value: neither is copied into the other.
     pub fn send_received(&self, step_id: i64, key: &str, value: Received) -> node::Result<()> {
-        let parsed = parse_key(key).map_err(|e| PsError::InvalidArgument(e.to_string()))?;
+        let parsed = parse_key(key).map_err(|e| NodeError::InvalidArgument(e.to_string()))?;
         // The manager spawns its sends onto the node's runtime: enter it (without blocking).
         let runtime = self.node.runtime();
         let _context = runtime.enter();
         let step = self.mgr.find(step_id);
-        step.initialize().map_err(PsError::from)?;
-        step.send_received(&parsed, value).map_err(PsError::from)
+        step.initialize().map_err(NodeError::from)?;
+        step.send_received(&parsed, value).map_err(NodeError::from)
     }
 
     /// Receives the value under `key` in step `step_id`, from whichever task produces it.
     pub fn recv(&self, step_id: i64, key: &str) -> Call<Received> {
-        let parsed = parse_key(key).map_err(|e| PsError::InvalidArgument(e.to_string()));
+        let parsed = parse_key(key).map_err(|e| NodeError::InvalidArgument(e.to_string()));
         let mgr = Arc::clone(&self.mgr);
         self.node.spawn(async move {
             let parsed = parsed?;
             let step = mgr.find(step_id);
-            step.initialize().map_err(PsError::from)?;
-            step.recv(&parsed).await.map_err(PsError::from)
+            step.initialize().map_err(NodeError::from)?;
+            step.recv(&parsed).await.map_err(NodeError::from)
         })
     }
 
@@ -148,16 +148,16 @@ impl RendezvousHandle {
         };
         let parsed = match parse_key(key) {
             Ok(parsed) => parsed,
-            Err(e) => return done(Err(PsError::InvalidArgument(e.to_string()))),
+            Err(e) => return done(Err(NodeError::InvalidArgument(e.to_string()))),
         };
         let _context = runtime.enter();
         let step = self.mgr.find(step_id);
         if let Err(e) = step.initialize() {
-            return done(Err(PsError::from(e)));
+            return done(Err(NodeError::from(e)));
         }
         step.recv_async(
             &parsed,
-            Box::new(move |result| done(result.map_err(PsError::from))),
+            Box::new(move |result| done(result.map_err(NodeError::from))),
         );
         returned.store(true, Ordering::Release);
     }

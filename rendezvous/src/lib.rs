@@ -35,7 +35,7 @@
 //!     .run(|po| async move {
 //!         let mgr = RendezvousMgr::new(&po, Protocol::Push)
 //!             .await
-//!             .map_err(|e| node::PsError::InvalidArgument(e.to_string()))?;
+//!             .map_err(|e| node::NodeError::InvalidArgument(e.to_string()))?;
 //!         let (worker, server) = (cpu_device(9).unwrap(), cpu_device(8).unwrap());
 //!         let weights = parse_key(&create_key(&server, 1, &worker, "w", (0, 0))).unwrap();
 //!         let grad = parse_key(&create_key(&worker, 1, &server, "grad", (0, 0))).unwrap();

@@ -191,7 +191,7 @@ pub struct MgrStats {
 /// // One server (node 8) and one worker (node 9): the worker sends, the server receives.
 /// LocalCluster::new(1, 1)
 ///     .run(|po| async move {
-///         let mgr = RendezvousMgr::new(&po, Protocol::Pull).await.map_err(|e| node::PsError::InvalidArgument(e.to_string()))?;
+///         let mgr = RendezvousMgr::new(&po, Protocol::Pull).await.map_err(|e| node::NodeError::InvalidArgument(e.to_string()))?;
 ///         let key = parse_key(&create_key(
 ///             &cpu_device(9).unwrap(), 1, &cpu_device(8).unwrap(), "grad", (0, 0),
 ///         )).unwrap();

@@ -776,10 +776,10 @@ mod tests {
             if po.role() == Role::Scheduler {
                 return po.finalize().await.map(|()| None);
             }
-            let failed = |e: RendezvousError| node::PsError::InvalidArgument(e.to_string());
+            let failed = |e: RendezvousError| node::NodeError::InvalidArgument(e.to_string());
             let mgr = RendezvousMgr::new(&po, Protocol::Push)
                 .await
-                .map_err(|e| node::PsError::InvalidArgument(e.to_string()))?;
+                .map_err(|e| node::NodeError::InvalidArgument(e.to_string()))?;
             let (server, worker) = (cpu_device(8).unwrap(), cpu_device(9).unwrap());
             // One step with many iterations, as a while loop inside a TensorFlow step.
             let step = mgr.find(1);

@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 use async_trait::async_trait;
 use bytes::Bytes;
 use node::postoffice::Customer;
-use node::{Postoffice, PsError};
+use node::{NodeError, Postoffice};
 use tracing::{debug, warn};
 use van_core::rendezvous::Received;
 use van_core::{Message, NodeId, ParsedKey, Rendezvous, RendezvousError};
@@ -503,7 +503,7 @@ impl MgrInner {
     }
 
     /// Sending to `peer` failed: the calls that depended on those messages fail.
-    fn send_failed(&self, peer: NodeId, sent: Vec<Sent>, error: &PsError) {
+    fn send_failed(&self, peer: NodeId, sent: Vec<Sent>, error: &NodeError) {
         let reason = format!("sending to it failed: {error}");
         warn!(
             peer,

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use node::local::LocalCluster;
 use node::postoffice::Customer;
-use node::{node_ids, Postoffice, PsError, Role};
+use node::{node_ids, NodeError, Postoffice, Role};
 use rendezvous::mgr::DEFAULT_APP_ID;
 use rendezvous::wire::{Address, RemoteStatus, RendezvousMessage, StatusCode};
 use rendezvous::{
@@ -41,8 +41,8 @@ fn key(src: NodeId, dst: NodeId, name: &str) -> ParsedKey {
     .unwrap()
 }
 
-fn failed(e: impl std::fmt::Display) -> PsError {
-    PsError::InvalidArgument(e.to_string())
+fn failed(e: impl std::fmt::Display) -> NodeError {
+    NodeError::InvalidArgument(e.to_string())
 }
 
 /// Runs `node` on the server and the worker of a 1-server, 1-worker in-process cluster (the

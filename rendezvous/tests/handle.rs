@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use node::handle::NodeHandle;
-use node::{Config, PsError, Role};
+use node::{Config, NodeError, Role};
 use rendezvous::handle::RendezvousHandle;
 use rendezvous::{cpu_device, create_key, Protocol};
 use van_core::testkit::free_port;
@@ -86,11 +86,11 @@ fn exchange(protocol: Protocol) {
     // A malformed key is refused at once.
     assert!(matches!(
         rdv.send(9, "not;a;key", Bytes::new(), false),
-        Err(PsError::InvalidArgument(_))
+        Err(NodeError::InvalidArgument(_))
     ));
     assert!(matches!(
         rdv.recv(9, "nope").wait(),
-        Err(PsError::InvalidArgument(_))
+        Err(NodeError::InvalidArgument(_))
     ));
     // recv_then of a value already here, and of a bad key: answered on the runtime, never on
     // the calling thread.
@@ -107,7 +107,7 @@ fn exchange(protocol: Protocol) {
         match got {
             Ok(value) => assert_eq!((k, &value.value[..]), (here.as_str(), &b"here"[..])),
             Err(e) => assert!(
-                k == "nope" && matches!(e, PsError::InvalidArgument(_)),
+                k == "nope" && matches!(e, NodeError::InvalidArgument(_)),
                 "{e}"
             ),
         }
@@ -117,7 +117,7 @@ fn exchange(protocol: Protocol) {
     std::thread::sleep(Duration::from_millis(50));
     rdv.cleanup(100);
     match pending.wait() {
-        Err(PsError::Rendezvous(e)) => assert!(e.to_string().contains("abort"), "{e}"),
+        Err(NodeError::Rendezvous(e)) => assert!(e.to_string().contains("abort"), "{e}"),
         other => panic!("expected a rendezvous error, got {other:?}"),
     }
     node.finalize().wait().unwrap();

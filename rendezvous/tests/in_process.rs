@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use node::local::LocalCluster;
-use node::{node_ids, Postoffice, PsError, Role};
+use node::{node_ids, NodeError, Postoffice, Role};
 use rendezvous::{
     cpu_device, create_key, parse_key, Instant, ParsedKey, Protocol, Rendezvous, RendezvousError,
     RendezvousMgr,
@@ -40,8 +40,8 @@ fn value(step: i64, name: &str, len: usize) -> Bytes {
     Bytes::from(seed.bytes().cycle().take(len).collect::<Vec<u8>>())
 }
 
-fn failed(e: impl std::fmt::Display) -> PsError {
-    PsError::InvalidArgument(e.to_string())
+fn failed(e: impl std::fmt::Display) -> NodeError {
+    NodeError::InvalidArgument(e.to_string())
 }
 
 /// Runs `node` on the server and the worker of a 1-server, 1-worker in-process cluster (the

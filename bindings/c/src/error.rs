@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ps::PsError;
+use ps::NodeError;
 
 /// Success.
 pub const VANS_OK: c_int = 0;
@@ -65,21 +65,21 @@ impl Failure {
     }
 }
 
-impl From<PsError> for Failure {
-    fn from(error: PsError) -> Failure {
+impl From<NodeError> for Failure {
+    fn from(error: NodeError) -> Failure {
         let code = match &error {
-            PsError::InvalidArgument(_) => VANS_ERR_INVALID_ARGUMENT,
-            PsError::NodeFailed { .. } => VANS_ERR_NODE_FAILED,
-            PsError::Timeout { .. } => VANS_ERR_TIMEOUT,
-            PsError::Stopped => VANS_ERR_STOPPED,
-            PsError::Bootstrap { .. } => VANS_ERR_BOOTSTRAP,
-            PsError::Config(_) => VANS_ERR_CONFIG,
-            PsError::Rendezvous(_) => VANS_ERR_RENDEZVOUS,
-            PsError::Van(_) => VANS_ERR_VAN,
-            PsError::BarrierFailed { .. } => VANS_ERR_BARRIER_FAILED,
-            PsError::Protocol { .. } => VANS_ERR_PROTOCOL,
-            PsError::UnknownRequest(_) => VANS_ERR_UNKNOWN_REQUEST,
-            PsError::HandlerFailed { .. } => VANS_ERR_HANDLER_FAILED,
+            NodeError::InvalidArgument(_) => VANS_ERR_INVALID_ARGUMENT,
+            NodeError::NodeFailed { .. } => VANS_ERR_NODE_FAILED,
+            NodeError::Timeout { .. } => VANS_ERR_TIMEOUT,
+            NodeError::Stopped => VANS_ERR_STOPPED,
+            NodeError::Bootstrap { .. } => VANS_ERR_BOOTSTRAP,
+            NodeError::Config(_) => VANS_ERR_CONFIG,
+            NodeError::Rendezvous(_) => VANS_ERR_RENDEZVOUS,
+            NodeError::Van(_) => VANS_ERR_VAN,
+            NodeError::BarrierFailed { .. } => VANS_ERR_BARRIER_FAILED,
+            NodeError::Protocol { .. } => VANS_ERR_PROTOCOL,
+            NodeError::UnknownRequest(_) => VANS_ERR_UNKNOWN_REQUEST,
+            NodeError::HandlerFailed { .. } => VANS_ERR_HANDLER_FAILED,
         };
         Failure {
             code,
@@ -215,7 +215,7 @@ mod tests {
 
     #[test]
     fn failures_keep_their_code_and_text() {
-        let status = guard("vans_test", || Err(PsError::Stopped.into()));
+        let status = guard("vans_test", || Err(NodeError::Stopped.into()));
         assert_eq!(status, VANS_ERR_STOPPED);
         assert_eq!(status_name(status).to_str().ok(), Some("VANS_ERR_STOPPED"));
         set_last_error("a\0b");

@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use node::handle::Call;
-use ps::{KvPairs, Op, PsError};
+use ps::{KvPairs, NodeError, Op};
 use tokio::sync::oneshot;
 
 use crate::args;
@@ -456,7 +456,7 @@ unsafe fn wait(
             }
         };
         let Some((code, message)) = status.clone() else {
-            return Err(PsError::Timeout {
+            return Err(NodeError::Timeout {
                 waited: timeout.unwrap_or_default(),
             }
             .into());

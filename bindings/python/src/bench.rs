@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
-use ps::{KvPairs, KvWorker, Op, PsError, PullBuffer};
+use ps::{KvPairs, KvWorker, NodeError, Op, PullBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -20,7 +20,7 @@ pub(crate) struct RustBench {
 
 fn op(mode: &str) -> PyResult<Op> {
     mode.parse()
-        .map_err(|e: PsError| PyValueError::new_err(e.to_string()))
+        .map_err(|e: NodeError| PyValueError::new_err(e.to_string()))
 }
 
 #[pymethods]
@@ -135,7 +135,7 @@ impl RustBench {
                     None => break,
                 }
             }
-            Ok::<f64, PsError>(started.elapsed().as_secs_f64())
+            Ok::<f64, NodeError>(started.elapsed().as_secs_f64())
         });
         wait(py, call, None)
     }

@@ -1,12 +1,12 @@
 //! Parameter-server errors as the Python exceptions of `vans.errors`, each naming its cause.
 
 use collective::CollectiveError;
-use ps::PsError;
+use ps::NodeError;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 /// `err` as an exception of `vans.errors` (or `ValueError` for an invalid argument).
-pub(crate) fn to_py(err: PsError) -> PyErr {
+pub(crate) fn to_py(err: NodeError) -> PyErr {
     Python::attach(|py| match convert(py, &err) {
         Ok(converted) => converted,
         // The errors module itself failed to load: still say what happened.
@@ -14,39 +14,39 @@ pub(crate) fn to_py(err: PsError) -> PyErr {
     })
 }
 
-fn convert(py: Python<'_>, err: &PsError) -> PyResult<PyErr> {
+fn convert(py: Python<'_>, err: &NodeError) -> PyResult<PyErr> {
     let message = err.to_string();
     let class = match err {
-        PsError::InvalidArgument(_) => return Ok(PyValueError::new_err(message)),
-        PsError::Config(_) => "ConfigError",
-        PsError::NodeFailed { .. } => "NodeFailedError",
-        PsError::HandlerFailed { .. } => "HandlerFailedError",
-        PsError::BarrierFailed { .. } => "BarrierFailedError",
-        PsError::Bootstrap { .. } => "BootstrapError",
-        PsError::Timeout { .. } => "TimeoutError",
-        PsError::Stopped => "StoppedError",
-        PsError::Rendezvous(_) => "RendezvousError",
-        PsError::Protocol { .. } => "ProtocolError",
-        PsError::UnknownRequest(_) => "VansError",
-        PsError::Van(_) => "TransportError",
+        NodeError::InvalidArgument(_) => return Ok(PyValueError::new_err(message)),
+        NodeError::Config(_) => "ConfigError",
+        NodeError::NodeFailed { .. } => "NodeFailedError",
+        NodeError::HandlerFailed { .. } => "HandlerFailedError",
+        NodeError::BarrierFailed { .. } => "BarrierFailedError",
+        NodeError::Bootstrap { .. } => "BootstrapError",
+        NodeError::Timeout { .. } => "TimeoutError",
+        NodeError::Stopped => "StoppedError",
+        NodeError::Rendezvous(_) => "RendezvousError",
+        NodeError::Protocol { .. } => "ProtocolError",
+        NodeError::UnknownRequest(_) => "VansError",
+        NodeError::Van(_) => "TransportError",
     };
     let errors = py.import("vans.errors")?;
     let exception = errors.getattr(class)?.call1((message,))?;
     match err {
-        PsError::NodeFailed { node, role, reason } => {
+        NodeError::NodeFailed { node, role, reason } => {
             exception.setattr("node", *node)?;
             exception.setattr("role", role.as_str())?;
             exception.setattr("reason", reason.as_str())?;
         }
-        PsError::HandlerFailed { server, reason } => {
+        NodeError::HandlerFailed { server, reason } => {
             exception.setattr("server", *server)?;
             exception.setattr("reason", reason.as_str())?;
         }
-        PsError::BarrierFailed { group, dead } => {
+        NodeError::BarrierFailed { group, dead } => {
             exception.setattr("group", *group)?;
             exception.setattr("dead", dead.clone())?;
         }
-        PsError::Protocol { from, .. } => exception.setattr("node", *from)?,
+        NodeError::Protocol { from, .. } => exception.setattr("node", *from)?,
         _ => {}
     }
     Ok(PyErr::from_value(exception))

@@ -6,7 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use launcher::{LaunchError, LaunchSpec};
-use ps::PsError;
+use ps::NodeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -63,7 +63,7 @@ pub(crate) fn launch(
         // The timer is made inside the runtime (it needs its context).
         runtime
             .block_on(async { tokio::time::timeout(slice, &mut job).await })
-            .map_err(|_| PsError::Timeout { waited: slice })
+            .map_err(|_| NodeError::Timeout { waited: slice })
     })?;
     let report = report.map_err(|e| launch_error(py, &e))?;
     report

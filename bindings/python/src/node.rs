@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use node::handle::{Call, NodeHandle};
-use ps::{Config, PsError};
+use ps::{Config, NodeError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -18,7 +18,7 @@ use crate::errors::to_py;
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// Waits without the GIL for `attempt` (called with slices of at most [`SIGNAL_CHECK`]) to
-/// answer with anything but [`PsError::Timeout`], for at most `timeout` seconds (forever
+/// answer with anything but [`NodeError::Timeout`], for at most `timeout` seconds (forever
 /// with `None`), letting Python handle signals between slices. A timeout raises
 /// `vans.errors.TimeoutError`.
 pub(crate) fn wait_for<T: Send>(
@@ -38,7 +38,7 @@ pub(crate) fn wait_for<T: Send>(
     // An answer that is already there (the common case with many requests in flight) is
     // taken without giving up the GIL.
     match attempt(Duration::ZERO) {
-        Err(PsError::Timeout { .. }) => {}
+        Err(NodeError::Timeout { .. }) => {}
         result => {
             buffer::release_pending(py);
             return result.map_err(to_py);
@@ -50,9 +50,9 @@ pub(crate) fn wait_for<T: Send>(
                 .min(SIGNAL_CHECK)
         });
         match py.detach(|| attempt(slice)) {
-            Err(PsError::Timeout { .. }) => {
+            Err(NodeError::Timeout { .. }) => {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(to_py(PsError::Timeout {
+                    return Err(to_py(NodeError::Timeout {
                         waited: Duration::from_secs_f64(timeout.unwrap_or(0.0)),
                     }));
                 }

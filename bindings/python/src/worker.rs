@@ -142,7 +142,7 @@ impl Request {
         let mut answered = false;
         let result = wait_for(py, timeout, |slice| {
             let result = call.wait_timeout(slice);
-            answered = !matches!(result, Err(ps::PsError::Timeout { .. }));
+            answered = !matches!(result, Err(ps::NodeError::Timeout { .. }));
             result
         });
         if !answered {

@@ -226,7 +226,7 @@ impl Op {
 
     /// A member the van cannot reach (its connection gone, refused, unknown) failed as far
     /// as this collective goes: named like a member the postoffice declared failed.
-    pub(super) fn send_failed(&self, to: usize, error: node::PsError) -> CollectiveError {
+    pub(super) fn send_failed(&self, to: usize, error: node::NodeError) -> CollectiveError {
         use van_core::VanError;
         let failed = |reason: String| CollectiveError::RankFailed {
             node: self.members[to],
@@ -235,8 +235,8 @@ impl Op {
             reason,
         };
         match error {
-            node::PsError::NodeFailed { reason, .. } => failed(reason),
-            node::PsError::Van(
+            node::NodeError::NodeFailed { reason, .. } => failed(reason),
+            node::NodeError::Van(
                 e @ (VanError::PeerGone { .. }
                 | VanError::Connect { .. }
                 | VanError::UnknownPeer { .. }),

@@ -27,10 +27,10 @@ where
             let result = tokio::spawn(body(po.clone())).await;
             po.finalize().await?;
             match result {
-                Ok(result) => result
-                    .map(Some)
-                    .map_err(|e| node::PsError::InvalidArgument(format!("collective failed: {e}"))),
-                Err(e) => Err(node::PsError::InvalidArgument(format!(
+                Ok(result) => result.map(Some).map_err(|e| {
+                    node::NodeError::InvalidArgument(format!("collective failed: {e}"))
+                }),
+                Err(e) => Err(node::NodeError::InvalidArgument(format!(
                     "the worker's checks failed: {e}"
                 ))),
             }

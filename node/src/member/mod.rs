@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use van_core::{node_ids, Command, Control, Message, Meta, Node, NodeId, Role};
 
-use crate::error::PsError;
+use crate::error::NodeError;
 use crate::table::NodeTable;
 
 /// Barrier group of every node (scheduler, servers and workers).
@@ -132,10 +132,10 @@ pub enum Action {
         /// The barrier group.
         group: i32,
         /// `Ok` when released.
-        result: Result<(), PsError>,
+        result: Result<(), NodeError>,
     },
     /// Every pending barrier fails: `dead` (the scheduler) will not release it, for
-    /// `reason` (the barriers fail with [`PsError::NodeFailed`] naming it, as every later
+    /// `reason` (the barriers fail with [`NodeError::NodeFailed`] naming it, as every later
     /// barrier is refused).
     FailBarriers {
         /// The node whose death ends them.
@@ -144,7 +144,7 @@ pub enum Action {
         reason: String,
     },
     /// A barrier call is refused before it is sent.
-    RefuseBarrier(PsError),
+    RefuseBarrier(NodeError),
     /// Stop the node: it was asked to.
     Stop,
     /// Stop the node: the cluster went on without it (the scheduler declared it dead, or it
@@ -289,7 +289,7 @@ impl Member {
                 let result = if control.nodes.is_empty() {
                     Ok(())
                 } else {
-                    Err(PsError::BarrierFailed {
+                    Err(NodeError::BarrierFailed {
                         group,
                         dead: control.nodes.iter().filter_map(|n| n.id).collect(),
                     })
@@ -471,21 +471,21 @@ impl Member {
         // A stopped node waits for nothing (its scheduler's loss, when that stopped it, is
         // said below, naming the scheduler).
         if self.stopped && self.failure(node_ids::SCHEDULER).is_none() {
-            return Action::RefuseBarrier(PsError::Stopped);
+            return Action::RefuseBarrier(NodeError::Stopped);
         }
         if group <= 0 || group & !ALL_GROUPS != 0 {
-            return Action::RefuseBarrier(PsError::InvalidArgument(format!(
+            return Action::RefuseBarrier(NodeError::InvalidArgument(format!(
                 "barrier group {group} is not a combination of 1 (scheduler), 2 (servers), 4 (workers)"
             )));
         }
         if group & node_ids::group_of(self.config.role) == 0 {
-            return Action::RefuseBarrier(PsError::InvalidArgument(format!(
+            return Action::RefuseBarrier(NodeError::InvalidArgument(format!(
                 "this {} is not a member of barrier group {group}; it would wait forever",
                 self.config.role
             )));
         }
         if let Some(reason) = self.failure(node_ids::SCHEDULER) {
-            return Action::RefuseBarrier(PsError::node_failed(node_ids::SCHEDULER, reason));
+            return Action::RefuseBarrier(NodeError::node_failed(node_ids::SCHEDULER, reason));
         }
         let mut msg = control_request(Command::Barrier);
         if let Some(control) = &mut msg.meta.control {

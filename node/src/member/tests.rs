@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use van_core::{node_ids, Command, Control, Message, Meta, Node, NodeId, Role, Seq};
 
 use super::{Action, Input, Member, MemberConfig, ALL_GROUPS};
-use crate::error::PsError;
+use crate::error::NodeError;
 use crate::table::NodeTable;
 
 const SERVER: NodeId = 8;
@@ -327,7 +327,7 @@ fn a_barrier_during_a_failure_ends_with_the_dead_nodes() {
     match &actions[..] {
         [Action::EndBarrier {
             group: 6,
-            result: Err(PsError::BarrierFailed { group: 6, dead }),
+            result: Err(NodeError::BarrierFailed { group: 6, dead }),
         }] => assert_eq!(dead, &vec![SERVER]),
         other => panic!("the barrier did not fail with the dead server: {other:?}"),
     }
@@ -349,7 +349,7 @@ fn losing_the_scheduler_fails_every_barrier_and_refuses_new_ones() {
     let actions = h.input(Input::Barrier(node_ids::WORKER_GROUP));
     assert!(matches!(
         &actions[..],
-        [Action::RefuseBarrier(PsError::NodeFailed { node: 1, .. })]
+        [Action::RefuseBarrier(NodeError::NodeFailed { node: 1, .. })]
     ));
 }
 
@@ -361,7 +361,7 @@ fn a_barrier_this_node_cannot_pass_is_refused() {
         assert!(
             matches!(
                 &actions[..],
-                [Action::RefuseBarrier(PsError::InvalidArgument(_))]
+                [Action::RefuseBarrier(NodeError::InvalidArgument(_))]
             ),
             "group {group}: {actions:?}"
         );
@@ -375,7 +375,7 @@ fn a_barrier_on_a_stopped_node_is_refused_as_stopped() {
     for group in [ALL_GROUPS, node_ids::SERVER_GROUP] {
         let actions = h.input(Input::Barrier(group));
         assert!(
-            matches!(&actions[..], [Action::RefuseBarrier(PsError::Stopped)]),
+            matches!(&actions[..], [Action::RefuseBarrier(NodeError::Stopped)]),
             "group {group}: {actions:?}"
         );
     }

@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 use van_core::{node_ids, Command, Node, Role};
 
 use super::{lock, Postoffice};
-use crate::error::{PsError, Result};
+use crate::error::{NodeError, Result};
 
 /// How often a node retries reaching the scheduler while bootstrapping.
 const CONNECT_RETRY: Duration = Duration::from_millis(200);
@@ -144,7 +144,7 @@ impl Postoffice {
 /// Waits until the node table has arrived.
 pub(super) async fn wait_ready(ready: &mut watch::Receiver<bool>) -> Result<()> {
     while !*ready.borrow_and_update() {
-        ready.changed().await.map_err(|_| PsError::Stopped)?;
+        ready.changed().await.map_err(|_| NodeError::Stopped)?;
     }
     Ok(())
 }
@@ -153,11 +153,11 @@ pub(super) async fn wait_ready(ready: &mut watch::Receiver<bool>) -> Result<()> 
 /// secret, speaks another handshake version, or does not authenticate at all. A handshake
 /// cut short (timeout, closed connection, I/O error, too many pending from our address) is
 /// not: the scheduler may be starting or busy, so bootstrap keeps trying.
-pub(super) fn is_final_refusal(e: &PsError) -> bool {
+pub(super) fn is_final_refusal(e: &NodeError) -> bool {
     use van_core::auth::AuthError;
     matches!(
         e,
-        PsError::Van(van_core::VanError::Unauthenticated {
+        NodeError::Van(van_core::VanError::Unauthenticated {
             source: AuthError::WrongSecret | AuthError::Version(_) | AuthError::NotAuthenticating,
             ..
         })
@@ -173,8 +173,8 @@ mod tests {
 
     use super::*;
 
-    fn refused(source: AuthError) -> PsError {
-        PsError::Van(VanError::Unauthenticated {
+    fn refused(source: AuthError) -> NodeError {
+        NodeError::Van(VanError::Unauthenticated {
             kind: VanKind::Tcp,
             peer: node_ids::SCHEDULER,
             address: "127.0.0.1:1".into(),
@@ -195,6 +195,6 @@ mod tests {
         ] {
             assert!(!is_final_refusal(&refused(transient)));
         }
-        assert!(!is_final_refusal(&PsError::Stopped));
+        assert!(!is_final_refusal(&NodeError::Stopped));
     }
 }

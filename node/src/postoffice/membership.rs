@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 use van_core::NodeId;
 
 use super::{lock, Postoffice};
-use crate::error::{PsError, Result};
+use crate::error::{NodeError, Result};
 use crate::member::{Action, Input, Member};
 use crate::router::Failures;
 use crate::table::NodeTable;
@@ -95,7 +95,7 @@ impl Postoffice {
                 Action::FailBarriers { dead, reason } => {
                     let waiters: Vec<_> = lock(&self.inner.barriers).drain().collect();
                     for (_, waiter) in waiters {
-                        let _ = waiter.send(Err(PsError::node_failed(dead, reason.clone())));
+                        let _ = waiter.send(Err(NodeError::node_failed(dead, reason.clone())));
                     }
                 }
                 Action::RefuseBarrier(e) => debug!("a barrier refused: {e}"),
@@ -164,10 +164,10 @@ impl Postoffice {
     }
 
     /// The error for a request to `node`, if it is known to be dead.
-    pub fn dead_error(&self, node: NodeId) -> Option<PsError> {
+    pub fn dead_error(&self, node: NodeId) -> Option<NodeError> {
         let member = lock(&self.inner.member);
         let reason = member.failure(node)?;
-        Some(PsError::node_failed(node, reason))
+        Some(NodeError::node_failed(node, reason))
     }
 
     /// Whether this process took the place of a node that had failed (ps-lite's
@@ -183,7 +183,7 @@ impl Postoffice {
 
     /// Waits until `node` is not (or no longer) counted dead: a failed node that a new
     /// process replaced (recovery). Fails with the node's failure if that does not happen
-    /// within `timeout`, or with [`PsError::Stopped`].
+    /// within `timeout`, or with [`NodeError::Stopped`].
     pub async fn wait_alive(&self, node: NodeId, timeout: Duration) -> Result<()> {
         let mut changes = self.inner.membership.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;

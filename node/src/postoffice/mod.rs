@@ -22,7 +22,7 @@ use crate::control::{Output, Scheduler, SchedulerConfig};
 use crate::delivery::{Customers, DataQueue};
 // The trait of a node's applications, defined beside how messages reach them.
 pub use crate::delivery::{Customer, RECOVERED};
-use crate::error::{PsError, Result};
+use crate::error::{NodeError, Result};
 pub use crate::member::ALL_GROUPS;
 use crate::member::{Action, Input, Member, MemberConfig};
 use crate::router::Router;
@@ -121,7 +121,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Postoffice {
     /// Joins the cluster described by `config` with its stream van (TCP by default): binds,
     /// registers with the scheduler (or, on the scheduler, waits for everyone), receives the
-    /// node table. Fails with [`PsError::Bootstrap`] after `config.bootstrap_timeout`.
+    /// node table. Fails with [`NodeError::Bootstrap`] after `config.bootstrap_timeout`.
     pub async fn start(config: Config) -> Result<Postoffice> {
         let mut vans = vec![stream_van(&config)?];
         vans.extend(extra_vans(&config));
@@ -141,7 +141,7 @@ impl Postoffice {
         let started = Instant::now();
         let left = || config.bootstrap_timeout.saturating_sub(started.elapsed());
         let role = config.role.ok_or_else(|| {
-            PsError::InvalidArgument("DMLC_ROLE is not set: scheduler, server or worker".into())
+            NodeError::InvalidArgument("DMLC_ROLE is not set: scheduler, server or worker".into())
         })?;
         let host = if role == Role::Scheduler {
             config.root_uri.clone()
@@ -232,7 +232,7 @@ impl Postoffice {
             Err(_) => {
                 let summary = po.bootstrap_summary();
                 po.stop().await;
-                return Err(PsError::Bootstrap {
+                return Err(NodeError::Bootstrap {
                     waited: po.inner.config.bootstrap_timeout,
                     summary,
                 });
@@ -458,7 +458,7 @@ impl Postoffice {
 
     /// Registers an application; messages that arrived for it earlier are delivered first,
     /// in order, before any that arrive from now on. Fails with
-    /// [`PsError::InvalidArgument`] when another application holds these ids on this node.
+    /// [`NodeError::InvalidArgument`] when another application holds these ids on this node.
     pub async fn register_customer(
         &self,
         app_id: i32,
@@ -467,7 +467,7 @@ impl Postoffice {
     ) -> Result<()> {
         let key = (app_id, customer_id);
         if !lock(&self.inner.customers).register(key, Arc::clone(&customer)) {
-            return Err(PsError::InvalidArgument(format!(
+            return Err(NodeError::InvalidArgument(format!(
                 "app {app_id} customer {customer_id} is already registered on this node"
             )));
         }
@@ -624,7 +624,7 @@ impl Postoffice {
             // The waiter first: a release or a failure can come as soon as the request goes.
             let mut barriers = lock(&self.inner.barriers);
             if barriers.contains_key(&group) {
-                return Err(PsError::InvalidArgument(format!(
+                return Err(NodeError::InvalidArgument(format!(
                     "a barrier on group {group} is already pending on this node"
                 )));
             }
@@ -644,7 +644,7 @@ impl Postoffice {
                 return Err(e);
             }
         }
-        rx.await.map_err(|_| PsError::Stopped)?
+        rx.await.map_err(|_| NodeError::Stopped)?
     }
 
     /// Leaves the cluster in order: a barrier of every node, a goodbye to the scheduler, then
@@ -652,7 +652,7 @@ impl Postoffice {
     ///
     /// Idempotent: after a finalize that left in order, another returns `Ok` at once (ps-lite
     /// programs call `Finalize` by habit, under a runner that finalizes too). On a node
-    /// stopped otherwise ([`stop`](Self::stop), a failure) it is [`PsError::Stopped`], or
+    /// stopped otherwise ([`stop`](Self::stop), a failure) it is [`NodeError::Stopped`], or
     /// the error of its eviction ([`stopped_error`](Self::stopped_error)).
     pub async fn finalize(&self) -> Result<()> {
         if self.is_stopped() {
@@ -810,7 +810,7 @@ impl Postoffice {
     /// Sends a data message to its recipient (`msg.meta.recipient`) over the van the router
     /// picks for that peer, connecting first if needed, for applications registered with
     /// [`register_customer`](Self::register_customer). A broken connection is
-    /// [`PsError::NodeFailed`] naming the peer.
+    /// [`NodeError::NodeFailed`] naming the peer.
     pub async fn send(&self, msg: Message) -> Result<()> {
         let sent = self.inner.router.send(msg).await;
         sent.map_err(|e| self.or_evicted(e))
@@ -823,14 +823,14 @@ impl Postoffice {
         sent.map_err(|e| self.or_evicted(e))
     }
 
-    /// The error for a call on this stopped node: [`PsError::Stopped`], or, when the cluster
+    /// The error for a call on this stopped node: [`NodeError::Stopped`], or, when the cluster
     /// went on without it (declared dead, or cut off from the scheduler), a
-    /// [`PsError::NodeFailed`] saying so, which names the scheduler when it went silent and
+    /// [`NodeError::NodeFailed`] saying so, which names the scheduler when it went silent and
     /// this node when the scheduler declared it dead.
-    pub fn stopped_error(&self) -> PsError {
+    pub fn stopped_error(&self) -> NodeError {
         match lock(&self.inner.member).eviction() {
-            Some((node, reason)) => PsError::node_failed(node, reason),
-            None => PsError::Stopped,
+            Some((node, reason)) => NodeError::node_failed(node, reason),
+            None => NodeError::Stopped,
         }
     }
 
@@ -839,7 +839,7 @@ impl Postoffice {
     /// [`stopped_error`](Self::stopped_error). A server that only serves awaits this beside
     /// its own work, so that a node cut off and replaced (a zombie) ends instead of serving
     /// on.
-    pub async fn stopped(&self) -> PsError {
+    pub async fn stopped(&self) -> NodeError {
         let mut changes = self.inner.membership.subscribe();
         while !self.is_stopped() {
             if changes.changed().await.is_err() {
@@ -850,9 +850,9 @@ impl Postoffice {
     }
 
     /// `e`, or the eviction's error if `e` only says the node stopped.
-    fn or_evicted(&self, e: PsError) -> PsError {
+    fn or_evicted(&self, e: NodeError) -> NodeError {
         match e {
-            PsError::Stopped => self.stopped_error(),
+            NodeError::Stopped => self.stopped_error(),
             e => e,
         }
     }
@@ -893,7 +893,7 @@ mod tests {
             outcome.as_ref().is_err_and(|e| e.contains("given up")),
             "{outcome:?}"
         );
-        let failed = bounded_send(BEST_EFFORT_SEND, async { Err(PsError::Stopped) }).await;
+        let failed = bounded_send(BEST_EFFORT_SEND, async { Err(NodeError::Stopped) }).await;
         assert!(failed.is_err());
         assert_eq!(
             bounded_send(BEST_EFFORT_SEND, async { Ok(()) }).await,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use van_core::{Config, Van, VanKind};
 
-use crate::error::{PsError, Result};
+use crate::error::{NodeError, Result};
 
 /// The identity of what this node can share memory with: boot id and host name, and in the
 /// default shared-memory mode the network namespace too. That mode meets its peers on
@@ -62,7 +62,7 @@ pub(super) fn stream_van(config: &Config) -> Result<Arc<dyn Van>> {
             van_uring::IoUringVan::new(van_uring::UringOptions::from_config(config))
                 .map_err(van_core::VanError::from)?,
         )),
-        VanKind::InProcess => Err(PsError::InvalidArgument(
+        VanKind::InProcess => Err(NodeError::InvalidArgument(
             "VANS_STREAM_VAN=inproc needs a shared hub: run the cluster in one process with \
              node::local::LocalCluster"
                 .into(),

@@ -36,7 +36,7 @@ pub struct ShardContext {
 pub enum Handled {
     /// The answer, sent at once: the response's pairs (empty for a push), or the reason the
     /// request failed, which the worker sees as
-    /// [`PsError::HandlerFailed`](crate::PsError::HandlerFailed).
+    /// [`NodeError::HandlerFailed`](crate::NodeError::HandlerFailed).
     Answer(Result<KvPairs, String>),
     /// Held: the handler answers it later, through
     /// [`RequestHandler::take_released`](super::RequestHandler::take_released), naming it by

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use van_core::{DataType, Message, Meta, NodeId};
 
 use crate::values::{self, Value};
-use node::error::PsError;
+use node::error::NodeError;
 
 pub use hold::{Handled, HeldRequest, Released, ShardContext, MAX_HELD_REQUESTS};
 pub use round::ROUND_CMD;
@@ -56,14 +56,14 @@ impl Op {
 }
 
 impl std::str::FromStr for Op {
-    type Err = PsError;
+    type Err = NodeError;
 
-    fn from_str(name: &str) -> Result<Op, PsError> {
+    fn from_str(name: &str) -> Result<Op, NodeError> {
         Op::ALL
             .into_iter()
             .find(|op| op.name() == name)
             .ok_or_else(|| {
-                PsError::InvalidArgument(format!(
+                NodeError::InvalidArgument(format!(
                     "unknown request kind {name:?}: push, pull or pushpull"
                 ))
             })
@@ -96,17 +96,17 @@ impl KvPairs {
     }
 
     /// The keys, borrowed when aligned.
-    pub fn keys(&self) -> Result<Cow<'_, [u64]>, PsError> {
+    pub fn keys(&self) -> Result<Cow<'_, [u64]>, NodeError> {
         values::view(&self.keys)
     }
 
     /// The values as `T`, borrowed when aligned.
-    pub fn vals<T: Value>(&self) -> Result<Cow<'_, [T]>, PsError> {
+    pub fn vals<T: Value>(&self) -> Result<Cow<'_, [T]>, NodeError> {
         values::view(&self.vals)
     }
 
     /// The per-key lengths, if any.
-    pub fn lens(&self) -> Result<Option<Cow<'_, [i32]>>, PsError> {
+    pub fn lens(&self) -> Result<Option<Cow<'_, [i32]>>, NodeError> {
         self.lens.as_deref().map(values::view).transpose()
     }
 
@@ -159,14 +159,14 @@ impl KvPairs {
 
     /// Byte offset of each key's values in `vals` (`len() + 1` entries), checking that the
     /// lengths add up. `elem` is the size of one value in bytes.
-    pub(crate) fn value_offsets(&self, elem: usize) -> Result<Offsets, PsError> {
+    pub(crate) fn value_offsets(&self, elem: usize) -> Result<Offsets, NodeError> {
         let n = self.len();
         let mut offsets = Offsets::with_capacity(n + 1);
         offsets.push(0);
         match self.lens()? {
             Some(lens) => {
                 if lens.len() != n {
-                    return Err(PsError::InvalidArgument(format!(
+                    return Err(NodeError::InvalidArgument(format!(
                         "{} lengths for {n} keys",
                         lens.len()
                     )));
@@ -174,7 +174,7 @@ impl KvPairs {
                 let mut at = 0usize;
                 for len in lens.iter() {
                     let len = usize::try_from(*len).map_err(|_| {
-                        PsError::InvalidArgument(format!("negative value length {len}"))
+                        NodeError::InvalidArgument(format!("negative value length {len}"))
                     })?;
                     at = at.saturating_add(len.saturating_mul(elem));
                     offsets.push(at);
@@ -183,7 +183,7 @@ impl KvPairs {
             None => {
                 let per_key = self.vals.len().checked_div(n).unwrap_or(0);
                 if n > 0 && (per_key * n != self.vals.len() || per_key % elem != 0) {
-                    return Err(PsError::InvalidArgument(format!(
+                    return Err(NodeError::InvalidArgument(format!(
                         "{} value bytes do not divide evenly among {n} keys of {elem}-byte values",
                         self.vals.len()
                     )));
@@ -192,7 +192,7 @@ impl KvPairs {
             }
         }
         if offsets.last().copied().unwrap_or(0) != self.vals.len() {
-            return Err(PsError::InvalidArgument(format!(
+            return Err(NodeError::InvalidArgument(format!(
                 "the lengths cover {} value bytes but {} were given",
                 offsets.last().copied().unwrap_or(0),
                 self.vals.len()
@@ -236,8 +236,8 @@ pub(crate) fn kv_message(meta: Meta, pairs: &KvPairs, val_type: DataType) -> Mes
 }
 
 /// Splits a received KV message into its pairs (no copy).
-pub(crate) fn kv_pairs(msg: &Message) -> Result<KvPairs, PsError> {
-    let bad = |what: &str| PsError::Protocol {
+pub(crate) fn kv_pairs(msg: &Message) -> Result<KvPairs, NodeError> {
+    let bad = |what: &str| NodeError::Protocol {
         from: msg.meta.sender,
         reason: format!("KV message {what}"),
     };

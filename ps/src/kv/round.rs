@@ -24,7 +24,7 @@ use node::hash::IntMap;
 /// A round request is a push-pull ([`KvWorker::push_pull`](super::KvWorker::push_pull)) of
 /// one key, with the server's value type, and with as many values as the round's first push.
 /// Anything else, and a worker pushing the same key twice in one round, fails with
-/// [`PsError::HandlerFailed`](crate::PsError::HandlerFailed) and leaves the round as it was.
+/// [`NodeError::HandlerFailed`](crate::NodeError::HandlerFailed) and leaves the round as it was.
 ///
 /// Its value is `0x524F_554E` (`"ROUN"` in ASCII), far from the small commands
 /// (0, 1, 2, …) applications give their own requests.

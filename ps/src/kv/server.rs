@@ -24,7 +24,7 @@ use super::snapshot::Snapshot;
 use super::{kv_message, kv_pairs, KvMeta, KvPairs};
 use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
 use crate::values::Value;
-use node::error::{PsError, Result};
+use node::error::{NodeError, Result};
 use node::hash::IntMap;
 use node::postoffice::{Customer, Postoffice};
 
@@ -43,7 +43,7 @@ const SHARD_BATCH: usize = 256;
 pub trait RequestHandler: Send + 'static {
     /// Handles one request; the returned pairs are the response's data (empty for a push).
     /// An `Err` is sent back to the worker, whose `wait` fails with
-    /// [`PsError::HandlerFailed`] naming this server and carrying the text.
+    /// [`NodeError::HandlerFailed`] naming this server and carrying the text.
     fn handle(&mut self, meta: &KvMeta, request: KvPairs) -> std::result::Result<KvPairs, String>;
 
     /// Handles one request, or holds it to answer later: what the server calls. A handler
@@ -213,7 +213,7 @@ impl<T: Value> KvServer<T> {
         let my_range = server_key_ranges(po.num_servers().max(1) as usize)
             .get(po.my_rank() as usize)
             .copied()
-            .ok_or_else(|| PsError::InvalidArgument("this node is not a server".into()))?;
+            .ok_or_else(|| NodeError::InvalidArgument("this node is not a server".into()))?;
         let ranges = my_range.split(shards.max(1));
         if let Some(snapshot) = snapshot {
             snapshot.check_shape(my_range, ranges.len())?;
@@ -223,7 +223,7 @@ impl<T: Value> KvServer<T> {
             let mut handler = make(shard);
             if let Some(state) = snapshot.and_then(|s| s.shards.get(shard)) {
                 handler.restore(state).map_err(|e| {
-                    PsError::InvalidArgument(format!("shard {shard} cannot restore: {e}"))
+                    NodeError::InvalidArgument(format!("shard {shard} cannot restore: {e}"))
                 })?;
             }
             handlers.push(handler);
@@ -273,10 +273,10 @@ impl<T: Value> KvServer<T> {
             queue
                 .send(Work::Snapshot(tx))
                 .await
-                .map_err(|_| PsError::Stopped)?;
-            let state = rx.await.map_err(|_| PsError::Stopped)?;
+                .map_err(|_| NodeError::Stopped)?;
+            let state = rx.await.map_err(|_| NodeError::Stopped)?;
             let state = state.map_err(|e| {
-                PsError::InvalidArgument(format!("shard {shard} cannot take a snapshot: {e}"))
+                NodeError::InvalidArgument(format!("shard {shard} cannot take a snapshot: {e}"))
             })?;
             shards.push(Bytes::from(state));
         }
@@ -299,9 +299,9 @@ impl<T: Value> KvServer<T> {
             queue
                 .send(Work::Restore(state.clone(), tx))
                 .await
-                .map_err(|_| PsError::Stopped)?;
-            rx.await.map_err(|_| PsError::Stopped)?.map_err(|e| {
-                PsError::InvalidArgument(format!("shard {shard} cannot restore: {e}"))
+                .map_err(|_| NodeError::Stopped)?;
+            rx.await.map_err(|_| NodeError::Stopped)?.map_err(|e| {
+                NodeError::InvalidArgument(format!("shard {shard} cannot restore: {e}"))
             })?;
         }
         Ok(())

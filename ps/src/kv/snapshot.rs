@@ -22,7 +22,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::range::KeyRange;
 use crate::values::Value;
-use node::error::{PsError, Result};
+use node::error::{NodeError, Result};
 use node::hash::IntMap;
 
 const MAGIC: &[u8; 4] = b"VSNP";
@@ -51,7 +51,7 @@ impl Snapshot {
         if self.range == range && self.shards.len() == shards {
             return Ok(());
         }
-        Err(PsError::InvalidArgument(format!(
+        Err(NodeError::InvalidArgument(format!(
             "the snapshot holds keys {}..={} in {} shards; this server holds {}..={} in {}",
             self.range.first,
             self.range.last,
@@ -80,9 +80,9 @@ impl Snapshot {
     }
 
     /// Reads bytes [`to_bytes`](Self::to_bytes) wrote; anything else is
-    /// [`PsError::InvalidArgument`] saying what is wrong.
+    /// [`NodeError::InvalidArgument`] saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot> {
-        let bad = |what: &str| PsError::InvalidArgument(format!("not a vans snapshot: {what}"));
+        let bad = |what: &str| NodeError::InvalidArgument(format!("not a vans snapshot: {what}"));
         let mut r = bytes;
         if r.remaining() < 28 || &r[..4] != MAGIC {
             return Err(bad("no VSNP header"));

@@ -15,7 +15,7 @@ use super::{kv_message, kv_pairs, KvPairs, Op};
 use crate::in_flight::{insert_new, lock, Completion};
 use crate::range::{server_key_ranges, slice_sorted_keys, KeyRange};
 use crate::values::{self, Value};
-use node::error::{PsError, Result};
+use node::error::{NodeError, Result};
 use node::hash::IntMap;
 use node::postoffice::{Customer, Postoffice};
 pub use node::RequestId;
@@ -26,8 +26,8 @@ pub use node::RequestId;
 /// involved, and returns a [`RequestId`] at once; [`wait`](Self::wait) (async) or
 /// [`wait_blocking`](Self::wait_blocking) returns the result: nothing for a push, the pulled
 /// pairs (keys in order, with per-key lengths) for a pull. Requests to a server that died
-/// or whose connection broke complete with [`PsError::NodeFailed`] naming it; a request
-/// that a live server's handler refused completes with [`PsError::HandlerFailed`] carrying
+/// or whose connection broke complete with [`NodeError::NodeFailed`] naming it; a request
+/// that a live server's handler refused completes with [`NodeError::HandlerFailed`] carrying
 /// the handler's text.
 pub struct KvWorker<T: Value> {
     inner: Arc<WorkerInner>,
@@ -120,7 +120,7 @@ impl Dest {
             return Ok(());
         };
         let want = range.len() * self.per_key;
-        let bad = |why: String| PsError::Protocol {
+        let bad = |why: String| NodeError::Protocol {
             from: Some(server),
             reason: format!(
                 "a pull into a buffer of {} bytes per key: {why}",
@@ -179,7 +179,7 @@ impl<T: Value> KvWorker<T> {
     /// Fails when the cluster has no servers (a cluster of workers for collectives only).
     pub async fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<KvWorker<T>> {
         if po.num_servers() == 0 {
-            return Err(PsError::InvalidArgument(
+            return Err(NodeError::InvalidArgument(
                 "this cluster has no servers (DMLC_NUM_SERVER=0): a key-value worker needs at \
                  least one"
                     .into(),
@@ -294,14 +294,14 @@ impl<T: Value> KvWorker<T> {
         crate::in_flight::wait(&self.inner.pending, id).await
     }
 
-    /// [`wait`](Self::wait) for at most `limit`: [`PsError::Timeout`] if the request is not
+    /// [`wait`](Self::wait) for at most `limit`: [`NodeError::Timeout`] if the request is not
     /// answered by then. The request stays pending and may be waited for again. A failed
     /// server fails its requests by itself (the scheduler declares it within
     /// `PS_HEARTBEAT_TIMEOUT`); this bounds a wait on what that cannot see.
     pub async fn wait_timeout(&self, id: RequestId, limit: Duration) -> Result<KvPairs> {
         match tokio::time::timeout(limit, self.wait(id)).await {
             Ok(result) => result,
-            Err(_) => Err(PsError::Timeout { waited: limit }),
+            Err(_) => Err(NodeError::Timeout { waited: limit }),
         }
     }
 
@@ -311,11 +311,11 @@ impl<T: Value> KvWorker<T> {
     pub fn wait_blocking(&self, id: RequestId) -> Result<KvPairs> {
         let handle = tokio::runtime::Handle::try_current();
         if handle.is_ok() {
-            return Err(PsError::InvalidArgument(
+            return Err(NodeError::InvalidArgument(
                 "wait_blocking called on a runtime thread; use `wait(id).await`".into(),
             ));
         }
-        node::handle::block_on_until(self.wait(id), None).unwrap_or(Err(PsError::Stopped))
+        node::handle::block_on_until(self.wait(id), None).unwrap_or(Err(NodeError::Stopped))
     }
 
     /// The servers that failed and came back as a new process (recovery) since the last
@@ -340,7 +340,7 @@ impl<T: Value> KvWorker<T> {
     /// Sends request `op` with `pairs` (the keys alone for a pull) and `cmd`, sliced across
     /// the servers by key range: the door every push, pull and push-pull goes through. With
     /// `out`, the pulled values are written there ([`zpull_into`](Self::zpull_into)); a push
-    /// with `out` is refused ([`PsError::InvalidArgument`]).
+    /// with `out` is refused ([`NodeError::InvalidArgument`]).
     ///
     /// Keys must be sorted ascending, each once ([`slice_sorted_keys`]). A pull's per-key
     /// lengths, when given (a pull with `out` gives them), say how many values it expects of
@@ -355,7 +355,7 @@ impl<T: Value> KvWorker<T> {
         out: Option<Box<dyn PullBuffer>>,
     ) -> Result<RequestId> {
         if op == Op::Push && out.is_some() {
-            return Err(PsError::InvalidArgument(
+            return Err(NodeError::InvalidArgument(
                 "a push answers no values: no buffer to write them into".into(),
             ));
         }
@@ -363,7 +363,7 @@ impl<T: Value> KvWorker<T> {
         let po = &inner.po;
         let keys = pairs.keys()?;
         let slices = slice_sorted_keys(&keys, &inner.ranges)
-            .map_err(|e| PsError::InvalidArgument(e.to_string()))?;
+            .map_err(|e| NodeError::InvalidArgument(e.to_string()))?;
         let offsets = match op {
             Op::Pull => None,
             Op::Push | Op::PushPull => Some(pairs.value_offsets(std::mem::size_of::<T>())?),
@@ -381,7 +381,7 @@ impl<T: Value> KvWorker<T> {
             let elem = std::mem::size_of::<T>();
             let per_key = bytes.checked_div(n).unwrap_or(0);
             if per_key * n != bytes || per_key % elem != 0 || (n > 0 && per_key == 0) {
-                return Err(PsError::InvalidArgument(format!(
+                return Err(NodeError::InvalidArgument(format!(
                     "a buffer of {bytes} bytes does not hold the same whole number of \
                      {elem}-byte values for each of {n} keys"
                 )));
@@ -391,7 +391,7 @@ impl<T: Value> KvWorker<T> {
             // holds another number (`SumHandler`).
             if op == Op::Pull && pairs.lens.is_none() {
                 let count = i32::try_from(per_key / elem).map_err(|_| {
-                    PsError::InvalidArgument(format!(
+                    NodeError::InvalidArgument(format!(
                         "{} values per key is more than a pull can ask for",
                         per_key / elem
                     ))
@@ -528,7 +528,7 @@ impl WorkerInner {
         if !msg.meta.body.is_empty() {
             let reason = String::from_utf8_lossy(&msg.meta.body).into_owned();
             // The server answered: it is alive, only its handler failed this request.
-            entry.complete(Err(PsError::HandlerFailed { server, reason }));
+            entry.complete(Err(NodeError::HandlerFailed { server, reason }));
             return;
         }
         let placed = kv_pairs(&msg).and_then(|pairs| match &mut entry.dest {
@@ -567,7 +567,7 @@ impl WorkerInner {
             } else if entry.outstanding.contains(&node)
                 || (scheduler && !entry.outstanding.is_empty())
             {
-                entry.complete(Err(PsError::node_failed(node, error.to_owned())));
+                entry.complete(Err(NodeError::node_failed(node, error.to_owned())));
             }
         }
     }
@@ -629,7 +629,7 @@ mod tests {
                     let pairs = KvPairs::from_slices(&[1u64], &[1f32], None);
                     let out: Box<dyn PullBuffer> = Box::new(vec![0u8; 4]);
                     match worker.request(Op::Push, pairs, 0, Some(out)).await {
-                        Err(PsError::InvalidArgument(why)) => assert!(why.contains("push")),
+                        Err(NodeError::InvalidArgument(why)) => assert!(why.contains("push")),
                         other => panic!("a push with a buffer: {other:?}"),
                     }
                     assert_eq!(worker.pending(), 0);
@@ -660,7 +660,7 @@ mod tests {
                     let id = worker.push(&[5], &[2.5], None, 0).await?;
                     let limit = Duration::from_millis(300);
                     match worker.wait_timeout(id, limit).await {
-                        Err(PsError::Timeout { waited }) => assert_eq!(waited, limit),
+                        Err(NodeError::Timeout { waited }) => assert_eq!(waited, limit),
                         other => panic!("expected a timeout, got {other:?}"),
                     }
                     assert_eq!(worker.pending(), 1, "the request stays pending");

@@ -10,7 +10,7 @@
 //! assert_eq!(spec.dim, 16);
 //! // Every setting, defaults included, in the form that parses back to the same spec.
 //! assert_eq!(spec.to_string().parse::<ps::optim::TableSpec>()?, spec);
-//! # Ok::<(), ps::PsError>(())
+//! # Ok::<(), ps::NodeError>(())
 //! ```
 //!
 //! # Requests
@@ -37,7 +37,7 @@ use std::str::FromStr;
 pub use rule::init_value;
 pub use table::{initial_rows, TableHandler};
 
-use node::error::PsError;
+use node::error::NodeError;
 
 /// A push with this `cmd` adds gradients into each row's pending sum, not applying them.
 pub const ACCUMULATE_CMD: i32 = 0x4143_434D;
@@ -193,7 +193,7 @@ impl Optimizer {
     }
 
     /// Sets one of its settings; `Ok(false)` if it has no setting of that name.
-    fn set(&mut self, name: &str, value: &str) -> Result<bool, PsError> {
+    fn set(&mut self, name: &str, value: &str) -> Result<bool, NodeError> {
         let slot: &mut f32 = match (self, name) {
             (Optimizer::Momentum { nesterov, .. }, "nesterov") => {
                 *nesterov = parse_bool(name, value)?;
@@ -291,13 +291,13 @@ const SETTINGS: &str = "optimizer (sgd|momentum|adagrad|adam|ftrl), dim, lr, mom
                         init (zeros|uniform|normal), scale, std, seed";
 
 impl FromStr for TableSpec {
-    type Err = PsError;
+    type Err = NodeError;
 
     /// Parses `name=value` settings separated by spaces or commas. `dim` is required; the
     /// optimizer defaults to `sgd`, the initializer to `uniform` with `scale` 0.01, the seed
     /// to 0. A setting the chosen optimizer or initializer does not have is an error.
-    fn from_str(text: &str) -> Result<TableSpec, PsError> {
-        let bad = |why: String| PsError::InvalidArgument(format!("table spec {text:?}: {why}"));
+    fn from_str(text: &str) -> Result<TableSpec, NodeError> {
+        let bad = |why: String| NodeError::InvalidArgument(format!("table spec {text:?}: {why}"));
         let pairs: Vec<(&str, &str)> = text
             .split(|c: char| c.is_whitespace() || c == ',')
             .filter(|s| !s.is_empty())
@@ -407,19 +407,19 @@ impl fmt::Display for TableSpec {
     }
 }
 
-fn parse_number(name: &str, value: &str) -> Result<f32, PsError> {
+fn parse_number(name: &str, value: &str) -> Result<f32, NodeError> {
     value
         .parse::<f32>()
         .ok()
         .filter(|v| v.is_finite())
-        .ok_or_else(|| PsError::InvalidArgument(format!("{name}={value} is not a finite number")))
+        .ok_or_else(|| NodeError::InvalidArgument(format!("{name}={value} is not a finite number")))
 }
 
-fn parse_bool(name: &str, value: &str) -> Result<bool, PsError> {
+fn parse_bool(name: &str, value: &str) -> Result<bool, NodeError> {
     match value {
         "true" | "1" => Ok(true),
         "false" | "0" => Ok(false),
-        _ => Err(PsError::InvalidArgument(format!(
+        _ => Err(NodeError::InvalidArgument(format!(
             "{name}={value} is not true or false"
         ))),
     }

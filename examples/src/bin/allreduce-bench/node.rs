@@ -50,7 +50,7 @@ async fn all_done(po: &Postoffice, replaced: bool) -> Result<(), BoxError> {
     loop {
         match po.barrier(ps::ALL_GROUPS).await {
             Ok(()) => return Ok(()),
-            Err(ps::PsError::BarrierFailed { dead, .. }) if replaced => {
+            Err(ps::NodeError::BarrierFailed { dead, .. }) if replaced => {
                 for node in dead {
                     po.wait_alive(node, Duration::from_secs(120)).await?;
                 }

@@ -173,7 +173,7 @@ async fn run_in_process(o: &Options) -> Result<BenchReport, BoxError> {
             async move {
                 node::node(po, &options, joined_s)
                     .await
-                    .map_err(|e| ps::PsError::InvalidArgument(e.to_string()))
+                    .map_err(|e| ps::NodeError::InvalidArgument(e.to_string()))
             }
         })
         .await?;

@@ -230,7 +230,7 @@ impl Options {
     }
 
     /// The sparse mode's table: `--table` with `--value-floats` as its dim.
-    pub(crate) fn table_spec(&self) -> Result<ps::optim::TableSpec, ps::PsError> {
+    pub(crate) fn table_spec(&self) -> Result<ps::optim::TableSpec, ps::NodeError> {
         format!("{} dim={}", self.table, self.value_floats).parse()
     }
 

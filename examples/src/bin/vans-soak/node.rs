@@ -18,7 +18,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, Postoffice, PsError, RequestId, Role};
+use ps::{node_ids, Config, KvPairs, KvServer, KvWorker, NodeError, Postoffice, RequestId, Role};
 use van_core::NodeId;
 
 use crate::{BoxError, Options};
@@ -164,9 +164,9 @@ impl<'a> Worker<'a> {
     }
 
     /// The answer to request `id` (`what` it is), within [`ANSWER`].
-    async fn answer(&self, id: RequestId, what: &str) -> Result<KvPairs, PsError> {
+    async fn answer(&self, id: RequestId, what: &str) -> Result<KvPairs, NodeError> {
         let answer = self.kv.wait_timeout(id, ANSWER).await;
-        if let Err(PsError::Timeout { waited }) = &answer {
+        if let Err(NodeError::Timeout { waited }) = &answer {
             eprintln!(
                 "vans-soak: worker {}: {what} (request {id}) unanswered after {waited:?}",
                 self.rank
@@ -209,8 +209,8 @@ impl<'a> Worker<'a> {
 
     /// One round's request failed: a server died under it. Wait for it to come back (a
     /// new process in its place); the next round puts back what it lost.
-    async fn recover(&self, error: PsError) -> Result<(), BoxError> {
-        let PsError::NodeFailed { node, .. } = &error else {
+    async fn recover(&self, error: NodeError) -> Result<(), BoxError> {
+        let NodeError::NodeFailed { node, .. } = &error else {
             return Err(error.into());
         };
         if node_ids::role_of(*node) != Some(Role::Server) {
@@ -235,7 +235,7 @@ impl<'a> Worker<'a> {
         while let Some(server) = todo.pop() {
             match self.refill(server).await {
                 Ok(()) => done.push(node_ids::id_to_rank(server) as usize),
-                Err(e) if matches!(e, PsError::NodeFailed { .. }) => {
+                Err(e) if matches!(e, NodeError::NodeFailed { .. }) => {
                     self.refill.push(server);
                     self.recover(e).await?;
                 }
@@ -245,7 +245,7 @@ impl<'a> Worker<'a> {
         Ok(done)
     }
 
-    async fn refill(&mut self, server: NodeId) -> Result<(), PsError> {
+    async fn refill(&mut self, server: NodeId) -> Result<(), NodeError> {
         let s = node_ids::id_to_rank(server) as usize;
         let held = self.pull_one(self.keys.counts[s]).await?;
         let missing = (self.acked[s] - held).max(0);
@@ -268,13 +268,13 @@ impl<'a> Worker<'a> {
 
     /// Starts a pull of sorted `keys`, one value each, into a buffer: the servers answer a
     /// key never pushed (or lost with a server) with a zero.
-    async fn pull_sorted(&self, keys: &[u64]) -> Result<ps::RequestId, PsError> {
+    async fn pull_sorted(&self, keys: &[u64]) -> Result<ps::RequestId, NodeError> {
         let out = vec![0u8; keys.len() * std::mem::size_of::<i64>()];
         self.kv.zpull_into(ps::values::to_bytes(keys), out, 0).await
     }
 
     /// The value of one key (0 if never pushed).
-    async fn pull_one(&self, key: u64) -> Result<i64, PsError> {
+    async fn pull_one(&self, key: u64) -> Result<i64, NodeError> {
         let id = self.pull_sorted(&[key]).await?;
         let pulled = self.answer(id, "a pull of one key").await?;
         Ok(pulled.vals::<i64>()?.first().copied().unwrap_or(0))
