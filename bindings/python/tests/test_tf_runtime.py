@@ -418,16 +418,17 @@ def test_parameter_server_strategy_trains_to_the_same_bits_as_grpc(jobs, tmp_pat
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{protocol} {name}")
 
 
-def run_mwms(out_dir, protocol, workers=2):
+def run_mwms(out_dir, protocol, workers=2, addresses=None, wrap=None):
     """A ``MultiWorkerMirroredStrategy`` job of ``workers`` task processes over ``protocol``
-    (tf_scripts/tf_mwms.py); each task's results."""
+    (tf_scripts/tf_mwms.py), on ``addresses`` under ``wrap`` (as ``run_workers``); each
+    task's results."""
     from vans.tensorflow.collective_bench import run_workers
 
     out = out_dir / protocol
     codes, outputs = run_workers(
         lambda cluster, i: [sys.executable, str(MWMS), "--cluster", cluster, "--task", str(i),
                             "--protocol", protocol, "--out", str(out)],
-        workers, timeout=300, cwd=out_dir)
+        workers, timeout=300, cwd=out_dir, addresses=addresses, wrap=wrap)
     for i, (code, text) in enumerate(zip(codes, outputs)):
         assert code == 0, f"worker {i} over {protocol}:\n{text[-4000:]}"
     results = []
@@ -463,6 +464,24 @@ def test_multi_worker_mirrored_strategy_collectives_go_over_vans_to_the_same_bit
     for name in results[0]:
         if name.startswith("sum_"):
             np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)
+
+
+def test_multi_worker_mirrored_strategy_across_two_hosts_gives_grpcs_bits(
+        tmp_path, mwms_over_grpc, hosts):
+    """The same MultiWorkerMirroredStrategy job with its two worker tasks on two namespace
+    hosts (network namespaces joined by a veth pair, so vans reaches the other task over
+    the network, not shared memory): every sum, gather and loss is grpc's on one host, bit
+    for bit."""
+    addresses = [f"{addr}:2222" for addr in hosts.addrs]
+    results = run_mwms(tmp_path, "grpc+vans", addresses=addresses, wrap=hosts.wrap)
+    for worker, (got, expected) in enumerate(zip(results, mwms_over_grpc)):
+        expected = dict(expected)
+        expected.pop("collective_received")
+        assert got.pop("collective_received") > 0, f"worker {worker}: vans carried nothing"
+        assert got.keys() == expected.keys()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name],
+                                          err_msg=f"worker {worker}: {name}")
 
 
 def test_a_worker_killed_mid_collective_fails_the_others_call_naming_it(tmp_path):

@@ -15,6 +15,10 @@ one tower per worker task (in-graph replication), so a step moves, per worker:
 - ``16MiB``, ``64MiB``: one variable of that size on ps:0, read by the worker;
 - ``sparse``: an embedding lookup of 4,096 ids in a 100,000 x 32 float table partitioned over
   the ps tasks, and its IndexedSlices gradient applied there (SGD).
+
+``--threads N`` gives every task (and the ``local`` process) N inter-op and N intra-op
+threads, under every protocol alike, as one would when the tasks outnumber the cores; by
+default TensorFlow sizes both pools by the cores, in every task.
 """
 
 import argparse
@@ -82,6 +86,17 @@ def build(workload, num_ps, num_workers, local=False):
                 return tf.identity(loss)
 
 
+def session_config(args):
+    """The ConfigProto of every task and of the client's session: ``--threads`` for both
+    thread pools, or TensorFlow's defaults."""
+    import tensorflow as tf
+
+    if not args.threads:
+        return None
+    return tf.compat.v1.ConfigProto(inter_op_parallelism_threads=args.threads,
+                                    intra_op_parallelism_threads=args.threads)
+
+
 def client(args, server):
     """worker:0 (or, for the ``local`` reference, the only process): builds the workloads'
     graphs, times ``args.steps`` steps of each, prints one JSON line per workload."""
@@ -94,7 +109,8 @@ def client(args, server):
     num_ps, num_workers = len(cluster["ps"]), len(cluster["worker"])
     local = server is None
     fetches = {w: build(w, num_ps, num_workers, local) for w in args.workloads.split(",")}
-    with tf.compat.v1.Session(None if local else server.target) as sess:
+    with tf.compat.v1.Session(None if local else server.target,
+                              config=session_config(args)) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for workload, fetch in fetches.items():
             for _ in range(args.warmup):
@@ -128,13 +144,14 @@ def task(args):
         client(args, None)
     server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(args.cluster)),
                                   job_name=args.job, task_index=args.task,
-                                  protocol=args.protocol, start=True)
+                                  protocol=args.protocol, config=session_config(args),
+                                  start=True)
     if (args.job, args.task) == ("worker", 0):
         client(args, server)
     server.join()
 
 
-def run_cluster(protocol, shape, workloads, steps, warmup):
+def run_cluster(protocol, shape, workloads, steps, warmup, threads=0):
     """Runs one cluster of ``shape`` (``PSxWORKERS``) under ``protocol``; its result rows."""
     import vans
 
@@ -152,7 +169,7 @@ def run_cluster(protocol, shape, workloads, steps, warmup):
                 [sys.executable, "-m", "vans.tensorflow.bench", "--task-of", json.dumps(spec),
                  "--job", job, "--task", str(index), "--protocol", protocol,
                  "--workloads", ",".join(workloads), "--steps", str(steps),
-                 "--warmup", str(warmup)],
+                 "--warmup", str(warmup), "--threads", str(threads)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         out, _ = procs[("worker", 0)].communicate(timeout=1800)
@@ -268,6 +285,9 @@ def main():
                              "(default: local,grpc,grpc+vans,grpc+vans+push)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per workload")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="inter-op and intra-op threads of every task, every protocol "
+                             "alike (default 0: TensorFlow's, by the cores)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="clusters per protocol and shape, interleaved; the table shows "
                              "the medians of their p50 and p99")
@@ -286,6 +306,8 @@ def main():
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; expected some of {WORKLOADS}")
+    if args.threads < 0:
+        parser.error(f"--threads {args.threads}: expected 0 (TensorFlow's default) or more")
     protocols = args.protocols.split(",")
     shapes = args.shapes.split(",")
     for shape in shapes:
@@ -299,10 +321,13 @@ def main():
             for protocol in protocols:
                 print(f"== round {round_ + 1}/{args.rounds}: {protocol}, {shape} "
                       f"(ps x workers): {', '.join(workloads)}", flush=True)
-                for row in run_cluster(protocol, shape, workloads, args.steps, args.warmup):
+                for row in run_cluster(protocol, shape, workloads, args.steps, args.warmup,
+                                       args.threads):
                     row["round"] = round_
                     rows.append(row)
     summary = summarize(rows)
+    print("threads per task: " + (f"{args.threads} inter-op, {args.threads} intra-op"
+                                  if args.threads else "TensorFlow's default (by the cores)"))
     print(table(summary, protocols))
     if args.json:
         with open(args.json, "w") as f:

@@ -84,17 +84,22 @@ def leave_together(task, workers, timeout=120):
     os._exit(0)
 
 
-def run_workers(command, workers, timeout=900, cwd=None):
-    """Runs a job of ``workers`` worker tasks on 127.0.0.1, one process each: task ``i``
-    runs ``command(cluster, i)`` (``cluster`` the cluster spec as JSON) with no ``DMLC_*``
-    or ``TF_CONFIG`` of this process. Waits for all; their exit codes and outputs."""
+def run_workers(command, workers, timeout=900, cwd=None, addresses=None, wrap=None):
+    """Runs a job of ``workers`` worker tasks, one process each: task ``i`` runs
+    ``command(cluster, i)`` (``cluster`` the cluster spec as JSON), prefixed by ``wrap(i)``
+    when given (``ip netns exec HOST``), with no ``DMLC_*`` or ``TF_CONFIG`` of this
+    process; the tasks listen on ``addresses`` (default: free ports of 127.0.0.1). Waits for
+    all; their exit codes and outputs."""
     import vans
 
-    cluster = json.dumps({"worker": [f"127.0.0.1:{vans.free_port()}" for _ in range(workers)]})
+    if addresses is None:
+        addresses = [f"127.0.0.1:{vans.free_port()}" for _ in range(workers)]
+    cluster = json.dumps({"worker": list(addresses)})
     environment = {k: v for k, v in os.environ.items()
                    if not k.startswith(("DMLC_", "TF_CONFIG"))}
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    procs = [subprocess.Popen(command(cluster, i), stdout=subprocess.PIPE,
+    procs = [subprocess.Popen((wrap(i) if wrap else []) + command(cluster, i),
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=environment, cwd=cwd)
              for i in range(workers)]
     try:
