@@ -201,12 +201,14 @@ class RecvPool : public tensorflow::Allocator {
 // thread would only add a wake-up.
 thread_local bool asking = false;
 
-// vans_rendezvous_recv_async_inline, with `asking` set around it.
+// vans_rendezvous_recv_async_inline, with `asking` set around it (and restored after: a
+// receive finished here may run kernels inline that ask again).
 int RecvHere(const vans_rendezvous* rendezvous, int64_t step_id, const char* key,
              vans_recv_callback done, void* user_data) {
+  const bool outer = asking;
   asking = true;
   const int status = vans_rendezvous_recv_async_inline(rendezvous, step_id, key, done, user_data);
-  asking = false;
+  asking = outer;
   return status;
 }
 
@@ -233,16 +235,18 @@ Status Cancelled(const std::string& what) {
 }
 
 // A vans failure of a receive, as the TensorFlow status recovery expects: a task that died
-// or stopped is Unavailable (MonitoredTrainingSession and the coordinator retry those), an
-// ended step Aborted (derived, as Cancelled above: the step ended for another reason), a bad
-// argument InvalidArgument.
+// or stopped is Unavailable (MonitoredTrainingSession and the coordinator retry those), a
+// rendezvous failure Aborted, a bad argument InvalidArgument. Never derived: a rendezvous
+// failure may be the step's first (a peer declared dead fails the receives from it that
+// way), and TensorFlow's master cancels a step's other calls only on a non-derived error
+// (derived, it would wait on the dead task's RunGraph, which gRPC never times out).
 Status FromVans(int status, const std::string& error, const std::string& what) {
   std::string message = tensorflow::strings::StrCat("vans: ", what, ": ", error);
   switch (status) {
     case VANS_ERR_INVALID_ARGUMENT:
       return tensorflow::errors::InvalidArgument(message);
     case VANS_ERR_RENDEZVOUS:
-      return tsl::StatusGroup::MakeDerived(tensorflow::errors::Aborted(message));
+      return tensorflow::errors::Aborted(message);
     default:
       return tensorflow::errors::Unavailable(message);
   }
