@@ -355,11 +355,10 @@ def check_crate(crate):
     return files, graph
 
 
-def python_packages():
-    """The top-level Python packages tracked by git: folders with an `__init__.py` whose
+def python_packages(py_files):
+    """The top-level Python packages among `py_files`: folders with an `__init__.py` whose
     parent has none."""
-    inits = os.popen("git ls-files '*__init__.py'").read().split()
-    dirs = {os.path.dirname(p) for p in inits}
+    dirs = {os.path.dirname(p) for p in py_files if os.path.basename(p) == "__init__.py"}
     return sorted(d for d in dirs if os.path.dirname(d) not in dirs)
 
 
@@ -523,12 +522,13 @@ def main(argv):
             n = code_lines(path)
             if n > limit:
                 problems.append(f"{path}: {n} lines of code (limit {limit})")
-    packages = [] if argv else python_packages()
+    py_files = [] if argv else os.popen("git ls-files '*.py'").read().split()
+    packages = python_packages(py_files)
     for package in packages:
         files, graph = check_python_package(package)
         for comp in cycles(graph):
             problems.append(describe(package, files, graph, comp))
-    for path in ([] if argv else os.popen("git ls-files '*.py'").read().split()):
+    for path in py_files:
         n = code_lines(path)
         if n > limit:
             problems.append(f"{path}: {n} lines of code (limit {limit})")
