@@ -137,9 +137,8 @@ class VansCollectiveAccess : public tensorflow::CollectiveRemoteAccessDistribute
     }
     const std::string vans_key = Key(peer_device, to_device->name(), key);
     auto* owned = new std::shared_ptr<Receive>(pending);
-    // A chunk already here (push, mostly) is finished on this thread. Else a small one is
-    // finished on the vans thread that received it, as gRPC's completion threads finish
-    // RecvBuf calls; a large one's copy goes to TensorFlow's collective work queue.
+    // Finished where `Complete` says (as RecvBuf calls on gRPC's completion threads), or, a
+    // large chunk on a vans thread, on TensorFlow's collective work queue.
     const int status = RecvHere(
         shared_->rendezvous, vans_step_, vans_key.c_str(),
         [](void* user, int status, vans_buffer* value, bool) {
@@ -147,11 +146,10 @@ class VansCollectiveAccess : public tensorflow::CollectiveRemoteAccessDistribute
           delete static_cast<std::shared_ptr<Receive>*>(user);
           Status result;
           if (status != VANS_OK) result = FromVans(status, LastError(), pending->what);
-          if (asking || value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
-            pending->Finish(result, value);
-            return;
-          }
-          pending->queue->Schedule([pending, result, value]() { pending->Finish(result, value); });
+          auto queue = pending->queue;
+          Complete(
+              value, [pending, result, value]() { pending->Finish(result, value); },
+              [queue](std::function<void()> finish) { queue->Schedule(std::move(finish)); });
         },
         owned);
     if (status != VANS_OK) {

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -195,11 +196,12 @@ class RecvPool : public tensorflow::Allocator {
   size_t idle_bytes_ = 0;
 };
 
-// True while this thread is inside RecvHere's vans_rendezvous_recv_async_inline: a
-// completion that runs then runs on the TensorFlow thread that asked (the value was already
-// here), which finishes it whatever its size, as handing a large one to another TensorFlow
-// thread would only add a wake-up.
+// True while this thread is inside RecvHere's vans_rendezvous_recv_async_inline, so a
+// completion that runs then is of a value that was already here.
 thread_local bool asking = false;
+// True while a vans I/O thread finishes a receive, and so while it runs what TensorFlow runs
+// inline from it (a receive's consumers, which may ask for the next tensor).
+thread_local bool on_vans_thread = false;
 
 // vans_rendezvous_recv_async_inline, with `asking` set around it (and restored after: a
 // receive finished here may run kernels inline that ask again).
@@ -210,6 +212,26 @@ int RecvHere(const vans_rendezvous* rendezvous, int64_t step_id, const char* key
   const int status = vans_rendezvous_recv_async_inline(rendezvous, step_id, key, done, user_data);
   asking = outer;
   return status;
+}
+
+// A receive's completion (`value` may be null): `finish` runs on this thread or, through
+// `hand_off`, on one of TensorFlow's. Here when the value is small (its copy is short, as
+// gRPC's completion threads finish RecvTensor calls) or when a TensorFlow thread asked for
+// a value already here (another thread would only add a wake-up). A large value on a vans
+// I/O thread, whether vans delivered it there or a kernel run inline from a delivery asked
+// for it, is handed off, so its copy never holds up vans.
+template <typename Finish, typename HandOff>
+void Complete(const vans_buffer* value, Finish finish, HandOff hand_off) {
+  const bool small = value == nullptr || vans_buffer_len(value) <= kInlineBytes;
+  if (!small && (!asking || on_vans_thread)) {
+    hand_off(std::move(finish));
+    return;
+  }
+  const bool outer = on_vans_thread;
+  // A completion nobody asked for on this thread is vans' delivery, on its I/O thread.
+  on_vans_thread = outer || !asking;
+  finish();
+  on_vans_thread = outer;
 }
 
 std::string LastError() {
@@ -538,22 +560,18 @@ class VansRemoteRendezvous : public BaseRemoteRendezvous {
     }
   };
 
-  // vans' completion, on a vans I/O thread (or on the receiving thread, for a value already
-  // here, which finishes it). A small tensor is finished right here, as gRPC's completion
-  // threads finish RecvTensor calls: its copy is short, and the executor runs only
-  // inexpensive kernels inline (it hands expensive ones to its pool). A large one goes to
-  // TensorFlow's compute pool, so its copy never holds up vans.
+  // vans' completion, on a vans I/O thread (or on the asking thread, for a value already
+  // here); finished there or on TensorFlow's compute pool, as `Complete` decides (the
+  // executor runs only inexpensive kernels inline, and hands expensive ones to its pool).
   static void Received(void* user_data, int status, vans_buffer* value, bool is_dead) {
     std::shared_ptr<Pending> pending = std::move(*static_cast<std::shared_ptr<Pending>*>(user_data));
     delete static_cast<std::shared_ptr<Pending>*>(user_data);
     Status result;
     if (status != VANS_OK) result = FromVans(status, LastError(), pending->What());
-    if (asking || value == nullptr || vans_buffer_len(value) <= kInlineBytes) {
-      pending->Finish(result, value, is_dead);
-      return;
-    }
-    pending->rendezvous->env_->compute_pool->Schedule(
-        [pending, result, value, is_dead]() { pending->Finish(result, value, is_dead); });
+    auto* pool = pending->rendezvous->env_->compute_pool;
+    Complete(
+        value, [pending, result, value, is_dead]() { pending->Finish(result, value, is_dead); },
+        [pool](std::function<void()> finish) { pool->Schedule(std::move(finish)); });
   }
 
   std::shared_ptr<Shared> shared_;
