@@ -4,10 +4,6 @@
 //! messaging (`p2p`: the data messages between ranks, and the mailbox they wait in), under one
 //! lock, so that a collective's wait for a message also ends when its generation does.
 //!
-//! [`CommOptions`] are a communicator's settings; `Communicator::new` takes them from its
-//! node's configuration (`VANS_COLLECTIVE_*`, read and checked by van-core with every other
-//! variable), so the collectives read no environment of their own.
-
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -16,11 +12,11 @@ use node::postoffice::Customer;
 use node::Postoffice;
 use tokio::sync::{mpsc, Notify};
 use tracing::debug;
-use van_core::config::{CollectiveAlgorithm as Algorithm, CollectiveSettings};
-use van_core::{Config, Message, NodeId, VanKind};
+use van_core::{Message, NodeId, VanKind};
 
 use crate::element::Element;
 use crate::error::{CollectiveError, Result};
+pub use crate::options::CommOptions;
 use generation::{Membership, Protocol, TICK};
 use p2p::Mailbox;
 
@@ -29,67 +25,6 @@ pub(crate) mod p2p;
 
 pub use generation::{Generation, APP_ID};
 pub(crate) use p2p::{Op, OpKind};
-
-/// Settings of a communicator (see [`CommOptions::from_config`]).
-#[derive(Clone, Debug)]
-pub struct CommOptions {
-    /// The customer id of the communicator's messages (two communicators on one node need
-    /// different ids).
-    pub customer_id: i32,
-    /// Largest message a collective sends: buffers travel in slices of this size, so a
-    /// rank forwards the first slice while the next is still on its way.
-    pub slice_bytes: usize,
-    /// All-reduces of buffers up to this many bytes send every buffer to every rank (one
-    /// step) instead of around the ring (`2 (n - 1)` steps): faster for small buffers.
-    pub direct_bytes: usize,
-    /// How long the coordinator waits for every live worker to join before it forms the
-    /// next generation with those that did.
-    pub settle_window: Duration,
-    /// Longest wait for one message of a collective before it fails.
-    pub timeout: Duration,
-    /// How all-reduces are carried out; `Auto` chooses by placement and size
-    /// ([`crate::plan`]).
-    pub algorithm: Algorithm,
-    /// How long a rank waiting on shared memory spins before it sleeps (never when the
-    /// host's ranks outnumber this process's cores).
-    pub spin: Duration,
-    /// Whether a generation not all on one host connects its ranks directly over TCP for
-    /// collectives (`VANS_COLLECTIVE_MESH`; see the crate docs).
-    pub mesh: bool,
-}
-
-impl Default for CommOptions {
-    /// Customer id 0 and the defaults of [`CollectiveSettings`]: 256 KiB slices, direct
-    /// all-reduces up to 64 KiB, a settle window of 5 s, a timeout of 300 s and 1 ms of
-    /// spinning.
-    fn default() -> CommOptions {
-        CommOptions::with_settings(&CollectiveSettings::default())
-    }
-}
-
-impl CommOptions {
-    /// Customer id 0 and the settings of `config`: `VANS_COLLECTIVE_SLICE_BYTES`,
-    /// `VANS_COLLECTIVE_DIRECT_BYTES`, `VANS_COLLECTIVE_SETTLE_WINDOW` (seconds),
-    /// `VANS_COLLECTIVE_TIMEOUT` (seconds), `VANS_COLLECTIVE_ALGO`,
-    /// `VANS_COLLECTIVE_SPIN_US` and `VANS_COLLECTIVE_MESH`, checked when the configuration
-    /// was read.
-    pub fn from_config(config: &Config) -> CommOptions {
-        CommOptions::with_settings(&config.collective)
-    }
-
-    fn with_settings(settings: &CollectiveSettings) -> CommOptions {
-        CommOptions {
-            customer_id: 0,
-            slice_bytes: settings.slice_bytes,
-            direct_bytes: settings.direct_bytes,
-            settle_window: settings.settle_window,
-            timeout: settings.timeout,
-            algorithm: settings.algorithm,
-            spin: settings.spin,
-            mesh: settings.mesh,
-        }
-    }
-}
 
 /// What the lock guards: the membership and the messages of its current generation.
 struct State {
@@ -142,6 +77,8 @@ pub(crate) struct Shared {
     /// One more than the last generation whose mesh settled as none (all ranks on one host,
     /// or none wanted): its collectives find that without the lock.
     no_mesh: std::sync::atomic::AtomicU64,
+    /// The algorithm the last collective took ([`crate::Communicator::last_algorithm`]).
+    pub(crate) took: std::sync::Mutex<Option<van_core::config::CollectiveAlgorithm>>,
 }
 
 impl Shared {
@@ -167,6 +104,7 @@ impl Shared {
             }),
             notify: Notify::new(),
             no_mesh: Default::default(),
+            took: Default::default(),
         });
         (shared, queue)
     }
@@ -296,8 +234,9 @@ impl Shared {
         #[cfg(all(feature = "ipc", target_os = "linux"))]
         if len > 0 {
             let turns = st.shm.of(op.generation);
+            let bytes = len.saturating_mul(std::mem::size_of::<T>());
             if let Some((ticket, hosts)) =
-                turns.ticket(&self.po, &op.members, kind, self.options.algorithm)
+                turns.ticket(&self.po, &op.members, kind, &self.options, bytes)
             {
                 op.shm_ticket = Some(ticket);
                 op.hosts = hosts;

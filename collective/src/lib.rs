@@ -15,8 +15,11 @@
 //!   the algorithm); buffers up to [`CommOptions::direct_bytes`] go to every rank at once
 //!   instead (one message latency), by recursive doubling ([`doubling`]) on 4, 8, 16 …
 //!   ranks, and medium buffers on 4 ranks or more by Rabenseifner's algorithm
-//!   ([`halving`]). [`plan`] says which an all-reduce takes, `VANS_COLLECTIVE_ALGO`
-//!   ([`CommOptions::algorithm`]) overrides it;
+//!   ([`halving`]). One table ([`select::TABLE`]) says which algorithm every collective
+//!   takes, by placement, size and ranks ([`choose`]; `allreduce-bench --explain` prints
+//!   it); `VANS_COLLECTIVE_ALGO` ([`CommOptions::algorithm`]) tells one collective, or every
+//!   one, to take another (`allreduce:ring,all_gather:direct`), and
+//!   [`last_algorithm`](Communicator::last_algorithm) says which one ran;
 //! - [`broadcast`](Communicator::broadcast), [`all_gather`](Communicator::all_gather),
 //!   [`reduce_scatter`](Communicator::reduce_scatter) (these three through the shared
 //!   segment too, when the ranks share it), [`all_to_all`](Communicator::all_to_all),
@@ -57,7 +60,6 @@
 //! # Ok(()) }
 //! ```
 
-mod algorithm;
 mod comm;
 pub mod doubling;
 pub mod element;
@@ -67,8 +69,11 @@ pub mod halving;
 pub mod handle;
 mod hosts;
 mod mesh;
+mod messages;
+mod options;
 mod pool;
 pub mod ring;
+pub mod select;
 mod shm;
 mod spin;
 
@@ -80,13 +85,13 @@ use node::Postoffice;
 use tokio::task::JoinHandle;
 use van_core::{NodeId, Role};
 
-pub use algorithm::{plan, Layout, RABENSEIFNER_MAX_BYTES};
-pub use comm::{CommOptions, Generation, APP_ID};
+pub use comm::{Generation, APP_ID};
+pub use options::CommOptions;
+pub use select::{choose, Algorithm, Algorithms, Collective, Layout, RABENSEIFNER_MAX_BYTES};
 
 pub use element::{Element, ReduceOp};
 pub use error::{CollectiveError, Result};
 pub use half::{bf16, f16};
-pub use van_core::config::CollectiveAlgorithm as Algorithm;
 
 use comm::{CommCustomer, OpKind, Shared};
 
@@ -193,6 +198,13 @@ impl Communicator {
     /// This node's id.
     pub fn node(&self) -> NodeId {
         self.shared.me
+    }
+
+    /// The algorithm the last all-reduce, reduce-scatter, all-gather, broadcast or barrier
+    /// of this communicator took (`Shm` or `Hier` through shared memory), as [`choose`]
+    /// picked it from the placement the node table gives; `None` before the first.
+    pub fn last_algorithm(&self) -> Option<Algorithm> {
+        self.shared.took.lock().ok().and_then(|took| *took)
     }
 
     /// Waits for the membership to settle: after a failed collective, asks to join the next
@@ -325,102 +337,109 @@ pub(crate) async fn settle(shared: &comm::Shared, timeout: Duration) -> Result<G
 
 /// Runs `what` through shared memory when `call` holds a ticket for it (on one host, or
 /// hierarchically across hosts): `Ok(true)` when done there. Without a ticket (or a group),
-/// `Ok(false)`, unless `VANS_COLLECTIVE_ALGO=shm` or `hier` asked for it: then an error
-/// saying why it cannot be had.
+/// `Ok(false)`, unless `VANS_COLLECTIVE_ALGO` told the collective to take `shm` or `hier`:
+/// then an error saying why it cannot be had.
 async fn through_shared_memory<T: Element>(
     shared: &comm::Shared,
     call: &comm::Op,
     what: shm::Collective<'_, T>,
 ) -> Result<bool> {
-    match call.shm_ticket {
-        Some(ticket) => shm::run(shared, call, ticket, what).await,
+    let collective = call.kind.collective();
+    let told = collective.map(|c| shared.options.algorithm.of(c));
+    let name = collective.map_or("", Collective::as_str);
+    match (call.shm_ticket, told) {
+        (Some(ticket), _) => shm::run(shared, call, ticket, what).await,
         // A barrier goes by messages where it must: it carries no buffer to share.
-        None if shared.options.algorithm == Algorithm::Shm
-            && call.size() > 1
-            && call.total > 0
-            && call.kind != comm::OpKind::Barrier =>
+        (None, Some(Algorithm::Shm))
+            if call.size() > 1 && call.total > 0 && call.kind != comm::OpKind::Barrier =>
         {
-            Err(CollectiveError::InvalidArgument(
-                "VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share this host's memory \
-                 (another host, shared memory disabled, or this build lacks the ipc feature)"
-                    .into(),
-            ))
+            Err(CollectiveError::InvalidArgument(format!(
+                "VANS_COLLECTIVE_ALGO tells {name} to take shm, but the ranks do not all share \
+                 this host's memory (another host, shared memory disabled, or this build lacks \
+                 the ipc feature)"
+            )))
         }
-        None if shared.options.algorithm == Algorithm::Hier
-            && call.kind == comm::OpKind::AllReduce
-            && call.total > 0 =>
-        {
-            Err(CollectiveError::InvalidArgument(
-                "VANS_COLLECTIVE_ALGO=hier, but the ranks do not run on several hosts with the \
-                 same number (2 or more) on each, sharing memory there (shared memory \
-                 disabled, or this build lacks the ipc feature)"
-                    .into(),
-            ))
+        (None, Some(Algorithm::Hier)) if call.total > 0 => {
+            Err(CollectiveError::InvalidArgument(format!(
+                "VANS_COLLECTIVE_ALGO tells {name} to take hier, but the ranks do not run on \
+                 several hosts with the same number (2 or more) on each, sharing memory there \
+                 (shared memory disabled, or this build lacks the ipc feature)"
+            )))
         }
-        None => Ok(false),
+        _ => Ok(false),
     }
 }
 
-/// All-reduce of a numbered collective, by the algorithm [`plan`] picks: through shared
-/// memory when the call holds a ticket for it, else by messages.
+/// The path of `call` on `bytes` (the whole buffer): `None` when it went through shared
+/// memory (`what`, done), else the message algorithm [`select::by_messages`] picks. Either
+/// way recorded as the communicator's [`last_algorithm`](Communicator::last_algorithm).
+async fn path<T: Element>(
+    shared: &comm::Shared,
+    call: &comm::Op,
+    collective: Collective,
+    bytes: usize,
+    what: shm::Collective<'_, T>,
+) -> Result<Option<Algorithm>> {
+    let (took, by_messages) = match through_shared_memory(shared, call, what).await? {
+        true if call.hosts.is_some() => (Algorithm::Hier, None),
+        true => (Algorithm::Shm, None),
+        false => {
+            let algorithm = select::by_messages(&shared.options, collective, bytes, call.size());
+            (algorithm, Some(algorithm))
+        }
+    };
+    if let Ok(mut last) = shared.took.lock() {
+        *last = Some(took);
+    }
+    Ok(by_messages)
+}
+
+/// All-reduce of a numbered collective, by the algorithm [`choose`] picks.
 pub(crate) async fn run_allreduce<T: Element>(
     shared: &comm::Shared,
     call: &comm::Op,
     buf: &mut [T],
     op: ReduceOp,
 ) -> Result<()> {
+    let bytes = std::mem::size_of_val(buf);
     let what = shm::Collective::AllReduce(&mut *buf, op);
-    if through_shared_memory(shared, call, what).await? {
-        return Ok(());
+    match path(shared, call, Collective::AllReduce, bytes, what).await? {
+        None => Ok(()),
+        Some(algorithm) => messages::allreduce(shared, call, buf, op, algorithm).await,
     }
-    algorithm::run_by_messages(shared, call, buf, op).await
 }
 
-/// Reduce-scatter of a numbered collective: through shared memory, else (small buffers) by
-/// recursive halving or directly, or around the ring.
+/// Reduce-scatter of a numbered collective, by the algorithm [`choose`] picks.
 pub(crate) async fn run_reduce_scatter<T: Element>(
     shared: &comm::Shared,
     call: &comm::Op,
     buf: &mut [T],
     op: ReduceOp,
 ) -> Result<()> {
+    let bytes = std::mem::size_of_val(buf);
     let what = shm::Collective::ReduceScatter(&mut *buf, op);
-    if through_shared_memory(shared, call, what).await? {
-        return Ok(());
-    }
-    match latency_bound(shared, call, std::mem::size_of_val(buf)) {
-        Some(true) => halving::reduce_scatter(shared, call, buf, op).await,
-        Some(false) => ring::direct_reduce_scatter(shared, call, buf, op).await,
-        None => ring::reduce(shared, call, buf, op, 1).await,
+    match path(shared, call, Collective::ReduceScatter, bytes, what).await? {
+        None => Ok(()),
+        Some(Algorithm::Halving) => halving::reduce_scatter(shared, call, buf, op).await,
+        Some(Algorithm::Direct) => ring::direct_reduce_scatter(shared, call, buf, op).await,
+        Some(_) => ring::reduce(shared, call, buf, op, 1).await,
     }
 }
 
-/// How a reduce-scatter or all-gather of `bytes` (the whole buffer) goes when it is
-/// latency-bound, up to `VANS_COLLECTIVE_DIRECT_BYTES` (unless `VANS_COLLECTIVE_ALGO=ring`):
-/// by recursive halving or doubling on 4, 8, 16 … ranks (`Some(true)`), else in one direct
-/// exchange (`Some(false)`); `None`: around the ring. `allreduce-bench --collectives`, TCP,
-/// 4 ranks on 2 cores: the ring took 94–105 µs at 4–64 KiB, the direct exchange 66–92.
-fn latency_bound(shared: &comm::Shared, call: &comm::Op, bytes: usize) -> Option<bool> {
-    let small = bytes <= shared.options.direct_bytes && shared.options.algorithm != Algorithm::Ring;
-    small.then(|| call.size() >= 4 && call.size().is_power_of_two())
-}
-
-/// All-gather of a numbered collective: through shared memory, else (small buffers) by
-/// recursive doubling or directly, or around the ring.
+/// All-gather of a numbered collective, by the algorithm [`choose`] picks.
 pub(crate) async fn run_all_gather<T: Element>(
     shared: &comm::Shared,
     call: &comm::Op,
     input: &[T],
     out: &mut [T],
 ) -> Result<()> {
+    let bytes = std::mem::size_of_val(out);
     let what = shm::Collective::AllGather(input, &mut *out);
-    if through_shared_memory(shared, call, what).await? {
-        return Ok(());
-    }
-    match latency_bound(shared, call, std::mem::size_of_val(out)) {
-        Some(true) => halving::all_gather(shared, call, input, out).await,
-        Some(false) => ring::direct_all_gather(shared, call, input, out).await,
-        None => ring::all_gather(shared, call, input, out).await,
+    match path(shared, call, Collective::AllGather, bytes, what).await? {
+        None => Ok(()),
+        Some(Algorithm::Doubling) => halving::all_gather(shared, call, input, out).await,
+        Some(Algorithm::Direct) => ring::direct_all_gather(shared, call, input, out).await,
+        Some(_) => ring::all_gather(shared, call, input, out).await,
     }
 }
 
@@ -431,11 +450,12 @@ pub(crate) async fn run_broadcast<T: Element>(
     buf: &mut [T],
     root: usize,
 ) -> Result<()> {
+    let bytes = std::mem::size_of_val(buf);
     let what = shm::Collective::Broadcast(&mut *buf, root);
-    if through_shared_memory(shared, call, what).await? {
-        return Ok(());
+    match path(shared, call, Collective::Broadcast, bytes, what).await? {
+        None => Ok(()),
+        Some(_) => ring::broadcast(shared, call, buf, root).await,
     }
-    ring::broadcast(shared, call, buf, root).await
 }
 
 /// A barrier of a numbered collective (carrying one `i32`): an all-reduce of each rank's
@@ -444,8 +464,8 @@ pub(crate) async fn run_barrier(shared: &comm::Shared, call: &comm::Op, me: Node
     // Every rank's result holds every rank's token: none returns before all have called.
     let mut token = [1i32];
     let what = shm::Collective::AllReduce(&mut token[..], ReduceOp::Sum);
-    if !through_shared_memory(shared, call, what).await? {
-        algorithm::run_by_messages(shared, call, &mut token, ReduceOp::Sum).await?;
+    if let Some(algorithm) = path(shared, call, Collective::Barrier, 4, what).await? {
+        messages::allreduce(shared, call, &mut token, ReduceOp::Sum, algorithm).await?;
     }
     let expected = call.size() as i32;
     match token[0] == expected {

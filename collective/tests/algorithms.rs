@@ -73,7 +73,7 @@ async fn every_algorithm(po: Postoffice) -> collective::Result<Seen> {
         let options = CommOptions {
             customer_id: a as i32 + 1,
             slice_bytes: 4096,
-            algorithm,
+            algorithm: algorithm.into(),
             ..CommOptions::default()
         };
         let mut comm = Communicator::with_options(&po, options).await?;
@@ -154,18 +154,26 @@ fn every_algorithm_on_five_ranks() {
     run(5);
 }
 
-/// The plan: shared memory where the ranks share it (hierarchically on even hosts), else by
-/// size and rank count, unless an algorithm is named.
+/// The all-reduce's rows: shared memory where the ranks share it (hierarchically on even
+/// hosts), else by size and rank count, unless an algorithm is named.
 #[test]
-fn plan_chooses_by_placement_and_size_unless_told() {
-    use collective::Layout;
+fn allreduce_chooses_by_placement_and_size_unless_told() {
+    use collective::{Collective, Layout};
     let options = CommOptions::default();
+    let choose = |options: &CommOptions, bytes, ranks, layout| {
+        collective::choose(options, Collective::AllReduce, layout, bytes, ranks)
+    };
     for (bytes, ranks) in [(4096, 2), (64 << 20, 4), (1, 3)] {
-        let plan = |layout| collective::plan(&options, bytes, ranks, layout);
-        assert_eq!(plan(Layout::OneHost), Algorithm::Shm);
-        assert_eq!(plan(Layout::EvenHosts), Algorithm::Hier);
+        assert_eq!(
+            choose(&options, bytes, ranks, Layout::OneHost),
+            Algorithm::Shm
+        );
+        assert_eq!(
+            choose(&options, bytes, ranks, Layout::EvenHosts),
+            Algorithm::Hier
+        );
     }
-    let plan = |bytes, ranks| collective::plan(&options, bytes, ranks, Layout::Apart);
+    let plan = |bytes, ranks| choose(&options, bytes, ranks, Layout::Apart);
     for ranks in [2, 3, 5, 6] {
         assert_eq!(plan(4096, ranks), Algorithm::Direct, "{ranks}");
     }
@@ -180,11 +188,11 @@ fn plan_chooses_by_placement_and_size_unless_told() {
     assert_eq!(plan(options.direct_bytes + 1, 3), Algorithm::Ring);
     for told in [Algorithm::Doubling, Algorithm::Hier, Algorithm::Shm] {
         let options = CommOptions {
-            algorithm: told,
+            algorithm: told.into(),
             ..CommOptions::default()
         };
         for layout in [Layout::OneHost, Layout::EvenHosts, Layout::Apart] {
-            assert_eq!(collective::plan(&options, 64 << 20, 4, layout), told);
+            assert_eq!(choose(&options, 64 << 20, 4, layout), told);
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Collectives among worker processes on 127.0.0.1 (`allreduce-bench node …`): every
-//! collective on 2, 3 and 4 ranks, over TCP and (with feature `ipc`) shared memory; and an
+//! collective on 2, 3 and 4 ranks, over TCP and (with feature `ipc`) shared memory; every
+//! collective taking, at sizes around each bound of the selection table, the algorithm
+//! `allreduce-bench --explain` prints for it; and an
 //! elastic loop that loses a rank to `kill -9`, goes on in a new generation without it, and
 //! admits the process started in its place, with the planned all-reduce algorithm and with
 //! each other one forced (shared memory among them).
@@ -145,6 +147,98 @@ fn every_collective_through_one_shared_segment_on_two_and_four_ranks() {
     }
 }
 
+/// Sizes on both sides of the selection table's bounds (64 KiB direct, 512 KiB
+/// Rabenseifner's), each a whole f32 per rank on 2, 3 and 4 ranks.
+const GRID_SIZES: &str = "48,65520,65568,524256,524304";
+const GRID_COLLECTIVES: &str = "allreduce,reducescatter,allgather,broadcast";
+
+/// `allreduce-bench --explain --json` for one van and rank count under `env`: the algorithm
+/// of each (collective, bytes).
+fn explained(van: &str, ranks: usize, env: &[(&str, &str)]) -> Vec<(String, u64, String)> {
+    let out = Command::new(BENCH)
+        .args([
+            "--explain",
+            "--json",
+            "--van",
+            van,
+            "--ranks",
+            &ranks.to_string(),
+        ])
+        .args(["--sizes", GRID_SIZES, "--collectives", GRID_COLLECTIVES])
+        .env_remove("VANS_COLLECTIVE_ALGO")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = common::text(&out);
+    assert!(out.status.success(), "--explain failed:\n{text}");
+    text.lines()
+        .map(|line| {
+            let cell: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{e}: not a JSON cell: {line}"));
+            let field = |k: &str| cell[k].as_str().unwrap_or_default().to_owned();
+            (
+                field("collective"),
+                cell["bytes"].as_u64().unwrap(),
+                field("algorithm"),
+            )
+        })
+        .collect()
+}
+
+/// Runs every collective of the grid on `ranks` ranks over `van` under `env` and checks that
+/// each rank took, at every size, the algorithm `--explain` printed for it.
+fn runs_as_explained(van: &str, ranks: usize, env: &[(&str, &str)]) {
+    let want = explained(van, ranks, env);
+    let cells = GRID_SIZES.split(',').count() * GRID_COLLECTIVES.split(',').count();
+    assert_eq!(want.len(), cells, "{want:?}");
+    let args = [
+        "select",
+        "--sizes",
+        GRID_SIZES,
+        "--collectives",
+        GRID_COLLECTIVES,
+    ];
+    let what = format!("{van}, {ranks} ranks, {env:?}");
+    let mut env = env.to_vec();
+    env.push(("RUST_LOG", "warn"));
+    let (cluster, _) = start_with(ranks, &args, van == "tcp", &env);
+    for (i, text) in finish(cluster, &what).iter().enumerate() {
+        let took: Vec<(String, u64, String)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("took "))
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f[0].to_owned(), f[1].parse().unwrap(), f[2].to_owned())
+            })
+            .collect();
+        assert_eq!(
+            took, want,
+            "{what}: worker {i} took (left) what --explain did not print (right)"
+        );
+    }
+}
+
+#[test]
+fn every_collective_takes_the_algorithm_explain_prints_over_tcp() {
+    for ranks in [2, 3, 4] {
+        runs_as_explained("tcp", ranks, &[]);
+    }
+    // Told algorithms, per collective; the others still decide.
+    let told = [("VANS_COLLECTIVE_ALGO", "allreduce:ring,all_gather:direct")];
+    runs_as_explained("tcp", 4, &told);
+}
+
+#[cfg(feature = "ipc")]
+#[test]
+fn every_collective_takes_the_algorithm_explain_prints_over_shared_memory() {
+    for ranks in [2, 3, 4] {
+        runs_as_explained("ipc", ranks, &[]);
+    }
+    // Told to go by messages between ranks that share memory.
+    let told = [("VANS_COLLECTIVE_ALGO", "reduce_scatter:ring,broadcast:ring")];
+    runs_as_explained("ipc", 3, &told);
+}
+
 #[test]
 fn asking_for_shared_memory_between_ranks_that_cannot_share_it_fails_clearly() {
     // Shared memory disabled: the ranks talk TCP, and the forced algorithm cannot be had.
@@ -181,7 +275,10 @@ fn asking_for_shared_memory_between_ranks_that_cannot_share_it_fails_clearly() {
     }
     assert!(
         texts.iter().any(|(ok, text)| !ok
-            && text.contains("VANS_COLLECTIVE_ALGO=shm, but the ranks do not all share")),
+            && text.contains(
+                "VANS_COLLECTIVE_ALGO tells allreduce to take shm, but the ranks \
+                              do not all share"
+            )),
         "no worker said why: {texts:#?}"
     );
     for mut child in [cluster.server, cluster.scheduler] {

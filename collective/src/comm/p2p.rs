@@ -71,6 +71,20 @@ impl OpKind {
         OpKind::from_head(kind.checked_add(KIND_DATA)?)
     }
 
+    /// The collective a call of this kind is, for the selection table (`None`: all-to-all
+    /// and point-to-point messages have one way each).
+    pub(crate) fn collective(self) -> Option<van_core::config::CollectiveKind> {
+        use van_core::config::CollectiveKind as C;
+        Some(match self {
+            OpKind::AllReduce => C::AllReduce,
+            OpKind::ReduceScatter => C::ReduceScatter,
+            OpKind::AllGather => C::AllGather,
+            OpKind::Broadcast => C::Broadcast,
+            OpKind::Barrier => C::Barrier,
+            OpKind::AllToAll | OpKind::PointToPoint => return None,
+        })
+    }
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             OpKind::AllReduce => "allreduce",

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use rustix::fs::{Mode, OFlags};
 use tracing::{debug, info};
 use van_core::buf::SharedRegion;
-use van_core::config::CollectiveAlgorithm as Algorithm;
 use van_ipc::Segment;
 
 use super::group::{self, layout, Arenas, Group, Rounds, LINE};
@@ -18,6 +17,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{CollectiveError, Result};
 use crate::hosts::Hosts;
 use crate::ring::chunk;
+use crate::select::{self, Algorithm};
 use crate::spin::Spin;
 
 /// The op numbers of the two exchanges that form a group: apart from the collectives' and
@@ -351,15 +351,18 @@ pub(crate) async fn run<T: Element>(
     let group = match group {
         Ok(group) => group,
         // A barrier carries no buffer to share: it goes by messages where it must.
-        Err(why)
-            if matches!(shared.options.algorithm, Algorithm::Shm | Algorithm::Hier)
-                && call.kind != OpKind::Barrier =>
-        {
-            return Err(CollectiveError::InvalidArgument(format!(
-                "VANS_COLLECTIVE_ALGO={}, but the ranks cannot share memory: {why}",
-                shared.options.algorithm
-            )));
-        }
+        Err(why) if call.kind != OpKind::Barrier => match told(shared, call) {
+            Some((collective, algorithm)) => {
+                return Err(CollectiveError::InvalidArgument(format!(
+                    "VANS_COLLECTIVE_ALGO tells {collective} to take {algorithm}, but the ranks \
+                     cannot share memory: {why}"
+                )));
+            }
+            None => {
+                debug!("collectives by messages: {why}");
+                return Ok(false);
+            }
+        },
         Err(why) => {
             debug!("collectives by messages: {why}");
             return Ok(false);
@@ -391,6 +394,14 @@ pub(crate) async fn run<T: Element>(
         }
     }
     Ok(true)
+}
+
+/// `call`'s collective and `Shm` or `Hier` when `VANS_COLLECTIVE_ALGO` tells it to take
+/// that.
+fn told(shared: &Shared, call: &Op) -> Option<(select::Collective, Algorithm)> {
+    let collective = call.kind.collective()?;
+    let told = shared.options.algorithm.of(collective);
+    matches!(told, Algorithm::Shm | Algorithm::Hier).then_some((collective, told))
 }
 
 /// The error of a rank missing from its own host's ranks (the placement is worked out from
@@ -435,7 +446,11 @@ async fn hierarchical<T: Element>(
         .ok_or_else(|| not_placed(call))?
         .carrying::<T>(share.len());
     let mine = &mut buf[share];
-    crate::algorithm::run_by_messages(through.shared, &across, mine, sum).await?;
+    let bytes = std::mem::size_of_val(mine);
+    let options = &through.shared.options;
+    let algorithm =
+        select::by_messages(options, select::Collective::AllReduce, bytes, across.size());
+    crate::messages::allreduce(through.shared, &across, mine, sum, algorithm).await?;
     if op == ReduceOp::Mean {
         mine.iter_mut().for_each(|v| *v = v.divide(call.size()));
     }

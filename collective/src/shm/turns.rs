@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use node::Postoffice;
 use tracing::debug;
-use van_core::config::CollectiveAlgorithm as Algorithm;
 use van_core::NodeId;
 
 use super::group::Group;
 use crate::comm::OpKind;
 use crate::hosts::{self, Hosts, Placement};
+use crate::options::CommOptions;
+use crate::select::{self, Algorithm, Layout};
 
 /// The shared-memory state of the current generation: its tickets, whose turn it is, and
 /// its group once formed.
@@ -57,16 +58,17 @@ impl Turns {
         (turns.generation == generation).then_some(turns)
     }
 
-    /// A ticket for a collective of `kind` of the generation, when it goes through shared
-    /// memory: with `algorithm` `auto` or `shm`, an all-reduce, all-gather, reduce-scatter,
-    /// broadcast or barrier of a generation on this host alone; with `auto` or `hier`, an
-    /// all-reduce of one whose hosts each run the same number of ranks (with those hosts).
+    /// A ticket for a collective of `kind` on `bytes` of the generation, when it goes
+    /// through shared memory: when [`select::choose`] picks `shm` for a generation on this
+    /// host alone, or `hier` for one whose hosts each run the same number of ranks (with
+    /// those hosts).
     pub(crate) fn ticket(
         &mut self,
         po: &Postoffice,
         members: &[NodeId],
         kind: OpKind,
-        algorithm: Algorithm,
+        options: &CommOptions,
+        bytes: usize,
     ) -> Option<(u64, Option<Arc<Hosts>>)> {
         let placement = self.placement.get_or_insert_with(|| {
             let placement = hosts::placement(po, members);
@@ -75,17 +77,12 @@ impl Turns {
             }
             placement
         });
-        let hosts = match (placement, algorithm, kind) {
-            (
-                _,
-                Algorithm::Direct | Algorithm::Doubling | Algorithm::Rabenseifner | Algorithm::Ring,
-                _,
-            ) => return None,
-            (_, _, OpKind::AllToAll | OpKind::PointToPoint) => return None,
-            (Placement::OneHost, Algorithm::Auto | Algorithm::Shm, _) => None,
-            (Placement::Hosts(hosts), Algorithm::Auto | Algorithm::Hier, OpKind::AllReduce) => {
-                Some(Arc::clone(hosts))
-            }
+        let collective = kind.collective()?;
+        let layout = Layout::of(placement);
+        let chosen = select::choose(options, collective, layout, bytes, members.len());
+        let hosts = match (placement, chosen) {
+            (Placement::OneHost, Algorithm::Shm) => None,
+            (Placement::Hosts(hosts), Algorithm::Hier) => Some(Arc::clone(hosts)),
             _ => return None,
         };
         self.issued += 1;

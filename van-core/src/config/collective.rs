@@ -30,12 +30,17 @@ const SLICE_EXPECTED: &str = "a whole number of bytes from 4096 to 1073741824 (1
 const DIRECT_EXPECTED: &str =
     "a whole number of bytes up to 1073741824 (1 GiB; 0: never a latency-bound algorithm)";
 const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
-const ALGORITHM_EXPECTED: &str = "auto, shm, hier, direct, doubling, rabenseifner or ring";
+const ALGORITHM_EXPECTED: &str = "auto, or comma-separated items ALGORITHM (every collective \
+     that has it) or COLLECTIVE:ALGORITHM, later items first: allreduce takes auto, shm, hier, \
+     direct, doubling, rabenseifner or ring; reduce_scatter auto, shm, direct, halving or ring; \
+     all_gather auto, shm, direct, doubling or ring; broadcast auto, shm or ring; barrier auto, \
+     shm, direct or doubling";
 const SPIN_EXPECTED: &str = "a whole number of microseconds up to 1000000 (0: never spin)";
 /// The longest spin `VANS_COLLECTIVE_SPIN_US` accepts.
 const LONGEST_SPIN: Duration = Duration::from_secs(1);
 
-/// How an all-reduce is carried out (`VANS_COLLECTIVE_ALGO`).
+/// How a collective is carried out (an item of `VANS_COLLECTIVE_ALGO`; which collectives
+/// take which: [`CollectiveKind::algorithms`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CollectiveAlgorithm {
     /// By placement, size and rank count (`collective::plan`): `Shm` when every rank shares
@@ -66,6 +71,9 @@ pub enum CollectiveAlgorithm {
     /// Rabenseifner's: a reduce-scatter by recursive halving, then an all-gather by
     /// recursive doubling: the ring's bytes in `2 log2 n` steps instead of `2 (n - 1)`.
     Rabenseifner,
+    /// Recursive halving (a reduce-scatter): `log2 n` exchanges of half the remaining
+    /// buffer with the rank whose number differs in one bit.
+    Halving,
     /// Reduce-scatter then all-gather around a ring, in slices: `2 (n - 1) / n` buffers
     /// sent per rank, `2 (n - 1)` latencies.
     Ring,
@@ -73,7 +81,7 @@ pub enum CollectiveAlgorithm {
 
 impl CollectiveAlgorithm {
     /// The variable's spelling: `auto`, `shm`, `hier`, `direct`, `doubling`,
-    /// `rabenseifner`, `ring`.
+    /// `rabenseifner`, `halving`, `ring`.
     pub fn as_str(self) -> &'static str {
         match self {
             CollectiveAlgorithm::Auto => "auto",
@@ -82,8 +90,17 @@ impl CollectiveAlgorithm {
             CollectiveAlgorithm::Direct => "direct",
             CollectiveAlgorithm::Doubling => "doubling",
             CollectiveAlgorithm::Rabenseifner => "rabenseifner",
+            CollectiveAlgorithm::Halving => "halving",
             CollectiveAlgorithm::Ring => "ring",
         }
+    }
+
+    /// Whether this algorithm sends messages (not `Auto`, `Shm` or `Hier`).
+    pub fn by_messages(self) -> bool {
+        !matches!(
+            self,
+            CollectiveAlgorithm::Auto | CollectiveAlgorithm::Shm | CollectiveAlgorithm::Hier
+        )
     }
 }
 
@@ -104,11 +121,200 @@ impl std::str::FromStr for CollectiveAlgorithm {
             CollectiveAlgorithm::Direct,
             CollectiveAlgorithm::Doubling,
             CollectiveAlgorithm::Rabenseifner,
+            CollectiveAlgorithm::Halving,
             CollectiveAlgorithm::Ring,
         ]
         .into_iter()
         .find(|a| a.as_str().eq_ignore_ascii_case(s.trim()))
-        .ok_or_else(|| format!("{s}: expected {ALGORITHM_EXPECTED}"))
+        .ok_or_else(|| {
+            format!(
+                "{s}: expected auto, shm, hier, direct, doubling, rabenseifner, halving or ring"
+            )
+        })
+    }
+}
+
+/// The collectives that choose an algorithm (`all_to_all` and point-to-point messages have
+/// one way each), as `VANS_COLLECTIVE_ALGO` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    /// `allreduce`.
+    AllReduce,
+    /// `reduce_scatter`.
+    ReduceScatter,
+    /// `all_gather`.
+    AllGather,
+    /// `broadcast`.
+    Broadcast,
+    /// `barrier`.
+    Barrier,
+}
+
+impl CollectiveKind {
+    /// Every kind, in the order of [`CollectiveAlgorithms`]' entries.
+    pub const ALL: [CollectiveKind; 5] = [
+        CollectiveKind::AllReduce,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::AllGather,
+        CollectiveKind::Broadcast,
+        CollectiveKind::Barrier,
+    ];
+
+    /// The variable's spelling: `allreduce`, `reduce_scatter`, `all_gather`, `broadcast`,
+    /// `barrier` (read without `_` or `-` too).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "allreduce",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::Broadcast => "broadcast",
+            CollectiveKind::Barrier => "barrier",
+        }
+    }
+
+    /// The algorithms this collective can be told to take (`Auto` besides).
+    pub fn algorithms(self) -> &'static [CollectiveAlgorithm] {
+        use CollectiveAlgorithm as A;
+        match self {
+            CollectiveKind::AllReduce => &[
+                A::Shm,
+                A::Hier,
+                A::Direct,
+                A::Doubling,
+                A::Rabenseifner,
+                A::Ring,
+            ],
+            CollectiveKind::ReduceScatter => &[A::Shm, A::Direct, A::Halving, A::Ring],
+            CollectiveKind::AllGather => &[A::Shm, A::Direct, A::Doubling, A::Ring],
+            CollectiveKind::Broadcast => &[A::Shm, A::Ring],
+            CollectiveKind::Barrier => &[A::Shm, A::Direct, A::Doubling],
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for CollectiveKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CollectiveKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let name = s.trim().to_ascii_lowercase().replace(['_', '-'], "");
+        CollectiveKind::ALL
+            .into_iter()
+            .find(|k| k.as_str().replace('_', "") == name)
+            .ok_or_else(|| {
+                format!("{s}: expected allreduce, reduce_scatter, all_gather, broadcast or barrier")
+            })
+    }
+}
+
+/// The algorithm each collective is told to take (`VANS_COLLECTIVE_ALGO`), `Auto` where
+/// the selection table decides. Written as the variable is: `auto`; `ring` (every collective
+/// that has a ring takes it, the others decide); `allreduce:ring,all_gather:direct`; items
+/// apply in order, so `ring,broadcast:shm` rings all but broadcasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CollectiveAlgorithms([CollectiveAlgorithm; 5]);
+
+impl CollectiveAlgorithms {
+    /// `algorithm` for every collective that has it (`Auto` for the others).
+    pub fn all(algorithm: CollectiveAlgorithm) -> CollectiveAlgorithms {
+        let mut each = CollectiveAlgorithms::default();
+        for kind in CollectiveKind::ALL {
+            if kind.algorithms().contains(&algorithm) {
+                each.0[kind.index()] = algorithm;
+            }
+        }
+        each
+    }
+
+    /// These, with `kind` told to take `algorithm`: an error naming the item when `kind`
+    /// cannot take it.
+    pub fn with(
+        mut self,
+        kind: CollectiveKind,
+        algorithm: CollectiveAlgorithm,
+    ) -> Result<CollectiveAlgorithms, String> {
+        if algorithm != CollectiveAlgorithm::Auto && !kind.algorithms().contains(&algorithm) {
+            let takes: Vec<&str> = kind.algorithms().iter().map(|a| a.as_str()).collect();
+            return Err(format!(
+                "{kind}:{algorithm}: {kind} takes auto, {}",
+                takes.join(", ")
+            ));
+        }
+        self.0[kind.index()] = algorithm;
+        Ok(self)
+    }
+
+    /// The algorithm `kind` is told to take (`Auto`: the table decides).
+    pub fn of(&self, kind: CollectiveKind) -> CollectiveAlgorithm {
+        self.0[kind.index()]
+    }
+}
+
+impl std::fmt::Display for CollectiveAlgorithms {
+    /// `auto` when nothing is told; `ALGORITHM` when every collective that has it is told
+    /// it and no other is told anything; else `KIND:ALGORITHM` for each told collective.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(a) = self.0.iter().find(|a| **a != CollectiveAlgorithm::Auto) {
+            if *self == CollectiveAlgorithms::all(*a) {
+                return f.write_str(a.as_str());
+            }
+        }
+        let told: Vec<String> = CollectiveKind::ALL
+            .into_iter()
+            .filter(|k| self.of(*k) != CollectiveAlgorithm::Auto)
+            .map(|k| format!("{k}:{}", self.of(k)))
+            .collect();
+        match told.is_empty() {
+            true => f.write_str("auto"),
+            false => f.write_str(&told.join(",")),
+        }
+    }
+}
+
+impl std::str::FromStr for CollectiveAlgorithms {
+    type Err = String;
+
+    /// Parses the variable's value; the error is the first bad item.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut each = CollectiveAlgorithms::default();
+        for item in s.split(',').map(str::trim) {
+            let bad = || item.to_owned();
+            each = match item.split_once(':') {
+                Some((kind, algorithm)) => {
+                    let kind = kind.parse().map_err(|_| bad())?;
+                    let algorithm = algorithm.parse().map_err(|_| bad())?;
+                    each.with(kind, algorithm).map_err(|_| bad())?
+                }
+                None => {
+                    let algorithm: CollectiveAlgorithm = item.parse().map_err(|_| bad())?;
+                    let all = CollectiveAlgorithms::all(algorithm);
+                    let mut merged = each;
+                    for kind in CollectiveKind::ALL {
+                        if algorithm == CollectiveAlgorithm::Auto || all.of(kind) == algorithm {
+                            merged.0[kind.index()] = algorithm;
+                        }
+                    }
+                    merged
+                }
+            };
+        }
+        Ok(each)
+    }
+}
+
+impl From<CollectiveAlgorithm> for CollectiveAlgorithms {
+    /// As [`CollectiveAlgorithms::all`].
+    fn from(algorithm: CollectiveAlgorithm) -> CollectiveAlgorithms {
+        CollectiveAlgorithms::all(algorithm)
     }
 }
 
@@ -126,8 +332,9 @@ pub struct CollectiveSettings {
     pub settle_window: Duration,
     /// `VANS_COLLECTIVE_TIMEOUT`: longest wait for one message of a collective.
     pub timeout: Duration,
-    /// `VANS_COLLECTIVE_ALGO`: how all-reduces are carried out (`auto`: by size).
-    pub algorithm: CollectiveAlgorithm,
+    /// `VANS_COLLECTIVE_ALGO`: the algorithm each collective is told to take (`auto`: the
+    /// `collective` crate's selection table decides, by placement, size and ranks).
+    pub algorithm: CollectiveAlgorithms,
     /// `VANS_COLLECTIVE_SPIN_US`: how long a rank waiting on shared memory spins before it
     /// sleeps (never when this host's ranks outnumber the cores this process may use).
     pub spin: Duration,
@@ -144,7 +351,7 @@ impl Default for CollectiveSettings {
             direct_bytes: DEFAULT_COLLECTIVE_DIRECT_BYTES,
             settle_window: DEFAULT_COLLECTIVE_SETTLE_WINDOW,
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
-            algorithm: CollectiveAlgorithm::Auto,
+            algorithm: CollectiveAlgorithms::default(),
             spin: DEFAULT_COLLECTIVE_SPIN,
             mesh: true,
         }
@@ -202,9 +409,10 @@ impl CollectiveSettings {
             c.timeout = d;
         }
         if let Some(value) = get("VANS_COLLECTIVE_ALGO") {
-            c.algorithm = value
-                .parse()
-                .map_err(|_| invalid("VANS_COLLECTIVE_ALGO", value, ALGORITHM_EXPECTED))?;
+            // The item that is wrong, and what every item may be.
+            c.algorithm = value.parse().map_err(|item: String| {
+                invalid("VANS_COLLECTIVE_ALGO", &item, ALGORITHM_EXPECTED)
+            })?;
         }
         if let Some(us) = number("VANS_COLLECTIVE_SPIN_US", SPIN_EXPECTED)? {
             let longest = LONGEST_SPIN.as_micros() as f64;
@@ -265,7 +473,10 @@ mod tests {
     use std::time::Duration;
 
     use crate::config::tests::err;
-    use crate::config::{CollectiveAlgorithm, CollectiveSettings, Config};
+    use crate::config::{
+        CollectiveAlgorithm as A, CollectiveAlgorithms, CollectiveKind as K, CollectiveSettings,
+        Config,
+    };
 
     #[test]
     fn collective_settings_from_the_variables() {
@@ -286,7 +497,7 @@ mod tests {
                 direct_bytes: 0,
                 settle_window: Duration::from_millis(500),
                 timeout: Duration::from_secs(100),
-                algorithm: CollectiveAlgorithm::Doubling,
+                algorithm: CollectiveAlgorithms::all(A::Doubling),
                 spin: Duration::ZERO,
                 mesh: true,
             }
@@ -300,9 +511,51 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.collective.spin, Duration::from_secs(1));
-        assert_eq!(c.collective.algorithm, CollectiveAlgorithm::Shm);
+        assert_eq!(c.collective.algorithm, CollectiveAlgorithms::all(A::Shm));
         assert_eq!(c.collective.slice_bytes, 1 << 30);
         assert_eq!(c.collective.timeout, Duration::from_secs(86_400));
+    }
+
+    /// A bare algorithm tells every collective that has it; `KIND:ALGORITHM` one; later
+    /// items win.
+    #[test]
+    fn collective_algorithms_per_collective() {
+        let parse = |s: &str| s.parse::<CollectiveAlgorithms>();
+        let all = |s| K::ALL.map(|k| parse(s).unwrap().of(k));
+        assert_eq!(all("auto"), [A::Auto; 5]);
+        assert_eq!(all("ring"), [A::Ring, A::Ring, A::Ring, A::Ring, A::Auto]);
+        assert_eq!(
+            all("doubling"),
+            [A::Doubling, A::Auto, A::Doubling, A::Auto, A::Doubling]
+        );
+        assert_eq!(all("hier"), [A::Hier, A::Auto, A::Auto, A::Auto, A::Auto]);
+        assert_eq!(all("shm"), [A::Shm; 5]);
+        assert_eq!(
+            all(" allreduce:ring , all-gather:Direct,reducescatter:halving"),
+            [A::Ring, A::Halving, A::Direct, A::Auto, A::Auto]
+        );
+        assert_eq!(
+            all("ring,broadcast:shm"),
+            [A::Ring, A::Ring, A::Ring, A::Shm, A::Auto]
+        );
+        assert_eq!(all("allreduce:direct,auto"), [A::Auto; 5]);
+        for bad in ["tree", "broadcast:direct", "gather:ring", "allreduce:", ""] {
+            assert_eq!(parse(&format!("ring,{bad}")), Err(bad.to_owned()), "{bad}");
+        }
+        // Written back as read.
+        for told in [
+            "auto",
+            "ring",
+            "allreduce:ring,all_gather:direct",
+            "barrier:shm",
+        ] {
+            assert_eq!(parse(told).unwrap().to_string(), told);
+        }
+        let err = CollectiveAlgorithms::default().with(K::Broadcast, A::Doubling);
+        assert_eq!(
+            err,
+            Err("broadcast:doubling: broadcast takes auto, shm, ring".into())
+        );
     }
 
     #[test]
@@ -320,7 +573,17 @@ mod tests {
             (
                 "VANS_COLLECTIVE_ALGO",
                 "tree",
-                "auto, shm, hier, direct, doubling, rabenseifner or ring",
+                "broadcast auto, shm or ring",
+            ),
+            (
+                "VANS_COLLECTIVE_ALGO",
+                "broadcast:doubling",
+                "broadcast auto, shm or ring",
+            ),
+            (
+                "VANS_COLLECTIVE_ALGO",
+                "alltoall:direct",
+                "COLLECTIVE:ALGORITHM",
             ),
             ("VANS_COLLECTIVE_SPIN_US", "1000001", "up to 1000000"),
             ("VANS_COLLECTIVE_SPIN_US", "2.5", "whole number"),

@@ -91,9 +91,9 @@ mod variables; // `VARIABLES`: every variable, its default and effect
 
 pub use builder::ConfigBuilder;
 pub use collective::{
-    CollectiveAlgorithm, CollectiveSettings, DEFAULT_COLLECTIVE_DIRECT_BYTES,
-    DEFAULT_COLLECTIVE_SETTLE_WINDOW, DEFAULT_COLLECTIVE_SLICE_BYTES, DEFAULT_COLLECTIVE_SPIN,
-    DEFAULT_COLLECTIVE_TIMEOUT,
+    CollectiveAlgorithm, CollectiveAlgorithms, CollectiveKind, CollectiveSettings,
+    DEFAULT_COLLECTIVE_DIRECT_BYTES, DEFAULT_COLLECTIVE_SETTLE_WINDOW,
+    DEFAULT_COLLECTIVE_SLICE_BYTES, DEFAULT_COLLECTIVE_SPIN, DEFAULT_COLLECTIVE_TIMEOUT,
 };
 pub use error::ConfigError;
 pub use rdma::{

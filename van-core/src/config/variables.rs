@@ -480,18 +480,21 @@ pub const VARIABLES: &[EnvVar] = &[
     EnvVar {
         name: "VANS_COLLECTIVE_ALGO",
         default: "auto",
-        effect: "how all-reduces are carried out: auto (shm when every rank shares this \
-                 host's memory; hier when the ranks run on several hosts with the same number \
-                 on each; else up to VANS_COLLECTIVE_DIRECT_BYTES doubling on 4, 8, 16 … \
-                 ranks and direct on others, up to 512 KiB rabenseifner on 4 ranks or more, \
-                 the ring beyond), shm (one shared-memory segment the ranks map; an error \
-                 when they cannot), hier (reduce-scatter through each host's shared memory, \
-                 all-reduce of each share between hosts, all-gather through shared memory; an \
-                 error when the ranks are not so placed), direct (every rank sends its buffer \
-                 to every other), doubling (recursive doubling: log2 n exchanges), \
-                 rabenseifner (reduce-scatter by recursive halving, all-gather by recursive \
-                 doubling) or ring (reduce-scatter and all-gather in slices); every choice \
-                 gives every rank the same bits",
+        effect: "the algorithm of each collective: auto (the collective crate's selection \
+                 table decides: shm when every rank shares this host's memory; an all-reduce \
+                 hier when the ranks run on several hosts with the same number on each; else \
+                 by size and ranks; allreduce-bench --explain prints it), or comma-separated \
+                 items ALGORITHM (every collective that has it) or COLLECTIVE:ALGORITHM, \
+                 later items first (allreduce:ring,all_gather:direct). allreduce takes shm, \
+                 hier (reduce-scatter through each host's shared memory, all-reduce of each \
+                 share between hosts, all-gather through shared memory), direct (every rank \
+                 sends its buffer to every other), doubling (recursive doubling: log2 n \
+                 exchanges), rabenseifner (reduce-scatter by recursive halving, all-gather \
+                 by recursive doubling) or ring (reduce-scatter and all-gather in slices); \
+                 reduce_scatter shm, direct, halving or ring; all_gather shm, direct, \
+                 doubling or ring; broadcast shm or ring; barrier shm, direct or doubling. \
+                 shm and hier are errors when the ranks are not so placed; a bad item names \
+                 itself; every choice gives every rank the same bits",
     },
     EnvVar {
         name: "VANS_COLLECTIVE_SPIN_US",

@@ -377,60 +377,147 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// `--explain`: the algorithm of each (van, ranks, size), as every rank's communicator
-/// would choose it with this environment (over `ipc` the ranks share this host's memory).
+/// `--explain`: the algorithm of each (collective, van, ranks, size), as every rank's
+/// communicator chooses it with this environment (`collective::choose`; over `ipc` the ranks
+/// share their host's memory), then the rows of the selection table those choices came
+/// from, with the measurements behind them. `--json`: one object per cell instead.
 fn explain(o: &Options) -> Result<(), BoxError> {
     let config = van_core::Config::from_env()?;
     let options = collective::CommOptions::from_config(&config);
-    println!(
-        "all-reduce algorithm by van, ranks and size on {} host(s) (VANS_COLLECTIVE_ALGO={}, \
-         VANS_COLLECTIVE_DIRECT_BYTES={}, VANS_COLLECTIVE_MESH={}):",
-        o.hosts,
-        options.algorithm,
-        options.direct_bytes,
-        u8::from(options.mesh)
-    );
-    let columns: Vec<(&str, usize)> = o
-        .van
-        .iter()
-        .flat_map(|van| o.ranks.iter().map(move |&n| (van.as_str(), n)))
-        .collect();
-    let header: Vec<String> = std::iter::once("size".to_owned())
-        .chain(columns.iter().map(|(van, n)| format!("{van}, {n} ranks")))
-        .collect();
-    let mut table = examples::Table::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
-    for &size in &o.sizes {
-        let mut row = vec![size_label(size)];
-        row.extend(columns.iter().map(|&(van, n)| {
-            let layout = match (van, o.hosts) {
-                _ if !cfg!(feature = "ipc") => collective::Layout::Apart,
-                ("ipc", 1) => collective::Layout::OneHost,
-                ("ipc", h) if n % h == 0 && n / h >= 2 => collective::Layout::EvenHosts,
-                _ => collective::Layout::Apart,
-            };
-            match collective::plan(&options, size, n, layout) {
-                collective::Algorithm::Shm => "shm".to_owned(),
-                // Each rank's share between the hosts, by messages.
-                collective::Algorithm::Hier => {
-                    let share = size.div_ceil(n / o.hosts);
-                    let between = by_messages(&options, share, o.hosts);
-                    format!("hier: {between}")
-                }
-                _ => by_messages(&options, size, n),
-            }
-        }));
-        table.row(row);
+    let mut used: Vec<&'static collective::select::Row> = Vec::new();
+    if !o.json {
+        println!(
+            "algorithm by collective, van, ranks and size on {} host(s) \
+             (VANS_COLLECTIVE_ALGO={}, VANS_COLLECTIVE_DIRECT_BYTES={}, \
+             VANS_COLLECTIVE_MESH={}):",
+            o.hosts,
+            options.algorithm,
+            options.direct_bytes,
+            u8::from(options.mesh)
+        );
     }
-    print!("{table}");
+    for name in &o.collectives {
+        let collective: collective::Collective = name.parse()?;
+        let columns: Vec<(&str, usize)> = o
+            .van
+            .iter()
+            .flat_map(|van| o.ranks.iter().map(move |&n| (van.as_str(), n)))
+            .collect();
+        let header: Vec<String> = std::iter::once(collective.to_string())
+            .chain(columns.iter().map(|(van, n)| format!("{van}, {n} ranks")))
+            .collect();
+        let mut table = Table::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
+        for &size in &o.sizes {
+            let mut row = vec![size_label(size)];
+            for &(van, n) in &columns {
+                let cell = explain_cell(o, &options, &config, collective, van, n, size);
+                if let Some(r) = cell
+                    .row
+                    .filter(|r| !used.iter().any(|u| std::ptr::eq(*u, *r)))
+                {
+                    used.push(r);
+                }
+                match o.json {
+                    true => println!(
+                        "{}",
+                        serde_json::json!({
+                            "collective": collective.as_str(), "van": van, "ranks": n,
+                            "hosts": o.hosts, "bytes": size,
+                            "algorithm": cell.algorithm.as_str(),
+                            "between_hosts": cell.between.map(|a| a.as_str()),
+                            "path": cell.path,
+                        })
+                    ),
+                    false => row.push(cell.to_string()),
+                }
+            }
+            table.row(row);
+        }
+        if !o.json {
+            println!("{table}");
+        }
+    }
+    if !o.json {
+        println!("from these rows of the selection table (collective::select::TABLE):");
+        for (i, r) in collective::select::TABLE.iter().enumerate() {
+            if used.iter().any(|u| std::ptr::eq(*u, r)) {
+                println!("  row {i}: {r}\n      {}", r.measured);
+            }
+        }
+    }
     Ok(())
 }
 
-/// The message algorithm and path of an all-reduce of `bytes` among `ranks`: over a stream
-/// van the ranks' direct connections (the mesh) carry the collectives.
-fn by_messages(options: &collective::CommOptions, bytes: usize, ranks: usize) -> String {
-    let algorithm = collective::plan(options, bytes, ranks, collective::Layout::Apart);
-    match options.mesh {
-        true => format!("{algorithm} (mesh)"),
-        false => format!("{algorithm} (vans)"),
+/// One cell of `--explain`: the algorithm, the between-hosts one of a hierarchical
+/// all-reduce, how messages travel, and the table's row (none when told).
+struct Cell {
+    algorithm: collective::Algorithm,
+    between: Option<collective::Algorithm>,
+    path: &'static str,
+    row: Option<&'static collective::select::Row>,
+}
+
+impl std::fmt::Display for Cell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.between {
+            Some(between) => write!(f, "{}: {between} ({})", self.algorithm, self.path),
+            None if self.path.is_empty() => write!(f, "{}", self.algorithm),
+            None => write!(f, "{} ({})", self.algorithm, self.path),
+        }
+    }
+}
+
+fn explain_cell(
+    o: &Options,
+    options: &collective::CommOptions,
+    config: &van_core::Config,
+    collective: collective::Collective,
+    van: &str,
+    n: usize,
+    size: usize,
+) -> Cell {
+    use collective::{select, Algorithm, Layout};
+    // The ranks in order, `n / hosts` on each host (the bench places them so).
+    let per_host = vec![n / o.hosts.max(1); o.hosts.max(1)];
+    let shared_memory = cfg!(feature = "ipc") && van == "ipc" && config.enable_ipc;
+    let layout = Layout::of_hosts(shared_memory, &per_host);
+    let algorithm = collective::choose(options, collective, layout, size, n);
+    let told = options.algorithm.of(collective) != Algorithm::Auto;
+    let row = (!told)
+        .then(|| select::row(options, collective, layout, size, n))
+        .flatten();
+    // Over a stream van the ranks' direct connections (the mesh) carry the messages.
+    let path = if options.mesh { "mesh" } else { "vans" };
+    match (algorithm, layout) {
+        (Algorithm::Shm, Layout::OneHost) => Cell {
+            algorithm,
+            between: None,
+            path: "",
+            row,
+        },
+        // Each rank's share between the hosts, by messages.
+        (Algorithm::Hier, Layout::EvenHosts) => {
+            let share = size.div_ceil(per_host[0].max(1));
+            let between = select::by_messages(options, collective, share, o.hosts);
+            Cell {
+                algorithm,
+                between: Some(between),
+                path,
+                row,
+            }
+        }
+        // Told shared memory where there is none: the collective fails, saying why.
+        (Algorithm::Shm | Algorithm::Hier, _) => Cell {
+            algorithm,
+            between: None,
+            path: "fails: not so placed",
+            row,
+        },
+        _ => Cell {
+            algorithm,
+            between: None,
+            path,
+            row,
+        },
     }
 }

@@ -15,6 +15,7 @@ pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
     if po.role() == Role::Worker {
         let result = match mode {
             NodeMode::Check => check(&po).await,
+            NodeMode::Select { sizes, collectives } => select(&po, sizes, collectives).await,
             NodeMode::Elastic {
                 steps,
                 len,
@@ -58,6 +59,42 @@ async fn all_done(po: &Postoffice, replaced: bool) -> Result<(), BoxError> {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Each of `collectives` once at each of `sizes` (bytes of f32, the whole buffer), printing
+/// the algorithm the communicator took, as `--explain` names it.
+async fn select(po: &Postoffice, sizes: &[usize], collectives: &[String]) -> Result<(), BoxError> {
+    let mut comm = Communicator::new(po).await?;
+    let n = comm.size();
+    for name in collectives {
+        let collective: collective::Collective = name.parse()?;
+        for &size in sizes {
+            let len = size / 4;
+            if len % n != 0 {
+                return Err(format!("{size} B is not a whole f32 per rank of {n}").into());
+            }
+            let mut buf = vec![1f32; len];
+            match collective {
+                collective::Collective::AllReduce => {
+                    comm.allreduce(&mut buf, ReduceOp::Sum).await?;
+                }
+                collective::Collective::ReduceScatter => {
+                    comm.reduce_scatter(&mut buf, ReduceOp::Sum).await?;
+                }
+                collective::Collective::AllGather => {
+                    let input = vec![1f32; len / n];
+                    comm.all_gather(&input, &mut buf).await?;
+                }
+                collective::Collective::Broadcast => comm.broadcast(&mut buf, 0).await?,
+                other => return Err(format!("{other}: not timed here").into()),
+            }
+            let took = comm
+                .last_algorithm()
+                .ok_or_else(|| format!("{collective} of {size} B recorded no algorithm"))?;
+            println!("took {collective} {size} {took}");
+        }
+    }
+    Ok(())
 }
 
 /// Every collective once, each result checked exactly.

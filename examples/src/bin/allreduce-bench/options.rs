@@ -88,6 +88,15 @@ pub(crate) enum NodeMode {
         #[arg(long, default_value = "10")]
         step_ms: u64,
     },
+    /// Each collective once at each size, printing the algorithm it took
+    /// (`took COLLECTIVE BYTES ALGORITHM`): the grid `--explain` predicts.
+    Select {
+        /// Sizes in bytes, the whole buffer (each a multiple of 4 × the rank count).
+        #[arg(long, value_delimiter = ',', value_parser = size)]
+        sizes: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "allreduce", value_parser = collective_name)]
+        collectives: Vec<String>,
+    },
     /// Time collectives of each size (rank 0 reports).
     Bench {
         #[arg(long, value_delimiter = ',', value_parser = size)]
