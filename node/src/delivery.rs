@@ -66,7 +66,22 @@ pub trait Customer: Send + Sync {
     fn node_recovered(&self, node: NodeId) {
         self.node_failed(node, RECOVERED);
     }
+    /// The answer that refuses `request`, a request for an application nobody on this node
+    /// serves (no customer registered under its ids [`UNSERVED_GRACE`] after it came), when
+    /// the request is of this customer's protocol (a key-value server refuses key-value
+    /// requests); `reason` names what this node serves. `None` (the default): not its kind,
+    /// and the request stays held for an application that may register later.
+    fn refusal(&self, request: &Message, reason: &str) -> Option<Message> {
+        let _ = (request, reason);
+        None
+    }
 }
+
+/// How long a request for an application this node does not serve is held before a
+/// registered application of its protocol refuses it ([`Customer::refusal`]): applications
+/// registered one after another at start-up are not refused meanwhile, and a caller with the
+/// wrong application id hears so at once instead of at its timeout.
+pub const UNSERVED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why requests to a node that a new process replaced fail.
 pub const RECOVERED: &str = "replaced by a new process before it answered";
@@ -83,6 +98,11 @@ pub(crate) struct Customers {
     draining: HashSet<(i32, i32)>,
     /// Payload bytes held in `parked`, across all applications.
     parked_bytes: usize,
+    /// Ids with requests held and a refusal sweep to come ([`Customers::take_unserved`]).
+    unserved: HashSet<(i32, i32)>,
+    /// Ids whose first held request is still to be reported (the postoffice then arms a
+    /// sweep for them).
+    newly_unserved: Vec<(i32, i32)>,
 }
 
 impl Customers {
@@ -97,6 +117,19 @@ impl Customers {
         }
         let size = msg.data_len();
         let held: usize = self.parked.values().map(Vec::len).sum();
+        let unserved = !self.registered.keys().any(|k| *k == key);
+        if msg.meta.request && unserved && self.unserved.insert(key) {
+            warn!(
+                app = key.0,
+                customer = key.1,
+                from = ?msg.meta.sender,
+                "a request for an application this node does not serve is held ({}); \
+                 refused in {:?} unless one registers",
+                self.served(),
+                UNSERVED_GRACE
+            );
+            self.newly_unserved.push(key);
+        }
         if held < MAX_PARKED && self.parked_bytes + size <= MAX_PARKED_BYTES {
             self.parked_bytes += size;
             self.parked.entry(key).or_default().push(msg);
@@ -110,6 +143,70 @@ impl Customers {
             );
         }
         None
+    }
+
+    /// What this node serves, for a message: `it serves application 0 (customer 0)`.
+    fn served(&self) -> String {
+        let mut keys: Vec<&(i32, i32)> = self.registered.keys().collect();
+        keys.sort();
+        let keys: Vec<String> = keys
+            .iter()
+            .map(|(app, customer)| format!("application {app} (customer {customer})"))
+            .collect();
+        match keys.is_empty() {
+            true => "it serves no application yet".into(),
+            false => format!("it serves {}", keys.join(", ")),
+        }
+    }
+
+    /// The ids whose first held request came since the last call: the postoffice sweeps
+    /// each [`UNSERVED_GRACE`] later ([`refuse`](Self::refuse)).
+    pub(crate) fn take_unserved(&mut self) -> Vec<(i32, i32)> {
+        std::mem::take(&mut self.newly_unserved)
+    }
+
+    /// The answers refusing the requests held under `key` when still nobody serves it, from
+    /// the registered applications of their protocol (the refused requests are no longer
+    /// held); what none refuses stays held.
+    pub(crate) fn refuse(&mut self, key: (i32, i32)) -> Vec<Message> {
+        self.unserved.remove(&key);
+        if self.registered.contains_key(&key) {
+            return Vec::new();
+        }
+        let Some(held) = self.parked.remove(&key) else {
+            return Vec::new();
+        };
+        let reason = format!(
+            "no application {} (customer {}) on this node: {}; check the application id on \
+             both sides",
+            key.0,
+            key.1,
+            self.served()
+        );
+        let mut answers = Vec::new();
+        let mut kept = Vec::new();
+        for msg in held {
+            let answer = msg
+                .meta
+                .request
+                .then(|| {
+                    self.registered
+                        .values()
+                        .find_map(|c| c.refusal(&msg, &reason))
+                })
+                .flatten();
+            match answer {
+                Some(answer) => {
+                    self.parked_bytes = self.parked_bytes.saturating_sub(msg.data_len());
+                    answers.push(answer);
+                }
+                None => kept.push(msg),
+            }
+        }
+        if !kept.is_empty() {
+            self.parked.insert(key, kept);
+        }
+        answers
     }
 
     /// Registers `customer` under `key`; false when another application holds it. Messages

@@ -43,7 +43,7 @@ pub mod router;
 pub mod table;
 
 pub use error::{NodeError, Result};
-pub use postoffice::{Postoffice, ALL_GROUPS};
+pub use postoffice::{Postoffice, ALL_GROUPS, UNSERVED_GRACE};
 pub use resend::ResendStats;
 pub use table::NodeTable;
 pub use van_core::{node_ids, Config, Message, Meta, Node, Role};

@@ -31,6 +31,6 @@ pub use kv::{
 };
 pub use node::{
     node_ids, Config, Message, Meta, Node, NodeError, Postoffice, RequestId, Result, Role,
-    ALL_GROUPS,
+    ALL_GROUPS, UNSERVED_GRACE,
 };
 pub use simple_app::SimpleApp;

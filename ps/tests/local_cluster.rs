@@ -9,6 +9,7 @@ use std::time::Duration;
 use node::local::LocalCluster;
 use ps::{
     node_ids, KvMeta, KvPairs, KvServer, KvWorker, NodeError, Postoffice, RequestHandler, Role,
+    SumHandler,
 };
 use tokio::sync::Notify;
 use van_core::inproc::{Hub, InProcessVan};
@@ -435,6 +436,72 @@ async fn a_handler_failure_is_reported_as_such_and_not_as_a_dead_server() {
         }
         other => panic!("expected the handler's failure naming server 8, got {other:?}"),
     }
+}
+
+/// A worker's request for an application no process serves fails within a second or so,
+/// naming the application and what the server serves, instead of waiting out its timeout;
+/// one for an application that registers while the request is held is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_an_application_nobody_serves_is_refused_naming_it() {
+    let cluster = LocalCluster::new(1, 1);
+    let sent = Arc::new(Notify::new());
+    let run = cluster.run(move |po| {
+        let sent = Arc::clone(&sent);
+        async move {
+            match po.role() {
+                Role::Server => {
+                    let _served =
+                        KvServer::<f32>::new(&po, 0, 0, 1, |_| SumHandler::<f32>::default());
+                    let _served = _served.await?;
+                    // Application 2 registers only once the worker's request for it is out.
+                    sent.notified().await;
+                    let _late =
+                        KvServer::<f32>::new(&po, 2, 0, 1, |_| SumHandler::<f32>::default());
+                    let _late = _late.await?;
+                    po.finalize().await?;
+                    Ok(None)
+                }
+                Role::Worker => {
+                    let late = KvWorker::<f32>::new(&po, 2, 0).await?;
+                    let held = late.push_pull(&[5], &[2.0], None, 0).await?;
+                    sent.notify_one();
+                    let unserved = KvWorker::<f32>::new(&po, 1, 0).await?;
+                    let start = std::time::Instant::now();
+                    let id = unserved.pull(&[5], 0).await?;
+                    let refused = unserved.wait(id).await;
+                    let waited = start.elapsed();
+                    let sums = late.wait(held).await?;
+                    assert_eq!(&*sums.vals::<f32>()?, &[2.0]);
+                    po.finalize().await?;
+                    Ok(Some((refused.map(|_| ()), waited)))
+                }
+                Role::Scheduler => po.finalize().await.map(|()| None),
+            }
+        }
+    });
+    let results = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the cluster did not finish in time")
+        .unwrap();
+    let (refused, waited) = results.into_iter().flatten().next().unwrap();
+    match refused {
+        Err(NodeError::HandlerFailed { server, reason }) => {
+            assert_eq!(server, 8);
+            for part in [
+                "no application 1 (customer 0)",
+                "it serves application 0 (customer 0), application 2 (customer 0)",
+            ] {
+                assert!(reason.contains(part), "{reason:?} lacks {part:?}");
+            }
+        }
+        other => panic!("expected a refusal naming application 1, got {other:?}"),
+    }
+    // Held for the grace, then refused: not the worker's timeout.
+    assert!(waited >= ps::UNSERVED_GRACE, "refused after {waited:?}");
+    assert!(
+        waited < Duration::from_secs(20),
+        "refused only after {waited:?}"
+    );
 }
 
 /// An application that cannot take a data message without waiting: each delivery waits

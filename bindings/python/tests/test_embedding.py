@@ -2,6 +2,8 @@
 the seeded initializer gives them for any 64-bit ids, a repeated id's gradients summed before
 the push, async pushes applied at once, sync ones only at step(), and bad input named."""
 
+import time
+
 import numpy as np
 import pytest
 import vans
@@ -56,6 +58,18 @@ def test_async_embedding_pulls_rows_and_pushes_summed_gradients(table):
     start = expected_rows(np.array(list(moved)))
     step = torch.tensor(list(moved.values())).view(-1, 1) * 0.5
     torch.testing.assert_close(after, start - step)
+
+
+def test_an_application_nobody_serves_fails_within_seconds_naming_it(table):
+    # The servers serve applications 0 and 1: a lookup in application 2 is refused by the
+    # server, naming both sides, not left to the embedding's 300 s timeout.
+    emb = vans.torch.ShardedEmbedding(DIM, app_id=2, mode="async", node=table)
+    start = time.monotonic()
+    served = r"it serves application 0 \(customer 0\), application 1 \(customer 0\)"
+    with pytest.raises(vans.errors.HandlerFailedError,
+                       match=r"no application 2 \(customer 0\).*" + served):
+        emb(torch.tensor([1, 2]))
+    assert time.monotonic() - start < 30
 
 
 def test_sync_bag_applies_only_at_step(table):

@@ -21,7 +21,7 @@ use van_core::{
 use crate::control::{Output, Scheduler, SchedulerConfig};
 use crate::delivery::{Customers, DataQueue};
 // The trait of a node's applications, defined beside how messages reach them.
-pub use crate::delivery::{Customer, RECOVERED};
+pub use crate::delivery::{Customer, RECOVERED, UNSERVED_GRACE};
 use crate::error::{NodeError, Result};
 pub use crate::member::ALL_GROUPS;
 use crate::member::{Action, Input, Member, MemberConfig};
@@ -437,9 +437,16 @@ impl Postoffice {
     async fn deliver_event(&self, event: Event, read_as: u64, data: &mut DataQueue) {
         match event {
             Event::Message(msg) => {
-                let routed = lock(&self.inner.customers).route(msg);
+                let (routed, unserved) = {
+                    let mut customers = lock(&self.inner.customers);
+                    let routed = customers.route(msg);
+                    (routed, customers.take_unserved())
+                };
                 if let Some((customer, msg)) = routed {
                     data.start(customer, msg).await;
+                }
+                for key in unserved {
+                    self.refuse_later(key);
                 }
             }
             Event::PeerLost(lost) => {
@@ -454,6 +461,22 @@ impl Postoffice {
                 }
             }
         }
+    }
+
+    /// Refuses the requests held for the application `key`, [`UNSERVED_GRACE`] from now,
+    /// if nobody registered it meanwhile ([`Customer::refusal`]).
+    fn refuse_later(&self, key: (i32, i32)) {
+        let po = self.clone();
+        self.spawn(async move {
+            tokio::time::sleep(UNSERVED_GRACE).await;
+            let answers = lock(&po.inner.customers).refuse(key);
+            if !answers.is_empty() {
+                let sender = po.clone();
+                let what = format!("refusals of requests for application {}", key.0);
+                let send = async move { sender.inner.router.send_batch(answers).await };
+                po.send_best_effort(what, send);
+            }
+        });
     }
 
     /// Registers an application; messages that arrived for it earlier are delivered first,

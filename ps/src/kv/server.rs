@@ -536,6 +536,18 @@ async fn respond(po: &Postoffice, request: &KvMeta, result: std::result::Result<
 
 #[async_trait]
 impl Customer for ServerInner {
+    /// A key-value request for an application this node does not serve: answered with the
+    /// node's reason, as a handler's failure is (the worker's `HandlerFailed`).
+    fn refusal(&self, request: &Message, reason: &str) -> Option<Message> {
+        // ps-lite's key-value requests push, pull or both; other applications' (a
+        // rendezvous, collectives, a simple app) do neither and are not this server's to
+        // refuse.
+        let m = &request.meta;
+        let key_value = m.request && (m.push || m.pull) && !m.simple_app && m.control.is_none();
+        let meta = kv_meta(request).filter(|_| key_value)?;
+        Some(response(&self.po, &meta, Err(reason.to_owned())))
+    }
+
     /// The common case without waiting: a well-formed request whose keys one shard owns,
     /// queued to it while its queue has room. Anything else takes the full path.
     fn try_deliver(&self, msg: Message) -> Option<Message> {
