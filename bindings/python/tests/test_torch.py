@@ -23,6 +23,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 SCRIPTS = HERE / "torch_scripts"
 EXAMPLE = HERE.parent / "examples" / "torch_train.py"
 TORCH_CHAPTER = HERE.parents[2] / "docs" / "src" / "python" / "pytorch.md"
+SPARSE_CHAPTER = HERE.parents[2] / "docs" / "src" / "python" / "sparse.md"
 
 
 def torchrun(script, nproc, *args, env=None, timeout=300, check=True, extra=()):
@@ -306,3 +307,44 @@ def test_readme_snippet_runs_under_torchrun(tmp_path, index):
     script.write_text(readme_snippets()[index])
     run = torchrun(script, 2, timeout=300)
     assert "rank 0" in run.stdout, run.stdout
+
+
+def sparse_snippets():
+    """The ```python blocks of the book's sparse chapter (its PyTorch part)."""
+    text = SPARSE_CHAPTER.read_text()
+    assert text.startswith("# Sparse models"), f"{SPARSE_CHAPTER} is not the sparse chapter"
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+@pytest.mark.parametrize("index", range(len(sparse_snippets())))
+def test_sparse_chapter_snippet_runs_under_torchrun(tmp_path, index):
+    script = tmp_path / f"sparse_{index}.py"
+    script.write_text(sparse_snippets()[index])
+    env = {k: v for k, v in os.environ.items() if k != "VANS_TORCH_SERVERS"}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(script)],
+        capture_output=True, text=True, timeout=300, env=dict(env, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rank 0: 3 sparse steps done" in run.stdout, run.stdout
+    assert "rank 1: 3 sparse steps done" in run.stdout, run.stdout
+
+
+def test_tables_or_embeddings_without_servers_say_to_set_vans_torch_servers(
+        monkeypatch, cluster):
+    import vans.torch
+
+    for var in ("VANS_TORCH_SERVERS", "DMLC_ROLE", "DMLC_NUM_SERVER"):
+        monkeypatch.delenv(var, raising=False)
+    # Refused before any process group forms: nothing to wait for.
+    with pytest.raises(vans.errors.ConfigError, match="VANS_TORCH_SERVERS=colocated"):
+        vans.torch.init_process_group(tables={1: "optimizer=sgd dim=4"})
+    # A worker of a cluster with no servers.
+    c = cluster(num_servers=0)
+    node = vans.Node(**c.config())
+    try:
+        with pytest.raises(ValueError, match="VANS_TORCH_SERVERS=colocated"):
+            vans.torch.ShardedEmbedding(4, app_id=1, node=node)
+    finally:
+        node.finalize()
+        c.join()

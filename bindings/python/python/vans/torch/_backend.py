@@ -251,6 +251,11 @@ def init_process_group(tables=None, **kwargs):
         and any(v in os.environ for v in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
     )
     if not launched:
+        if _tables and os.environ.get("VANS_TORCH_SERVERS", "0").strip().lower() != "colocated":
+            raise vans.errors.ConfigError(
+                "init_process_group(tables=...) under torchrun needs vans servers to hold the "
+                "tables: set VANS_TORCH_SERVERS=colocated (a server in every rank) in every "
+                "rank's environment, or start the job with vans-launch -s N")
         dist.init_process_group("vans", **kwargs)
         return
     node = vans.Node()

@@ -37,6 +37,12 @@ class _Table(torch.nn.Module):
         if int(dim) < 1:
             raise ValueError(f"dim={dim}: a positive number of values per row")
         node = node if node is not None else vans_node()
+        if node.num_servers == 0:
+            raise ValueError(
+                f"vans.torch.{type(self).__name__} needs vans servers holding application "
+                f"{app_id}'s table: under torchrun set VANS_TORCH_SERVERS=colocated and pass "
+                f"tables={{{app_id}: spec}} to vans.torch.init_process_group, or start servers "
+                "with vans-launch -s N")
         self.dim = int(dim)
         self.mode = mode
         self.app_id = app_id
