@@ -370,6 +370,14 @@ impl Shared {
         self.mesh_for(op).map(|mesh| mesh.spin())
     }
 
+    /// A send's error over the mesh (a broken connection), unless the generation names a
+    /// failure first: the peer may have left because another rank died
+    /// ([`crate::mesh::unless_told`]).
+    fn unless_told(&self, op: &Op, error: CollectiveError) -> CollectiveError {
+        let alive = || self.still(op.generation);
+        crate::spin::blocking(|| crate::mesh::unless_told(error, &alive))
+    }
+
     /// The mesh of `generation`, if it has one.
     fn mesh(&self, generation: u64) -> Option<Arc<crate::mesh::Mesh>> {
         if self.no_mesh.load(std::sync::atomic::Ordering::Relaxed) == generation + 1 {
@@ -392,7 +400,8 @@ impl Shared {
         data: Bytes,
     ) -> Result<()> {
         if let Some(mesh) = self.mesh_for(op) {
-            return mesh.send(op, to, hop, slice, crate::mesh::Data::Owned(data));
+            let sent = mesh.send(op, to, hop, slice, crate::mesh::Data::Owned(data));
+            return sent.map_err(|e| self.unless_told(op, e));
         }
         let msg = op.message(self.me, self.options.customer_id, to, hop, slice, data);
         self.po.send(msg).await.map_err(|e| op.send_failed(to, e))
@@ -411,7 +420,8 @@ impl Shared {
     ) -> Result<()> {
         if let Some(mesh) = self.mesh_for(op) {
             let data = crate::mesh::Data::Borrowed(bytemuck::cast_slice(values));
-            return mesh.send(op, to, hop, slice, data);
+            let sent = mesh.send(op, to, hop, slice, data);
+            return sent.map_err(|e| self.unless_told(op, e));
         }
         let data = to_bytes(self, op, to, values);
         self.send(op, to, hop, slice, data).await

@@ -321,6 +321,62 @@ fn the_elastic_loop_holds_over_the_vans_without_the_mesh() {
     );
 }
 
+/// Rank 1 of 3 kills itself at the start of a step while the others wait in the step's
+/// ring all-reduce (1 MiB) over the TCP mesh: rank 2, which receives from it, leaves the
+/// generation and shuts its connections, so rank 0, which receives from rank 2, sees that
+/// connection break first. Each survivor must name rank 1, then go on in a generation of 2
+/// and admit rank 1's replacement.
+#[test]
+fn a_rank_killed_mid_ring_is_the_one_the_survivors_name_over_tcp() {
+    let args = [
+        "elastic",
+        "--steps",
+        "120",
+        "--len",
+        "131072",
+        "--step-ms",
+        "0",
+    ];
+    let dying: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--die-at-step", "40"])
+        .collect();
+    let (mut cluster, port) = start_with(3, &dying, true, &[]);
+    let started = std::time::Instant::now();
+    let victim = loop {
+        let ended = cluster
+            .workers
+            .iter_mut()
+            .position(|w| matches!(w.try_wait(), Ok(Some(_))));
+        if let Some(i) = ended {
+            break cluster.workers.remove(i);
+        }
+        assert!(started.elapsed() < common::DEADLINE, "no rank died");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let died = common::wait_output(victim, "the dying worker");
+    let text = common::text(&died);
+    assert!(!died.status.success(), "{text}");
+    let dead: i32 = text
+        .split("rank 1 (node ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the dying worker did not say its node:\n{text}"));
+    // A new process in its place: it takes the dead node's id and asks to join.
+    cluster
+        .workers
+        .push(node("worker", port, 3, &args, true).spawn().unwrap());
+    let outputs = finish(cluster, "a rank killed mid-ring");
+    for (i, text) in outputs[..2].iter().enumerate() {
+        assert!(
+            text.contains("elastic ok: 120 steps"),
+            "worker {i}:\n{text}"
+        );
+        assert_names_the_dead(i, text, Some(dead));
+    }
+}
+
 #[cfg(feature = "ipc")]
 #[test]
 fn the_elastic_loop_holds_through_shared_memory() {
@@ -340,10 +396,56 @@ fn elastic_loop(algorithm: Option<&str>, tcp: bool) {
     elastic_loop_with(&env, tcp);
 }
 
+/// A survivor's first failure line (`rank R (node X) of generation G failed`, or `… failed`
+/// carried in another error) names the killed rank, not a live neighbour whose connection
+/// broke because of it: node `dead`, or when not known, the node missing from the
+/// generation the survivor settled into next.
+fn assert_names_the_dead(i: usize, text: &str, dead: Option<i32>) {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(at) = lines
+        .iter()
+        .position(|l| l.starts_with("step ") && l.contains(" failed") || l.starts_with("sync "))
+    else {
+        panic!("survivor {i}: no failure line:\n{text}");
+    };
+    let named: Option<i32> = lines[at]
+        .split("(node ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next()?.parse().ok());
+    let named = named.unwrap_or_else(|| panic!("survivor {i}: {:?} names no node", lines[at]));
+    if let Some(dead) = dead {
+        assert_eq!(
+            named, dead,
+            "survivor {i} blamed node {named}: {:?}",
+            lines[at]
+        );
+        return;
+    }
+    let members = lines[at..]
+        .iter()
+        .find_map(|l| l.strip_prefix("generation ")?.split(" members ").nth(1))
+        .unwrap_or_else(|| panic!("survivor {i}: no generation after the failure:\n{text}"));
+    let members: Vec<i32> = members
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .filter_map(|m| m.trim().parse().ok())
+        .collect();
+    assert!(
+        !members.contains(&named),
+        "survivor {i} blamed node {named}, a member of the next generation {members:?}: {:?}",
+        lines[at]
+    );
+}
+
 /// [`elastic_loop`] with `env` for every node.
 fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
+    elastic_loop_of(4, env, tcp);
+}
+
+/// [`elastic_loop_with`] on `n` ranks.
+fn elastic_loop_of(n: usize, env: &[(&str, &str)], tcp: bool) {
     let args = common::ELASTIC_ARGS;
-    let (mut cluster, port) = start_with(4, &args, tcp, env);
+    let (mut cluster, port) = start_with(n, &args, tcp, env);
     std::thread::sleep(Duration::from_secs(4));
     let victim = cluster.workers.remove(1);
     common::signal(victim.id(), "KILL");
@@ -352,7 +454,7 @@ fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
     std::thread::sleep(Duration::from_secs(4));
     // A new process in its place: it takes the dead node's id and asks to join.
     cluster.workers.push(
-        node("worker", port, 4, &args, tcp)
+        node("worker", port, n, &args, tcp)
             .envs(env.iter().copied())
             .spawn()
             .unwrap(),
@@ -364,25 +466,27 @@ fn elastic_loop_with(env: &[(&str, &str)], tcp: bool) {
             "worker {i} did not finish:\n{text}"
         );
     }
-    // The survivors saw the failure named, a generation of 3, then one of 4 again. (Under
-    // load a worker may join late, so the first generation of 4 need not be number 1.)
-    for (i, text) in outputs[..3].iter().enumerate() {
+    // The survivors saw the failure named, a generation of n - 1, then one of n again.
+    // (Under load a worker may join late, so the first generation of n need not be number 1.)
+    for (i, text) in outputs[..n - 1].iter().enumerate() {
         assert!(
             text.lines()
                 .any(|l| l.contains(") of generation ") && l.contains(" failed")),
             "survivor {i} did not see the rank's failure named:\n{text}"
         );
+        assert_names_the_dead(i, text, None);
         let sizes: Vec<usize> = text
             .lines()
             .filter_map(|l| l.strip_prefix("generation "))
             .filter_map(|l| l.split(" size ").nth(1)?.split(' ').next()?.parse().ok())
             .collect();
-        let four = sizes.iter().position(|&s| s == 4);
-        let three = four.and_then(|f| Some(f + sizes[f..].iter().position(|&s| s == 3)?));
-        let four_after = three.and_then(|t| sizes[t..].iter().position(|&s| s == 4));
+        let four = sizes.iter().position(|&s| s == n);
+        let three = four.and_then(|f| Some(f + sizes[f..].iter().position(|&s| s == n - 1)?));
+        let four_after = three.and_then(|t| sizes[t..].iter().position(|&s| s == n));
         assert!(
             four_after.is_some(),
-            "survivor {i}: generation sizes {sizes:?} (expected 4, then 3, then 4):\n{text}"
+            "survivor {i}: generation sizes {sizes:?} (expected {n}, then {}, then {n}):\n{text}",
+            n - 1
         );
     }
 }

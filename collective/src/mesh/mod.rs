@@ -37,10 +37,15 @@
 //! checks each against the collective it runs ([`Op::check_frame`]): a mismatch is an
 //! error naming the rank, as over the vans.
 //!
-//! **Failures.** A connection that breaks fails the collective with
-//! [`CollectiveError::RankFailed`] naming the peer at once (a killed process's sockets are
-//! closed by its kernel); a rank that leaves the generation shuts its connections, so the
-//! others stop too. A waiter also checks the generation every 10 ms.
+//! **Failures.** A connection that breaks fails the collective (a killed process's sockets
+//! are closed by its kernel); a rank that leaves the generation shuts its connections, so the
+//! others stop too. A broken connection alone does not say which rank failed: when rank 1 of
+//! a ring of 3 dies, rank 2 (which receives from it) leaves, and rank 0 (which receives from
+//! rank 2) sees rank 2's connection break first. So before it names the peer
+//! ([`CollectiveError::RankFailed`]) a rank gives the generation up to [`BLAME_GRACE`] to
+//! name a failure (the scheduler's notice, or this rank's own connection to the dead one,
+//! come within milliseconds), and names that one instead. A waiter also checks the
+//! generation every 10 ms.
 
 pub(crate) mod form;
 mod peer;
@@ -64,6 +69,30 @@ use rustix::event::{PollFd, PollFlags};
 pub(crate) const MAX_RANKS: usize = 64;
 /// Longest single sleep in `poll` before the generation is checked again.
 const NAP: Duration = Duration::from_millis(10);
+/// How long a rank whose collective connection broke waits for the generation to name a
+/// failure before it names that connection's peer: a rank that leaves the generation because
+/// another rank died shuts its connections too, and its neighbours must name the dead rank,
+/// which the scheduler's notice (or this rank's own connection to it) names within
+/// milliseconds. A killed peer is named either way.
+const BLAME_GRACE: Duration = Duration::from_millis(250);
+
+/// `broken`, the error of a broken connection, unless the generation names a failure within
+/// [`BLAME_GRACE`] (`alive` fails): then that one, whose rank left first. Blocks the thread.
+pub(crate) fn unless_told(
+    broken: CollectiveError,
+    alive: &dyn Fn() -> Result<()>,
+) -> CollectiveError {
+    let until = Instant::now() + BLAME_GRACE;
+    loop {
+        if let Err(e) = alive() {
+            return e;
+        }
+        if Instant::now() >= until {
+            return broken;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// The header of slice `slice` of hop `hop` of `op`, `len` bytes: what a sender writes and
 /// what a receiver expects, to the bit.
@@ -122,6 +151,17 @@ impl Mesh {
     /// What a wait does before it sleeps.
     pub(crate) fn spin(&self) -> Spin {
         self.spin
+    }
+
+    /// The error of a broken connection to rank `q`, unless the generation names a failure
+    /// first ([`unless_told`]).
+    fn broken_unless_told(
+        &self,
+        q: usize,
+        why: &str,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> CollectiveError {
+        unless_told(self.broken(q, why), alive)
     }
 
     /// The error of a broken connection to rank `q`.
@@ -213,7 +253,8 @@ impl Mesh {
             }
             let peer = links.peers.get(from).and_then(Option::as_ref);
             if let Some(why) = peer.and_then(|p| p.broken.clone()) {
-                return Err(self.broken(from, &why));
+                drop(links);
+                return Err(self.broken_unless_told(from, &why, alive));
             }
             let landing = peer.is_some_and(Peer::landing);
             // Once the wait sleeps: a rank that runs something else as this call says so
@@ -274,7 +315,10 @@ impl Mesh {
                 });
                 match waiting {
                     None => return Ok(()),
-                    Some((q, Some(why))) => return Err(self.broken(q, &why)),
+                    Some((q, Some(why))) => {
+                        drop(links);
+                        return Err(self.broken_unless_told(q, &why, alive));
+                    }
                     Some(_) if progressed => {
                         idle.reset();
                         continue;

@@ -20,7 +20,13 @@ pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
                 steps,
                 len,
                 step_ms,
-            } => elastic(&po, *steps, *len, Duration::from_millis(*step_ms)).await,
+                die_at_step,
+                die_rank,
+            } => {
+                let pause = Duration::from_millis(*step_ms);
+                let die = die_at_step.map(|step| (step, *die_rank));
+                elastic(&po, *steps, *len, pause, die).await
+            }
             NodeMode::Bench {
                 sizes,
                 collectives,
@@ -274,8 +280,15 @@ fn contribution(step: u64, node: i32, i: usize) -> i64 {
 /// collective it settles, and every new generation starts by broadcasting rank 0's step (as
 /// an elastic job restores its state). Each completed step is checked exactly against the
 /// generation's members.
-async fn elastic(po: &Postoffice, steps: u64, len: usize, pause: Duration) -> Result<(), BoxError> {
+async fn elastic(
+    po: &Postoffice,
+    steps: u64,
+    len: usize,
+    pause: Duration,
+    die: Option<(u64, usize)>,
+) -> Result<(), BoxError> {
     let mut comm = Communicator::new(po).await?;
+    let first = comm.generation().number;
     let mut step = 0u64;
     let mut sync = true;
     let (mut interrupted, mut checked) = (0u64, 0u64);
@@ -305,6 +318,19 @@ async fn elastic(po: &Postoffice, steps: u64, len: usize, pause: Duration) -> Re
         }
         if step >= steps {
             break;
+        }
+        // Only in the first generation: the next one's rank of that number lives on.
+        let dies = |&(at, rank): &(u64, usize)| {
+            at == step && comm.rank() == Some(rank) && generation.number == first
+        };
+        if let Some((_, rank)) = die.filter(dies) {
+            println!("rank {rank} (node {}) dies at step {step}", comm.node());
+            // Mid-way through the all-reduce below, where the others wait on each other.
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(3));
+                let me = rustix::process::getpid();
+                let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
+            });
         }
         let me = comm.node();
         let mut values: Vec<i64> = (0..len).map(|i| contribution(step, me, i)).collect();

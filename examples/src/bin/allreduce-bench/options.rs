@@ -87,6 +87,14 @@ pub(crate) enum NodeMode {
         /// Pause after each step, in milliseconds.
         #[arg(long, default_value = "10")]
         step_ms: u64,
+        /// The rank `--die-rank` of the first generation kills itself (SIGKILL) 3 ms into
+        /// this step's all-reduce, while the others wait on it or on each other (fault
+        /// tests).
+        #[arg(long)]
+        die_at_step: Option<u64>,
+        /// The rank that dies at `--die-at-step`.
+        #[arg(long, default_value = "1")]
+        die_rank: usize,
     },
     /// Each collective once at each size, printing the algorithm it took
     /// (`took COLLECTIVE BYTES ALGORITHM`): the grid `--explain` predicts.
