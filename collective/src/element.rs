@@ -58,6 +58,21 @@ impl std::str::FromStr for ReduceOp {
 /// A type a collective can carry and reduce. Implemented for `f32`, `f64`, `i32`, `i64`,
 /// `u8`, [`half::bf16`] and [`half::f16`]; values travel in the machine's byte order (all ranks of a cluster share
 /// it in practice; a message says its element type and a mismatch is an error).
+/// The name of the element type whose [`Element::TAG`] is `tag` (`f32`, `bf16`, …), for
+/// messages; `an unknown element type` for another number.
+pub fn tag_name(tag: u64) -> &'static str {
+    match tag {
+        1 => i32::NAME,
+        2 => i64::NAME,
+        3 => f32::NAME,
+        4 => f64::NAME,
+        5 => bf16::NAME,
+        6 => f16::NAME,
+        7 => u8::NAME,
+        _ => "an unknown element type",
+    }
+}
+
 pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     /// The element's name (`f32`, `bf16`, …).
     const NAME: &'static str;

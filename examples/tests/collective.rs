@@ -239,6 +239,62 @@ fn every_collective_takes_the_algorithm_explain_prints_over_shared_memory() {
     runs_as_explained("ipc", 3, &told);
 }
 
+/// Rank 1 of 3 calls another collective than the others (`what`), over TCP (`tcp`) or
+/// shared memory: every rank fails at once with an error naming both sides in the user's
+/// terms (`sides`: the odd rank's and the others' length, element type or collective), no
+/// internal tag.
+fn a_mismatch_names_both_sides(what: &str, tcp: bool, env: &[(&str, &str)], sides: [&str; 2]) {
+    let scene = format!("a {what} mismatch, tcp {tcp}, {env:?}");
+    let (cluster, _) = start_with(3, &["mismatch", what], tcp, env);
+    for (i, text) in finish(cluster, &scene).iter().enumerate() {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("mismatch after "))
+            .unwrap_or_else(|| panic!("{scene}: worker {i} printed no error:\n{text}"));
+        for side in sides {
+            assert!(
+                line.contains(side),
+                "{scene}: worker {i} does not say {side:?}: {line}"
+            );
+        }
+        assert!(
+            !line.contains(" tag "),
+            "{scene}: worker {i} speaks of tags: {line}"
+        );
+        let secs: f64 = line["mismatch after ".len()..]
+            .split(' ')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(f64::MAX);
+        assert!(
+            secs < 5.0,
+            "{scene}: worker {i} failed after {secs} s: {line}"
+        );
+    }
+}
+
+const MISMATCHES: [(&str, [&str; 2]); 3] = [
+    ("length", ["1200", "1000"]),
+    ("dtype", ["f64", "f32"]),
+    ("collective", ["all_gather", "allreduce"]),
+];
+
+#[test]
+fn a_mismatch_names_both_sides_over_the_mesh_and_the_vans() {
+    for (what, sides) in MISMATCHES {
+        a_mismatch_names_both_sides(what, true, &[], sides);
+        a_mismatch_names_both_sides(what, true, &[("VANS_COLLECTIVE_MESH", "0")], sides);
+    }
+}
+
+#[cfg(feature = "ipc")]
+#[test]
+fn a_mismatch_names_both_sides_through_shared_memory() {
+    for (what, sides) in MISMATCHES {
+        a_mismatch_names_both_sides(what, false, &[], sides);
+    }
+}
+
 #[test]
 fn asking_for_shared_memory_between_ranks_that_cannot_share_it_fails_clearly() {
     // Shared memory disabled: the ranks talk TCP, and the forced algorithm cannot be had.

@@ -296,21 +296,25 @@ impl Op {
         let (node, rank) = (self.members[from], self.ranks[from]);
         let mismatch = |reason: String| CollectiveError::Mismatch { rank, node, reason };
         if OpKind::from_frame(kind) != Some(self.kind) {
+            let theirs = OpKind::from_frame(kind).map_or("an unknown collective", OpKind::name);
             return Err(mismatch(format!(
-                "it runs another collective as #{} where this rank runs {}",
+                "it runs {theirs} as #{} where this rank runs {}",
                 self.number,
                 self.kind.name()
             )));
         }
         if u64::from(tag) != self.tag {
             return Err(mismatch(format!(
-                "its element type differs (tag {tag} here {})",
-                self.tag
+                "its {} of {total} elements is of {}, this rank's of {}",
+                self.kind.name(),
+                crate::element::tag_name(tag.into()),
+                crate::element::tag_name(self.tag)
             )));
         }
         if total != self.total as u64 {
             return Err(mismatch(format!(
-                "its buffer has {total} elements, this rank's {}",
+                "its {} buffer has {total} elements, this rank's {}",
+                self.kind.name(),
                 self.total
             )));
         }

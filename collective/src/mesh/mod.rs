@@ -359,7 +359,8 @@ impl Mesh {
                 true => "",
                 false => " (a hierarchical all-reduce's exchange between hosts)",
             };
-            format!("{kind}{place} of {total} elements of type tag {tag}")
+            let element = crate::element::tag_name(tag.into());
+            format!("{kind}{place} of {total} elements of {element}")
         };
         Some(CollectiveError::Mismatch {
             rank: q,

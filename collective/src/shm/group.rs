@@ -105,6 +105,12 @@ impl Group {
         self.word::<AtomicU64>(STEPS + q * LINE + 8 + 8 * parity)
     }
 
+    /// What rank `q` published of the call whose chunk it wrote in slots of `parity`
+    /// ([`call_word`]), beside its signature.
+    fn call(&self, q: usize, parity: usize) -> &AtomicU64 {
+        self.word::<AtomicU64>(STEPS + q * LINE + 40 + 8 * parity)
+    }
+
     /// Where rank `q`'s all-reduce chunk of `parity` lies: [`IN_SLOT`], or its offset in
     /// `q`'s arena.
     fn origin(&self, q: usize, parity: usize) -> &AtomicU64 {
@@ -233,6 +239,9 @@ pub(super) struct Rounds<'g> {
     pub(super) g: &'g Group,
     signals: Signals<'g>,
     signature: u64,
+    /// This rank's call, published with the signature for a rank that finds a mismatch to
+    /// name what it runs ([`call_word`]; 0: not said).
+    call: u64,
     step: u64,
     /// How long each wait may take (`VANS_COLLECTIVE_TIMEOUT`).
     timeout: Duration,
@@ -250,10 +259,16 @@ impl<'g> Rounds<'g> {
             g,
             signals: g.signals(),
             signature,
+            call: 0,
             step: g.step.load(Ordering::Relaxed),
             timeout,
             alive,
         }
+    }
+
+    /// These rounds, publishing `call` ([`call_word`]) beside their signature.
+    pub(super) fn saying(self, call: u64) -> Rounds<'g> {
+        Rounds { call, ..self }
     }
 
     /// The parity of the next chunk's slots.
@@ -265,6 +280,9 @@ impl<'g> Rounds<'g> {
     /// signature.
     pub(super) fn publish(&mut self, parity: Option<usize>) {
         if let Some(p) = parity {
+            self.g
+                .call(self.g.rank, p)
+                .store(self.call, Ordering::Relaxed);
             self.g
                 .signature(self.g.rank, p)
                 .store(self.signature, Ordering::Relaxed);
@@ -320,11 +338,38 @@ impl<'g> Rounds<'g> {
         for q in ranks {
             // Published (Release) before the counter this rank waited for (Acquire).
             if self.g.signature(q, parity).load(Ordering::Relaxed) != self.signature {
-                return Err(Stopped::Mismatch(q));
+                let theirs = self.g.call(q, parity).load(Ordering::Relaxed);
+                return Err(Stopped::Mismatch(q, theirs));
             }
         }
         Ok(())
     }
+}
+
+/// A call as a rank publishes it beside its signature, for another rank to name what it runs
+/// on a mismatch: the collective's number (low 16 bits), kind (its [`OpKind`] number) and
+/// element tag (8 bits each) and length (low 32 bits). Never 0 (the kind byte is offset).
+///
+/// [`OpKind`]: crate::comm::OpKind
+pub(super) fn call_word(number: u64, kind: u8, tag: u64, total: u64) -> u64 {
+    (number & 0xffff) << 48
+        | u64::from(kind.wrapping_add(1)) << 40
+        | (tag & 0xff) << 32
+        | (total & 0xffff_ffff)
+}
+
+/// What [`call_word`] packed: number (low 16 bits), kind number, tag and length (low 32
+/// bits); `None` for 0 (nothing published).
+pub(super) fn read_call_word(word: u64) -> Option<(u64, u8, u64, u64)> {
+    let kind = ((word >> 40) & 0xff) as u8;
+    (word != 0 && kind != 0).then(|| {
+        (
+            word >> 48,
+            kind - 1,
+            (word >> 32) & 0xff,
+            word & 0xffff_ffff,
+        )
+    })
 }
 
 /// A collective's signature: number, kind, element type and length, mixed into one word.

@@ -459,6 +459,48 @@ async fn hierarchical<T: Element>(
     })
 }
 
+/// What a rank that published `theirs` ([`group::call_word`]) runs against `call` (this
+/// rank's, as collective `kind`), in the user's terms: both collectives, lengths and element
+/// types, or that it runs another call.
+fn mismatch(call: &Op, kind: u64, theirs: u64) -> String {
+    let name = |kind: u8| {
+        OpKind::from_frame(i32::from(kind)).map_or("an unknown collective", OpKind::name)
+    };
+    let mine = (
+        call.number & 0xffff,
+        kind as u8,
+        call.tag,
+        call.total as u64 & 0xffff_ffff,
+    );
+    let what = |(_, kind, tag, total): (u64, u8, u64, u64)| {
+        format!(
+            "{} of {total} elements of {}",
+            name(kind),
+            crate::element::tag_name(tag)
+        )
+    };
+    match group::read_call_word(theirs) {
+        Some(t) if t.1 == mine.1 && t.2 == mine.2 && t.3 == mine.3 && t.0 != mine.0 => format!(
+            "it runs {} as another call (a collective more or fewer on one rank) where this \
+             rank runs it as #{} through shared memory",
+            what(t),
+            call.number
+        ),
+        Some(t) => format!(
+            "it runs {} as #{} through shared memory, where this rank runs {}",
+            what(t),
+            call.number,
+            what(mine)
+        ),
+        None => format!(
+            "it runs another collective, or another length or element type, as #{} through \
+             shared memory, where this rank runs {}",
+            call.number,
+            what(mine)
+        ),
+    }
+}
+
 /// A formed group, with the collective's op and the op of the ranks that map the group
 /// (the same op unless the collective goes hierarchically).
 struct Through<'a> {
@@ -505,7 +547,9 @@ impl Through<'_> {
         };
         let signature = group::signature(call.number, kind, call.tag, call.total as u64);
         let result = crate::spin::blocking(|| {
-            let mut rounds = Rounds::new(group, signature, shared.options.timeout, &alive);
+            let said = group::call_word(call.number, kind as u8, call.tag, call.total as u64);
+            let rounds = Rounds::new(group, signature, shared.options.timeout, &alive);
+            let mut rounds = rounds.saying(said);
             work(&mut rounds)
         });
         // Every failure but an abort (whose word is set) aborts the group before the caller
@@ -522,7 +566,7 @@ impl Through<'_> {
                 signal::Stopped::Corrupt(q) | signal::Stopped::TimedOut(q) => {
                     group.abort(Some(call.ranks[*q]));
                 }
-                signal::Stopped::Failed(_) | signal::Stopped::Mismatch(_) => group.abort(None),
+                signal::Stopped::Failed(_) | signal::Stopped::Mismatch(..) => group.abort(None),
             }
         }
         result.map_err(|stopped| match stopped {
@@ -547,14 +591,10 @@ impl Through<'_> {
                         reason: "a rank on this host left the generation".into(),
                     })
             }
-            signal::Stopped::Mismatch(q) => CollectiveError::Mismatch {
+            signal::Stopped::Mismatch(q, theirs) => CollectiveError::Mismatch {
                 rank: call.ranks[q],
                 node: call.members[q],
-                reason: format!(
-                    "it runs another collective, or another length or element type, as #{} \
-                     through shared memory",
-                    call.number
-                ),
+                reason: mismatch(call, kind, theirs),
             },
             signal::Stopped::Corrupt(q) => failed(
                 q,

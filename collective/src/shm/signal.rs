@@ -70,8 +70,9 @@ pub(super) enum Stopped {
     Failed(CollectiveError),
     /// The deadline passed while waiting for rank `.0`.
     TimedOut(usize),
-    /// Rank `.0` runs another collective (or another length or element type) here.
-    Mismatch(usize),
+    /// Rank `.0` runs another collective (or another length or element type) here: what it
+    /// published of its call ([`super::group::call_word`]; 0 when it published none).
+    Mismatch(usize, u64),
     /// Rank `.0` published a chunk that does not lie in its arena.
     Corrupt(usize),
 }

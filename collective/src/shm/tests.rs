@@ -292,10 +292,10 @@ fn ranks_running_different_collectives_fail_with_the_rank_named() {
         });
         let mut buf = vec![1f32; 101];
         let mine = allreduce(&groups[0], 7, &mut buf, ReduceOp::Sum, deadline, &|| Ok(()));
-        assert!(matches!(mine, Err(signal::Stopped::Mismatch(1))));
+        assert!(matches!(mine, Err(signal::Stopped::Mismatch(1, _))));
         assert!(matches!(
             other.join().unwrap(),
-            Err(signal::Stopped::Mismatch(0))
+            Err(signal::Stopped::Mismatch(0, _))
         ));
     });
 }

@@ -15,6 +15,7 @@ pub(crate) async fn run(mode: &NodeMode) -> Result<(), BoxError> {
     if po.role() == Role::Worker {
         let result = match mode {
             NodeMode::Check => check(&po).await,
+            NodeMode::Mismatch { what } => mismatch(&po, what).await,
             NodeMode::Select { sizes, collectives } => select(&po, sizes, collectives).await,
             NodeMode::Elastic {
                 steps,
@@ -101,6 +102,33 @@ async fn select(po: &Postoffice, sizes: &[usize], collectives: &[String]) -> Res
         }
     }
     Ok(())
+}
+
+/// Rank 1 runs another call than the others (`what`: `length`, `dtype` or `collective`);
+/// every rank prints `mismatch after S s: ERROR`, or fails if it got none.
+async fn mismatch(po: &Postoffice, what: &str) -> Result<(), BoxError> {
+    let mut comm = Communicator::new(po).await?;
+    let odd = comm.rank() == Some(1);
+    let started = Instant::now();
+    let result = match (odd, what) {
+        (true, "length") => comm.allreduce(&mut vec![1f32; 1200], ReduceOp::Sum).await,
+        (true, "dtype") => comm.allreduce(&mut vec![1f64; 1000], ReduceOp::Sum).await,
+        (true, _) => {
+            let mut out = vec![0f32; 1000 * comm.size()];
+            comm.all_gather(&[1f32; 1000], &mut out).await
+        }
+        (false, _) => comm.allreduce(&mut vec![1f32; 1000], ReduceOp::Sum).await,
+    };
+    match result {
+        Ok(()) => Err(format!("rank {:?}: no error for a {what} mismatch", comm.rank()).into()),
+        Err(e) => {
+            println!(
+                "mismatch after {:.1} s: {e}",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Every collective once, each result checked exactly.

@@ -105,6 +105,13 @@ pub(crate) enum NodeMode {
         #[arg(long, value_delimiter = ',', default_value = "allreduce", value_parser = collective_name)]
         collectives: Vec<String>,
     },
+    /// Rank 1 calls another collective than the others (fault tests): `length` (an
+    /// all-reduce of 1200 f32 where the others reduce 1000), `dtype` (of 1000 f64) or
+    /// `collective` (an all-gather of 1000 f32); every rank prints the error it got.
+    Mismatch {
+        #[arg(value_parser = ["length", "dtype", "collective"])]
+        what: String,
+    },
     /// Time collectives of each size (rank 0 reports).
     Bench {
         #[arg(long, value_delimiter = ',', value_parser = size)]
