@@ -173,8 +173,13 @@ try:
     for _ in range(100000):
         dist.all_reduce(t)
         time.sleep(0.01)
-except Exception as e:
+except vans.errors.CollectiveError as e:  # as the PyTorch chapter says
     print(f"ERROR after {time.monotonic() - started:.1f}s: {type(e).__name__}: {e}", flush=True)
+    print(f"CAUGHT dist={isinstance(e, dist.DistBackendError)} rank={e.rank}", flush=True)
+    try:
+        dist.all_reduce(t)
+    except dist.DistBackendError as again:
+        print(f"AGAIN {again}", flush=True)
     os._exit(0)
 print("no error", flush=True)
 os._exit(1)
@@ -208,7 +213,50 @@ def test_a_killed_rank_fails_the_others_naming_it():
             error = [line for line in out.splitlines() if line.startswith("ERROR")]
             assert error, out
             assert "rank 1" in error[0], error[0]
+            # Both torch's type and vans' documented one, with the failed rank; torch's
+            # advice (restart), not the elastic API's (settle).
+            assert "CAUGHT dist=True rank=1" in out, out
+            assert "settle()" not in out and "restart the job" in error[0], error[0]
+            again = [line for line in out.splitlines() if line.startswith("AGAIN")]
+            assert again and "failed earlier" in again[0] and "rank 1" in again[0], out
             print(error[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+MISMATCHED = """
+import os, torch, torch.distributed as dist
+import vans.torch
+dist.init_process_group("vans")
+rank = dist.get_rank()
+t = torch.ones(4 + rank, dtype=torch.float64 if rank == 1 else torch.float32)
+for attempt in ("FIRST", "AGAIN"):
+    try:
+        dist.all_reduce(t)
+        print(f"{attempt} no error", flush=True)
+    except vans.errors.CollectiveError as e:
+        print(f"{attempt} {type(e).__name__}: {e}", flush=True)
+os._exit(0)
+"""
+
+
+def test_a_mismatch_says_what_differs_and_what_to_do_in_torch_terms():
+    procs = start_ranks(MISMATCHED, 2)
+    try:
+        for rank, p in enumerate(procs):
+            out, _ = p.communicate(timeout=90)
+            first = [line for line in out.splitlines() if line.startswith("FIRST")]
+            again = [line for line in out.splitlines() if line.startswith("AGAIN")]
+            assert first and again, out
+            # The other rank's side in the user's terms, then torch's advice.
+            assert "BackendError" in first[0] and "mismatch with rank" in first[0], out
+            assert ("f64" if rank == 0 else "f32") in first[0], first[0]
+            assert "settle()" not in out and "restart the job" in first[0], out
+            # The group runs no more collectives, and says so at once.
+            assert "failed earlier" in again[0] and "restart the job" in again[0], out
     finally:
         for p in procs:
             if p.poll() is None:

@@ -34,11 +34,12 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
         "vans.torch needs PyTorch: pip install torch (or pip install 'vans[torch]')"
     ) from _e
 
-from ._backend import ProcessGroupVans, init_process_group, vans_node
+from ._backend import BackendError, ProcessGroupVans, init_process_group, vans_node
 from ._embedding import ShardedEmbedding, ShardedEmbeddingBag
 from ._optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
 
 __all__ = [
+    "BackendError",
     "DistributedOptimizer",
     "ProcessGroupVans",
     "ShardedEmbedding",

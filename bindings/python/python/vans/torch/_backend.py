@@ -23,7 +23,20 @@ import torch.distributed as dist
 
 import vans
 
-__all__ = ["ProcessGroupVans", "init_process_group", "vans_node"]
+__all__ = ["BackendError", "ProcessGroupVans", "init_process_group", "vans_node"]
+
+# What a torch user does after a collective failed: the vans process group does not run
+# collectives again (its ranks would have to settle into a new generation together).
+_RESTART = ("the vans process group runs no collective after a failure: restart the job "
+            "(torchrun --max-restarts N restarts every rank), or call "
+            "dist.destroy_process_group() and exit")
+
+
+class BackendError(dist.DistBackendError, vans.errors.CollectiveError):
+    """What a failed collective of the ``"vans"`` process group raises: torch's
+    ``DistBackendError``, as every backend's failures are, and
+    :class:`vans.errors.CollectiveError`, with its ``node``, ``rank`` and ``generation``
+    (the rank that failed, when one did). Either ``except`` catches it."""
 
 _DTYPES = {
     torch.float32: "float32",
@@ -324,7 +337,17 @@ class _Failure:
         self.error = error
 
     def exception(self):
-        e = dist.DistBackendError(f"vans: {self.error}")
+        if not isinstance(self.error, vans.errors.CollectiveError):
+            # A call's own bad arguments (this rank alone; the group goes on).
+            e = dist.DistBackendError(f"vans: {self.error}")
+            e.__cause__ = self.error
+            return e
+        # vans' own advice (settle into the next generation) is the elastic API's: a torch
+        # user gets torch's.
+        text = str(self.error).replace("; call settle() to join the next", "")
+        e = BackendError(f"vans: {text}; {_RESTART}")
+        for attribute in ("node", "rank", "generation"):
+            setattr(e, attribute, getattr(self.error, attribute, None))
         e.__cause__ = self.error
         return e
 
@@ -337,9 +360,10 @@ def _unwrap(future):
 
 
 class _Work(dist._Work):
-    """A collective in flight. ``wait()`` raises ``torch.distributed.DistBackendError`` for
-    a failed collective (its ``__cause__`` is vans' error, naming a failed rank); the future
-    ``get_future()`` gives (DDP's reducer chains on it) fails the same way."""
+    """A collective in flight. ``wait()`` raises :class:`BackendError` (a
+    ``torch.distributed.DistBackendError`` and a ``vans.errors.CollectiveError``, naming a
+    failed rank) for a failed collective; the future ``get_future()`` gives (DDP's reducer
+    chains on it) fails the same way."""
 
     def __init__(self, future):
         super().__init__()
@@ -387,6 +411,19 @@ class ProcessGroupVans(dist.ProcessGroup):
         self._coll = cluster.collective
         self._rank = rank
         self._world_size = world_size
+        # The first failure of a collective: later calls fail at once, saying so.
+        self._failed = None
+
+    def _check_usable(self):
+        if self._failed is not None:
+            raise BackendError(f"vans: a collective of this process group failed earlier "
+                               f"({self._failed}); {_RESTART}")
+
+    def _failure(self, error):
+        # A call's bad arguments fail that call alone: the group goes on.
+        if self._failed is None and isinstance(error, vans.errors.CollectiveError):
+            self._failed = str(error).replace("; call settle() to join the next", "")
+        return _Failure(error)
 
     def getBackendName(self):  # noqa: N802 - torch's name
         return "vans"
@@ -399,6 +436,7 @@ class ProcessGroupVans(dist.ProcessGroup):
     def _start(self, kind, tensor, result, keep, after=None, **kwargs):
         """Starts ``kind`` on ``tensor``; the returned work's future holds ``result`` (after
         ``after()`` ran, on the I/O thread, when given)."""
+        self._check_usable()
         dtype = _dtype_of(tensor, "tensor")
         output = kwargs.pop("output", None)
         if output is not None and _overlap(tensor, output):
@@ -419,7 +457,7 @@ class ProcessGroupVans(dist.ProcessGroup):
                     after()
                 except Exception as e:  # noqa: BLE001 - handed to the waiter
                     error = e
-            future.set_result(result if error is None else _Failure(error))
+            future.set_result(result if error is None else self._failure(error))
 
         self._coll._start(kind, dtype, _memory(tensor), done, keep, **kwargs)
         return future
@@ -595,10 +633,11 @@ class ProcessGroupVans(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def barrier(self, opts=None):
+        self._check_usable()
         future = torch.futures.Future()
 
         def done(error):
-            future.set_result(None if error is None else _Failure(error))
+            future.set_result(None if error is None else self._failure(error))
 
         self._coll._barrier(done)
         return self._work(future)
