@@ -78,7 +78,8 @@ pub(crate) struct Shared {
     /// or none wanted): its collectives find that without the lock.
     no_mesh: std::sync::atomic::AtomicU64,
     /// The algorithm the last collective took ([`crate::Communicator::last_algorithm`]).
-    pub(crate) took: std::sync::Mutex<Option<van_core::config::CollectiveAlgorithm>>,
+    /// One more than its position in [`crate::select::ALGORITHMS`]; 0 before the first.
+    pub(crate) took: std::sync::atomic::AtomicU8,
 }
 
 impl Shared {

@@ -204,7 +204,10 @@ impl Communicator {
     /// of this communicator took (`Shm` or `Hier` through shared memory), as [`choose`]
     /// picked it from the placement the node table gives; `None` before the first.
     pub fn last_algorithm(&self) -> Option<Algorithm> {
-        self.shared.took.lock().ok().and_then(|took| *took)
+        let took = self.shared.took.load(std::sync::atomic::Ordering::Relaxed);
+        select::ALGORITHMS
+            .get(usize::from(took).checked_sub(1)?)
+            .copied()
     }
 
     /// Waits for the membership to settle: after a failed collective, asks to join the next
@@ -388,9 +391,13 @@ async fn path<T: Element>(
             (algorithm, Some(algorithm))
         }
     };
-    if let Ok(mut last) = shared.took.lock() {
-        *last = Some(took);
-    }
+    let code = select::ALGORITHMS
+        .iter()
+        .position(|a| *a == took)
+        .map_or(0, |i| i + 1);
+    shared
+        .took
+        .store(code as u8, std::sync::atomic::Ordering::Relaxed);
     Ok(by_messages)
 }
 
