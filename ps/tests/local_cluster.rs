@@ -152,6 +152,9 @@ async fn after_finalize_every_call_is_stopped_and_finalize_again_succeeds() {
             if let Some(worker) = &worker {
                 let push = worker.push(&[1], &[2.0], None, 0).await;
                 assert!(matches!(push, Err(NodeError::Stopped)), "{push:?}");
+                // A worker made on a finalized node is refused as every call is.
+                let late = KvWorker::<f32>::new(&po, 0, 1).await.map(|_| ());
+                assert!(matches!(late, Err(NodeError::Stopped)), "{late:?}");
             }
             Ok(())
         })

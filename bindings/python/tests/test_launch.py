@@ -76,7 +76,8 @@ def main(worker):
     worker.node.finalize()          # and again: idempotent
     for call in (lambda: worker.push(keys, np.ones(2, dtype=np.float32)),
                  lambda: worker.pull(keys),
-                 lambda: worker.node.barrier()):
+                 lambda: worker.node.barrier(),
+                 lambda: vans.Worker(worker.node, app_id=0, customer_id=1)):
         try:
             call()
         except errors.StoppedError as e:
@@ -94,4 +95,4 @@ def test_after_finalize_calls_raise_stopped_error_and_finalize_is_idempotent(tmp
     nodes = vans.launch(1, 1, script=script, timeout=120)
     assert all(n["code"] == 0 for n in nodes), nodes
     out = capfd.readouterr().out
-    assert out.count("stopped as documented") == 3, out
+    assert out.count("stopped as documented") == 4, out

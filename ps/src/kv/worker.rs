@@ -176,8 +176,12 @@ impl crate::in_flight::InFlight<KvPairs> for InFlightRequest {
 
 impl<T: Value> KvWorker<T> {
     /// A worker application (`app_id`, `customer_id`) on this node.
-    /// Fails when the cluster has no servers (a cluster of workers for collectives only).
+    /// Fails when the cluster has no servers (a cluster of workers for collectives only),
+    /// and as every call does on a node that stopped ([`Postoffice::stopped_error`]).
     pub async fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<KvWorker<T>> {
+        if po.is_stopped() {
+            return Err(po.stopped_error());
+        }
         if po.num_servers() == 0 {
             return Err(NodeError::InvalidArgument(
                 "this cluster has no servers (DMLC_NUM_SERVER=0): a key-value worker needs at \

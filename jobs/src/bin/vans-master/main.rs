@@ -87,7 +87,9 @@ struct Options {
     /// build with the `kubernetes` feature).
     #[arg(long, default_value = "local", value_parser = ["local", "slurm", "kubernetes"])]
     backend: String,
-    /// Where each job's files (logs, batch script) go.
+    /// Where each job's files (logs, batch script) go [default: a new folder
+    /// vans-master-PID in the system's temporary directory, left there when the master
+    /// exits, so the logs can be read afterwards].
     #[arg(long)]
     jobs_dir: Option<PathBuf>,
     /// Kubernetes: the namespace of the jobs' objects (default: the configuration's).
