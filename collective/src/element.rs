@@ -55,9 +55,6 @@ impl std::str::FromStr for ReduceOp {
     }
 }
 
-/// A type a collective can carry and reduce. Implemented for `f32`, `f64`, `i32`, `i64`,
-/// `u8`, [`half::bf16`] and [`half::f16`]; values travel in the machine's byte order (all ranks of a cluster share
-/// it in practice; a message says its element type and a mismatch is an error).
 /// The name of the element type whose [`Element::TAG`] is `tag` (`f32`, `bf16`, …), for
 /// messages; `an unknown element type` for another number.
 pub fn tag_name(tag: u64) -> &'static str {
@@ -73,6 +70,9 @@ pub fn tag_name(tag: u64) -> &'static str {
     }
 }
 
+/// A type a collective can carry and reduce. Implemented for `f32`, `f64`, `i32`, `i64`,
+/// `u8`, [`half::bf16`] and [`half::f16`]; values travel in the machine's byte order (all ranks of a cluster share
+/// it in practice; a message says its element type and a mismatch is an error).
 pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     /// The element's name (`f32`, `bf16`, …).
     const NAME: &'static str;

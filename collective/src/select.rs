@@ -320,7 +320,23 @@ pub fn choose(
     match options.algorithm.of(collective) {
         Algorithm::Auto => row(options, collective, layout, bytes, ranks)
             .map_or(Algorithm::Direct, |r| r.algorithm),
-        told => told,
+        told => runnable(collective, told, ranks),
+    }
+}
+
+/// `told`, unless `collective` cannot run it on `ranks` ranks: a reduce-scatter by
+/// recursive halving and an all-gather by recursive doubling pair ranks by their bits, so
+/// they run on 1, 2, 4, 8 … ranks only (the all-reduces fold the others in); on other
+/// counts they take the direct exchange, as the table's rows do.
+fn runnable(collective: Collective, told: Algorithm, ranks: usize) -> Algorithm {
+    match (collective, told) {
+        (Collective::ReduceScatter, Algorithm::Halving)
+        | (Collective::AllGather, Algorithm::Doubling)
+            if !ranks.is_power_of_two() =>
+        {
+            Algorithm::Direct
+        }
+        _ => told,
     }
 }
 
@@ -334,7 +350,7 @@ pub fn by_messages(
     ranks: usize,
 ) -> Algorithm {
     match options.algorithm.of(collective) {
-        told if told.by_messages() => told,
+        told if told.by_messages() => runnable(collective, told, ranks),
         _ => row(options, collective, Layout::Apart, bytes, ranks)
             .map_or(Algorithm::Direct, |r| r.algorithm),
     }
@@ -386,6 +402,24 @@ mod tests {
         assert_eq!(of(Collective::Barrier), Algorithm::Doubling);
         let shm = choose(&options, Collective::Broadcast, Layout::OneHost, 4096, 4);
         assert_eq!(shm, Algorithm::Shm);
+        // Pairing by bits needs 2, 4, 8 … ranks: told so on 3 or 6, the direct exchange.
+        let options = CommOptions {
+            algorithm: "all_gather:doubling,reduce_scatter:halving"
+                .parse()
+                .unwrap_or_default(),
+            ..CommOptions::default()
+        };
+        for ranks in [3, 6] {
+            for c in [Collective::AllGather, Collective::ReduceScatter] {
+                assert_eq!(
+                    choose(&options, c, Layout::Apart, 1 << 20, ranks),
+                    Algorithm::Direct
+                );
+                assert_eq!(by_messages(&options, c, 1 << 20, ranks), Algorithm::Direct);
+            }
+        }
+        let four = choose(&options, Collective::AllGather, Layout::Apart, 1 << 20, 4);
+        assert_eq!(four, Algorithm::Doubling);
     }
 
     #[test]

@@ -226,6 +226,9 @@ fn every_collective_takes_the_algorithm_explain_prints_over_tcp() {
     // Told algorithms, per collective; the others still decide.
     let told = [("VANS_COLLECTIVE_ALGO", "allreduce:ring,all_gather:direct")];
     runs_as_explained("tcp", 4, &told);
+    // Pairing by bits on 3 ranks cannot be had: the direct exchange, on both sides.
+    let told = [("VANS_COLLECTIVE_ALGO", "doubling,reduce_scatter:halving")];
+    runs_as_explained("tcp", 3, &told);
 }
 
 #[cfg(feature = "ipc")]

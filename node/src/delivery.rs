@@ -123,8 +123,8 @@ impl Customers {
                 app = key.0,
                 customer = key.1,
                 from = ?msg.meta.sender,
-                "a request for an application this node does not serve is held ({}); \
-                 refused in {:?} unless one registers",
+                "a request for an application this node does not serve is held ({}) until one \
+                 registers; an application of its protocol here refuses it after {:?}",
                 self.served(),
                 UNSERVED_GRACE
             );
@@ -167,7 +167,9 @@ impl Customers {
 
     /// The answers refusing the requests held under `key` when still nobody serves it, from
     /// the registered applications of their protocol (the refused requests are no longer
-    /// held); what none refuses stays held.
+    /// held); what none refuses stays held, and requests among it are swept again one
+    /// [`UNSERVED_GRACE`] later (an application that can refuse them may register
+    /// meanwhile).
     pub(crate) fn refuse(&mut self, key: (i32, i32)) -> Vec<Message> {
         self.unserved.remove(&key);
         if self.registered.contains_key(&key) {
@@ -202,6 +204,10 @@ impl Customers {
                 }
                 None => kept.push(msg),
             }
+        }
+        if kept.iter().any(|m| m.meta.request) {
+            self.unserved.insert(key);
+            self.newly_unserved.push(key);
         }
         if !kept.is_empty() {
             self.parked.insert(key, kept);

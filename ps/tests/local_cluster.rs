@@ -507,6 +507,49 @@ async fn a_request_for_an_application_nobody_serves_is_refused_naming_it() {
     );
 }
 
+/// A request held when nothing on the node could refuse it is refused once an application
+/// that can registers, however late (the sweep comes back while requests are held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_is_refused_once_a_server_that_can_refuse_it_registers() {
+    let cluster = LocalCluster::new(1, 1);
+    let sent = Arc::new(Notify::new());
+    let run = cluster.run(move |po| {
+        let sent = Arc::clone(&sent);
+        async move {
+            match po.role() {
+                Role::Server => {
+                    // Past the first sweep: nothing here could refuse the request then.
+                    sent.notified().await;
+                    tokio::time::sleep(ps::UNSERVED_GRACE + Duration::from_millis(500)).await;
+                    let made = KvServer::<f32>::new(&po, 0, 0, 1, |_| SumHandler::<f32>::default());
+                    let _served = made.await?;
+                    po.finalize().await?;
+                    Ok(None)
+                }
+                Role::Worker => {
+                    let unserved = KvWorker::<f32>::new(&po, 1, 0).await?;
+                    let id = unserved.pull(&[5], 0).await?;
+                    sent.notify_one();
+                    let refused = unserved.wait(id).await;
+                    po.finalize().await?;
+                    Ok(Some(refused.map(|_| ())))
+                }
+                Role::Scheduler => po.finalize().await.map(|()| None),
+            }
+        }
+    });
+    let results = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the cluster did not finish in time")
+        .unwrap();
+    match results.into_iter().flatten().next().unwrap() {
+        Err(NodeError::HandlerFailed { reason, .. }) => {
+            assert!(reason.contains("no application 1 (customer 0)"), "{reason}");
+        }
+        other => panic!("expected a refusal naming application 1, got {other:?}"),
+    }
+}
+
 /// An application that cannot take a data message without waiting: each delivery waits
 /// until the test opens the gate (as a server whose shard queue is full).
 struct StalledApp {

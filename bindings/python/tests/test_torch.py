@@ -180,6 +180,7 @@ except vans.errors.CollectiveError as e:  # as the PyTorch chapter says
         dist.all_reduce(t)
     except dist.DistBackendError as again:
         print(f"AGAIN {again}", flush=True)
+        print(f"AGAIN-RANK {again.rank}", flush=True)
     os._exit(0)
 print("no error", flush=True)
 os._exit(1)
@@ -219,6 +220,7 @@ def test_a_killed_rank_fails_the_others_naming_it():
             assert "settle()" not in out and "restart the job" in error[0], error[0]
             again = [line for line in out.splitlines() if line.startswith("AGAIN")]
             assert again and "failed earlier" in again[0] and "rank 1" in again[0], out
+            assert "AGAIN-RANK 1" in out, out
             print(error[0])
     finally:
         for p in procs:

@@ -74,7 +74,7 @@ const NAP: Duration = Duration::from_millis(10);
 /// another rank died shuts its connections too, and its neighbours must name the dead rank,
 /// which the scheduler's notice (or this rank's own connection to it) names within
 /// milliseconds. A killed peer is named either way.
-const BLAME_GRACE: Duration = Duration::from_millis(250);
+const BLAME_GRACE: Duration = Duration::from_secs(1);
 
 /// `broken`, the error of a broken connection, unless the generation names a failure within
 /// [`BLAME_GRACE`] (`alive` fails): then that one, whose rank left first. Blocks the thread.

@@ -14,8 +14,10 @@ use crate::spin::Spin;
 const MAGIC: u64 = u64::from_le_bytes(*b"vanscoll");
 /// Header words: magic, token, ranks and slot bytes at 0, 8, 16, 24; abort, sleepers and
 /// the futex word each on its own cache line; then one line per rank: its progress counter
-/// and, per slot parity, the signature of the collective whose chunk it wrote there and
-/// where an all-reduce's chunk lies (see [`Rounds::publish_from`]).
+/// (word 0) and, per slot parity, the signature of the collective whose chunk it wrote there
+/// (words 1, 2), where an all-reduce's chunk lies (words 3, 4; see
+/// [`Rounds::publish_from`]) and the call in plain words, for a mismatch's message (words 5,
+/// 6; [`call_word`]).
 const ABORT: usize = 64;
 const SLEEPERS: usize = 128;
 const EPOCH: usize = 192;

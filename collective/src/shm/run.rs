@@ -419,7 +419,7 @@ fn not_placed(call: &Op) -> CollectiveError {
 /// A hierarchical all-reduce of `buf` (the ranks on several hosts, the same number on each):
 /// a reduce-scatter through this host's group leaves share `i` of the host's sum on its
 /// rank `i`; the ranks with share `i` on every host all-reduce it between the hosts by
-/// messages (over the mesh or the vans, by the algorithm [`crate::plan`] picks for the
+/// messages (over the mesh or the vans, by the algorithm [`crate::choose`] picks for the
 /// hosts and the share), so every rank's link carries a share at once; an all-gather
 /// through the group then copies every share to every rank of the host. Each element is
 /// the host sums (each in host rank order) reduced in one order, the same on every rank, so
@@ -480,6 +480,13 @@ fn mismatch(call: &Op, kind: u64, theirs: u64) -> String {
         )
     };
     match group::read_call_word(theirs) {
+        // The word leaves out a broadcast's root and a hierarchical all-reduce's phase.
+        Some(t) if t == mine => format!(
+            "it runs {} as #{} through shared memory, as this rank does, but from another \
+             root (a broadcast) or as another phase (a hierarchical all-reduce)",
+            what(t),
+            call.number
+        ),
         Some(t) if t.1 == mine.1 && t.2 == mine.2 && t.3 == mine.3 && t.0 != mine.0 => format!(
             "it runs {} as another call (a collective more or fewer on one rank) where this \
              rank runs it as #{} through shared memory",

@@ -469,7 +469,14 @@ impl Postoffice {
         let po = self.clone();
         self.spawn(async move {
             tokio::time::sleep(UNSERVED_GRACE).await;
-            let answers = lock(&po.inner.customers).refuse(key);
+            let (answers, again) = {
+                let mut customers = lock(&po.inner.customers);
+                let answers = customers.refuse(key);
+                (answers, customers.take_unserved())
+            };
+            for key in again {
+                po.refuse_later(key);
+            }
             if !answers.is_empty() {
                 let sender = po.clone();
                 let what = format!("refusals of requests for application {}", key.0);

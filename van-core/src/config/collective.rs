@@ -31,7 +31,7 @@ const DIRECT_EXPECTED: &str =
     "a whole number of bytes up to 1073741824 (1 GiB; 0: never a latency-bound algorithm)";
 const SECONDS_EXPECTED: &str = "a number of seconds in (0, 86400]";
 const ALGORITHM_EXPECTED: &str = "auto, or comma-separated items ALGORITHM (every collective \
-     that has it) or COLLECTIVE:ALGORITHM, later items first: allreduce takes auto, shm, hier, \
+     that has it) or COLLECTIVE:ALGORITHM, later items win: allreduce takes auto, shm, hier, \
      direct, doubling, rabenseifner or ring; reduce_scatter auto, shm, direct, halving or ring; \
      all_gather auto, shm, direct, doubling or ring; broadcast auto, shm or ring; barrier auto, \
      shm, direct or doubling";
@@ -43,7 +43,7 @@ const LONGEST_SPIN: Duration = Duration::from_secs(1);
 /// take which: [`CollectiveKind::algorithms`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CollectiveAlgorithm {
-    /// By placement, size and rank count (`collective::plan`): `Shm` when every rank shares
+    /// By placement, size and rank count (`collective::choose`): `Shm` when every rank shares
     /// this host's memory; `Hier` when the ranks run on several hosts with the same number
     /// (2 or more) on each, sharing memory there; else up to `VANS_COLLECTIVE_DIRECT_BYTES`,
     /// `Doubling` on 4, 8, 16 … ranks and `Direct` on others; up to 512 KiB on 4 ranks or

@@ -485,7 +485,7 @@ pub const VARIABLES: &[EnvVar] = &[
                  hier when the ranks run on several hosts with the same number on each; else \
                  by size and ranks; allreduce-bench --explain prints it), or comma-separated \
                  items ALGORITHM (every collective that has it) or COLLECTIVE:ALGORITHM, \
-                 later items first (allreduce:ring,all_gather:direct). allreduce takes shm, \
+                 later items win (allreduce:ring,all_gather:direct). allreduce takes shm, \
                  hier (reduce-scatter through each host's shared memory, all-reduce of each \
                  share between hosts, all-gather through shared memory), direct (every rank \
                  sends its buffer to every other), doubling (recursive doubling: log2 n \

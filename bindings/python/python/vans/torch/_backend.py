@@ -258,17 +258,19 @@ def init_process_group(tables=None, **kwargs):
     (under torchrun, with ``VANS_TORCH_SERVERS=colocated``).
     """
     global _pending_worker, _tables
-    _tables = _check_tables(tables)
+    checked = _check_tables(tables)
     launched = "DMLC_ROLE" in os.environ or (
         "DMLC_NUM_SERVER" in os.environ
         and any(v in os.environ for v in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
     )
+    if not launched and checked and \
+            os.environ.get("VANS_TORCH_SERVERS", "0").strip().lower() != "colocated":
+        raise vans.errors.ConfigError(
+            "init_process_group(tables=...) under torchrun needs vans servers to hold the "
+            "tables: set VANS_TORCH_SERVERS=colocated (a server in every rank) in every "
+            "rank's environment, or start the job with vans-launch -s N")
+    _tables = checked
     if not launched:
-        if _tables and os.environ.get("VANS_TORCH_SERVERS", "0").strip().lower() != "colocated":
-            raise vans.errors.ConfigError(
-                "init_process_group(tables=...) under torchrun needs vans servers to hold the "
-                "tables: set VANS_TORCH_SERVERS=colocated (a server in every rank) in every "
-                "rank's environment, or start the job with vans-launch -s N")
         dist.init_process_group("vans", **kwargs)
         return
     node = vans.Node()
@@ -416,13 +418,18 @@ class ProcessGroupVans(dist.ProcessGroup):
 
     def _check_usable(self):
         if self._failed is not None:
-            raise BackendError(f"vans: a collective of this process group failed earlier "
-                               f"({self._failed}); {_RESTART}")
+            first = str(self._failed).replace("; call settle() to join the next", "")
+            e = BackendError(f"vans: a collective of this process group failed earlier "
+                             f"({first}); {_RESTART}")
+            for attribute in ("node", "rank", "generation"):
+                setattr(e, attribute, getattr(self._failed, attribute, None))
+            e.__cause__ = self._failed
+            raise e
 
     def _failure(self, error):
         # A call's bad arguments fail that call alone: the group goes on.
         if self._failed is None and isinstance(error, vans.errors.CollectiveError):
-            self._failed = str(error).replace("; call settle() to join the next", "")
+            self._failed = error
         return _Failure(error)
 
     def getBackendName(self):  # noqa: N802 - torch's name
