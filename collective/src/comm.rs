@@ -78,7 +78,7 @@ pub(crate) struct Shared {
     /// or none wanted): its collectives find that without the lock.
     no_mesh: std::sync::atomic::AtomicU64,
     /// The algorithm the last collective took ([`crate::Communicator::last_algorithm`]).
-    /// One more than its position in [`crate::select::ALGORITHMS`]; 0 before the first.
+    /// One more than its position in `CollectiveAlgorithm::ALL`; 0 before the first.
     pub(crate) took: std::sync::atomic::AtomicU8,
 }
 

@@ -202,10 +202,11 @@ impl Communicator {
 
     /// The algorithm the last all-reduce, reduce-scatter, all-gather, broadcast or barrier
     /// of this communicator took (`Shm` or `Hier` through shared memory), as [`choose`]
-    /// picked it from the placement the node table gives; `None` before the first.
+    /// picked it from the placement the node table gives; for a call that failed by
+    /// messages, the one it tried; `None` before the first.
     pub fn last_algorithm(&self) -> Option<Algorithm> {
         let took = self.shared.took.load(std::sync::atomic::Ordering::Relaxed);
-        select::ALGORITHMS
+        Algorithm::ALL
             .get(usize::from(took).checked_sub(1)?)
             .copied()
     }
@@ -391,7 +392,7 @@ async fn path<T: Element>(
             (algorithm, Some(algorithm))
         }
     };
-    let code = select::ALGORITHMS
+    let code = Algorithm::ALL
         .iter()
         .position(|a| *a == took)
         .map_or(0, |i| i + 1);

@@ -54,19 +54,6 @@ impl Layout {
     }
 }
 
-/// Every algorithm, in a fixed order (what [`crate::Communicator::last_algorithm`] records
-/// is a position here).
-pub(crate) const ALGORITHMS: [Algorithm; 8] = [
-    Algorithm::Auto,
-    Algorithm::Shm,
-    Algorithm::Hier,
-    Algorithm::Direct,
-    Algorithm::Doubling,
-    Algorithm::Rabenseifner,
-    Algorithm::Halving,
-    Algorithm::Ring,
-];
-
 /// The largest buffer (bytes, the whole buffer: an all-gather's output) a row takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpTo {

@@ -117,7 +117,8 @@ impl Customers {
         }
         let size = msg.data_len();
         let held: usize = self.parked.values().map(Vec::len).sum();
-        let unserved = !self.registered.keys().any(|k| *k == key);
+        // Registered and still taking its backlog, or nobody's.
+        let unserved = !self.registered.contains_key(&key);
         if msg.meta.request && unserved && self.unserved.insert(key) {
             warn!(
                 app = key.0,

@@ -389,6 +389,20 @@ async fn a_server_holds_at_most_its_byte_budget_of_large_requests_not_yet_handle
     );
 }
 
+/// What the one worker of a cluster's `run` returned (the other nodes return `None`), within
+/// 60 s.
+async fn worker_result<T>(run: impl std::future::Future<Output = ps::Result<Vec<Option<T>>>>) -> T {
+    let results = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the cluster did not finish in time")
+        .unwrap();
+    results
+        .into_iter()
+        .flatten()
+        .next()
+        .expect("no worker returned")
+}
+
 /// Refuses `cmd` 7, sums everything else.
 #[derive(Default)]
 struct RefusingSum(ps::SumHandler<f32>);
@@ -428,11 +442,7 @@ async fn a_handler_failure_is_reported_as_such_and_not_as_a_dead_server() {
             Role::Scheduler => po.finalize().await.map(|()| None),
         }
     });
-    let results = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the cluster did not finish in time")
-        .unwrap();
-    match results.into_iter().flatten().next().unwrap() {
+    match worker_result(run).await {
         Err(NodeError::HandlerFailed { server, reason }) => {
             assert_eq!(server, 8);
             assert_eq!(reason, "command 7 is refused here");
@@ -482,11 +492,7 @@ async fn a_request_for_an_application_nobody_serves_is_refused_naming_it() {
             }
         }
     });
-    let results = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the cluster did not finish in time")
-        .unwrap();
-    let (refused, waited) = results.into_iter().flatten().next().unwrap();
+    let (refused, waited) = worker_result(run).await;
     match refused {
         Err(NodeError::HandlerFailed { server, reason }) => {
             assert_eq!(server, 8);
@@ -538,11 +544,7 @@ async fn a_held_request_is_refused_once_a_server_that_can_refuse_it_registers() 
             }
         }
     });
-    let results = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the cluster did not finish in time")
-        .unwrap();
-    match results.into_iter().flatten().next().unwrap() {
+    match worker_result(run).await {
         Err(NodeError::HandlerFailed { reason, .. }) => {
             assert!(reason.contains("no application 1 (customer 0)"), "{reason}");
         }

@@ -460,18 +460,14 @@ async fn hierarchical<T: Element>(
 }
 
 /// What a rank that published `theirs` ([`group::call_word`]) runs against `call` (this
-/// rank's, as collective `kind`), in the user's terms: both collectives, lengths and element
+/// rank's, which published `said`), in the user's terms: both collectives, lengths and element
 /// types, or that it runs another call.
-fn mismatch(call: &Op, kind: u64, theirs: u64) -> String {
+fn mismatch(call: &Op, said: u64, theirs: u64) -> String {
     let name = |kind: u8| {
         OpKind::from_frame(i32::from(kind)).map_or("an unknown collective", OpKind::name)
     };
-    let mine = (
-        call.number & 0xffff,
-        kind as u8,
-        call.tag,
-        call.total as u64 & 0xffff_ffff,
-    );
+    // What this rank published, read back as the other rank's is.
+    let mine = group::read_call_word(said).unwrap_or_default();
     let what = |(_, kind, tag, total): (u64, u8, u64, u64)| {
         format!(
             "{} of {total} elements of {}",
@@ -553,8 +549,8 @@ impl Through<'_> {
             gone().map_or(Ok(()), Err)
         };
         let signature = group::signature(call.number, kind, call.tag, call.total as u64);
+        let said = group::call_word(call.number, kind as u8, call.tag, call.total as u64);
         let result = crate::spin::blocking(|| {
-            let said = group::call_word(call.number, kind as u8, call.tag, call.total as u64);
             let rounds = Rounds::new(group, signature, shared.options.timeout, &alive);
             let mut rounds = rounds.saying(said);
             work(&mut rounds)
@@ -601,7 +597,7 @@ impl Through<'_> {
             signal::Stopped::Mismatch(q, theirs) => CollectiveError::Mismatch {
                 rank: call.ranks[q],
                 node: call.members[q],
-                reason: mismatch(call, kind, theirs),
+                reason: mismatch(call, said, theirs),
             },
             signal::Stopped::Corrupt(q) => failed(
                 q,

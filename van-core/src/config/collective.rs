@@ -80,6 +80,18 @@ pub enum CollectiveAlgorithm {
 }
 
 impl CollectiveAlgorithm {
+    /// Every algorithm, in a fixed order.
+    pub const ALL: [CollectiveAlgorithm; 8] = [
+        CollectiveAlgorithm::Auto,
+        CollectiveAlgorithm::Shm,
+        CollectiveAlgorithm::Hier,
+        CollectiveAlgorithm::Direct,
+        CollectiveAlgorithm::Doubling,
+        CollectiveAlgorithm::Rabenseifner,
+        CollectiveAlgorithm::Halving,
+        CollectiveAlgorithm::Ring,
+    ];
+
     /// The variable's spelling: `auto`, `shm`, `hier`, `direct`, `doubling`,
     /// `rabenseifner`, `halving`, `ring`.
     pub fn as_str(self) -> &'static str {
@@ -114,23 +126,14 @@ impl std::str::FromStr for CollectiveAlgorithm {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        [
-            CollectiveAlgorithm::Auto,
-            CollectiveAlgorithm::Shm,
-            CollectiveAlgorithm::Hier,
-            CollectiveAlgorithm::Direct,
-            CollectiveAlgorithm::Doubling,
-            CollectiveAlgorithm::Rabenseifner,
-            CollectiveAlgorithm::Halving,
-            CollectiveAlgorithm::Ring,
-        ]
-        .into_iter()
-        .find(|a| a.as_str().eq_ignore_ascii_case(s.trim()))
-        .ok_or_else(|| {
-            format!(
+        CollectiveAlgorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| {
+                format!(
                 "{s}: expected auto, shm, hier, direct, doubling, rabenseifner, halving or ring"
             )
-        })
+            })
     }
 }
 
@@ -295,15 +298,16 @@ impl std::str::FromStr for CollectiveAlgorithms {
                     each.with(kind, algorithm).map_err(|_| bad())?
                 }
                 None => {
+                    // Every collective that has it (`auto`: every collective).
                     let algorithm: CollectiveAlgorithm = item.parse().map_err(|_| bad())?;
-                    let all = CollectiveAlgorithms::all(algorithm);
-                    let mut merged = each;
                     for kind in CollectiveKind::ALL {
-                        if algorithm == CollectiveAlgorithm::Auto || all.of(kind) == algorithm {
-                            merged.0[kind.index()] = algorithm;
+                        if algorithm == CollectiveAlgorithm::Auto
+                            || kind.algorithms().contains(&algorithm)
+                        {
+                            each.0[kind.index()] = algorithm;
                         }
                     }
-                    merged
+                    each
                 }
             };
         }

@@ -344,14 +344,19 @@ class _Failure:
             e = dist.DistBackendError(f"vans: {self.error}")
             e.__cause__ = self.error
             return e
-        # vans' own advice (settle into the next generation) is the elastic API's: a torch
-        # user gets torch's.
-        text = str(self.error).replace("; call settle() to join the next", "")
-        e = BackendError(f"vans: {text}; {_RESTART}")
-        for attribute in ("node", "rank", "generation"):
-            setattr(e, attribute, getattr(self.error, attribute, None))
-        e.__cause__ = self.error
-        return e
+        return _backend_error("", self.error)
+
+
+def _backend_error(before, error):
+    """A :class:`BackendError` for vans' collective ``error`` (its rank, node and
+    generation), ``before`` its text: vans' own advice (settle into the next generation) is
+    the elastic API's, and a torch user gets torch's."""
+    text = str(error).replace("; call settle() to join the next", "")
+    e = BackendError(f"vans: {before}{text}; {_RESTART}")
+    for attribute in ("node", "rank", "generation"):
+        setattr(e, attribute, getattr(error, attribute, None))
+    e.__cause__ = error
+    return e
 
 
 def _unwrap(future):
@@ -418,13 +423,8 @@ class ProcessGroupVans(dist.ProcessGroup):
 
     def _check_usable(self):
         if self._failed is not None:
-            first = str(self._failed).replace("; call settle() to join the next", "")
-            e = BackendError(f"vans: a collective of this process group failed earlier "
-                             f"({first}); {_RESTART}")
-            for attribute in ("node", "rank", "generation"):
-                setattr(e, attribute, getattr(self._failed, attribute, None))
-            e.__cause__ = self._failed
-            raise e
+            before = "a collective of this process group failed earlier: "
+            raise _backend_error(before, self._failed)
 
     def _failure(self, error):
         # A call's bad arguments fail that call alone: the group goes on.
