@@ -260,8 +260,10 @@ fn a_link_taken_down_mid_run_is_a_named_error_on_both_sides() {
     // host 1 fails naming them.
     let (w1, w2) = (11, 13);
     let host0 = all_of(0);
+    // It may exit (its barrier failed) after declaring the first of them: either will do.
     assert!(
-        host0.contains("declaring nodes dead") && host0.contains(&format!("{w1}")),
+        host0.contains("declaring nodes dead")
+            && [w1, w2].iter().any(|w| host0.contains(&format!("{w}"))),
         "the scheduler did not declare host 2's workers dead: {host0}"
     );
     // Either or both, depending on which the scheduler had declared when host 1's barrier
